@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv with vramguard and its dev tools. Idempotent: reinstalls only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.vramguard-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
+# The test NVML library is compiled from C by the tests and the demo; say early if there is no compiler.
+command -v "${CC:-cc}" >/dev/null || { echo "setup: a C compiler (cc) is needed for the test NVML library" >&2; exit 1; }

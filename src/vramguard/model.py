@@ -1,0 +1,376 @@
+"""The vocabulary of vramguard: plain, frozen data shared by every stage.
+
+The agent is a pipeline, observe → attribute → decide → act, and these types are what flows between the
+stages. None of them knows about NVML, /proc or the Kubernetes API: the adapters translate at the edge, so the
+decision core can be tested with nothing but constructors (node-problem-detector's `pkg/types` habit).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def _frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    return MappingProxyType(dict(m or {}))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Enums
+
+
+class Mode(str, enum.Enum):
+    """What the agent does to an offender. Also the kind of an `Action`."""
+
+    WARN = "warn"
+    EVICT = "evict"
+    KILL = "kill"
+
+
+class ProcessKind(str, enum.Enum):
+    """Which NVML process list a process came from."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS = "mps"
+
+
+class DefaultKind(str, enum.Enum):
+    """What quota a pod that declares none gets."""
+
+    NONE = "none"  # unmanaged: reported, never acted on
+    FIXED = "fixed"  # a fixed number of bytes per container
+    FAIR_SHARE = "fair-share"  # GPU memory ÷ the node's nvidia.com/gpu.replicas label
+
+
+class EvictionRefused(str, enum.Enum):
+    """What to do when the Eviction API keeps refusing (PodDisruptionBudget)."""
+
+    WAIT = "wait"
+    KILL = "kill"
+
+
+class Reason(str, enum.Enum):
+    """Why an action was decided."""
+
+    HARD_LIMIT = "hard-limit"  # usage above the hard limit for longer than hard_grace
+    SOFT_LIMIT = "soft-limit"  # usage above the soft limit (burst set) for longer than soft_grace
+    GPU_PRESSURE = "gpu-pressure"  # usage above quota while the GPU is short of free memory
+    OVER_QUOTA = "over-quota"  # the first warning of a violation episode
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What NVML tells us
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One schedulable GPU memory domain: a whole GPU, or one MIG instance of it."""
+
+    index: int  # the parent GPU's NVML index
+    uuid: str  # the GPU's UUID, or the MIG instance's UUID
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    mig_index: int | None = None  # None for a whole GPU
+    parent_uuid: str | None = None  # set for a MIG instance
+    healthy: bool = True
+    error: str | None = None  # why it is unhealthy
+
+    @property
+    def label(self) -> str:
+        """Short human/metric label: "0" for GPU 0, "0/mig1" for its MIG instance 1."""
+        return str(self.index) if self.mig_index is None else f"{self.index}/mig{self.mig_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One row of an NVML process list: a host PID using memory on one device."""
+
+    pid: int
+    device_uuid: str
+    used_bytes: int | None  # None: NVML reported NVML_VALUE_NOT_AVAILABLE
+    kind: ProcessKind = ProcessKind.COMPUTE
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything one NVML pass saw. Processes of unhealthy devices are absent."""
+
+    devices: tuple[GpuDevice, ...]
+    processes: tuple[GpuProcess, ...]
+
+    def device(self, uuid: str) -> GpuDevice | None:
+        return next((d for d in self.devices if d.uuid == uuid), None)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What /proc tells us
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ProcessRef:
+    """A process identity that survives PID reuse: the PID plus its start time (clock ticks since boot)."""
+
+    pid: int
+    start_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupIdentity:
+    """Where a process lives in the kubelet's cgroup tree."""
+
+    pod_uid: str  # with dashes, as in metadata.uid
+    container_id: str | None  # 64-hex runtime ID; None for a process in the pod cgroup itself
+    runtime: str | None = None  # "containerd", "crio", "docker", or None when the leaf has no prefix
+    qos: str | None = None  # "guaranteed", "burstable", "besteffort"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What the API server tells us (the kube adapter converts V1Pod into these)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    name: str
+    container_id: str | None = None  # runtime ID without the "containerd://" scheme
+    limits: Mapping[str, str] = field(default_factory=_frozen_map)  # raw resources.limits, e.g. {"vramguard.io/vram": "12Gi"}
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    containers: tuple[ContainerInfo, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=_frozen_map)
+    priority: int = 0
+    qos: str = "BestEffort"
+    owner: str | None = None  # "ReplicaSet/web-7d9f" etc.
+    terminating: bool = False  # metadata.deletionTimestamp is set
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def container_by_id(self, container_id: str) -> ContainerInfo | None:
+        return next((c for c in self.containers if c.container_id == container_id), None)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Quotas and policy
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A VRAM quota on one GPU. `limit_bytes` is the soft limit when `burst_bytes` is set, the hard one otherwise.
+
+    A fair-share quota is not a number of bytes until it meets a GPU: it is `share_divisor`, and the limit is the
+    device's total memory divided by it.
+    """
+
+    limit_bytes: int | None = None
+    burst_bytes: int | None = None
+    share_divisor: int | None = None
+    source: str = ""  # where it came from, for messages: "limits[vramguard.io/vram]", "annotation ...", "default"
+
+    def limit_for(self, device_total_bytes: int) -> int:
+        if self.share_divisor is not None:
+            return device_total_bytes // self.share_divisor
+        assert self.limit_bytes is not None, "a Quota needs limit_bytes or share_divisor"
+        return self.limit_bytes
+
+    def hard_for(self, device_total_bytes: int) -> int:
+        limit = self.limit_for(device_total_bytes)
+        return max(limit, self.burst_bytes) if self.burst_bytes is not None else limit
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaError:
+    """A quota value the agent could not use. Becomes a VRAMQuotaInvalid Warning Event on the pod."""
+
+    field: str  # e.g. "spec.containers[trainer].resources.limits[vramguard.io/vram]"
+    value: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodQuota:
+    """The quotas that apply to one pod.
+
+    Each container whose first matching source is a resource limit has its own quota in `containers`; the
+    containers covered by a pod-wide source (an annotation) share `pod`, checked against their summed usage.
+    """
+
+    containers: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
+    pod: Quota | None = None
+    errors: tuple[QuotaError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultQuota:
+    kind: DefaultKind = DefaultKind.NONE
+    bytes: int | None = None  # for FIXED
+
+
+@dataclass(frozen=True, slots=True)
+class NamespacePolicy:
+    mode: Mode | None = None  # overrides Policy.mode
+    max_quota_bytes: int | None = None  # cap on every quota in the namespace; annotations cannot exceed it
+    default: DefaultQuota | None = None  # overrides Policy.default
+
+
+DEFAULT_QUOTA_SOURCES: tuple[str, ...] = (
+    "resource:vramguard.io/vram",
+    "resource:aliyun.com/gpu-mem",
+    "resource:nvidia.com/gpumem",
+    "resource:tencent.com/vcuda-memory",
+    "annotation:vramguard.io/vram-limit",
+    "annotation:gpu-memory",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The operator's policy file, validated. Blast-radius limits are data here, not code."""
+
+    mode: Mode = Mode.WARN
+    hard_grace_s: float = 0.0
+    soft_grace_s: float = 60.0
+    # A GPU is under pressure when free memory is below either threshold (whichever is set).
+    pressure_free_bytes: int | None = None
+    pressure_free_ratio: float | None = 0.05
+    max_actions_per_scan: int = 1
+    cooldown_s: float = 60.0
+    on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
+    exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
+    quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
+    default: DefaultQuota = DefaultQuota()
+    namespaces: Mapping[str, NamespacePolicy] = field(default_factory=lambda: MappingProxyType({}))
+
+    def mode_for(self, namespace: str) -> Mode:
+        ns = self.namespaces.get(namespace)
+        return ns.mode if ns is not None and ns.mode is not None else self.mode
+
+    def default_for(self, namespace: str) -> DefaultQuota:
+        ns = self.namespaces.get(namespace)
+        return ns.default if ns is not None and ns.default is not None else self.default
+
+    def cap_for(self, namespace: str) -> int | None:
+        ns = self.namespaces.get(namespace)
+        return ns.max_quota_bytes if ns is not None else None
+
+    def under_pressure(self, device: GpuDevice) -> bool:
+        if self.pressure_free_bytes is not None and device.free_bytes < self.pressure_free_bytes:
+            return True
+        return self.pressure_free_ratio is not None and device.free_bytes < self.pressure_free_ratio * device.total_bytes
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The attributed snapshot the decision core reads
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """GPU memory one container of a known pod uses on one device, with the processes that use it."""
+
+    pod: PodInfo
+    container: str  # container name; "" when the cgroup names a container the pod cache does not list
+    container_id: str | None
+    device_uuid: str
+    used_bytes: int
+    processes: tuple[ProcessRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedProcess:
+    """A GPU process outside any known pod: reported, never acted on."""
+
+    process: ProcessRef
+    device_uuid: str
+    used_bytes: int
+    reason: str  # "not in a pod cgroup", "pod not in cache", "process gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One scan's view of the node, attributed: the input of `decide`."""
+
+    devices: tuple[GpuDevice, ...]
+    containers: tuple[ContainerUsage, ...]
+    unattributed: tuple[UnattributedProcess, ...] = ()
+    agent_pod_uid: str | None = None  # never act on the agent's own pod
+    agent_pid: int | None = None
+
+    def device(self, uuid: str) -> GpuDevice | None:
+        return next((d for d in self.devices if d.uuid == uuid), None)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What the decision core outputs
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A subject (a container, or a whole pod with a pod-wide quota) above its limit on one device."""
+
+    pod: PodInfo
+    container: str | None  # None for a pod-wide quota
+    device: GpuDevice
+    used_bytes: int
+    limit_bytes: int
+    hard_bytes: int
+    quota_source: str
+    processes: tuple[ProcessRef, ...]
+    container_ids: tuple[str, ...]  # the runtime IDs of the containers involved
+
+    @property
+    def hard(self) -> bool:
+        return self.used_bytes > self.hard_bytes
+
+    @property
+    def overage_bytes(self) -> int:
+        return self.used_bytes - self.limit_bytes
+
+    @property
+    def subject(self) -> str:
+        return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One thing to do to a pod. Carries its violation so every side effect can say exactly why."""
+
+    kind: Mode
+    reason: Reason
+    violation: Violation
+
+    @property
+    def pod(self) -> PodInfo:
+        return self.violation.pod
+
+    @property
+    def message(self) -> str:
+        v = self.violation
+        return (
+            f"{v.subject} uses {format_bytes(v.used_bytes)} on GPU {v.device.label} ({v.device.uuid}); "
+            f"quota {format_bytes(v.limit_bytes)}"
+            + (f", burst {format_bytes(v.hard_bytes)}" if v.hard_bytes != v.limit_bytes else "")
+            + f" ({v.quota_source}); {self.reason.value}"
+        )
+
+
+def format_bytes(n: int | float) -> str:
+    """1.5 GiB → "1.5GiB": binary units, one decimal, as people read Kubernetes quantities."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}TiB"

@@ -1,0 +1,81 @@
+"""The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
+
+Real implementations live next to the thing they wrap (`nvml.py`, `kill.py`, the kube adapter); honest fakes
+live in `vramguard.testing`. The decision core sees none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from vramguard.model import GpuSample, PodInfo, ProcessRef, Violation
+
+
+class GpuSampler(Protocol):
+    """Reads GPUs, MIG instances and per-process memory. Never raises for one bad GPU: marks it unhealthy."""
+
+    def sample(self) -> GpuSample: ...
+
+    def close(self) -> None: ...
+
+
+class PodSource(Protocol):
+    """The pods bound to this node, from a cache: no API call per scan."""
+
+    def pods(self) -> Mapping[str, PodInfo]:
+        """Pods by UID."""
+        ...
+
+    def synced(self) -> bool:
+        """True once the cache holds a complete list (readiness)."""
+        ...
+
+    def node_labels(self) -> Mapping[str, str]: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds, monotonic."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KillResult:
+    """What a kill did: every process signalled, and every one skipped with the reason."""
+
+    killed: tuple[ProcessRef, ...]
+    skipped: tuple[tuple[ProcessRef, str], ...]
+    exited: bool  # every killed process was seen to exit before the deadline
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.killed) and self.exited
+
+
+class Killer(Protocol):
+    """SIGKILLs the GPU processes of the containers named by a violation, safely (no PID-reuse race)."""
+
+    def kill(self, violation: Violation) -> KillResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    evicted: bool
+    refused: bool  # the API server said 429 (a PodDisruptionBudget) until the retries ran out
+    message: str = ""
+
+
+class Evictor(Protocol):
+    """Evicts a pod through the policy/v1 Eviction API (respects PodDisruptionBudgets)."""
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult: ...
+
+
+class EventRecorder(Protocol):
+    """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit."""
+
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None: ...
