@@ -1,0 +1,269 @@
+"""The decision core: which subjects violate their quota, for how long, and what to do about it.
+
+Pure functions only, in the manner of the kubelet's eviction `helpers.go`: `now` is an argument, the previous
+`DecisionState` comes in and the next one goes out, and nothing here reads a clock, logs or touches a process.
+
+Vocabulary:
+- A *subject* is what a quota applies to on one device: a container with its own quota, or a whole pod whose
+  containers share a pod-wide quota (an annotation).
+- A *violation* is a subject whose usage is above its limit (the quota; the soft limit when a burst is set).
+  It is *hard* when usage is also above the hard limit (the burst when set, else the quota).
+- An *episode* is the unbroken run of scans in which a subject violates. It starts with one warning and ends
+  the first scan the subject is back under its limit, so warnings are deduplicated per episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from vramguard.model import (
+    Action,
+    ContainerUsage,
+    GpuDevice,
+    Mode,
+    PodQuota,
+    Policy,
+    Quota,
+    Reason,
+    Snapshot,
+    Violation,
+)
+
+# (pod UID, container name or None for a pod-wide quota, device UUID)
+SubjectKey = tuple[str, str | None, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    first_observed_at: float  # when usage first went above the limit
+    hard_since: float | None  # when usage went above the hard limit, if it is above it now
+    warned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionState:
+    """Everything `decide` remembers between scans."""
+
+    episodes: Mapping[SubjectKey, Episode] = field(default_factory=lambda: MappingProxyType({}))
+    last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # by pod UID
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """An enforcement that was due but not taken, and why (for logs and `vramguard top`)."""
+
+    violation: Violation
+    reason: Reason
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...]
+    violations: tuple[Violation, ...]
+    held: tuple[Held, ...] = ()
+    pressured_devices: tuple[str, ...] = ()  # UUIDs of the devices under memory pressure
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Step 1: subjects and violations
+
+
+def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+    """Every subject above its limit on a healthy device, in a deterministic order.
+
+    Containers with their own quota are checked alone; containers covered by a pod-wide quota are summed per
+    device first. Containers with neither are unmanaged and never violate.
+    """
+    # Pod-wide subjects accumulate across containers before they can be judged.
+    pod_wide: dict[tuple[str, str], list[ContainerUsage]] = {}
+    violations: list[Violation] = []
+    for usage in snapshot.containers:
+        pod_quota = quotas.get(usage.pod.uid)
+        if pod_quota is None:
+            continue
+        own = pod_quota.containers.get(usage.container) if usage.container else None
+        if own is not None:
+            v = _judge(snapshot, [usage], own, usage.container)
+            if v is not None:
+                violations.append(v)
+        elif pod_quota.pod is not None:
+            pod_wide.setdefault((usage.pod.uid, usage.device_uuid), []).append(usage)
+    for (pod_uid, _), usages in pod_wide.items():
+        pod_quota_wide = quotas[pod_uid].pod
+        assert pod_quota_wide is not None
+        v = _judge(snapshot, usages, pod_quota_wide, None)
+        if v is not None:
+            violations.append(v)
+    return tuple(sorted(violations, key=lambda v: (v.pod.namespace, v.pod.name, v.container or "", v.device.uuid)))
+
+
+def _judge(snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, container: str | None) -> Violation | None:
+    device = snapshot.device(usages[0].device_uuid)
+    if device is None or not device.healthy:
+        return None
+    used = sum(u.used_bytes for u in usages)
+    limit = quota.limit_for(device.total_bytes)
+    if used <= limit:
+        return None
+    return Violation(
+        pod=usages[0].pod,
+        container=container,
+        device=device,
+        used_bytes=used,
+        limit_bytes=limit,
+        hard_bytes=quota.hard_for(device.total_bytes),
+        quota_source=quota.source,
+        processes=tuple(sorted({p for u in usages for p in u.processes})),
+        container_ids=tuple(sorted({u.container_id for u in usages if u.container_id})),
+    )
+
+
+def _key(v: Violation) -> SubjectKey:
+    return (v.pod.uid, v.container, v.device.uuid)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Step 2: episodes (first observed, hard since, warned)
+
+
+def track_episodes(
+    violations: Iterable[Violation], previous: Mapping[SubjectKey, Episode], now: float
+) -> dict[SubjectKey, Episode]:
+    """Carry each ongoing episode forward; start new ones; drop the ones whose subject is back under its limit."""
+    episodes: dict[SubjectKey, Episode] = {}
+    for v in violations:
+        prev = previous.get(_key(v))
+        if prev is None:
+            episodes[_key(v)] = Episode(first_observed_at=now, hard_since=now if v.hard else None)
+        else:
+            hard_since = (prev.hard_since if prev.hard_since is not None else now) if v.hard else None
+            episodes[_key(v)] = replace(prev, hard_since=hard_since)
+    return episodes
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Step 3: what is due, ranked
+
+
+def due_reason(v: Violation, episode: Episode, policy: Policy, now: float) -> Reason | None:
+    """HARD_LIMIT once above the hard limit for hard_grace; SOFT_LIMIT once above the soft one for soft_grace."""
+    if episode.hard_since is not None and now - episode.hard_since >= policy.hard_grace_s:
+        return Reason.HARD_LIMIT
+    if not v.hard and now - episode.first_observed_at >= policy.soft_grace_s:
+        return Reason.SOFT_LIMIT
+    return None
+
+
+def victim_order(v: Violation) -> tuple[int, int, int, str]:
+    """Sort key for who goes first: largest overage, then lowest priority, then largest usage (kubelet-style)."""
+    return (-v.overage_bytes, v.pod.priority, -v.used_bytes, v.pod.uid)
+
+
+def pressured(devices: Iterable[GpuDevice], policy: Policy) -> tuple[str, ...]:
+    return tuple(d.uuid for d in devices if d.healthy and policy.under_pressure(d))
+
+
+def hold_reason(
+    v: Violation,
+    policy: Policy,
+    snapshot: Snapshot,
+    last_action_at: Mapping[str, float],
+    now: float,
+) -> str | None:
+    """Why an enforcement that is due must not happen (blast radius), or None when it may."""
+    pod = v.pod
+    if snapshot.agent_pod_uid is not None and pod.uid == snapshot.agent_pod_uid:
+        return "the agent's own pod"
+    if snapshot.agent_pid is not None and any(p.pid == snapshot.agent_pid for p in v.processes):
+        return "the agent's own process"
+    if pod.namespace in policy.exempt_namespaces:
+        return f"namespace {pod.namespace} is exempt"
+    if pod.terminating:
+        return "pod is already terminating"
+    if not v.device.healthy:
+        return f"GPU {v.device.label} is unhealthy"
+    if policy.mode_for(pod.namespace) is Mode.WARN:
+        return "mode is warn"
+    last = last_action_at.get(pod.uid)
+    if last is not None and now - last < policy.cooldown_s:
+        return f"cool-down: acted {now - last:.1f}s ago (cooldown {policy.cooldown_s:g}s)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The whole decision
+
+
+def decide(
+    snapshot: Snapshot,
+    quotas: Mapping[str, PodQuota],
+    policy: Policy,
+    state: DecisionState,
+    now: float,
+) -> tuple[Decision, DecisionState]:
+    """One scan's decision. Steps, in order:
+
+    1. Find violations: subjects above their limit on healthy devices.
+    2. Track episodes: first observed, above the hard limit since, warned.
+    3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
+    4. Collect enforcements that are due: hard limit past hard_grace, soft limit past soft_grace, and on each
+       GPU under memory pressure the first victim by `victim_order` among its violators.
+    5. Rank them by `victim_order`, drop the ones blast-radius rules forbid (with the reason), and take at most
+       `max_actions_per_scan`, one per pod.
+
+    Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
+    """
+    # 1.
+    violations = find_violations(snapshot, quotas)
+    # 2.
+    episodes = track_episodes(violations, state.episodes, now)
+
+    actions: list[Action] = []
+    # 3.
+    for v in violations:
+        ep = episodes[_key(v)]
+        if ep.warned or v.pod.uid == snapshot.agent_pod_uid:
+            continue
+        actions.append(Action(kind=Mode.WARN, reason=Reason.OVER_QUOTA, violation=v))
+        episodes[_key(v)] = replace(ep, warned=True)
+
+    # 4.
+    due: dict[SubjectKey, tuple[Violation, Reason]] = {}
+    for v in violations:
+        reason = due_reason(v, episodes[_key(v)], policy, now)
+        if reason is not None:
+            due[_key(v)] = (v, reason)
+    pressured_devices = pressured(snapshot.devices, policy)
+    for uuid in pressured_devices:
+        on_device = sorted((v for v in violations if v.device.uuid == uuid), key=victim_order)
+        if on_device and not any(v.device.uuid == uuid for v, _ in due.values()):
+            due[_key(on_device[0])] = (on_device[0], Reason.GPU_PRESSURE)
+
+    # 5.
+    held: list[Held] = []
+    last_action_at = {uid: t for uid, t in state.last_action_at.items() if now - t < policy.cooldown_s}
+    acted_pods: set[str] = set()
+    taken = 0
+    for v, reason in sorted(due.values(), key=lambda vr: victim_order(vr[0])):
+        why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
+        why = why or hold_reason(v, policy, snapshot, last_action_at, now)
+        if why is None and taken >= policy.max_actions_per_scan:
+            why = f"max_actions_per_scan={policy.max_actions_per_scan} reached"
+        if why is not None:
+            held.append(Held(violation=v, reason=reason, why=why))
+            continue
+        actions.append(Action(kind=policy.mode_for(v.pod.namespace), reason=reason, violation=v))
+        acted_pods.add(v.pod.uid)
+        last_action_at[v.pod.uid] = now
+        taken += 1
+
+    decision = Decision(
+        actions=tuple(actions),
+        violations=violations,
+        held=tuple(held),
+        pressured_devices=pressured_devices,
+    )
+    return decision, DecisionState(episodes=MappingProxyType(episodes), last_action_at=MappingProxyType(last_action_at))

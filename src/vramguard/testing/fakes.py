@@ -1,0 +1,213 @@
+"""Hand-written fakes for every seam in `vramguard.ports`, and small builders for test data.
+
+Fakes record what they were asked to do and can be told to fail (`inject_error`); they never pretend to do
+more than they do. Use them for unit tests of the loop and the decision core; the end-to-end tests use the real
+implementations over the test NVML library and real cgroups instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from vramguard.model import (
+    ContainerInfo,
+    ContainerUsage,
+    GiB,
+    GpuDevice,
+    PodInfo,
+    ProcessRef,
+    Snapshot,
+    Violation,
+)
+from vramguard.ports import EvictResult, KillResult
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told: a scenario reads as a sequence of `step()` calls."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def step(self, seconds: float) -> float:
+        self._now += seconds
+        return self._now
+
+    def sleep(self, seconds: float) -> None:
+        self._now += seconds
+
+
+class FakePodSource:
+    """A pod cache that holds what the test puts in it."""
+
+    def __init__(self, pods: Iterable[PodInfo] = (), labels: Mapping[str, str] | None = None) -> None:
+        self._pods = {p.uid: p for p in pods}
+        self._labels = dict(labels or {})
+        self.is_synced = True
+
+    def set_pods(self, pods: Iterable[PodInfo]) -> None:
+        self._pods = {p.uid: p for p in pods}
+
+    def pods(self) -> Mapping[str, PodInfo]:
+        return dict(self._pods)
+
+    def synced(self) -> bool:
+        return self.is_synced
+
+    def node_labels(self) -> Mapping[str, str]:
+        return dict(self._labels)
+
+
+class RecordingEventRecorder:
+    """Records Events instead of writing them: `events` is a list of (pod key, reason, message, warning)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, bool]] = []
+        self._error: Exception | None = None
+
+    def inject_error(self, error: Exception | None) -> None:
+        self._error = error
+
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
+        if self._error is not None:
+            raise self._error
+        self.events.append((pod.key, reason, message, warning))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _, _ in self.events]
+
+
+class FakeEvictor:
+    """Evicts nothing; answers as scripted: evicted, or refused (a PodDisruptionBudget said 429)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.evicted: list[str] = []
+        self.refused: list[str] = []
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        if self.refuse:
+            self.refused.append(pod.key)
+            return EvictResult(
+                evicted=False,
+                refused=True,
+                message="Cannot evict pod as it would violate the pod's disruption budget.",
+            )
+        self.evicted.append(pod.key)
+        return EvictResult(evicted=True, refused=False)
+
+
+class RecordingKiller:
+    """Kills nothing; records each violation it was asked to kill and reports its processes as killed."""
+
+    def __init__(self) -> None:
+        self.killed: list[Violation] = []
+
+    def kill(self, violation: Violation) -> KillResult:
+        self.killed.append(violation)
+        return KillResult(killed=violation.processes, skipped=(), exited=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Builders
+
+
+_uids = itertools.count(1)
+
+
+def pod(
+    name: str,
+    namespace: str = "default",
+    *,
+    containers: Mapping[str, Mapping[str, str]] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    priority: int = 0,
+    uid: str | None = None,
+    terminating: bool = False,
+) -> PodInfo:
+    """A PodInfo; `containers` maps container name → resources.limits. Container IDs are derived from names."""
+    uid = uid or f"00000000-0000-4000-8000-{next(_uids):012d}"
+    specs = containers if containers is not None else {"main": {}}
+    return PodInfo(
+        uid=uid,
+        namespace=namespace,
+        name=name,
+        containers=tuple(
+            ContainerInfo(name=c, container_id=container_id(uid, c), limits=dict(limits)) for c, limits in specs.items()
+        ),
+        annotations=dict(annotations or {}),
+        priority=priority,
+        terminating=terminating,
+    )
+
+
+def container_id(pod_uid: str, container: str) -> str:
+    """A stable fake 64-hex runtime ID for a pod's container."""
+    return hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()
+
+
+def gpu(index: int = 0, total_bytes: int = 16 * GiB, used_bytes: int = 0, *, healthy: bool = True) -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        name="Fake GPU",
+        total_bytes=total_bytes,
+        used_bytes=used_bytes,
+        free_bytes=total_bytes - used_bytes,
+        healthy=healthy,
+        error=None if healthy else "injected",
+    )
+
+
+@dataclass
+class SnapshotBuilder:
+    """Builds a Snapshot row by row: `.use(pod, "main", gpu0, 6*GiB, pid=100)`; device used/free follow the rows."""
+
+    devices: list[GpuDevice] = field(default_factory=list)
+    rows: list[ContainerUsage] = field(default_factory=list)
+    agent_pod_uid: str | None = None
+    agent_pid: int | None = None
+
+    def use(self, p: PodInfo, container: str, device: GpuDevice, used_bytes: int, pid: int = 100) -> SnapshotBuilder:
+        info = next((c for c in p.containers if c.name == container), None)
+        self.rows.append(
+            ContainerUsage(
+                pod=p,
+                container=container,
+                container_id=info.container_id if info else None,
+                device_uuid=device.uuid,
+                used_bytes=used_bytes,
+                processes=(ProcessRef(pid=pid, start_time=pid * 10),),
+            )
+        )
+        if device.uuid not in {d.uuid for d in self.devices}:
+            self.devices.append(device)
+        return self
+
+    def build(self) -> Snapshot:
+        devices = []
+        for d in self.devices:
+            used = max(d.used_bytes, sum(r.used_bytes for r in self.rows if r.device_uuid == d.uuid))
+            devices.append(
+                GpuDevice(
+                    index=d.index,
+                    uuid=d.uuid,
+                    name=d.name,
+                    total_bytes=d.total_bytes,
+                    used_bytes=used,
+                    free_bytes=max(0, d.total_bytes - used),
+                    healthy=d.healthy,
+                    error=d.error,
+                )
+            )
+        return Snapshot(
+            devices=tuple(devices),
+            containers=tuple(self.rows),
+            agent_pod_uid=self.agent_pod_uid,
+            agent_pid=self.agent_pid,
+        )

@@ -1,0 +1,343 @@
+"""The decision core, scenario by scenario: each case is a sequence of clock steps and the actions expected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import pytest
+
+from vramguard.decide import DecisionState, decide, find_violations, victim_order
+from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota
+from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
+
+GPU0 = gpu(0, total_bytes=16 * GiB)
+GPU1 = gpu(1, total_bytes=16 * GiB)
+SICK = gpu(2, total_bytes=16 * GiB, healthy=False)
+
+TRAINER = pod("trainer", "ml", containers={"main": {}, "sidecar": {}})
+NOTEBOOK = pod("notebook", "ml", priority=100)
+BATCH = pod("batch", "ml", priority=0)
+SYSTEM = pod("dcgm", "kube-system")
+AGENT = pod("vramguard-abc", "vramguard")
+LEAVING = pod("leaving", "ml", terminating=True)
+TEAM_KILL = pod("strict", "team-kill")
+
+
+def q(gib: float, burst_gib: float | None = None) -> PodQuota:
+    """A per-container quota of `gib` for container "main"."""
+    return PodQuota(
+        containers=MappingProxyType(
+            {"main": Quota(limit_bytes=int(gib * GiB), burst_bytes=int(burst_gib * GiB) if burst_gib else None)}
+        )
+    )
+
+
+QUOTAS: dict[str, PodQuota] = {
+    TRAINER.uid: PodQuota(pod=Quota(limit_bytes=8 * GiB, source="annotation vramguard.io/vram-limit")),
+    NOTEBOOK.uid: q(4, burst_gib=8),
+    BATCH.uid: q(4, burst_gib=8),
+    SYSTEM.uid: q(1),
+    AGENT.uid: q(1),
+    LEAVING.uid: q(1),
+    TEAM_KILL.uid: q(1),
+}
+
+Row = tuple[PodInfo, str, object, float]  # pod, container, device, GiB used
+
+
+@dataclass
+class Step:
+    after_s: float
+    rows: list[Row]
+    expect: list[str]  # "kind:pod/reason", in order
+    held: list[str] = field(default_factory=list)  # "pod: why-substring"
+
+
+def _policy(**kw: object) -> Policy:
+    base: dict[str, object] = {
+        "mode": Mode.KILL,
+        "pressure_free_ratio": None,
+        "cooldown_s": 30.0,
+        "namespaces": MappingProxyType(
+            {"team-kill": NamespacePolicy(mode=Mode.KILL), "ml-warn": NamespacePolicy(mode=Mode.WARN)}
+        ),
+    }
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+CASES = [
+    pytest.param(
+        _policy(),
+        [Step(0, [(NOTEBOOK, "main", GPU0, 3.9)], [])],
+        id="under-quota-no-action",
+    ),
+    pytest.param(
+        _policy(),
+        [Step(0, [(NOTEBOOK, "main", GPU0, 9)], ["warn:notebook/over-quota", "kill:notebook/hard-limit"])],
+        id="hard-limit-zero-grace-acts-in-first-scan",
+    ),
+    pytest.param(
+        _policy(hard_grace_s=10),
+        [
+            Step(0, [(NOTEBOOK, "main", GPU0, 9)], ["warn:notebook/over-quota"]),
+            Step(5, [(NOTEBOOK, "main", GPU0, 9)], []),
+            Step(5, [(NOTEBOOK, "main", GPU0, 9)], ["kill:notebook/hard-limit"]),
+        ],
+        id="hard-limit-waits-for-hard-grace",
+    ),
+    pytest.param(
+        _policy(hard_grace_s=10),
+        [
+            Step(0, [(NOTEBOOK, "main", GPU0, 9)], ["warn:notebook/over-quota"]),
+            Step(8, [(NOTEBOOK, "main", GPU0, 7)], []),
+            Step(8, [(NOTEBOOK, "main", GPU0, 9)], []),
+            Step(9, [(NOTEBOOK, "main", GPU0, 9)], []),
+            Step(1, [(NOTEBOOK, "main", GPU0, 9)], ["kill:notebook/hard-limit"]),
+        ],
+        id="hard-grace-restarts-when-usage-drops-below-burst",
+    ),
+    pytest.param(
+        _policy(mode=Mode.WARN),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 9)],
+                ["warn:notebook/over-quota"],
+                held=["notebook: mode is warn"],
+            ),
+            Step(1, [(NOTEBOOK, "main", GPU0, 9)], [], held=["notebook: mode is warn"]),
+            Step(1, [(NOTEBOOK, "main", GPU0, 3)], []),
+            Step(
+                1,
+                [(NOTEBOOK, "main", GPU0, 9)],
+                ["warn:notebook/over-quota"],
+                held=["notebook: mode is warn"],
+            ),
+        ],
+        id="warn-mode-warns-once-per-episode",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=60),
+        [
+            Step(0, [(NOTEBOOK, "main", GPU0, 6)], ["warn:notebook/over-quota"]),
+            Step(59, [(NOTEBOOK, "main", GPU0, 6)], []),
+            Step(1, [(NOTEBOOK, "main", GPU0, 6)], ["kill:notebook/soft-limit"]),
+        ],
+        id="soft-limit-within-burst-acts-after-soft-grace",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=60),
+        [
+            Step(0, [(NOTEBOOK, "main", GPU0, 6)], ["warn:notebook/over-quota"]),
+            Step(1, [(NOTEBOOK, "main", GPU0, 8.5)], ["kill:notebook/hard-limit"]),
+        ],
+        id="above-burst-is-a-hard-violation",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 6), (BATCH, "main", GPU0, 5)],
+                ["warn:batch/over-quota", "warn:notebook/over-quota"],
+            ),
+            Step(1, [(NOTEBOOK, "main", GPU0, 7), (BATCH, "main", GPU0, 7.5)], ["kill:batch/gpu-pressure"]),
+        ],
+        id="pressure-picks-largest-overage-first",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 7.5), (BATCH, "main", GPU0, 7.5)],
+                ["warn:batch/over-quota", "warn:notebook/over-quota", "kill:batch/gpu-pressure"],
+            ),
+        ],
+        id="pressure-tie-breaks-on-lower-priority",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB),
+        [Step(0, [(NOTEBOOK, "main", GPU0, 4), (BATCH, "main", GPU0, 4), (TRAINER, "main", GPU0, 7.5)], [])],
+        id="pressure-never-touches-pods-within-quota",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 7.5), (BATCH, "main", GPU1, 7.5), (TRAINER, "main", GPU0, 1)],
+                ["warn:batch/over-quota", "warn:notebook/over-quota"],
+            )
+        ],
+        id="pressure-is-per-gpu",
+    ),
+    pytest.param(
+        _policy(max_actions_per_scan=1),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 9), (BATCH, "main", GPU1, 10)],
+                ["warn:batch/over-quota", "warn:notebook/over-quota", "kill:batch/hard-limit"],
+                held=["notebook: max_actions_per_scan=1"],
+            ),
+            Step(
+                1,
+                [(NOTEBOOK, "main", GPU0, 9), (BATCH, "main", GPU1, 10)],
+                ["kill:notebook/hard-limit"],
+                held=["batch: cool-down"],
+            ),
+        ],
+        id="max-actions-per-scan-takes-worst-first",
+    ),
+    pytest.param(
+        _policy(cooldown_s=30),
+        [
+            Step(0, [(NOTEBOOK, "main", GPU0, 9)], ["warn:notebook/over-quota", "kill:notebook/hard-limit"]),
+            Step(10, [(NOTEBOOK, "main", GPU0, 9)], [], held=["notebook: cool-down"]),
+            Step(20, [(NOTEBOOK, "main", GPU0, 9)], ["kill:notebook/hard-limit"]),
+        ],
+        id="cooldown-per-pod",
+    ),
+    pytest.param(
+        _policy(),
+        [
+            Step(
+                0,
+                [(SYSTEM, "main", GPU0, 9)],
+                ["warn:dcgm/over-quota"],
+                held=["dcgm: namespace kube-system is exempt"],
+            )
+        ],
+        id="exempt-namespace-is-warned-never-acted-on",
+    ),
+    pytest.param(
+        _policy(),
+        [Step(0, [(AGENT, "main", GPU0, 9)], [], held=["vramguard-abc: the agent's own pod"])],
+        id="never-the-agent-itself",
+    ),
+    pytest.param(
+        _policy(),
+        [
+            Step(
+                0,
+                [(LEAVING, "main", GPU0, 9)],
+                ["warn:leaving/over-quota"],
+                held=["leaving: already terminating"],
+            )
+        ],
+        id="terminating-pod-is-not-acted-on-again",
+    ),
+    pytest.param(
+        _policy(),
+        [Step(0, [(NOTEBOOK, "main", SICK, 15)], [])],
+        id="unhealthy-gpu-is-never-acted-on",
+    ),
+    pytest.param(
+        _policy(),
+        [
+            Step(0, [(TRAINER, "main", GPU0, 5), (TRAINER, "sidecar", GPU0, 2)], []),
+            Step(
+                1,
+                [(TRAINER, "main", GPU0, 5), (TRAINER, "sidecar", GPU0, 4)],
+                ["warn:trainer/over-quota", "kill:trainer/hard-limit"],
+            ),
+        ],
+        id="pod-wide-quota-sums-its-containers",
+    ),
+    pytest.param(
+        _policy(),
+        [Step(0, [(TRAINER, "main", GPU0, 5), (TRAINER, "sidecar", GPU1, 5)], [])],
+        id="pod-wide-quota-is-per-gpu",
+    ),
+    pytest.param(
+        _policy(mode=Mode.WARN),
+        [Step(0, [(TEAM_KILL, "main", GPU0, 2)], ["warn:strict/over-quota", "kill:strict/hard-limit"])],
+        id="namespace-mode-overrides-default-mode",
+    ),
+    pytest.param(
+        _policy(pressure_free_bytes=8 * GiB),
+        [Step(0, [(pod("unmanaged"), "main", GPU0, 15)], [])],
+        id="unmanaged-pod-is-never-acted-on-even-under-pressure",
+    ),
+]
+
+
+@pytest.mark.parametrize(("policy", "steps"), CASES)
+def test_scenarios(policy: Policy, steps: list[Step]) -> None:
+    """Each scan's actions (and held enforcements) match the scenario's expectations."""
+    clock = FakeClock()
+    state = DecisionState()
+    for i, step in enumerate(steps):
+        clock.step(step.after_s)
+        b = SnapshotBuilder(agent_pod_uid=AGENT.uid)
+        for pid, (p, container, device, used_gib) in enumerate(step.rows, start=100):
+            b.use(p, container, device, int(used_gib * GiB), pid=pid)  # type: ignore[arg-type]
+        decision, state = decide(b.build(), QUOTAS, policy, state, clock.now())
+        got = [f"{a.kind.value}:{a.pod.name}/{a.reason.value}" for a in decision.actions]
+        assert got == step.expect, f"step {i}"
+        for expected in step.held:
+            name, why = expected.split(": ", 1)
+            held = [(h.violation.pod.name, h.why) for h in decision.held]
+            assert any(n == name and why in w for n, w in held), f"step {i}: expected {name} held for {why!r}: {held}"
+
+
+def test_one_action_per_pod_per_scan() -> None:
+    """A pod violating on two GPUs is acted on once per scan, not once per GPU."""
+    b = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 9 * GiB, pid=1).use(NOTEBOOK, "main", GPU1, 9 * GiB, pid=2)
+    decision, _ = decide(b.build(), QUOTAS, _policy(max_actions_per_scan=5), DecisionState(), 0.0)
+    assert [a.kind for a in decision.actions].count(Mode.KILL) == 1
+    assert any("already acted on" in h.why for h in decision.held)
+
+
+def test_fair_share_quota_divides_the_device() -> None:
+    """A fair-share quota is the device's total memory divided by the replica count."""
+    p = pod("shared")
+    quotas = {p.uid: PodQuota(containers=MappingProxyType({"main": Quota(share_divisor=4, source="fair-share")}))}
+    under = SnapshotBuilder().use(p, "main", GPU0, 4 * GiB).build()
+    over = SnapshotBuilder().use(p, "main", GPU0, 4 * GiB + 1).build()
+    assert find_violations(under, quotas) == ()
+    (v,) = find_violations(over, quotas)
+    assert v.limit_bytes == 4 * GiB
+
+
+def test_violation_carries_processes_and_container_ids() -> None:
+    """A pod-wide violation names every process and runtime container ID involved, for the killer."""
+    b = SnapshotBuilder().use(TRAINER, "main", GPU0, 5 * GiB, pid=10).use(TRAINER, "sidecar", GPU0, 5 * GiB, pid=11)
+    (v,) = find_violations(b.build(), QUOTAS)
+    assert [p.pid for p in v.processes] == [10, 11]
+    assert set(v.container_ids) == {c.container_id for c in TRAINER.containers}
+    assert v.container is None and v.subject == "pod trainer"
+
+
+def test_action_message_names_container_gpu_usage_and_quota() -> None:
+    """The message a person reads says who, which GPU, how much and the quota."""
+    b = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, int(14.2 * GiB))
+    decision, _ = decide(b.build(), QUOTAS, _policy(), DecisionState(), 0.0)
+    msg = decision.actions[0].message
+    assert msg.startswith("container main uses 14.2GiB on GPU 0 (GPU-00000000")
+    assert "quota 4.0GiB, burst 8.0GiB" in msg
+
+
+def test_victim_order_prefers_overage_then_low_priority_then_usage() -> None:
+    """Ranking: largest overage first; on a tie the lower priority; then the larger usage."""
+    b = (
+        SnapshotBuilder()
+        .use(NOTEBOOK, "main", GPU0, 6 * GiB, pid=1)  # overage 2, priority 100
+        .use(BATCH, "main", GPU0, 6 * GiB, pid=2)  # overage 2, priority 0
+        .use(TEAM_KILL, "main", GPU0, 4 * GiB, pid=3)  # overage 3
+    )
+    ranked = sorted(find_violations(b.build(), QUOTAS), key=victim_order)
+    assert [v.pod.name for v in ranked] == ["strict", "batch", "notebook"]
+
+
+def test_state_is_bounded() -> None:
+    """Episodes end when usage is back under quota, and cool-downs are forgotten once they expire."""
+    over = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 9 * GiB).build()
+    under = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 1 * GiB).build()
+    _, state = decide(over, QUOTAS, _policy(cooldown_s=30), DecisionState(), 0.0)
+    assert state.episodes and state.last_action_at
+    _, state = decide(under, QUOTAS, _policy(cooldown_s=30), state, 31.0)
+    assert not state.episodes and not state.last_action_at
