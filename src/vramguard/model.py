@@ -140,7 +140,8 @@ class CgroupIdentity:
 class ContainerInfo:
     name: str
     container_id: str | None = None  # runtime ID without the "containerd://" scheme
-    limits: Mapping[str, str] = field(default_factory=_frozen_map)  # raw resources.limits, e.g. {"vramguard.io/vram": "12Gi"}
+    # Raw resources.limits, e.g. {"vramguard.io/vram": "12Gi"}.
+    limits: Mapping[str, str] = field(default_factory=_frozen_map)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,9 @@ class Policy:
     def under_pressure(self, device: GpuDevice) -> bool:
         if self.pressure_free_bytes is not None and device.free_bytes < self.pressure_free_bytes:
             return True
-        return self.pressure_free_ratio is not None and device.free_bytes < self.pressure_free_ratio * device.total_bytes
+        return (
+            self.pressure_free_ratio is not None and device.free_bytes < self.pressure_free_ratio * device.total_bytes
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
