@@ -1,0 +1,200 @@
+"""The agent's loop: sample → identify → attribute → resolve quotas → decide → act → report.
+
+This is the only stateful piece, and it is short on purpose: every step is a call into a module that can be read
+and tested alone. Side effects come in through the constructor (kubelet eviction manager style).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from vramguard.act import EVENT_INVALID, Enforcer, Outcome
+from vramguard.attribute import ProcessAttributor, attribute
+from vramguard.decide import Decision, DecisionState, decide
+from vramguard.metrics import Metrics
+from vramguard.model import CgroupIdentity, GpuSample, PodInfo, PodQuota, Policy, ProcessRef, Snapshot
+from vramguard.ports import Clock, EventRecorder, GpuSampler, PodSource
+from vramguard.quota import resolve_pod_quota
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    snapshot: Snapshot
+    quotas: Mapping[str, PodQuota]
+    decision: Decision
+    outcomes: tuple[Outcome, ...]
+    duration_s: float
+
+
+class QuotaBook:
+    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes.
+
+    Invalid quota values are reported once per pod object, as a VRAMQuotaInvalid Event and a log line.
+    """
+
+    def __init__(self, policy: Policy, events: EventRecorder, log: structlog.typing.FilteringBoundLogger) -> None:
+        self.policy = policy
+        self.events = events
+        self.log = log
+        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+
+    def resolve(self, pods: Mapping[str, PodInfo], node_labels: Mapping[str, str]) -> dict[str, PodQuota]:
+        book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+        for uid, pod in pods.items():
+            cached = self._book.get(uid)
+            if cached is not None and cached[0] is pod and cached[1] == node_labels:
+                book[uid] = cached
+                continue
+            pq = resolve_pod_quota(pod, self.policy, node_labels)
+            if pq.errors and (cached is None or cached[2].errors != pq.errors):
+                for err in pq.errors:
+                    message = f"{err.field}: {err.value!r} {err.message}; the policy default applies"
+                    self.log.warning("quota_invalid", pod=pod.key, field=err.field, value=err.value, error=err.message)
+                    self.events.record(pod, EVENT_INVALID, message)
+            book[uid] = (pod, dict(node_labels), pq)
+        self._book = book  # pods that left the cache leave the book
+        return {uid: entry[2] for uid, entry in book.items()}
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        sampler: GpuSampler,
+        attributor: ProcessAttributor,
+        pods: PodSource,
+        policy: Policy,
+        enforcer: Enforcer,
+        events: EventRecorder,
+        metrics: Metrics,
+        clock: Clock | None = None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        agent_pid: int | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.attributor = attributor
+        self.pods = pods
+        self.policy = policy
+        self.enforcer = enforcer
+        self.metrics = metrics
+        self.clock = clock if clock is not None else MonotonicClock()
+        self.log = log if log is not None else structlog.get_logger("vramguard")
+        self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
+        # The agent finds its own pod the way it finds everyone else's: through its cgroup.
+        me = self.attributor.identify(self.agent_pid)
+        self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
+        self.quotas = QuotaBook(policy, events, self.log)
+        self.state = DecisionState()
+        self.last_scan_at: float | None = None
+        self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
+
+    def scan(self) -> ScanReport:
+        started = time.perf_counter()
+        # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
+        sample = self.sampler.sample()
+        # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
+        identities = self._identify(sample)
+        # 3. Attribute usage to containers and pods, per device.
+        pods = self.pods.pods()
+        snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
+        # 4. Resolve each pod's quota (once per pod version).
+        quotas = self.quotas.resolve(pods, self.pods.node_labels())
+        # 5. Decide, purely.
+        now = self.clock.now()
+        decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
+        # 6. Act, then confirm that killed processes let go of their memory.
+        outcomes = tuple(self.enforcer.execute(a) for a in decision.actions)
+        if any(o.kill is not None and o.kill.killed for o in outcomes):
+            outcomes = self._confirm_freed(outcomes)
+        # 7. Report.
+        duration_s = time.perf_counter() - started
+        self._report(snapshot, quotas, decision, outcomes, duration_s)
+        self.last_scan_at = now
+        return ScanReport(snapshot, quotas, decision, outcomes, duration_s)
+
+    def run(self, poll_interval_s: float, stop: threading.Event) -> None:
+        """Scan every `poll_interval_s` until `stop` is set. A failed scan is logged and the loop goes on."""
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.scan()
+            except Exception as e:  # degrade, don't die: the next scan may well succeed
+                self.log.exception("scan_failed", error=repr(e))
+            stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
+
+    def _identify(self, sample: GpuSample) -> dict[int, tuple[ProcessRef, CgroupIdentity | None]]:
+        identities: dict[int, tuple[ProcessRef, CgroupIdentity | None]] = {}
+        for p in sample.processes:
+            if p.pid not in identities:
+                ident = self.attributor.identify(p.pid)
+                if ident is not None:
+                    identities[p.pid] = ident
+        self.attributor.forget_except(identities.keys())
+        return identities
+
+    def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
+        """Re-sample once: a killed process whose memory NVML still lists was not really stopped (a forked
+        child holding the device, a zombie the driver has not released)."""
+        after = self.sampler.sample()
+        still = {(p.pid, p.device_uuid) for p in after.processes}
+        confirmed = []
+        for o in outcomes:
+            if o.kill is not None and o.kill.killed and o.result in ("ok", "refused-then-killed"):
+                device = o.action.violation.device.uuid
+                lingering = sorted(r.pid for r in o.kill.killed if (r.pid, device) in still)
+                if lingering:
+                    o = Outcome(o.action, "memory-not-freed", f"PIDs {lingering} still hold memory on {device}", o.kill)
+            confirmed.append(o)
+        return tuple(confirmed)
+
+    def _report(
+        self,
+        snapshot: Snapshot,
+        quotas: Mapping[str, PodQuota],
+        decision: Decision,
+        outcomes: tuple[Outcome, ...],
+        duration_s: float,
+    ) -> None:
+        self.metrics.observe_scan(snapshot, quotas, decision)
+        self.metrics.scan_duration.observe(duration_s)
+        for o in outcomes:
+            self.metrics.actions.labels(action=o.action_name, result=o.result).inc()
+            v = o.action.violation
+            self.log.warning(
+                "action",
+                action=o.action_name,
+                reason=o.action.reason.value,
+                result=o.result,
+                pod=v.pod.key,
+                container=v.container,
+                gpu=v.device.label,
+                used_bytes=v.used_bytes,
+                limit_bytes=v.limit_bytes,
+                pids=[p.pid for p in (o.kill.killed if o.kill else v.processes)],
+                detail=o.detail or None,
+                message=o.action.message,
+            )
+        for h in decision.held:
+            self.log.debug("held", pod=h.violation.pod.key, reason=h.reason.value, why=h.why)
+        # A GPU going bad or coming back is logged once per transition, not once per scan.
+        unhealthy = {d.uuid: d.error for d in snapshot.devices if not d.healthy}
+        for d in snapshot.devices:
+            if d.uuid in unhealthy and d.uuid not in self._unhealthy:
+                self.log.warning("gpu_unhealthy", gpu=d.label, uuid=d.uuid, error=d.error)
+            elif d.uuid not in unhealthy and d.uuid in self._unhealthy:
+                self.log.info("gpu_recovered", gpu=d.label, uuid=d.uuid)
+        self._unhealthy = unhealthy

@@ -1,0 +1,269 @@
+"""The `vramguard` command: run the agent, look at a node, check a policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated
+
+import structlog
+import typer
+
+from vramguard import __version__
+from vramguard.act import Enforcer
+from vramguard.agent import Agent
+from vramguard.attribute import ProcessAttributor
+from vramguard.health import HealthServer
+from vramguard.kill import PidfdKiller
+from vramguard.logs import configure_logging
+from vramguard.metrics import Metrics
+from vramguard.model import Mode, Policy
+from vramguard.nvml import NvmlSampler, NvmlUnavailable
+from vramguard.pods import FilePodSource
+from vramguard.policy import PolicyError, check_policy_file, load_policy
+from vramguard.ports import EvictResult, PodSource
+from vramguard.top import render_json, render_table, rows_from_report
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
+app.add_typer(policy_app, name="policy")
+
+
+class LogEventRecorder:
+    """Events when there is no API server to write them to (`--pods-file`): they go to the log instead."""
+
+    def __init__(self) -> None:
+        self.log = structlog.get_logger("vramguard.events")
+
+    def record(self, pod: object, reason: str, message: str, warning: bool = True) -> None:
+        self.log.warning("event", pod=getattr(pod, "key", str(pod)), reason=reason, message=message)
+
+
+class NoApiEvictor:
+    """Eviction is an API call; with `--pods-file` there is no API server, so every eviction fails, visibly."""
+
+    def evict(self, pod: object, message: str) -> EvictResult:
+        return EvictResult(evicted=False, refused=False, message="no API server: eviction needs the Kubernetes API")
+
+
+@dataclass
+class Wiring:
+    """The agent's parts, assembled from the command line."""
+
+    agent: Agent
+    sampler: NvmlSampler
+    pods: PodSource
+    metrics: Metrics
+
+
+def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | None) -> Policy:
+    try:
+        policy = load_policy(path) if path is not None else Policy()
+    except PolicyError as e:
+        typer.echo(f"vramguard: invalid policy:\n{e}", err=True)
+        raise typer.Exit(2) from None
+    if mode is not None:
+        policy = replace(policy, mode=mode)
+    if agent_namespace:
+        policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {agent_namespace})
+    return policy
+
+
+def _pod_source(pods_file: Path | None, node_name: str | None) -> PodSource:
+    if pods_file is None:
+        typer.echo(
+            "vramguard: --pods-file is required for now: the Kubernetes pod watch is not part of this release",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return FilePodSource(str(pods_file), node_name=node_name)
+
+
+def _open_sampler(proc_root: str) -> NvmlSampler:
+    try:
+        return NvmlSampler(proc_root=proc_root)
+    except NvmlUnavailable as e:
+        typer.echo(f"vramguard: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _wire(
+    *, sampler: NvmlSampler, pods: PodSource, policy: Policy, dry_run: bool, proc_root: str, metrics: Metrics
+) -> Agent:
+    events = LogEventRecorder()
+    enforcer = Enforcer(
+        killer=PidfdKiller(proc_root=proc_root),
+        evictor=NoApiEvictor(),
+        events=events,
+        policy=policy,
+        dry_run=dry_run,
+    )
+    return Agent(
+        sampler=sampler,
+        attributor=ProcessAttributor(proc_root=proc_root),
+        pods=pods,
+        policy=policy,
+        enforcer=enforcer,
+        events=events,
+        metrics=metrics,
+    )
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+ModeOpt = Annotated[Mode | None, typer.Option("--mode", help="warn, evict or kill; overrides the policy's mode.")]
+PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).", exists=True, dir_okay=False)]
+ProcRootOpt = Annotated[str, typer.Option("--proc-root", help="Where the host's /proc is mounted.")]
+PodsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--pods-file", help="Pods from a file (`kubectl get pods -o yaml` shape) instead of the API server."),
+]
+NodeOpt = Annotated[str | None, typer.Option("--node-name", envvar="NODE_NAME", help="This node's name.")]
+
+
+@app.command()
+def run(
+    node_name: NodeOpt = None,
+    mode: ModeOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and report everything, change nothing.")] = False,
+    poll_interval: Annotated[float, typer.Option("--poll-interval", help="Seconds between scans.", min=0.01)] = 1.0,
+    policy_path: PolicyOpt = None,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz.")] = 9400,
+    proc_root: ProcRootOpt = "/proc",
+    log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
+    pods_file: PodsFileOpt = None,
+    agent_namespace: Annotated[
+        str | None, typer.Option("--agent-namespace", envvar="POD_NAMESPACE", help="Exempted like kube-system.")
+    ] = None,
+) -> None:
+    """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
+    configure_logging(log_format)
+    log = structlog.get_logger("vramguard")
+    policy = _load_policy(policy_path, mode, agent_namespace)
+    pods = _pod_source(pods_file, node_name)
+    metrics = Metrics()
+    state: dict[str, str | None] = {"nvml": "NVML not initialised yet"}
+    wiring: list[Agent] = []
+
+    def healthz() -> tuple[bool, str]:
+        if not wiring or wiring[0].last_scan_at is None:
+            return True, "starting"
+        age = time.monotonic() - wiring[0].last_scan_at
+        return age < max(30.0, 10 * poll_interval), f"last scan {age:.1f}s ago"
+
+    def readyz() -> tuple[bool, str]:
+        problems = [p for p in (state["nvml"], None if pods.synced() else "pod cache not synced") if p]
+        if not problems and (not wiring or wiring[0].last_scan_at is None):
+            problems.append("no scan completed yet")
+        return (not problems), "; ".join(problems) or "ready"
+
+    server = HealthServer(metrics_port, metrics.registry, healthz, readyz)
+    log.info("starting", version=__version__, node=node_name, mode=policy.mode.value, dry_run=dry_run, port=server.port)
+    with _stop_on_signals() as stop:
+        # NVML may come up after the agent (driver container still installing): retry with back-off, unready.
+        backoff_s = 1.0
+        sampler: NvmlSampler | None = None
+        while sampler is None and not stop.is_set():
+            try:
+                sampler = NvmlSampler(proc_root=proc_root)
+            except NvmlUnavailable as e:
+                if state["nvml"] != str(e):
+                    log.error("nvml_unavailable", error=str(e))
+                state["nvml"] = str(e)
+                stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, 60.0)
+        if sampler is not None:
+            state["nvml"] = None
+            wiring.append(
+                _wire(sampler=sampler, pods=pods, policy=policy, dry_run=dry_run, proc_root=proc_root, metrics=metrics)
+            )
+            wiring[0].run(poll_interval, stop)
+            sampler.close()
+    server.close()
+    log.info("stopped")
+
+
+@app.command()
+def top(
+    node_name: NodeOpt = None,
+    policy_path: PolicyOpt = None,
+    proc_root: ProcRootOpt = "/proc",
+    pods_file: PodsFileOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
+) -> None:
+    """A live table of this node: GPU, pod, container, PIDs, used, quota, % and state. Changes nothing."""
+    configure_logging("console", level="error")
+    policy = _load_policy(policy_path, None, None)
+    pods = _pod_source(pods_file, node_name)
+    sampler = _open_sampler(proc_root)
+    agent = _wire(sampler=sampler, pods=pods, policy=policy, dry_run=True, proc_root=proc_root, metrics=Metrics())
+    try:
+        while True:
+            rows = rows_from_report(agent.scan())
+            if as_json:
+                typer.echo(render_json(rows))
+            else:
+                if not once and sys.stdout.isatty():
+                    typer.echo("\x1b[H\x1b[2J", nl=False)
+                typer.echo(render_table(rows))
+            if once:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sampler.close()
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to validate.")]) -> None:
+    """Validate a policy file; every error names the field and the value."""
+    errors = check_policy_file(file)
+    if errors:
+        for line in errors:
+            typer.echo(f"{file}: {line}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{file}: ok")
+
+
+@app.command()
+def version(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print vramguard's version (and, with --json, its runtime's)."""
+    if as_json:
+        typer.echo(json.dumps({"vramguard": __version__, "python": sys.version.split()[0], "pid": os.getpid()}))
+    else:
+        typer.echo(f"vramguard {__version__}")
+
+
+@app.command()
+def demo(
+    poll_interval: Annotated[float, typer.Option("--poll-interval", min=0.05)] = 0.5,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the simulated node's files in place.")] = False,
+) -> None:
+    """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
+    from vramguard.demo import run_demo
+
+    raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep))
+
+
+def main() -> None:
+    app()

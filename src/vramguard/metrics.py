@@ -1,0 +1,140 @@
+"""Prometheus metrics. Per-container series come from the latest scan, so a pod that is gone leaves no stale series.
+
+Names carry their units (`_bytes`, `_seconds`, `_total`), following client_python's conventions. Everything is
+registered on the registry passed in: no module-level globals, so tests and the benchmark build their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vramguard.decide import Decision
+from vramguard.model import Mode, PodQuota, Reason, Snapshot
+
+SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _ScanCollector(Collector):
+    """Gauges computed from the latest scan at scrape time."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.quotas: Mapping[str, PodQuota] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        labels = ["namespace", "pod", "container", "gpu", "gpu_uuid"]
+        used = GaugeMetricFamily(
+            "vramguard_container_gpu_memory_used_bytes", "GPU memory used by a container on one GPU.", labels=labels
+        )
+        quota = GaugeMetricFamily(
+            "vramguard_container_gpu_memory_quota_bytes",
+            "VRAM quota of a container on one GPU (container is empty for a pod-wide quota).",
+            labels=labels,
+        )
+        devices = {d.uuid: d for d in snap.devices}
+        quota_seen: set[tuple[str, ...]] = set()
+        for u in snap.containers:
+            device = devices.get(u.device_uuid)
+            if device is None:
+                continue
+            used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
+            pq = self.quotas.get(u.pod.uid)
+            if pq is None:
+                continue
+            own = pq.containers.get(u.container)
+            q, who = (own, u.container) if own is not None else (pq.pod, "")
+            key = (u.pod.uid, who, device.uuid)
+            if q is not None and key not in quota_seen:
+                quota_seen.add(key)
+                quota.add_metric(
+                    [u.pod.namespace, u.pod.name, who, device.label, device.uuid], q.limit_for(device.total_bytes)
+                )
+        yield used
+        yield quota
+
+        gpu_labels = ["gpu", "gpu_uuid", "name"]
+        families = {
+            "total": GaugeMetricFamily(
+                "vramguard_gpu_memory_total_bytes", "Total memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+            "used": GaugeMetricFamily(
+                "vramguard_gpu_memory_used_bytes", "Used memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+            "free": GaugeMetricFamily(
+                "vramguard_gpu_memory_free_bytes", "Free memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+        }
+        healthy = GaugeMetricFamily(
+            "vramguard_gpu_healthy", "1 when every NVML call for the GPU succeeded in the last scan.", labels=gpu_labels
+        )
+        unattributed = GaugeMetricFamily(
+            "vramguard_unattributed_gpu_memory_bytes",
+            "GPU memory used by processes outside any known pod (reported, never acted on).",
+            labels=["gpu", "gpu_uuid"],
+        )
+        for d in snap.devices:
+            lv = [d.label, d.uuid, d.name]
+            families["total"].add_metric(lv, d.total_bytes)
+            families["used"].add_metric(lv, d.used_bytes)
+            families["free"].add_metric(lv, d.free_bytes)
+            healthy.add_metric(lv, 1.0 if d.healthy else 0.0)
+            unattributed.add_metric(
+                [d.label, d.uuid], sum(p.used_bytes for p in snap.unattributed if p.device_uuid == d.uuid)
+            )
+        yield from families.values()
+        yield healthy
+        yield unattributed
+
+
+class Metrics:
+    """Every metric the agent exports, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._scan = _ScanCollector()
+        self.registry.register(self._scan)
+        self.violations = Counter(
+            "vramguard_violations_total",
+            "Violation episodes started: a subject went above its quota (severity hard: above its hard limit).",
+            ["namespace", "severity"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "vramguard_actions_total",
+            "Actions taken, by action (warn, evict, kill) and result (ok, failed, refused, dry-run, ...).",
+            ["action", "result"],
+            registry=self.registry,
+        )
+        self.scan_duration = Histogram(
+            "vramguard_scan_duration_seconds",
+            "Wall time of one scan: sample, attribute, decide, act.",
+            buckets=SCAN_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.nvml_errors = Counter(
+            "vramguard_nvml_errors_total",
+            "NVML failures and rows dropped by sanity checks, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def observe_scan(self, snapshot: Snapshot, quotas: Mapping[str, PodQuota], decision: Decision) -> None:
+        self._scan.snapshot = snapshot
+        self._scan.quotas = quotas
+        for a in decision.actions:
+            # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
+            if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
+                severity = "hard" if a.violation.hard else "soft"
+                self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
+
+    def count_nvml_errors(self, counts: Iterable[tuple[str, int]]) -> None:
+        for kind, n in counts:
+            if n:
+                self.nvml_errors.labels(kind=kind).inc(n)
