@@ -341,3 +341,12 @@ def test_state_is_bounded() -> None:
     assert state.episodes and state.last_action_at
     _, state = decide(under, QUOTAS, _policy(cooldown_s=30), state, 31.0)
     assert not state.episodes and not state.last_action_at
+
+
+def test_capped_fair_share_is_bounded_on_a_large_gpu() -> None:
+    """A namespace cap bounds a fair share even where the device's share would be larger."""
+    p = pod("shared")
+    quota = Quota(share_divisor=2, cap_bytes=6 * GiB, source="fair-share capped")
+    quotas = {p.uid: PodQuota(containers=MappingProxyType({"main": quota}))}
+    (v,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 7 * GiB).build(), quotas)
+    assert v.limit_bytes == 6 * GiB  # not 16Gi / 2 = 8Gi

@@ -68,7 +68,7 @@ def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | No
     try:
         policy = load_policy(path) if path is not None else Policy()
     except PolicyError as e:
-        typer.echo(f"vramguard: invalid policy:\n{e}", err=True)
+        typer.echo(f"vramguard: {e}", err=True)
         raise typer.Exit(2) from None
     if mode is not None:
         policy = replace(policy, mode=mode)

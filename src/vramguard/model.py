@@ -180,10 +180,12 @@ class Quota:
     burst_bytes: int | None = None
     share_divisor: int | None = None
     source: str = ""  # where it came from, for messages: "limits[vramguard.io/vram]", "annotation ...", "default"
+    cap_bytes: int | None = None  # the namespace max: bounds a fair share, whose bytes depend on the device
 
     def limit_for(self, device_total_bytes: int) -> int:
         if self.share_divisor is not None:
-            return device_total_bytes // self.share_divisor
+            share = device_total_bytes // self.share_divisor
+            return share if self.cap_bytes is None else min(share, self.cap_bytes)
         assert self.limit_bytes is not None, "a Quota needs limit_bytes or share_divisor"
         return self.limit_bytes
 

@@ -1,0 +1,443 @@
+"""The policy file: YAML → a validated `model.Policy`, and a Policy back to plain data.
+
+Schema. Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error,
+so a typo never passes silently (`config/policy.example.yaml` is the commented copy):
+
+    mode: warn                 # warn | evict | kill: what the agent does to an offender
+    hard_grace: 0s             # duration above the hard limit (quota, or burst where set) before acting
+    soft_grace: 60s            # duration above the soft limit (the quota, when a burst is set) before acting
+                               # while the GPU has headroom; under pressure the agent does not wait
+    pressure_threshold: 5%     # a GPU is under pressure when its free memory is below this: a byte quantity
+                               # (2Gi), a percentage of the GPU's memory (5%), or a list of one of each
+                               # ([2Gi, 5%]: under pressure when below either); [] turns pressure off
+    max_actions_per_scan: 1    # integer >= 1: the most evictions or kills in one scan (warnings, one per
+                               # violation episode, are not counted)
+    cooldown: 60s              # duration during which a pod is left alone after an action on it
+    on_eviction_refused: wait  # wait | kill: when PodDisruptionBudgets keep refusing an eviction
+    exempt_namespaces: [kube-system]  # never acted on; replaces the default list, so keep kube-system in it.
+                                      # The agent adds its own namespace at runtime.
+    quota_sources:             # precedence order; resource:<name> reads a container limit, annotation:<name> a
+      - resource:vramguard.io/vram  # pod annotation. Only names whose unit vramguard knows are accepted.
+      - ...
+    default: {kind: none}      # for containers no source covers: {kind: none} (unmanaged),
+                               # {kind: fixed, bytes: 8Gi}, or {kind: fair-share} (GPU ÷ gpu.replicas label)
+    namespaces:                # per-namespace overrides, keyed by namespace name
+      team-a:
+        mode: kill             # overrides mode
+        max_quota: 16Gi        # cap on every quota and burst in the namespace, whatever its source
+        default: {kind: fixed, bytes: 4Gi}  # overrides default
+
+Values: durations are `500ms`, `30s`, `5m`, `1h`, `1m30s` or a number of seconds; byte quantities are
+Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.quantity`).
+
+Errors are collected, not raised one at a time: `PolicyError.errors` lists every problem, each naming the field
+path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid quantity (...)`.
+
+The YAML is read with a `yaml.SafeLoader` that also rejects duplicate keys, which plain `safe_load` resolves
+silently in favour of the last one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
+
+import yaml
+
+from vramguard.model import DefaultKind, DefaultQuota, EvictionRefused, Mode, NamespacePolicy, Policy
+from vramguard.quantity import (
+    QuantityError,
+    format_duration,
+    format_percentage,
+    format_quantity,
+    parse_duration,
+    parse_percentage,
+    parse_quantity,
+    show_value,
+)
+from vramguard.quota import parse_quota_source
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=enum.Enum)
+
+TOP_LEVEL_FIELDS: Final = (
+    "mode",
+    "hard_grace",
+    "soft_grace",
+    "pressure_threshold",
+    "max_actions_per_scan",
+    "cooldown",
+    "on_eviction_refused",
+    "exempt_namespaces",
+    "quota_sources",
+    "default",
+    "namespaces",
+)
+NAMESPACE_FIELDS: Final = ("mode", "max_quota", "default")
+DEFAULT_FIELDS: Final = ("kind", "bytes")
+
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes requires
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem in a policy: where (a dotted path, "" for the whole document), the value, and what is wrong."""
+
+    path: str
+    value: object
+    message: str  # reads after the value: "is not a valid quantity (...)"
+    show: bool = True  # False when there is no value worth showing (a missing or unknown key)
+
+    def __str__(self) -> str:
+        text = f"{show_value(self.value)} {self.message}" if self.show else self.message
+        return f"{self.path}: {text}" if self.path else text
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used, with every problem found in it."""
+
+    def __init__(self, errors: Sequence[FieldError], source: str | None = None) -> None:
+        self.errors = list(errors)
+        self.source = source
+        where = f" in {source}" if source else ""
+        count = f"{len(self.errors)} error" + ("s" if len(self.errors) != 1 else "")
+        super().__init__(f"invalid policy{where} ({count}):\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+class _Invalid(ValueError):
+    """Raised by a converter; the message reads after the value (`must be one of ...`)."""
+
+
+def parse_policy(data: object) -> Policy:
+    """Plain data (a parsed YAML document) → a validated Policy. Raises PolicyError listing every problem."""
+    parser = _Parser()
+    policy = parser.policy(data)
+    if parser.errors or policy is None:
+        raise PolicyError(parser.errors)
+    return policy
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file. An empty file is the default policy.
+
+    Raises PolicyError naming the file when it cannot be read, is not YAML, or is not a valid policy.
+    """
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except OSError as e:
+        raise PolicyError([FieldError("", None, f"cannot read the file: {e.strerror or e}", show=False)], source) from e
+    except yaml.YAMLError as e:
+        raise PolicyError([FieldError("", None, f"is not valid YAML: {_yaml_problem(e)}", show=False)], source) from e
+    try:
+        return parse_policy({} if data is None else data)
+    except PolicyError as e:
+        raise PolicyError(e.errors, source) from None
+
+
+def check_policy_file(path: str | Path) -> list[str]:
+    """Human-readable problems of a policy file, one per line, [] when valid. The caller prefixes the file name."""
+    try:
+        load_policy(path)
+    except PolicyError as e:
+        return [str(error) for error in e.errors]
+    return []
+
+
+def policy_to_dict(policy: Policy) -> dict[str, object]:
+    """A Policy as plain data in the file's own schema: for printing the effective policy, and for logs.
+
+    `parse_policy(policy_to_dict(p)) == p` for every valid policy.
+    """
+    namespaces: dict[str, object] = {}
+    for name in sorted(policy.namespaces):
+        ns = policy.namespaces[name]
+        entry: dict[str, object] = {}
+        if ns.mode is not None:
+            entry["mode"] = ns.mode.value
+        if ns.max_quota_bytes is not None:
+            entry["max_quota"] = format_quantity(ns.max_quota_bytes)
+        if ns.default is not None:
+            entry["default"] = _default_to_dict(ns.default)
+        namespaces[name] = entry
+    return {
+        "mode": policy.mode.value,
+        "hard_grace": format_duration(policy.hard_grace_s),
+        "soft_grace": format_duration(policy.soft_grace_s),
+        "pressure_threshold": _pressure_to_data(policy.pressure_free_bytes, policy.pressure_free_ratio),
+        "max_actions_per_scan": policy.max_actions_per_scan,
+        "cooldown": format_duration(policy.cooldown_s),
+        "on_eviction_refused": policy.on_eviction_refused.value,
+        "exempt_namespaces": sorted(policy.exempt_namespaces),
+        "quota_sources": list(policy.quota_sources),
+        "default": _default_to_dict(policy.default),
+        "namespaces": namespaces,
+    }
+
+
+def _default_to_dict(default: DefaultQuota) -> dict[str, object]:
+    if default.kind is DefaultKind.FIXED and default.bytes is not None:
+        return {"kind": default.kind.value, "bytes": format_quantity(default.bytes)}
+    return {"kind": default.kind.value}
+
+
+def _pressure_to_data(free_bytes: int | None, free_ratio: float | None) -> object:
+    parts = [
+        *([format_quantity(free_bytes)] if free_bytes is not None else []),
+        *([format_percentage(free_ratio)] if free_ratio is not None else []),
+    ]
+    return parts[0] if len(parts) == 1 else parts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parsing
+
+
+class _Parser:
+    """Walks the document once, recording every problem and returning None for the parts that are wrong."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def fail(self, path: str, value: object, message: str, *, show: bool = True) -> None:
+        self.errors.append(FieldError(path, value, message, show))
+
+    def convert(self, path: str, value: object, convert: Callable[[object], _T]) -> _T | None:
+        try:
+            return convert(value)
+        except QuantityError as e:
+            self.fail(path, value, f"is not a valid {e.what} ({e.reason})")
+        except _Invalid as e:
+            self.fail(path, value, str(e))
+        return None
+
+    def mapping(self, data: object, path: str, fields: Sequence[str] | None) -> dict[str, object] | None:
+        """The string-keyed entries of a mapping; unknown keys (when `fields` is given) are reported and dropped."""
+        if not isinstance(data, Mapping):
+            expected = f" with the fields {', '.join(fields)}" if fields is not None else ""
+            self.fail(path, data, f"is not a mapping{expected}")
+            return None
+        entries: dict[str, object] = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                # YAML 1.1 reads unquoted yes/no/on/off and numbers as non-strings.
+                self.fail(path, key, "is not a string key (quote it)")
+                continue
+            if fields is not None and key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"known fields: {', '.join(fields)}"
+                self.fail(_join(path, key), None, f"is not a known field ({hint})", show=False)
+                continue
+            entries[key] = value
+        return entries
+
+    def sequence(self, data: object, path: str) -> list[object] | None:
+        if isinstance(data, str) or not isinstance(data, Sequence):
+            self.fail(path, data, "is not a list")
+            return None
+        return list(data)
+
+    def policy(self, data: object) -> Policy | None:
+        fields = self.mapping(data, "", TOP_LEVEL_FIELDS)
+        if fields is None:
+            return None
+        changes: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key == "mode":
+                changes["mode"] = self.convert(key, value, _choice(Mode))
+            elif key == "hard_grace":
+                changes["hard_grace_s"] = self.convert(key, value, parse_duration)
+            elif key == "soft_grace":
+                changes["soft_grace_s"] = self.convert(key, value, parse_duration)
+            elif key == "pressure_threshold":
+                pressure = self.pressure(key, value)
+                if pressure is not None:
+                    changes["pressure_free_bytes"], changes["pressure_free_ratio"] = pressure
+            elif key == "max_actions_per_scan":
+                changes["max_actions_per_scan"] = self.convert(key, value, _positive_int)
+            elif key == "cooldown":
+                changes["cooldown_s"] = self.convert(key, value, parse_duration)
+            elif key == "on_eviction_refused":
+                changes["on_eviction_refused"] = self.convert(key, value, _choice(EvictionRefused))
+            elif key == "exempt_namespaces":
+                names = self.namespace_names(key, value)
+                changes["exempt_namespaces"] = frozenset(names) if names is not None else None
+            elif key == "quota_sources":
+                changes["quota_sources"] = self.quota_sources(key, value)
+            elif key == "default":
+                changes["default"] = self.default(key, value)
+            elif key == "namespaces":
+                changes["namespaces"] = self.namespaces(key, value)
+        if self.errors:
+            return None
+        return replace(Policy(), **changes)
+
+    def pressure(self, path: str, value: object) -> tuple[int | None, float | None] | None:
+        """(free bytes, free ratio) from `5%`, `2Gi` or a list of at most one of each."""
+        listed = isinstance(value, list)
+        free_bytes: int | None = None
+        free_ratio: float | None = None
+        valid = True
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            item_path = f"{path}[{i}]" if listed else path
+            if isinstance(item, str) and item.endswith("%"):
+                ratio = self.convert(item_path, item, parse_percentage)
+                if ratio is not None and free_ratio is not None:
+                    self.fail(item_path, item, "is a second percentage; give at most one percentage and one size")
+                    ratio = None
+                valid = valid and ratio is not None
+                free_ratio = ratio if ratio is not None else free_ratio
+            else:
+                n_bytes = self.convert(item_path, item, parse_quantity)
+                if n_bytes is not None and free_bytes is not None:
+                    self.fail(item_path, item, "is a second size; give at most one percentage and one size")
+                    n_bytes = None
+                valid = valid and n_bytes is not None
+                free_bytes = n_bytes if n_bytes is not None else free_bytes
+        return (free_bytes, free_ratio) if valid else None
+
+    def namespace_names(self, path: str, value: object) -> list[str] | None:
+        items = self.sequence(value, path)
+        if items is None:
+            return None
+        names = [self.convert(f"{path}[{i}]", item, _namespace_name) for i, item in enumerate(items)]
+        return [n for n in names if n is not None]
+
+    def quota_sources(self, path: str, value: object) -> tuple[str, ...] | None:
+        items = self.sequence(value, path)
+        if items is None:
+            return None
+        sources: list[str] = []
+        for i, item in enumerate(items):
+            source = self.convert(f"{path}[{i}]", item, _quota_source)
+            if source is None:
+                continue
+            if source in sources:
+                self.fail(f"{path}[{i}]", item, f"is listed twice (first at {path}[{sources.index(source)}])")
+            sources.append(source)
+        return tuple(sources)
+
+    def default(self, path: str, value: object) -> DefaultQuota | None:
+        fields = self.mapping(value, path, DEFAULT_FIELDS)
+        if fields is None:
+            return None
+        if "kind" not in fields:
+            kinds = ", ".join(k.value for k in DefaultKind)
+            self.fail(_join(path, "kind"), None, f"is required (one of {kinds})", show=False)
+            return None
+        kind = self.convert(_join(path, "kind"), fields["kind"], _choice(DefaultKind))
+        if kind is None:
+            return None
+        if kind is not DefaultKind.FIXED:
+            if "bytes" in fields:
+                self.fail(_join(path, "bytes"), fields["bytes"], f"is only allowed with kind fixed, not {kind.value}")
+            return DefaultQuota(kind)
+        if "bytes" not in fields:
+            self.fail(_join(path, "bytes"), None, "is required when kind is fixed (e.g. bytes: 8Gi)", show=False)
+            return None
+        n_bytes = self.convert(_join(path, "bytes"), fields["bytes"], parse_quantity)
+        return DefaultQuota(kind, n_bytes) if n_bytes is not None else None
+
+    def namespaces(self, path: str, value: object) -> Mapping[str, NamespacePolicy] | None:
+        entries = self.mapping(value, path, None)
+        if entries is None:
+            return None
+        result: dict[str, NamespacePolicy] = {}
+        for name, entry in entries.items():
+            if not _NAMESPACE_NAME.fullmatch(name):
+                self.fail(path, name, _NAMESPACE_NAME_RULE)
+                continue
+            ns_path = _join(path, name)
+            fields = self.mapping(entry, ns_path, NAMESPACE_FIELDS)
+            if fields is None:
+                continue
+            changes: dict[str, Any] = {}
+            for key, field_value in fields.items():  # in file order, so errors read top to bottom
+                field_path = _join(ns_path, key)
+                if key == "mode":
+                    changes["mode"] = self.convert(field_path, field_value, _choice(Mode))
+                elif key == "max_quota":
+                    changes["max_quota_bytes"] = self.convert(field_path, field_value, parse_quantity)
+                elif key == "default":
+                    changes["default"] = self.default(field_path, field_value)
+            result[name] = NamespacePolicy(**changes)
+        return MappingProxyType(result)
+
+
+_NAMESPACE_NAME_RULE: Final = "is not a valid namespace name (lowercase letters, digits and '-', at most 63)"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _choice(enum_type: type[_E]) -> Callable[[object], _E]:
+    def convert(value: object) -> _E:
+        for member in enum_type:
+            if value == member.value:
+                return member
+        raise _Invalid(f"must be one of {', '.join(str(m.value) for m in enum_type)}")
+
+    return convert
+
+
+def _positive_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid("must be a whole number of at least 1")
+    if value < 1:
+        raise _Invalid("must be at least 1 (to never evict or kill, use mode: warn)")
+    return value
+
+
+def _namespace_name(value: object) -> str:
+    if not isinstance(value, str) or not _NAMESPACE_NAME.fullmatch(value):
+        raise _Invalid(_NAMESPACE_NAME_RULE)
+    return value
+
+
+def _quota_source(value: object) -> str:
+    if not isinstance(value, str):
+        raise _Invalid("must be a string such as resource:vramguard.io/vram")
+    try:
+        parse_quota_source(value)
+    except ValueError as e:
+        raise _Invalid(f"is not a quota source ({e})") from None
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# YAML
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: plain `safe_load` keeps the last one without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[Hashable] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # keys brought in by `<<:` may be overridden on purpose
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # the base constructor reports unhashable keys itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line: "line 3, column 7: found duplicate key 'mode'"."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    return " ".join(str(error).split())

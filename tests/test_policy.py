@@ -1,0 +1,387 @@
+"""The policy file: parsing, validation with every error named, loading, and printing back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vramguard.model import (
+    DEFAULT_QUOTA_SOURCES,
+    DefaultKind,
+    DefaultQuota,
+    EvictionRefused,
+    GiB,
+    Mode,
+    NamespacePolicy,
+    Policy,
+)
+from vramguard.policy import PolicyError, check_policy_file, load_policy, parse_policy, policy_to_dict
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "policy.example.yaml"
+
+
+def errors_of(data: object) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(data)
+    return [str(e) for e in info.value.errors]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Valid policies
+
+
+def test_example_file_parses() -> None:
+    """The shipped example is a valid policy and means what its comments say."""
+    policy = load_policy(EXAMPLE)
+    assert policy.mode is Mode.WARN
+    assert policy.pressure_free_ratio == 0.05
+    assert policy.pressure_free_bytes is None
+    assert policy.quota_sources == DEFAULT_QUOTA_SOURCES
+    assert policy.namespaces["team-a"] == NamespacePolicy(
+        mode=Mode.KILL, max_quota_bytes=16 * GiB, default=DefaultQuota(DefaultKind.FIXED, 4 * GiB)
+    )
+    assert policy.mode_for("team-a") is Mode.KILL
+    assert policy.cap_for("team-a") == 16 * GiB
+
+
+def test_example_file_sets_every_field() -> None:
+    """The example shows every top-level field, so it documents the whole schema."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    assert set(data) == set(policy_to_dict(Policy()))
+
+
+def test_empty_mapping_is_the_default_policy() -> None:
+    """Missing keys take the Policy dataclass defaults."""
+    assert parse_policy({}) == Policy()
+
+
+def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
+    """An empty file (e.g. a ConfigMap key with only comments) is the default policy."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("# nothing set\n")
+    assert load_policy(path) == Policy()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param({"mode": "evict"}, Policy(mode=Mode.EVICT), id="mode"),
+        pytest.param({"hard_grace": "500ms"}, Policy(hard_grace_s=0.5), id="hard-grace-ms"),
+        pytest.param({"soft_grace": "5m"}, Policy(soft_grace_s=300.0), id="soft-grace-minutes"),
+        pytest.param({"cooldown": 30}, Policy(cooldown_s=30.0), id="cooldown-plain-seconds"),
+        pytest.param(
+            {"pressure_threshold": "2Gi"},
+            Policy(pressure_free_bytes=2 * GiB, pressure_free_ratio=None),
+            id="pressure-as-bytes-replaces-the-default-percentage",
+        ),
+        pytest.param({"pressure_threshold": "10%"}, Policy(pressure_free_ratio=0.1), id="pressure-as-percentage"),
+        pytest.param(
+            {"pressure_threshold": ["2Gi", "5%"]},
+            Policy(pressure_free_bytes=2 * GiB, pressure_free_ratio=0.05),
+            id="pressure-as-both",
+        ),
+        pytest.param(
+            {"pressure_threshold": []},
+            Policy(pressure_free_bytes=None, pressure_free_ratio=None),
+            id="pressure-off",
+        ),
+        pytest.param({"max_actions_per_scan": 3}, Policy(max_actions_per_scan=3), id="max-actions"),
+        pytest.param(
+            {"on_eviction_refused": "kill"}, Policy(on_eviction_refused=EvictionRefused.KILL), id="eviction-refused"
+        ),
+        pytest.param(
+            {"exempt_namespaces": ["monitoring"]},
+            Policy(exempt_namespaces=frozenset({"monitoring"})),
+            id="exempt-list-replaces-the-default",
+        ),
+        pytest.param(
+            {"quota_sources": ["annotation:gpu-memory", "resource:vramguard.io/vram"]},
+            Policy(quota_sources=("annotation:gpu-memory", "resource:vramguard.io/vram")),
+            id="quota-sources-in-given-order",
+        ),
+        pytest.param({"quota_sources": []}, Policy(quota_sources=()), id="no-quota-sources"),
+        pytest.param(
+            {"default": {"kind": "fixed", "bytes": "8Gi"}},
+            Policy(default=DefaultQuota(DefaultKind.FIXED, 8 * GiB)),
+            id="default-fixed",
+        ),
+        pytest.param(
+            {"default": {"kind": "fair-share"}},
+            Policy(default=DefaultQuota(DefaultKind.FAIR_SHARE)),
+            id="default-fair-share",
+        ),
+        pytest.param(
+            {"namespaces": {"team-b": {"max_quota": 17179869184}}},
+            Policy(namespaces={"team-b": NamespacePolicy(max_quota_bytes=16 * GiB)}),
+            id="namespace-cap-as-yaml-int",
+        ),
+        pytest.param(
+            {"namespaces": {"team-b": {}}},
+            Policy(namespaces={"team-b": NamespacePolicy()}),
+            id="namespace-with-no-overrides",
+        ),
+    ],
+)
+def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
+    """Each field maps onto its Policy attribute; everything else keeps its default."""
+    assert parse_policy(data) == expected
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Invalid policies: every error names the field path and the value
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param({"mode": "wran"}, 'mode: "wran" must be one of warn, evict, kill', id="mode-typo"),
+        pytest.param(
+            {"namespaces": {"team-a": {"max_quota": "16GB"}}},
+            'namespaces.team-a.max_quota: "16GB" is not a valid quantity (GB is not a Kubernetes suffix; '
+            "write 16Gi or 17179869184",
+            id="namespace-cap-GB",
+        ),
+        pytest.param(
+            {"hard_grace": "5 minutes"}, 'hard_grace: "5 minutes" is not a valid duration', id="duration-words"
+        ),
+        pytest.param(
+            {"soft_grace": -1}, "soft_grace: -1 is not a valid duration (must not be negative)", id="negative"
+        ),
+        pytest.param({"cooldown": "1d"}, 'cooldown: "1d" is not a valid duration', id="duration-days"),
+        pytest.param(
+            {"pressure_threshold": "150%"},
+            'pressure_threshold: "150%" is not a valid percentage (must be at most 100%)',
+            id="pressure-over-100",
+        ),
+        pytest.param(
+            {"pressure_threshold": "lots"}, 'pressure_threshold: "lots" is not a valid quantity', id="pressure-words"
+        ),
+        pytest.param(
+            {"pressure_threshold": ["5%", "10%"]},
+            'pressure_threshold[1]: "10%" is a second percentage',
+            id="pressure-two-percentages",
+        ),
+        pytest.param({"max_actions_per_scan": 0}, "max_actions_per_scan: 0 must be at least 1", id="max-actions-zero"),
+        pytest.param(
+            {"max_actions_per_scan": "1"}, 'max_actions_per_scan: "1" must be a whole number', id="max-actions-string"
+        ),
+        pytest.param(
+            {"max_actions_per_scan": True}, "max_actions_per_scan: true must be a whole number", id="max-actions-bool"
+        ),
+        pytest.param(
+            {"on_eviction_refused": "retry"},
+            'on_eviction_refused: "retry" must be one of wait, kill',
+            id="eviction-refused-unknown",
+        ),
+        pytest.param(
+            {"exempt_namespaces": "kube-system"},
+            'exempt_namespaces: "kube-system" is not a list',
+            id="exempt-not-a-list",
+        ),
+        pytest.param(
+            {"exempt_namespaces": ["kube-system", "Kube_System"]},
+            'exempt_namespaces[1]: "Kube_System" is not a valid namespace name',
+            id="exempt-bad-name",
+        ),
+        pytest.param(
+            {"quota_sources": ["resource:example.com/vram"]},
+            'quota_sources[0]: "resource:example.com/vram" is not a quota source',
+            id="source-unknown-unit",
+        ),
+        pytest.param(
+            {"quota_sources": ["resource:vramguard.io/vram", "resource:vramguard.io/vram"]},
+            'quota_sources[1]: "resource:vramguard.io/vram" is listed twice (first at quota_sources[0])',
+            id="source-duplicate",
+        ),
+        pytest.param({"default": "none"}, 'default: "none" is not a mapping', id="default-not-a-mapping"),
+        pytest.param({"default": {}}, "default.kind: is required", id="default-without-kind"),
+        pytest.param(
+            {"default": {"kind": "fair"}}, 'default.kind: "fair" must be one of none, fixed, fair-share', id="kind"
+        ),
+        pytest.param(
+            {"default": {"kind": "fixed"}}, "default.bytes: is required when kind is fixed", id="fixed-needs-bytes"
+        ),
+        pytest.param(
+            {"default": {"kind": "none", "bytes": "8Gi"}},
+            'default.bytes: "8Gi" is only allowed with kind fixed, not none',
+            id="bytes-only-with-fixed",
+        ),
+        pytest.param(
+            {"default": {"kind": "fixed", "bytes": "8gb"}},
+            'default.bytes: "8gb" is not a valid quantity',
+            id="fixed-bytes-invalid",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"default": {"kind": "fixed", "bytes": -1}}}},
+            "namespaces.team-a.default.bytes: -1 is not a valid quantity (must not be negative)",
+            id="nested-default-path",
+        ),
+        pytest.param(
+            {"namespaces": {"Team_A": {}}}, 'namespaces: "Team_A" is not a valid namespace name', id="ns-bad-name"
+        ),
+        pytest.param({"namespaces": {"team-a": None}}, "namespaces.team-a: null is not a mapping", id="ns-entry-empty"),
+        pytest.param(
+            {"namespaces": {"team-a": {"mode": "nuke"}}},
+            'namespaces.team-a.mode: "nuke" must be one of warn, evict, kill',
+            id="ns-mode",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"max_qouta": "1Gi"}}},
+            "namespaces.team-a.max_qouta: is not a known field (did you mean max_quota?)",
+            id="ns-unknown-field",
+        ),
+        pytest.param(
+            {"hard_grace_s": 1}, "hard_grace_s: is not a known field (did you mean hard_grace?)", id="unknown-field"
+        ),
+        pytest.param({"colour": "red"}, "colour: is not a known field (known fields: mode,", id="unknown-no-match"),
+        pytest.param({True: "x"}, "true is not a string key (quote it)", id="yaml-1.1-boolean-key"),
+        pytest.param(["mode", "warn"], '["mode", "warn"] is not a mapping with the fields mode,', id="not-a-mapping"),
+    ],
+)
+def test_invalid_policy_names_field_and_value(data: object, expected: str) -> None:
+    """Each invalid input yields one error whose text starts with the field path and shows the value."""
+    errors = errors_of(data)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(expected), errors[0]
+
+
+def test_all_errors_are_reported() -> None:
+    """Every problem is collected, not just the first."""
+    errors = errors_of(
+        {
+            "mode": "wran",
+            "cooldown": "soon",
+            "quota_sources": ["resource:vramguard.io/vram", "label:x"],
+            "namespaces": {"team-a": {"max_quota": "16GB", "mode": "nuke"}, "team-b": {"default": {"kind": "fixed"}}},
+            "extra": 1,
+        }
+    )
+    paths = sorted(e.split(":")[0] for e in errors)
+    assert paths == [
+        "cooldown",
+        "extra",
+        "mode",
+        "namespaces.team-a.max_quota",
+        "namespaces.team-a.mode",
+        "namespaces.team-b.default.bytes",
+        "quota_sources[1]",
+    ]
+
+
+def test_policy_error_text_lists_every_error() -> None:
+    """str(PolicyError) is readable: a count, then one indented line per error."""
+    with pytest.raises(PolicyError) as info:
+        parse_policy({"mode": "wran", "cooldown": "soon"})
+    assert str(info.value).splitlines() == [
+        "invalid policy (2 errors):",
+        '  mode: "wran" must be one of warn, evict, kill',
+        '  cooldown: "soon" is not a valid duration (expected a number of seconds or a number with a unit ms, s, '
+        "m or h, e.g. 30s, 5m, 1m30s)",
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Files
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("mode: [warn\n", "is not valid YAML: line 2, column 1", id="not-yaml"),
+        pytest.param("mode: warn\nmode: kill\n", "found duplicate key 'mode'", id="duplicate-key"),
+        pytest.param("- mode\n", '["mode"] is not a mapping', id="top-level-list"),
+        pytest.param("just text\n", '"just text" is not a mapping', id="top-level-scalar"),
+        pytest.param("mode: wran\n", 'mode: "wran" must be one of', id="invalid-field"),
+        pytest.param("!!python/object:os.system {}\n", "is not valid YAML", id="unsafe-tag-refused"),
+    ],
+)
+def test_load_policy_errors_name_the_file(tmp_path: Path, text: str, expected: str) -> None:
+    """Unreadable, non-YAML, non-mapping and invalid files raise PolicyError naming the file and the problem."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.source == str(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_yaml_merge_keys_may_override(tmp_path: Path) -> None:
+    """A key that overrides one merged in with `<<:` is not a duplicate."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "namespaces:\n  team-a: &base {mode: kill, max_quota: 16Gi}\n  team-b:\n    <<: *base\n    max_quota: 8Gi\n"
+    )
+    assert load_policy(path).namespaces["team-b"] == NamespacePolicy(mode=Mode.KILL, max_quota_bytes=8 * GiB)
+
+
+def test_load_policy_missing_file(tmp_path: Path) -> None:
+    """A missing file is a PolicyError naming the file, not an OSError."""
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(PolicyError, match="cannot read the file: No such file or directory") as info:
+        load_policy(path)
+    assert info.value.source == str(path)
+
+
+def test_check_policy_file(tmp_path: Path) -> None:
+    """`policy check` lines: none for a valid file, one per error, each naming the field and the value."""
+    assert check_policy_file(EXAMPLE) == []
+    path = tmp_path / "bad.yaml"
+    path.write_text("mode: wran\nnamespaces:\n  team-a: {max_quota: 16GB}\n")
+    assert check_policy_file(path) == [
+        'mode: "wran" must be one of warn, evict, kill',
+        'namespaces.team-a.max_quota: "16GB" is not a valid quantity (GB is not a Kubernetes suffix; '
+        "write 16Gi or 17179869184 for 16 GiB, or 16G for 16e9 bytes)",
+    ]
+
+
+def test_check_policy_file_unreadable(tmp_path: Path) -> None:
+    """A missing file is one line saying so, not an exception."""
+    assert check_policy_file(tmp_path / "absent.yaml") == ["cannot read the file: No such file or directory"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Back to data
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param(Policy(), id="defaults"),
+        pytest.param(load_policy(EXAMPLE), id="example"),
+        pytest.param(
+            Policy(
+                mode=Mode.EVICT,
+                hard_grace_s=0.5,
+                soft_grace_s=90.0,
+                pressure_free_bytes=3 * 10**9,
+                pressure_free_ratio=0.025,
+                cooldown_s=7200.0,
+                exempt_namespaces=frozenset({"b", "a"}),
+                quota_sources=("annotation:gpu-memory",),
+                default=DefaultQuota(DefaultKind.FAIR_SHARE),
+                namespaces={"x": NamespacePolicy(mode=Mode.WARN), "y": NamespacePolicy(max_quota_bytes=1536 * 2**20)},
+            ),
+            id="every-field-set",
+        ),
+        pytest.param(Policy(pressure_free_bytes=None, pressure_free_ratio=None), id="pressure-off"),
+    ],
+)
+def test_policy_to_dict_round_trips(policy: Policy) -> None:
+    """policy_to_dict gives JSON-ready data in the file's schema that parses back to the same Policy."""
+    data = policy_to_dict(policy)
+    assert parse_policy(json.loads(json.dumps(data))) == policy
+    assert parse_policy(yaml.safe_load(yaml.safe_dump(data))) == policy
+
+
+def test_policy_to_dict_is_readable() -> None:
+    """Durations and sizes print the way an operator writes them."""
+    data = policy_to_dict(load_policy(EXAMPLE))
+    assert data["soft_grace"] == "1m"
+    assert data["pressure_threshold"] == "5%"
+    assert data["namespaces"] == {
+        "team-a": {"mode": "kill", "max_quota": "16Gi", "default": {"kind": "fixed", "bytes": "4Gi"}}
+    }

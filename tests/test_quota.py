@@ -1,0 +1,438 @@
+"""Quota resolution: sources in precedence order, units, defaults, burst and namespace caps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from vramguard.model import (
+    ContainerInfo,
+    DefaultKind,
+    DefaultQuota,
+    GiB,
+    MiB,
+    NamespacePolicy,
+    PodInfo,
+    Policy,
+    Quota,
+)
+from vramguard.quota import (
+    BURST_ANNOTATION,
+    REPLICAS_LABEL,
+    QuotaSource,
+    SourceKind,
+    parse_quota_source,
+    resolve_pod_quota,
+)
+
+VRAM = "vramguard.io/vram"
+GPUMEM = "nvidia.com/gpumem"
+LIMIT = "vramguard.io/vram-limit"
+KAI = "gpu-memory"
+
+FIXED_8GI = DefaultQuota(DefaultKind.FIXED, 8 * GiB)
+FAIR = DefaultQuota(DefaultKind.FAIR_SHARE)
+CAP_16GI = {"team-a": NamespacePolicy(max_quota_bytes=16 * GiB)}
+
+
+def pod(
+    *containers: ContainerInfo, annotations: Mapping[str, str] | None = None, namespace: str = "default"
+) -> PodInfo:
+    return PodInfo(
+        uid="uid-1", namespace=namespace, name="p", containers=containers, annotations=dict(annotations or {})
+    )
+
+
+def c(name: str, **limits: str) -> ContainerInfo:
+    """A container whose limits are given by short name: vram=, gpumem=, aliyun=, tencent=."""
+    names = {"vram": VRAM, "gpumem": GPUMEM, "aliyun": "aliyun.com/gpu-mem", "tencent": "tencent.com/vcuda-memory"}
+    return ContainerInfo(name=name, limits={names[k]: v for k, v in limits.items()})
+
+
+@dataclass
+class Case:
+    pod: PodInfo
+    containers: dict[str, Quota] = field(default_factory=dict)
+    pod_quota: Quota | None = None
+    errors: list[tuple[str, str, str]] = field(default_factory=list)  # (field, value, part of the message)
+    policy: Policy = field(default_factory=Policy)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+CASES = [
+    # Sources and units
+    pytest.param(
+        Case(pod(c("trainer", vram="12Gi")), {"trainer": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        id="vramguard-resource-gives-the-container-its-own-quota",
+    ),
+    pytest.param(
+        Case(pod(c("t", aliyun="3")), {"t": Quota(3 * GiB, source="limits[aliyun.com/gpu-mem]")}),
+        id="aliyun-gpu-mem-GiB-units",
+    ),
+    pytest.param(
+        Case(pod(c("t", gpumem="3000")), {"t": Quota(3000 * MiB, source=f"limits[{GPUMEM}]")}),
+        id="hami-gpumem-MiB-units",
+    ),
+    pytest.param(
+        Case(pod(c("t", tencent="4")), {"t": Quota(GiB, source="limits[tencent.com/vcuda-memory]")}),
+        id="tencent-vcuda-256Mi-units",
+    ),
+    pytest.param(
+        Case(pod(c("t", vram="12Gi", gpumem="3000")), {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        id="first-resource-in-precedence-wins",
+    ),
+    pytest.param(
+        Case(pod(c("a"), c("b"), annotations={LIMIT: "12Gi"}), pod_quota=Quota(12 * GiB, source=f"annotation {LIMIT}")),
+        id="annotation-gives-one-pod-wide-quota",
+    ),
+    pytest.param(
+        Case(pod(c("a"), annotations={KAI: "2000"}), pod_quota=Quota(2000 * MiB, source=f"annotation {KAI}")),
+        id="kai-gpu-memory-annotation-MiB-units",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={LIMIT: "12Gi", KAI: "2000"}),
+            pod_quota=Quota(12 * GiB, source=f"annotation {LIMIT}"),
+        ),
+        id="vram-limit-annotation-wins-over-gpu-memory",
+    ),
+    pytest.param(
+        Case(
+            pod(c("trainer", vram="12Gi"), c("sidecar"), annotations={LIMIT: "4Gi"}),
+            {"trainer": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            Quota(4 * GiB, source=f"annotation {LIMIT}"),
+        ),
+        id="limited-container-has-own-quota-others-share-annotation",
+    ),
+    pytest.param(
+        Case(
+            pod(c("trainer", vram="12Gi"), c("sidecar"), annotations={LIMIT: "4Gi"}),
+            pod_quota=Quota(4 * GiB, source=f"annotation {LIMIT}"),
+            policy=Policy(quota_sources=(f"annotation:{LIMIT}", f"resource:{VRAM}")),
+        ),
+        id="annotation-first-in-precedence-covers-limited-containers-too",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), annotations={LIMIT: "4Gi"}),
+            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            Quota(4 * GiB, source=f"annotation {LIMIT}"),
+        ),
+        id="annotation-stays-set-for-unlisted-containers-when-all-listed-have-limits",
+    ),
+    pytest.param(
+        Case(pod(annotations={LIMIT: "4Gi"}), pod_quota=Quota(4 * GiB, source=f"annotation {LIMIT}")),
+        id="pod-without-listed-containers-still-gets-the-annotation",
+    ),
+    pytest.param(
+        Case(pod(c("a", vram="0")), {"a": Quota(0, source=f"limits[{VRAM}]")}),
+        id="zero-is-a-valid-quota",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), annotations={LIMIT: "4Gi"}),
+            {"a": Quota(8 * GiB, source="default fixed")},
+            policy=Policy(quota_sources=(), default=FIXED_8GI),
+        ),
+        id="no-sources-configured-only-the-default-applies",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), c("b")),
+            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            policy=Policy(quota_sources=("resource:example.com/vram", f"resource:{VRAM}")),
+        ),
+        id="unreadable-source-in-a-code-built-policy-is-skipped",
+    ),
+    # Invalid values fall through
+    pytest.param(
+        Case(
+            pod(c("t", vram="12GB", gpumem="3000")),
+            {"t": Quota(3000 * MiB, source=f"limits[{GPUMEM}]")},
+            errors=[(f"spec.containers[t].resources.limits[{VRAM}]", "12GB", "is not a valid quantity")],
+        ),
+        id="invalid-limit-falls-back-to-next-source",
+    ),
+    pytest.param(
+        Case(
+            pod(c("t", vram="-1")),
+            {"t": Quota(8 * GiB, source="default fixed")},
+            errors=[(f"spec.containers[t].resources.limits[{VRAM}]", "-1", "must not be negative")],
+            policy=Policy(default=FIXED_8GI),
+        ),
+        id="invalid-limit-falls-back-to-default",
+    ),
+    pytest.param(
+        Case(
+            pod(c("t", vram="12Gi"), annotations={LIMIT: "abc"}),
+            {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            errors=[(f"metadata.annotations[{LIMIT}]", "abc", "expected a number")],
+        ),
+        id="invalid-annotation-reported-once-per-pod",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), c("b"), annotations={LIMIT: "abc", KAI: "1024"}),
+            pod_quota=Quota(GiB, source=f"annotation {KAI}"),
+            errors=[(f"metadata.annotations[{LIMIT}]", "abc", "expected a number")],
+        ),
+        id="invalid-annotation-falls-back-to-next-annotation",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={LIMIT: "99999999999999999999"}),
+            {"a": Quota(8 * GiB, source="default fixed")},
+            errors=[(f"metadata.annotations[{LIMIT}]", "99999999999999999999", "int64 maximum")],
+            policy=Policy(default=FIXED_8GI),
+        ),
+        id="overflowing-annotation-falls-back-to-default",
+    ),
+    pytest.param(
+        Case(pod(c("t", vram="12Gi", gpumem="abc")), {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        id="invalid-value-shadowed-by-a-valid-one-is-not-read",
+    ),
+    pytest.param(
+        Case(
+            pod(c("t", gpumem="2Gi")),
+            errors=[(f"spec.containers[t].resources.limits[{GPUMEM}]", "2Gi", "count of MiB")],
+        ),
+        id="invalid-value-with-default-none-leaves-container-unmanaged",
+    ),
+    # Defaults
+    pytest.param(Case(pod(c("a"))), id="default-none-leaves-container-unmanaged"),
+    pytest.param(
+        Case(
+            pod(c("a"), c("b")),
+            {n: Quota(8 * GiB, source="default fixed") for n in "ab"},
+            policy=Policy(default=FIXED_8GI),
+        ),
+        id="default-fixed-per-container",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="2Gi"), c("b")),
+            {"a": Quota(2 * GiB, source=f"limits[{VRAM}]"), "b": Quota(8 * GiB, source="default fixed")},
+            policy=Policy(default=FIXED_8GI),
+        ),
+        id="default-only-for-containers-without-a-source",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), namespace="team-b"),
+            {"a": Quota(4 * GiB, source="default fixed")},
+            policy=Policy(
+                default=FIXED_8GI,
+                namespaces={"team-b": NamespacePolicy(default=DefaultQuota(DefaultKind.FIXED, 4 * GiB))},
+            ),
+        ),
+        id="namespace-default-overrides-the-global-one",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a")),
+            {"a": Quota(share_divisor=4, source="default fair-share (replicas=4)")},
+            policy=Policy(default=FAIR),
+            labels={REPLICAS_LABEL: "4"},
+        ),
+        id="fair-share-divides-by-the-replicas-label",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a")),
+            {"a": Quota(share_divisor=1, source="default fair-share (replicas=1)")},
+            policy=Policy(default=FAIR),
+        ),
+        id="fair-share-without-replicas-label-is-the-whole-gpu",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), c("b")),
+            errors=[(f"node.metadata.labels[{REPLICAS_LABEL}]", "four", "not a valid replica count")],
+            policy=Policy(default=FAIR),
+            labels={REPLICAS_LABEL: "four"},
+        ),
+        id="fair-share-with-invalid-replicas-label-is-unmanaged-and-reported-once",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a")),
+            errors=[(f"node.metadata.labels[{REPLICAS_LABEL}]", "0", "positive integer")],
+            policy=Policy(default=FAIR),
+            labels={REPLICAS_LABEL: "0"},
+        ),
+        id="fair-share-with-zero-replicas-is-unmanaged",
+    ),
+    # Namespace caps
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={LIMIT: "64Gi"}, namespace="team-a"),
+            pod_quota=Quota(16 * GiB, source=f"annotation {LIMIT} capped by namespace max 16Gi"),
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="annotation-cannot-exceed-namespace-cap",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="20Gi"), namespace="team-a"),
+            {"a": Quota(16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="resource-limit-capped-by-namespace-max",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), namespace="team-a"),
+            {"a": Quota(16 * GiB, source="default fixed capped by namespace max 16Gi")},
+            policy=Policy(default=DefaultQuota(DefaultKind.FIXED, 32 * GiB), namespaces=CAP_16GI),
+        ),
+        id="default-fixed-capped-by-namespace-max",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), namespace="team-a"),
+            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="quota-under-the-cap-is-untouched",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="20Gi")),
+            {"a": Quota(20 * GiB, source=f"limits[{VRAM}]")},
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="cap-applies-only-to-its-namespace",
+    ),
+    # Burst
+    pytest.param(
+        Case(
+            pod(c("a", vram="8Gi"), c("b"), annotations={LIMIT: "4Gi", BURST_ANNOTATION: "16Gi"}),
+            {"a": Quota(8 * GiB, 16 * GiB, source=f"limits[{VRAM}]")},
+            Quota(4 * GiB, 16 * GiB, source=f"annotation {LIMIT}"),
+        ),
+        id="burst-applies-to-every-quota-of-the-pod",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "8Gi"}),
+            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "8Gi", "below the quota 12Gi")],
+        ),
+        id="burst-below-quota-is-an-error-and-ignored",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "16GB"}),
+            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "16GB", "not a Kubernetes suffix")],
+        ),
+        id="invalid-burst-is-an-error-and-ignored",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={BURST_ANNOTATION: "16Gi"}),
+            errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "16Gi", "no quota for it to extend")],
+        ),
+        id="burst-without-any-quota-is-reported",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "32Gi"}, namespace="team-a"),
+            {"a": Quota(12 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="burst-capped-by-namespace-max",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a", vram="20Gi"), annotations={BURST_ANNOTATION: "24Gi"}, namespace="team-a"),
+            {"a": Quota(16 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            policy=Policy(namespaces=CAP_16GI),
+        ),
+        id="burst-checked-against-the-declared-quota-then-both-capped",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={BURST_ANNOTATION: "40Gi"}, namespace="team-a"),
+            {
+                "a": Quota(
+                    burst_bytes=16 * GiB,
+                    share_divisor=2,
+                    source="default fair-share (replicas=2) capped by namespace max 16Gi",
+                    cap_bytes=16 * GiB,
+                )
+            },
+            policy=Policy(default=FAIR, namespaces=CAP_16GI),
+            labels={REPLICAS_LABEL: "2"},
+        ),
+        id="fair-share-and-its-burst-are-capped",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_resolve_pod_quota(case: Case) -> None:
+    """Each rule yields exactly the expected container quotas, pod-wide quota and errors."""
+    result = resolve_pod_quota(case.pod, case.policy, case.labels)
+    assert dict(result.containers) == case.containers
+    assert result.pod == case.pod_quota
+    assert [(e.field, e.value) for e in result.errors] == [(f, v) for f, v, _ in case.errors]
+    for error, (_, value, part) in zip(result.errors, case.errors, strict=True):
+        assert part in error.message
+        assert f'"{value}"' in error.message  # the Event text names the value as written
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["12GB", "-1", "abc", "", " 12Gi", "1e999999999", "9" * 40, "NaN", "12gi", "0x10", "1/2", "\uff11\uff12Gi", "\n"],
+)
+def test_invalid_values_never_raise(value: str) -> None:
+    """No value in any source crashes resolution; each one read becomes a QuotaError and the default applies."""
+    p = pod(
+        c("t", vram=value, gpumem=value),
+        annotations={LIMIT: value, KAI: value, BURST_ANNOTATION: value},
+    )
+    result = resolve_pod_quota(p, Policy(default=FIXED_8GI), {REPLICAS_LABEL: value})
+    assert dict(result.containers) == {"t": Quota(8 * GiB, source="default fixed")}
+    assert result.pod is None
+    assert len(result.errors) == 5  # two limits, two annotations, the burst; the label is unused by fixed
+
+
+@pytest.mark.parametrize("label", ["four", "0", "-2", "1.5", "", " 4", "9" * 5000, "\uff14"])
+def test_invalid_replicas_label_never_raises(label: str) -> None:
+    """A replicas label that is not a positive integer leaves fair-share containers unmanaged, with one error."""
+    result = resolve_pod_quota(pod(c("a"), c("b")), Policy(default=FAIR), {REPLICAS_LABEL: label})
+    assert dict(result.containers) == {}
+    assert [(e.field, e.value) for e in result.errors] == [(f"node.metadata.labels[{REPLICAS_LABEL}]", label)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(f"resource:{VRAM}", QuotaSource(SourceKind.RESOURCE, VRAM, 1), id="resource-bytes"),
+        pytest.param(f"resource:{GPUMEM}", QuotaSource(SourceKind.RESOURCE, GPUMEM, MiB), id="resource-MiB"),
+        pytest.param(f"annotation:{KAI}", QuotaSource(SourceKind.ANNOTATION, KAI, MiB), id="annotation-MiB"),
+    ],
+)
+def test_parse_quota_source(text: str, expected: QuotaSource) -> None:
+    """Source strings parse to their kind, name and unit, and print back as written."""
+    assert parse_quota_source(text) == expected
+    assert str(expected) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message_part"),
+    [
+        pytest.param(VRAM, "must be resource:<name> or annotation:<name>", id="missing-kind"),
+        pytest.param(f"label:{VRAM}", "must be resource:<name> or annotation:<name>", id="unknown-kind"),
+        pytest.param("resource:example.com/vram", "knows the unit of no resource", id="unknown-resource"),
+        pytest.param(f"annotation:{VRAM}", "knows the unit of no annotation", id="resource-name-as-annotation"),
+        pytest.param(f"annotation:{BURST_ANNOTATION}", "no annotation", id="burst-is-not-a-quota-source"),
+    ],
+)
+def test_parse_quota_source_rejects(text: str, message_part: str) -> None:
+    """Sources vramguard cannot read are rejected with a reason."""
+    with pytest.raises(ValueError, match=message_part):
+        parse_quota_source(text)
