@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -84,6 +84,7 @@ class Agent:
         clock: Clock | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
+        error_counts: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.sampler = sampler
         self.attributor = attributor
@@ -98,6 +99,8 @@ class Agent:
         me = self.attributor.identify(self.agent_pid)
         self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
         self.quotas = QuotaBook(policy, events, self.log)
+        self._error_counts = error_counts  # the sampler's cumulative error counters, exported as deltas
+        self._errors_seen: dict[str, int] = {}
         self.state = DecisionState()
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
@@ -170,6 +173,10 @@ class Agent:
         duration_s: float,
     ) -> None:
         self.metrics.observe_scan(snapshot, quotas, decision)
+        if self._error_counts is not None:
+            counts = dict(self._error_counts())
+            self.metrics.count_nvml_errors((k, n - self._errors_seen.get(k, 0)) for k, n in counts.items())
+            self._errors_seen = counts
         self.metrics.scan_duration.observe(duration_s)
         for o in outcomes:
             self.metrics.actions.labels(action=o.action_name, result=o.result).inc()

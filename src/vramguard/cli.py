@@ -96,11 +96,18 @@ def _open_sampler(proc_root: str) -> NvmlSampler:
 
 
 def _wire(
-    *, sampler: NvmlSampler, pods: PodSource, policy: Policy, dry_run: bool, proc_root: str, metrics: Metrics
+    *,
+    sampler: NvmlSampler,
+    pods: PodSource,
+    policy: Policy,
+    dry_run: bool,
+    proc_root: str,
+    metrics: Metrics,
+    device_prefix: str = "/dev/nvidia",
 ) -> Agent:
     events = LogEventRecorder()
     enforcer = Enforcer(
-        killer=PidfdKiller(proc_root=proc_root),
+        killer=PidfdKiller(proc_root=proc_root, device_prefix=device_prefix),
         evictor=NoApiEvictor(),
         events=events,
         policy=policy,
@@ -114,6 +121,7 @@ def _wire(
         enforcer=enforcer,
         events=events,
         metrics=metrics,
+        error_counts=lambda: {kind.value: n for kind, n in sampler.errors.items()},
     )
 
 
@@ -152,6 +160,9 @@ def run(
     agent_namespace: Annotated[
         str | None, typer.Option("--agent-namespace", envvar="POD_NAMESPACE", help="Exempted like kube-system.")
     ] = None,
+    device_prefix: Annotated[
+        str, typer.Option("--gpu-device-prefix", hidden=True, help="Device files that hold GPU memory (tests).")
+    ] = "/dev/nvidia",
 ) -> None:
     """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
     configure_logging(log_format)
@@ -192,7 +203,15 @@ def run(
         if sampler is not None:
             state["nvml"] = None
             wiring.append(
-                _wire(sampler=sampler, pods=pods, policy=policy, dry_run=dry_run, proc_root=proc_root, metrics=metrics)
+                _wire(
+                    sampler=sampler,
+                    pods=pods,
+                    policy=policy,
+                    dry_run=dry_run,
+                    proc_root=proc_root,
+                    metrics=metrics,
+                    device_prefix=device_prefix,
+                )
             )
             wiring[0].run(poll_interval, stop)
             sampler.close()

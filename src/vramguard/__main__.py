@@ -1,0 +1,3 @@
+from vramguard.cli import main
+
+main()

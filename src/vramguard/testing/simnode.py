@@ -1,0 +1,316 @@
+"""A simulated GPU node: the test NVML library, real processes in real kubelet-shaped cgroups, and a pod list.
+
+Everything the agent reads is real except the GPU: NVML answers through nvidia-ml-py's own ctypes code from the
+test library (`fakenvml`), processes are real and sit in real cgroups (`cgroups`), and pods come from a
+`kubectl get pods -o yaml`-shaped file. The agent itself runs as `vramguard run`, a subprocess. Used by
+`vramguard demo`, the end-to-end tests and `bench/scan.py`.
+
+    with SimulatedNode(workdir) as node:
+        web = node.add_pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "8Gi"}})
+        proc = node.spawn(web, "main", used_bytes=6 * GiB)
+        agent = node.start_agent("--mode", "kill", "--poll-interval", "0.1")
+        node.set_usage(proc, 9 * GiB)    # crosses the quota; the agent kills it
+        proc.wait(timeout=1)
+
+GPU processes hold a file under `workdir` open, as CUDA processes hold /dev/nvidia*; the agent is started with
+that file's path as its device prefix, so its killer finds forked children the way it would on a real node.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from vramguard.model import GiB
+from vramguard.testing.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+from vramguard.testing.fakenvml import FakeNode, build_fake_nvml, fake_nvml_env
+
+
+@dataclass(eq=False)
+class SimPod:
+    name: str
+    namespace: str
+    cgroup: PodCgroup
+    containers: dict[str, ContainerCgroup]
+    limits: dict[str, dict[str, str]]
+    annotations: dict[str, str]
+    priority: int
+    qos: str
+
+    @property
+    def uid(self) -> str:
+        return self.cgroup.uid
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(eq=False)
+class SimProcess:
+    """A real process using `used_bytes` of a simulated GPU."""
+
+    popen: subprocess.Popen[Any]
+    gpu: int
+    used_bytes: int
+    pod: SimPod | None = None
+    container: str | None = None
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+
+class SimulatedNode:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        gpus: int = 1,
+        gpu_total_bytes: int = 24 * GiB,
+        gpu_name: str = "NVIDIA H100 (simulated)",
+        driver: str = "systemd",
+        cgroup_version: int = 2,
+        node_name: str = "gpu-node-1",
+        node_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.node_name = node_name
+        self.node_labels = dict(node_labels or {})
+        self.state_path = workdir / "nvml-state"
+        self.pods_path = workdir / "pods.yaml"
+        self.device_path = workdir / "nvidia0"  # held open by GPU processes, like /dev/nvidia0
+        self.device_path.touch()
+        self.lib_dir = build_fake_nvml()
+        self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
+        self.nvml.drop_dead_pids = True  # the driver frees a process' memory when it exits
+        self.cgroups = KubeletCgroups(driver=driver, version=cgroup_version)
+        self.pods: list[SimPod] = []
+        self.processes: list[SimProcess] = []
+        self._agents: list[subprocess.Popen[Any]] = []
+        self.metrics_port = 0
+        self.sync()
+
+    # -- building the node --------------------------------------------------------------------------------
+
+    def add_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        *,
+        containers: Mapping[str, Mapping[str, str]] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        priority: int = 0,
+        qos: str = "burstable",
+    ) -> SimPod:
+        """A pod with one cgroup per container; `containers` maps container name → resources.limits."""
+        specs = {c: dict(limits) for c, limits in (containers or {"main": {}}).items()}
+        pod_cgroup = self.cgroups.pod(qos=qos)
+        pod = SimPod(
+            name=name,
+            namespace=namespace,
+            cgroup=pod_cgroup,
+            containers={c: pod_cgroup.container() for c in specs},
+            limits=specs,
+            annotations=dict(annotations or {}),
+            priority=priority,
+            qos=qos,
+        )
+        self.pods.append(pod)
+        self.sync()
+        return pod
+
+    def spawn(self, pod: SimPod, container: str, used_bytes: int, *, gpu: int = 0, children: int = 0) -> SimProcess:
+        """A real process in the container's cgroup, holding the simulated device and using `used_bytes`."""
+        popen = pod.containers[container].spawn(
+            device_holder_argv(str(self.device_path), children=children), stdout=subprocess.PIPE, text=True
+        )
+        proc = SimProcess(popen=popen, gpu=gpu, used_bytes=used_bytes, pod=pod, container=container)
+        assert popen.stdout is not None
+        proc.children = [int(popen.stdout.readline()) for _ in range(children)]
+        self.processes.append(proc)
+        self.sync()
+        return proc
+
+    def spawn_host(self, used_bytes: int, *, gpu: int = 0) -> SimProcess:
+        """A GPU process outside any pod (a node daemon, an SSH session): never to be touched."""
+        popen = subprocess.Popen(device_holder_argv(str(self.device_path)), stdout=subprocess.DEVNULL)
+        proc = SimProcess(popen=popen, gpu=gpu, used_bytes=used_bytes)
+        self.processes.append(proc)
+        self.sync()
+        return proc
+
+    def set_usage(self, proc: SimProcess, used_bytes: int) -> None:
+        proc.used_bytes = used_bytes
+        self.sync()
+
+    def sync(self) -> None:
+        """Write what NVML and the pod list should say now (each file replaced atomically)."""
+        for gpu in self.nvml.gpu_list:
+            gpu.processes = []
+        for proc in self.processes:
+            self.nvml.gpu(proc.gpu).add_process(proc.pid, proc.used_bytes)
+        self.nvml.write(self.state_path)
+        tmp = self.pods_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(self.pod_list()))
+        os.replace(tmp, self.pods_path)
+
+    def pod_list(self) -> dict[str, Any]:
+        """The pods as `kubectl get pods -o yaml` prints them, and the Node with its labels."""
+        items: list[dict[str, Any]] = [
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node_name, "labels": self.node_labels}}
+        ]
+        for pod in self.pods:
+            items.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": pod.name,
+                        "namespace": pod.namespace,
+                        "uid": pod.uid,
+                        "annotations": pod.annotations,
+                    },
+                    "spec": {
+                        "nodeName": self.node_name,
+                        "priority": pod.priority,
+                        "containers": [
+                            {"name": c, "image": "busybox", "resources": {"limits": pod.limits[c]}}
+                            for c in pod.containers
+                        ],
+                    },
+                    "status": {
+                        "qosClass": pod.qos.capitalize() if pod.qos != "besteffort" else "BestEffort",
+                        "containerStatuses": [
+                            {"name": c, "containerID": f"containerd://{cg.container_id}"}
+                            for c, cg in pod.containers.items()
+                        ],
+                    },
+                }
+            )
+        return {"apiVersion": "v1", "kind": "List", "items": items}
+
+    # -- running vramguard against it -----------------------------------------------------------------------
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment in which vramguard's pynvml loads the test NVML library and reads this node."""
+        return fake_nvml_env(self.lib_dir, self.state_path)
+
+    def vramguard_argv(self, command: str, *args: str) -> list[str]:
+        base = [sys.executable, "-m", "vramguard", command]
+        if command in ("run", "top"):
+            base += ["--pods-file", str(self.pods_path), "--node-name", self.node_name]
+        if command == "run":
+            base += ["--gpu-device-prefix", str(self.device_path)]
+        return base + list(args)
+
+    def start_agent(self, *args: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        """`vramguard run` on this node, with its metrics on a free port (`self.metrics_port`)."""
+        self.metrics_port = free_port()
+        argv = self.vramguard_argv("run", "--metrics-port", str(self.metrics_port), "--log-format", "json", *args)
+        agent = subprocess.Popen(argv, env=self.env, **popen_kwargs)
+        self._agents.append(agent)
+        return agent
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the agent's /readyz says ready (NVML up, pods synced, one scan done)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.http_get("/readyz")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"agent not ready after {timeout_s}s: {self.http_get('/readyz')}")
+
+    def http_get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    def run_vramguard(self, command: str, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.vramguard_argv(command, *args), env=self.env, capture_output=True, text=True, timeout=timeout_s
+        )
+
+    # -- teardown -----------------------------------------------------------------------------------------
+
+    def stop_agents(self) -> None:
+        for agent in self._agents:
+            if agent.poll() is None:
+                agent.terminate()
+                try:
+                    agent.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+                    agent.wait()
+        self._agents.clear()
+
+    def close(self) -> None:
+        self.stop_agents()
+        for proc in self.processes:
+            if proc.pod is None and proc.alive():
+                proc.popen.kill()
+                proc.popen.wait()
+        self.cgroups.close()  # kills and reaps everything in the pod cgroups, removes the directories
+
+    def __enter__(self) -> SimulatedNode:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric_value(metrics_text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+    """The value of one sample in Prometheus text format, or None when absent."""
+    for line in metrics_text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{", 1)[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in (labels or {}).items()):
+            return float(value)
+    return None
+
+
+def wait_for(predicate: Any, timeout_s: float, interval_s: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+__all__: Sequence[str] = ("SimPod", "SimProcess", "SimulatedNode", "free_port", "metric_value", "wait_for")
