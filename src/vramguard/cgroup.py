@@ -1,0 +1,138 @@
+"""Which pod and container a process belongs to, from the text of /proc/<pid>/cgroup.
+
+The kubelet names its cgroups after the pod UID and the runtime names the container's leaf after the container
+ID, so the path alone identifies both. The shapes this parser understands:
+
+- cgroupfs driver: ``/kubepods[/burstable|/besteffort]/pod<uid>/<64-hex id>``, CRI-O leaf ``crio-<id>``;
+- systemd driver: ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _>.slice/
+  cri-containerd-<id>.scope`` (also ``crio-<id>.scope``, ``docker-<id>.scope``); Guaranteed pods sit directly
+  under kubepods (``kubepods-pod<uid>.slice``);
+- kind nests the whole tree under ``/kubelet.slice/kubelet-kubepods.slice/...`` or ``/kubelet/kubepods/...``;
+- a reader in a private cgroup namespace sees paths relative to its own cgroup: ``0::/../../kubepods-...``.
+  That is why nothing here is anchored at ``^/kubepods``: the pod segment is found wherever it is.
+
+cgroup v1 lists one line per hierarchy (``N:controller[,controller]:/path``), v2 a single ``0::/path``; a
+hybrid host has both, and often only one of them names the pod (``0::/`` next to v1 kubepods paths). Every
+line is tried; a line naming a container wins over one naming only the pod.
+
+Decisions:
+- ``crio-conmon-<id>`` (CRI-O's container monitor) gives ``None``: conmon is runtime plumbing that happens to
+  live in the pod's cgroup, not the workload. Attributing it to the pod would count it against the pod's quota
+  and, worse, make it a kill candidate; as "not in a pod" it is only ever reported.
+- A process in the pod cgroup itself (no container leaf) gives an identity with ``container_id=None``.
+- A pod cgroup whose leaf is not a container ID this parser knows gives ``None``: an unknown layout must show
+  up as unattributed usage, never be guessed into a container.
+- The pause/sandbox container cannot be told apart from a workload container by its path (both are a runtime
+  leaf with a 64-hex ID), so it parses like any container. It is filtered where the pod is known: its sandbox
+  ID is not among the pod's container statuses, so it never gets a container name and never appears in a
+  violation's ``container_ids``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from vramguard.model import CgroupIdentity
+
+_HEX = "0-9a-f"
+# Kubernetes pod UIDs are RFC 4122 UUIDs; static (file/HTTP) pods get a 32-hex hash of their manifest instead.
+_UUID_DASHED = rf"[{_HEX}]{{8}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{12}}"
+_UUID_ANY_SEP = rf"[{_HEX}]{{8}}[-_][{_HEX}]{{4}}[-_][{_HEX}]{{4}}[-_][{_HEX}]{{4}}[-_][{_HEX}]{{12}}"
+_STATIC_UID = rf"[{_HEX}]{{32}}"
+
+# "kubepods-burstable-pod<uid>.slice", "kubepods-pod<uid>.slice", kind's "kubelet-kubepods-...".
+# systemd treats "-" as its hierarchy separator, so the kubelet writes the UID with "_"; "-" is accepted too.
+_SYSTEMD_POD = re.compile(
+    rf"(?:[a-z0-9_]+-)?kubepods(?:-(burstable|besteffort))?-pod({_UUID_ANY_SEP}|{_STATIC_UID})\.slice"
+)
+_CGROUPFS_POD = re.compile(rf"pod({_UUID_DASHED}|{_STATIC_UID})")
+# Container leaves: bare ID (containerd/Docker with cgroupfs), "crio-<id>" (CRI-O with cgroupfs), and the
+# systemd scopes "cri-containerd-<id>.scope", "crio-<id>.scope", "docker-<id>.scope".
+_CONTAINER_LEAF = re.compile(rf"(?:(cri-containerd|crio|docker)-)?([{_HEX}]{{64}})(?:\.scope)?")
+_CONMON_LEAF = re.compile(rf"crio-conmon-[{_HEX}]{{64}}(?:\.scope)?")
+
+_RUNTIMES = {"cri-containerd": "containerd", "crio": "crio", "docker": "docker"}
+# The segments a cgroupfs pod directory may sit under. ".." is what a private cgroup namespace leaves of them.
+_CGROUPFS_QOS_PARENTS = {"burstable": "burstable", "besteffort": "besteffort", "kubepods": "guaranteed"}
+_CGROUPFS_ABOVE_QOS = frozenset({"kubepods", ".."})
+
+# Sentinel: the line names a pod, but the process is not (or must not be treated as) one of its workloads.
+_NOT_WORKLOAD = object()
+
+
+def parse_cgroup(text: str) -> CgroupIdentity | None:
+    """The pod and container named by the contents of /proc/<pid>/cgroup; None outside a pod or on garbage."""
+    # Every process of one container has the same text, so a cold scan of a busy node mostly hits this cache.
+    return _parse_cached(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> CgroupIdentity | None:
+    pod_only: CgroupIdentity | None = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or "pod" not in parts[2]:
+            continue
+        found = parse_cgroup_path(parts[2])
+        if found is None:
+            continue
+        if found.container_id is not None:
+            return found
+        if pod_only is None:
+            pod_only = found
+    return pod_only
+
+
+def parse_cgroup_path(path: str) -> CgroupIdentity | None:
+    """The pod and container named by one cgroup path (the third field of a /proc/<pid>/cgroup line)."""
+    result = _parse_path(path)
+    return result if isinstance(result, CgroupIdentity) else None
+
+
+def _parse_path(path: str) -> CgroupIdentity | object | None:
+    segments = path.split("/")
+    for i, segment in enumerate(segments):
+        if not segment.endswith(".slice") and not segment.startswith("pod"):
+            continue
+        pod = _match_pod(segments, i)
+        if pod is None:
+            continue
+        uid, qos = pod
+        # Anything below the container leaf (sub-cgroups a container made for itself, crun's "container"
+        # child of a CRI-O scope) is still that container.
+        if i + 1 >= len(segments) or segments[i + 1] == "":
+            return CgroupIdentity(pod_uid=uid, container_id=None, runtime=None, qos=qos)
+        leaf = segments[i + 1]
+        if _CONMON_LEAF.fullmatch(leaf):
+            return _NOT_WORKLOAD
+        m = _CONTAINER_LEAF.fullmatch(leaf)
+        if m is None:
+            return _NOT_WORKLOAD
+        prefix, container_id = m.group(1), m.group(2)
+        runtime = _RUNTIMES[prefix] if prefix is not None else None
+        return CgroupIdentity(pod_uid=uid, container_id=container_id, runtime=runtime, qos=qos)
+    return None
+
+
+def _match_pod(segments: list[str], i: int) -> tuple[str, str | None] | None:
+    """(pod UID with dashes, QoS class) when segments[i] is a kubelet pod cgroup, else None."""
+    segment = segments[i]
+    m = _SYSTEMD_POD.fullmatch(segment)
+    if m is not None:
+        qos = m.group(1) or "guaranteed"
+        return m.group(2).replace("_", "-"), qos
+    m = _CGROUPFS_POD.fullmatch(segment)
+    if m is None or i == 0:
+        return None
+    # A bare "pod<uid>" directory is only a kubelet pod when it sits where the kubelet puts it; this keeps
+    # an unrelated "pod…" directory elsewhere on the host from being taken for one.
+    parent = segments[i - 1]
+    if parent == "..":
+        return m.group(1), None  # a private namespace hid the QoS level
+    qos = _CGROUPFS_QOS_PARENTS.get(parent)
+    if qos is None:
+        return None
+    if qos != "guaranteed" and (i < 2 or segments[i - 2] not in _CGROUPFS_ABOVE_QOS):
+        return None
+    return m.group(1), qos

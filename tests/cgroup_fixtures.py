@@ -1,0 +1,70 @@
+"""Helpers for tests that need real kubelet-shaped cgroups (not a conftest: import what you use).
+
+A test module gets a `make_cgroups` fixture with four lines::
+
+    @pytest.fixture
+    def make_cgroups() -> Iterator[CgroupsFactory]:
+        with CgroupsFactory() as factory:
+            yield factory
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+from vramguard.testing.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
+
+
+class CgroupsFactory:
+    """factory(driver, version, **kw) -> KubeletCgroups, or a pytest skip with the reason it is not possible here.
+
+    Every instance it made is closed on exit, whatever the test did; a cgroup that could not be removed fails
+    the test.
+    """
+
+    def __init__(self) -> None:
+        self._made: list[KubeletCgroups] = []
+
+    def __call__(self, driver: str = "systemd", version: int = 2, **kwargs: Any) -> KubeletCgroups:
+        reason = cgroups_unavailable(version)
+        if reason is not None:
+            pytest.skip(f"real cgroup v{version} unavailable: {reason}")
+        kc = KubeletCgroups(driver, version, **kwargs)
+        self._made.append(kc)
+        return kc
+
+    def __enter__(self) -> CgroupsFactory:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        errors = []
+        for kc in reversed(self._made):
+            try:
+                kc.close()
+            except CgroupCleanupError as e:
+                errors.append(str(e))
+        assert not errors, errors
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll `predicate` every millisecond until it holds; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.001)
+
+
+def pidfd_exited(pidfd: int, timeout_s: float = 0.0) -> bool:
+    """True once the process behind `pidfd` has exited (its pidfd polls readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))

@@ -1,0 +1,235 @@
+"""Real processes in real kubelet-shaped cgroups are attributed to the right pod and container."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from cgroup_fixtures import CgroupsFactory, pidfd_exited
+from vramguard.attribute import ProcessAttributor
+from vramguard.model import CgroupIdentity
+from vramguard.procfs import read_start_time
+from vramguard.testing.cgroups import (
+    TEST_UID_PREFIX,
+    KubeletCgroups,
+    cgroups_unavailable,
+    pod_cgroup_path,
+    remove_stale_test_cgroups,
+)
+
+pytestmark = pytest.mark.cgroups
+
+
+@pytest.fixture
+def make_cgroups() -> Iterator[CgroupsFactory]:
+    with CgroupsFactory() as factory:
+        yield factory
+
+
+LAYOUTS = [
+    pytest.param("systemd", 2, "burstable", "containerd", False, id="v2-systemd-burstable-containerd"),
+    pytest.param("cgroupfs", 2, "besteffort", "crio", False, id="v2-cgroupfs-besteffort-crio"),
+    pytest.param("systemd", 2, "guaranteed", "docker", False, id="v2-systemd-guaranteed-docker"),
+    pytest.param("cgroupfs", 1, "guaranteed", "docker", False, id="v1-cgroupfs-guaranteed-docker"),
+    pytest.param("systemd", 1, "besteffort", "crio", False, id="v1-systemd-besteffort-crio"),
+    pytest.param("cgroupfs", 1, "burstable", "containerd", False, id="v1-cgroupfs-burstable-containerd"),
+    pytest.param("systemd", 2, "besteffort", "containerd", True, id="v2-kind-systemd-besteffort-containerd"),
+    pytest.param("cgroupfs", 1, "burstable", "containerd", True, id="v1-kind-cgroupfs-burstable-containerd"),
+]
+
+
+@pytest.mark.parametrize(("driver", "version", "qos", "runtime", "kind"), LAYOUTS)
+def test_spawned_process_is_attributed_to_its_container(
+    make_cgroups: CgroupsFactory, driver: str, version: int, qos: str, runtime: str, kind: bool
+) -> None:
+    """identify() on a real process in a real container cgroup returns its pod UID, container ID and start time."""
+    kc = make_cgroups(driver, version, kind=kind)
+    pod = kc.pod(qos=qos)
+    ctr = pod.container(runtime=runtime)
+    proc = ctr.spawn(["sleep", "60"])
+
+    found = ProcessAttributor(proc_root="/proc").identify(proc.pid)
+
+    assert found is not None
+    ref, identity = found
+    assert ref.pid == proc.pid
+    assert ref.start_time == read_start_time(proc.pid)
+    assert identity is not None
+    assert (identity.pod_uid, identity.container_id) == (pod.uid, ctr.container_id)
+    assert identity == ctr.identity
+    assert ctr.pids() == [proc.pid]
+
+
+@pytest.mark.parametrize(("driver", "version", "qos", "runtime", "kind"), LAYOUTS)
+def test_cgroups_are_gone_after_close(driver: str, version: int, qos: str, runtime: str, kind: bool) -> None:
+    """Closing kills the processes inside and removes every pod and container directory it created."""
+    reason = cgroups_unavailable(version)
+    if reason is not None:
+        pytest.skip(reason)
+    with KubeletCgroups(driver, version, kind=kind) as kc:
+        pod = kc.pod(qos=qos)
+        ctr = pod.container(runtime=runtime)
+        in_container = ctr.spawn(["sleep", "60"])
+        in_pod = pod.spawn(["sleep", "60"])
+        dirs = [*ctr.dirs, *pod.dirs]
+        assert all(os.path.isdir(d) for d in dirs)
+    assert [d for d in dirs if os.path.exists(d)] == []
+    assert (in_container.returncode, in_pod.returncode) == (-9, -9)
+
+
+def test_cleanup_runs_when_the_body_raises() -> None:
+    """An exception inside the with-block still kills the processes and removes the cgroups."""
+    reason = cgroups_unavailable(2)
+    if reason is not None:
+        pytest.skip(reason)
+    with pytest.raises(ZeroDivisionError), KubeletCgroups("systemd", 2) as kc:
+        ctr = kc.pod().container()
+        proc = ctr.spawn(["sleep", "60"])
+        dirs = ctr.dirs
+        1 / 0  # noqa: B018
+    assert proc.returncode == -9
+    assert not any(os.path.exists(d) for d in dirs)
+
+
+def test_forked_grandchildren_are_killed_at_cleanup(make_cgroups: CgroupsFactory) -> None:
+    """A process forked inside the container (not spawned by the helper) is killed before the rmdir too."""
+    kc = make_cgroups("cgroupfs", 1)
+    ctr = kc.pod().container()
+    proc = ctr.spawn(["/bin/sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
+    assert sorted(ctr.pids()) == sorted([proc.pid, grandchild])
+    pidfd = os.pidfd_open(grandchild)
+    try:
+        kc.close()
+        assert pidfd_exited(pidfd, timeout_s=5)
+    finally:
+        os.close(pidfd)
+    assert not os.path.exists(ctr.dirs[0])
+
+
+def test_pod_cgroup_process_and_conmon_identities(make_cgroups: CgroupsFactory) -> None:
+    """A process in the pod cgroup itself has no container; one in CRI-O's conmon cgroup is not attributed."""
+    kc = make_cgroups("systemd", 2)
+    pod = kc.pod(qos="burstable")
+    ctr = pod.container(runtime="crio")
+    conmon = pod.conmon(ctr.container_id)
+    in_pod = pod.spawn(["sleep", "60"])
+    in_conmon = conmon.spawn(["sleep", "60"])
+    attributor = ProcessAttributor()
+
+    pod_found = attributor.identify(in_pod.pid)
+    conmon_found = attributor.identify(in_conmon.pid)
+    assert pod_found is not None
+    assert pod_found[1] == CgroupIdentity(pod.uid, None, None, "burstable") == pod.identity
+    assert conmon_found is not None
+    assert conmon_found[1] is None
+
+
+def test_explicit_uid_and_container_id_are_used(make_cgroups: CgroupsFactory) -> None:
+    """Given a UID and container ID (say, from a pod in a test apiserver) the helper builds exactly that path."""
+    kc = make_cgroups("systemd", 2)
+    uid = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+    pod = kc.pod(uid=uid, qos="guaranteed")
+    ctr = pod.container(container_id="ab" * 32, runtime="containerd")
+    assert pod.path == pod_cgroup_path("systemd", "guaranteed", uid)
+    assert ctr.path.endswith(f"/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{'ab' * 32}.scope")
+    assert kc.pod(uid=uid, qos="guaranteed") is pod
+    with pytest.raises(ValueError, match="already exists"):
+        kc.pod(uid=uid, qos="besteffort")
+
+
+def test_move_puts_a_running_process_in(make_cgroups: CgroupsFactory) -> None:
+    """move() places an already running process in the container, where identify() then finds it."""
+    kc = make_cgroups("cgroupfs", 2)
+    ctr = kc.pod().container()
+    other = kc.pod().container()
+    proc = other.spawn(["sleep", "60"])
+    ctr.move(proc.pid)
+    found = ProcessAttributor().identify(proc.pid)
+    assert found is not None
+    assert found[1] == ctr.identity
+    assert other.pids() == []
+
+
+def test_spawn_of_a_missing_command_fails_like_popen(make_cgroups: CgroupsFactory) -> None:
+    """A command that does not exist raises FileNotFoundError instead of a shell's exit status 127."""
+    kc = make_cgroups("systemd", 2)
+    ctr = kc.pod().container()
+    with pytest.raises(FileNotFoundError):
+        ctr.spawn(["/nonexistent/vramguard-no-such-command"])
+    assert ctr.pids() == []
+
+
+def test_stale_test_cgroups_are_swept() -> None:
+    """remove_stale_test_cgroups removes empty test-pod cgroups a crashed run left, and nothing else."""
+    reason = cgroups_unavailable(2)
+    if reason is not None:
+        pytest.skip(reason)
+    kc = KubeletCgroups("systemd", 2)
+    try:
+        pod = kc.pod()
+        ctr = pod.container()
+        neighbour = kc.pod()
+        assert pod.uid.startswith(TEST_UID_PREFIX)
+        # Simulate the crash: the helper never got to close. The sweep is narrowed to this pod's UID so a
+        # concurrent run's pods are never touched; a young pod survives the default age limit.
+        assert remove_stale_test_cgroups(uid_prefix=pod.uid) == []
+        assert os.path.isdir(ctr.dirs[0])
+        assert remove_stale_test_cgroups(uid_prefix=pod.uid, min_age_s=0) == []
+        assert not os.path.exists(ctr.dirs[0])
+        assert not os.path.exists(pod.dirs[0])
+        assert os.path.isdir(neighbour.dirs[0])
+    finally:
+        kc.close()
+
+
+def test_shared_parent_is_removed_by_the_last_run_to_finish() -> None:
+    """A test-made kubepods parent outlives the run that made it while another run uses it, then goes."""
+    reason = cgroups_unavailable(2)
+    if reason is not None:
+        pytest.skip(reason)
+    first = KubeletCgroups("cgroupfs", 2, kind=True)
+    second = KubeletCgroups("cgroupfs", 2, kind=True)
+    try:
+        first_pod = first.pod(qos="besteffort")
+        second_pod = second.pod(qos="besteffort")
+        qos_dir = os.path.dirname(first_pod.dirs[0])
+        assert qos_dir == os.path.dirname(second_pod.dirs[0])
+        first.close()
+        assert os.path.isdir(second_pod.dirs[0])
+    finally:
+        first.close()
+        second.close()
+    # Gone, unless a concurrent run is using it right now (then it still has a pod in it).
+    assert not os.path.exists(qos_dir) or any(e.is_dir() for e in os.scandir(qos_dir))
+
+
+def test_unmarked_parent_is_never_removed_by_a_run_that_did_not_create_it() -> None:
+    """A kubepods parent without the test mark (as a real kubelet's would be) survives every run that used it."""
+    reason = cgroups_unavailable(1)
+    if reason is not None:
+        pytest.skip(reason)
+    maker = KubeletCgroups("cgroupfs", 1, kind=True, v1_hierarchies=("pids",))
+    user = KubeletCgroups("cgroupfs", 1, kind=True, v1_hierarchies=("pids",))
+    qos_dir = ""
+    try:
+        qos_dir = os.path.dirname(maker.pod(qos="burstable").dirs[0])
+        user_pod = user.pod(qos="burstable")
+        with contextlib.suppress(OSError):  # it may predate this test, made by a concurrent run
+            os.removexattr(qos_dir, "trusted.vramguard-test")
+        maker.close()  # the maker may remove what it made, but cannot: the user's pod is inside
+        user.close()
+        assert not os.path.exists(user_pod.dirs[0])
+        assert os.path.isdir(qos_dir)
+    finally:
+        maker.close()
+        user.close()
+        # Remove the unmarked directory and the (marked) parents it kept busy, unless someone uses them.
+        for d in (qos_dir, os.path.dirname(qos_dir), os.path.dirname(os.path.dirname(qos_dir))) if qos_dir else ():
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
