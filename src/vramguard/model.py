@@ -155,13 +155,18 @@ class PodInfo:
     qos: str = "BestEffort"
     owner: str | None = None  # "ReplicaSet/web-7d9f" etc.
     terminating: bool = False  # metadata.deletionTimestamp is set
+    # Derived index: attribution looks containers up by runtime ID once per GPU process per scan.
+    _by_id: Mapping[str, ContainerInfo] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {c.container_id: c for c in self.containers if c.container_id})
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     def container_by_id(self, container_id: str) -> ContainerInfo | None:
-        return next((c for c in self.containers if c.container_id == container_id), None)
+        return self._by_id.get(container_id)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -312,9 +317,14 @@ class Snapshot:
     unattributed: tuple[UnattributedProcess, ...] = ()
     agent_pod_uid: str | None = None  # never act on the agent's own pod
     agent_pid: int | None = None
+    # Derived index: the decision core looks a device up once per container row.
+    _by_uuid: Mapping[str, GpuDevice] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_uuid", {d.uuid: d for d in self.devices})
 
     def device(self, uuid: str) -> GpuDevice | None:
-        return next((d for d in self.devices if d.uuid == uuid), None)
+        return self._by_uuid.get(uuid)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,752 @@
+"""The NVML adapter: every GPU and MIG instance, its memory and its processes, read under a deadline.
+
+Narrow on purpose, like dcgm-exporter's nvmlprovider: `NvmlSampler.sample()` returns plain `GpuSample` data and
+hides NVML's quirks behind it.
+
+- Devices: every GPU; where MIG is enabled, also every MIG instance as its own `GpuDevice` (`mig_index`,
+  `parent_uuid`) with its own memory and processes. A MIG-enabled GPU itself carries no processes: they are
+  reported on the instance they run in, so that no byte is counted twice.
+- Processes: the compute, graphics and MPS lists. A PID on several lists of one device (a process with both a
+  CUDA and a graphics context) is one `GpuProcess`: NVML reports the process's memory on the device in each
+  list, so the rows are the same bytes, not a sum; the first list that names it (compute, graphics, MPS)
+  gives its kind, and its usage is the largest the lists report. `NVML_ERROR_NOT_SUPPORTED` on a list means
+  "no processes"; `NVML_VALUE_NOT_AVAILABLE` stays `None`.
+- Memory: `nvmlDeviceGetMemoryInfo_v2` (v1 counts the driver's reservation as used since R510), falling back to
+  v1 for good once a driver says v2 is not there.
+- The R535 trap: R535.43-535.86 drivers write 32-byte rows from the `_v3` process functions while declaring the
+  24-byte struct, which shifts every field from the second row on. The process lists are therefore read with our
+  own buffer: the expected row size comes from probing the driver's symbols (as nvitop does), and when rows
+  decoded with it are not sane (PID alive under `proc_root`, usage within the device) the other known row sizes
+  are tried and the one with the most sane rows wins, and is remembered.
+- Sanity: every row is checked; insane rows are dropped, counted in `errors` and listed in `dropped_rows`.
+- Deadlines: a GPU's calls for one scan run as one unit of work on a persistent worker thread, under
+  `call_timeout_s`. A unit that errors or runs late marks that GPU unhealthy (no processes: never acted on).
+  A late call's thread cannot be stopped, so a new thread takes the remaining GPUs, and the GPU with the stuck
+  call is skipped (reported unhealthy) until that call returns; then it is read again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import functools
+import os
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from vramguard.model import GpuDevice, GpuProcess, GpuSample, ProcessKind
+
+DEFAULT_CALL_TIMEOUT_S = 2.0
+
+# Row sizes of the process-info structs: v1 (pid, used), v2 (+ GPU and compute instance IDs), and what R535.43-
+# 535.86 really wrote from the _v3 functions (+ confidential-compute protected memory).
+STRIDE_V1_BYTES = 16
+STRIDE_V2_BYTES = 24
+STRIDE_R535_BYTES = 32
+_STRIDES = (STRIDE_V2_BYTES, STRIDE_R535_BYTES, STRIDE_V1_BYTES)
+_MAX_STRIDE = max(_STRIDES)
+_ROW_FORMATS = {stride: struct.Struct(f"=I4xQ{stride - 16}x") for stride in _STRIDES}
+_NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
+_PID_MAX = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux: no PID is ever larger
+_INITIAL_CAPACITY = 32  # rows; grows to twice the largest list seen, so a warm scan needs one call per list
+
+# NVML return codes (nvml.h); the ones the adapter branches on.
+_SUCCESS = 0
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_INSUFFICIENT_SIZE = 7
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_LIB_RM_VERSION_MISMATCH = 18
+_ARGUMENT_VERSION_MISMATCH = 25
+_V2_MISSING = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
+_MIG_ENABLED = 1
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this node at all (no library, or nvmlInit failed). The message says what to do."""
+
+
+class NvmlErrorKind(str, enum.Enum):
+    """What went wrong, for `NvmlSampler.errors` (the agent's `vramguard_nvml_errors_total{kind}`)."""
+
+    CALL_FAILED = "call-failed"  # an NVML call on a device returned an error: the device is unhealthy
+    TIMEOUT = "timeout"  # a device's calls ran past call_timeout_s: the device is unhealthy
+    STUCK = "stuck"  # a device was skipped because an earlier call on it has not returned
+    INVALID_PID = "invalid-pid"  # row dropped: PID 0 or above the kernel's limit
+    DEAD_PID = "dead-pid"  # row dropped: no such process under proc_root
+    USED_EXCEEDS_TOTAL = "used-exceeds-total"  # row dropped: more memory than the device has
+    LAYOUT_MISMATCH = "layout-mismatch"  # process rows came with another row size than expected (R535)
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedRow:
+    """A process row that failed the sanity checks, with why."""
+
+    device_uuid: str
+    pid: int
+    used_bytes: int | None
+    kind: ProcessKind
+    reason: NvmlErrorKind
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessApi:
+    """Which process-list functions a driver has, and the row size it is expected to write."""
+
+    suffix: str  # "_v3", "_v2", or "" for the unversioned v1 functions
+    stride_bytes: int
+
+
+def probe_process_api(has_symbol: Callable[[str], bool]) -> ProcessApi:
+    """Chooses the process-list functions and the row size to expect from the symbols the driver exports.
+
+    nvitop's rule: a driver that exports the confidential-computing API but not yet
+    `nvmlDeviceGetRunningProcessDetailList` is of the R535 branch that wrote 32-byte rows from `_v3`; later
+    drivers moved the wide rows to the new function and went back to 24 bytes. Only a first guess: the sampler
+    checks it against the rows themselves, so exact version boundaries do not matter.
+    """
+    if has_symbol("nvmlDeviceGetComputeRunningProcesses_v3"):
+        r535 = has_symbol("nvmlDeviceGetConfComputeMemSizeInfo") and not has_symbol(
+            "nvmlDeviceGetRunningProcessDetailList"
+        )
+        return ProcessApi("_v3", STRIDE_R535_BYTES if r535 else STRIDE_V2_BYTES)
+    if has_symbol("nvmlDeviceGetComputeRunningProcesses_v2"):
+        return ProcessApi("_v2", STRIDE_V2_BYTES)
+    return ProcessApi("", STRIDE_V1_BYTES)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running calls under a deadline
+
+
+class _Job:
+    """One unit of work: all of one GPU's calls for one scan."""
+
+    __slots__ = ("current_call", "done", "error", "fn", "key", "result", "started_at", "timed_out", "worker")
+
+    def __init__(self, key: Hashable, fn: Callable[[_Job], Any]) -> None:
+        self.key = key
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.started_at: float | None = None
+        self.current_call = ""  # the NVML function running now, for the message when it runs late
+        self.done = False
+        self.timed_out = False
+        self.worker: _Worker | None = None
+
+    def begin(self, name: str) -> None:
+        """Notes the NVML call about to run; stops an abandoned job at its next call once a late one returned."""
+        if self.timed_out:
+            raise _Abandoned
+        self.current_call = name
+
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.begin(name)
+        return fn(*args, **kwargs)
+
+
+class _Abandoned(Exception):
+    """Raised inside a job whose caller gave up on it: its results would be stale, its calls wasted."""
+
+
+class _Worker:
+    __slots__ = ("abandoned", "thread")
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.thread: threading.Thread | None = None
+
+
+class _DeadlineRunner:
+    """Runs jobs one after another on a persistent worker thread, each under a deadline.
+
+    One thread rather than a thread per call, and one job per GPU rather than one per call, keep a warm scan to
+    a single hand-off. A job past its deadline is abandoned together with its thread (Python cannot stop a
+    thread blocked in C); a fresh thread takes the jobs still queued, and the job's key stays in `stuck` until
+    the abandoned call returns, so that the caller does not queue more work behind a hung device.
+    """
+
+    def __init__(self, timeout_s: float, name: str) -> None:
+        self._timeout_s = timeout_s
+        self._name = name
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # workers wait here for jobs
+        self._done = threading.Condition(self._lock)  # the caller waits here for results
+        self._queue: deque[_Job] = deque()
+        self._worker: _Worker | None = None
+        self._stuck: dict[Hashable, _Job] = {}
+        self._closed = False
+        self._threads_started = 0
+
+    def stuck(self, key: Hashable) -> _Job | None:
+        with self._lock:
+            return self._stuck.get(key)
+
+    @property
+    def threads_started(self) -> int:
+        return self._threads_started
+
+    def run(self, jobs: Sequence[_Job]) -> None:
+        """Returns once every job finished or was abandoned (`timed_out`)."""
+        if not jobs:
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the NVML worker is closed")
+            self._queue.extend(jobs)
+            self._ensure_worker()
+            self._work.notify()
+            while True:
+                now = time.monotonic()
+                wait_s = self._timeout_s
+                for job in jobs:
+                    if job.done or job.started_at is None:
+                        continue
+                    left_s = job.started_at + self._timeout_s - now
+                    if left_s <= 0:
+                        self._abandon(job)
+                    else:
+                        wait_s = min(wait_s, left_s)
+                if all(job.done for job in jobs):
+                    return
+                self._done.wait(wait_s)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            self._work.notify_all()
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            worker = _Worker()
+            self._threads_started += 1
+            worker.thread = threading.Thread(
+                target=self._loop, args=(worker,), name=f"{self._name}-{self._threads_started}", daemon=True
+            )
+            self._worker = worker
+            worker.thread.start()
+
+    def _abandon(self, job: _Job) -> None:
+        job.done = job.timed_out = True
+        self._stuck[job.key] = job
+        worker = job.worker
+        if worker is not None:
+            worker.abandoned = True
+            if self._worker is worker:
+                self._worker = None
+        if self._queue:
+            self._ensure_worker()
+            self._work.notify()
+
+    def _loop(self, me: _Worker) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed and not me.abandoned:
+                    self._work.wait()
+                if self._closed or me.abandoned:
+                    return
+                job = self._queue.popleft()
+                job.worker = me
+                job.started_at = time.monotonic()
+            try:
+                job.result = job.fn(job)
+            except Exception as e:  # handed to the caller, which reports the GPU unhealthy
+                job.error = e
+            with self._lock:
+                if me.abandoned:
+                    # The late call returned: the device may be tried again. Its result is stale; a fresh thread
+                    # already serves the queue.
+                    self._stuck.pop(job.key, None)
+                    return
+                job.done = True
+                if not self._queue:
+                    self._done.notify_all()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The sampler
+
+
+@dataclass(slots=True)
+class _GpuInfo:
+    """What does not change while the driver is loaded: cached after the first scan."""
+
+    handle: Any
+    uuid: str
+    name: str
+    mig_capable: bool | None = None  # None: not asked yet
+    max_mig_devices: int = 0
+
+
+@dataclass(slots=True)
+class _ProcessList:
+    kind: ProcessKind
+    function: str
+    fn: Any  # the ctypes function
+    stride_bytes: int  # expected row size; updated when the rows prove it wrong
+
+
+@dataclass(slots=True)
+class _GpuScan:
+    """What one GPU's unit of work produced. Built on the worker thread, merged on the caller's."""
+
+    devices: list[GpuDevice] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+    dropped: list[DroppedRow] = field(default_factory=list)
+    errors: list[NvmlErrorKind] = field(default_factory=list)
+
+
+class NvmlSampler:
+    """The `GpuSampler` over NVML (nvidia-ml-py). Raises `NvmlUnavailable` from the constructor, never later.
+
+    `errors` counts problems by kind since construction; `dropped_rows` lists the rows the last `sample()`
+    dropped. GPU handles, UUIDs and names are read on the first scan and cached (MIG instances' UUIDs are read
+    every scan: instances come and go). The GPU count is read once: GPUs do not appear without a driver reload.
+    An unhealthy GPU is reported with its last good memory figures (zeros if there never were any).
+    """
+
+    def __init__(
+        self, *, proc_root: str | os.PathLike[str] = "/proc", call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> None:
+        if call_timeout_s <= 0:
+            raise ValueError("call_timeout_s must be positive")
+        self._proc_root = os.fspath(proc_root)
+        self._timeout_s = call_timeout_s
+        self._nv = _import_pynvml()
+        self._error_names = {
+            value: name
+            for name, value in vars(self._nv).items()
+            if name.startswith("NVML_ERROR_") and isinstance(value, int)
+        }
+        self._runner = _DeadlineRunner(call_timeout_s, "vramguard-nvml")
+        self._lock = threading.Lock()  # one sample() at a time
+        self._closed = False
+        self._errors = dict.fromkeys(NvmlErrorKind, 0)
+        self._taken = dict(self._errors)  # what take_errors() already handed out
+        self._dropped: tuple[DroppedRow, ...] = ()
+        self._memory_v2: bool | None = None  # None: not tried yet
+        self._capacity_rows = _INITIAL_CAPACITY
+        self._gpus: dict[int, _GpuInfo] = {}
+        self._names: dict[str, str] = {}  # MIG instance names by UUID
+        self._last: dict[int, tuple[GpuDevice, ...]] = {}  # each GPU's devices from its last good scan
+        self._last_by_uuid: dict[str, GpuDevice] = {}
+        self._lists: tuple[_ProcessList, ...] = ()
+        self.driver_version = ""
+        self.gpu_count = 0
+        self._start()
+
+    # -- the GpuSampler protocol ---------------------------------------------------------------------------
+
+    def sample(self) -> GpuSample:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("NvmlSampler is closed")
+            alive: dict[int, bool] = {}
+            jobs: dict[int, _Job] = {}
+            skipped: dict[int, str] = {}
+            for index in range(self.gpu_count):
+                stuck = self._runner.stuck(index)
+                if stuck is not None:
+                    since_s = time.monotonic() - (stuck.started_at or time.monotonic())
+                    skipped[index] = (
+                        f"skipped: {stuck.current_call or 'an NVML call'} on this GPU has not returned "
+                        f"for {since_s:.1f}s"
+                    )
+                else:
+                    jobs[index] = _Job(index, functools.partial(self._scan_gpu, index=index, alive=alive))
+            self._runner.run(list(jobs.values()))
+
+            devices: list[GpuDevice] = []
+            processes: list[GpuProcess] = []
+            dropped: list[DroppedRow] = []
+            for index in range(self.gpu_count):
+                job = jobs.get(index)
+                if job is None:
+                    self._count(NvmlErrorKind.STUCK)
+                    devices.extend(self._unhealthy(index, skipped[index]))
+                elif job.timed_out:
+                    self._count(NvmlErrorKind.TIMEOUT)
+                    call = job.current_call or "NVML"
+                    devices.extend(self._unhealthy(index, f"{call} did not return within {self._timeout_s:g}s"))
+                elif job.error is not None:
+                    self._count(NvmlErrorKind.CALL_FAILED)
+                    devices.extend(self._unhealthy(index, self._describe(job.current_call, job.error)))
+                else:
+                    scan: _GpuScan = job.result
+                    for kind in scan.errors:
+                        self._count(kind)
+                    devices.extend(scan.devices)
+                    processes.extend(scan.processes)
+                    dropped.extend(scan.dropped)
+                    healthy = tuple(d for d in scan.devices if d.healthy)
+                    if healthy:
+                        self._last[index] = healthy
+                        self._last_by_uuid.update((d.uuid, d) for d in healthy)
+            self._dropped = tuple(dropped)
+            return GpuSample(devices=tuple(devices), processes=tuple(processes))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            shutdown = _Job("shutdown", lambda job: job.call("nvmlShutdown", self._nv.nvmlShutdown))
+            try:
+                self._runner.run([shutdown])
+            finally:
+                self._runner.close()
+
+    def __enter__(self) -> NvmlSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the agent reads besides samples --------------------------------------------------------------
+
+    @property
+    def errors(self) -> Mapping[NvmlErrorKind, int]:
+        """Problems by kind since construction (a snapshot)."""
+        return MappingProxyType(dict(self._errors))
+
+    def take_errors(self) -> tuple[tuple[str, int], ...]:
+        """(kind, count) for the problems since the last call, non-zero only: what a Prometheus counter adds."""
+        with self._lock:
+            taken = tuple(
+                (kind.value, n - self._taken[kind]) for kind, n in self._errors.items() if n > self._taken[kind]
+            )
+            self._taken = dict(self._errors)
+        return taken
+
+    @property
+    def dropped_rows(self) -> tuple[DroppedRow, ...]:
+        """The process rows the last sample() dropped, with the reason for each."""
+        return self._dropped
+
+    @property
+    def process_info_stride_bytes(self) -> int:
+        """The row size the compute list's rows currently decode with (24; 32 on an R535 driver)."""
+        return self._lists[0].stride_bytes if self._lists else STRIDE_V2_BYTES
+
+    @property
+    def threads_started(self) -> int:
+        """Worker threads started so far: one, plus one for each call that hung."""
+        return self._runner.threads_started
+
+    # -- start-up ------------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        job = _Job("init", self._init_nvml)
+        self._runner.run([job])
+        if job.timed_out:
+            self._runner.close()
+            raise NvmlUnavailable(
+                f"NVML is not available: {job.current_call or 'nvmlInit'} did not return within "
+                f"{self._timeout_s:g}s: the NVIDIA driver is hung (a GPU may have fallen off the bus; look for Xid "
+                "errors in the kernel log)"
+            )
+        if job.error is not None:
+            self._runner.close()
+            if isinstance(job.error, NvmlUnavailable):
+                raise job.error
+            raise NvmlUnavailable(self._init_failure(job.current_call, job.error)) from None
+
+    def _init_nvml(self, job: _Job) -> None:
+        nv = self._nv
+        job.call("nvmlInit", nv.nvmlInit)
+        try:
+            try:
+                self.driver_version = str(job.call("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion))
+            except nv.NVMLError:
+                self.driver_version = "unknown"
+            self.gpu_count = int(job.call("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount))
+
+            def has_symbol(name: str) -> bool:
+                try:
+                    nv._nvmlGetFunctionPointer(name)
+                except nv.NVMLError:
+                    return False
+                return True
+
+            api = probe_process_api(has_symbol)
+            lists = []
+            for kind, stem in (
+                (ProcessKind.COMPUTE, "Compute"),
+                (ProcessKind.GRAPHICS, "Graphics"),
+                (ProcessKind.MPS, "MPSCompute"),
+            ):
+                name = f"nvmlDeviceGet{stem}RunningProcesses{api.suffix}"
+                if has_symbol(name):
+                    lists.append(_ProcessList(kind, name, nv._nvmlGetFunctionPointer(name), api.stride_bytes))
+            self._lists = tuple(lists)
+        except BaseException:
+            with contextlib.suppress(nv.NVMLError):  # the first error is the one worth reporting
+                nv.nvmlShutdown()
+            raise
+
+    def _init_failure(self, call: str, error: BaseException) -> str:
+        code = getattr(error, "value", None)
+        if code == _LIBRARY_NOT_FOUND:
+            return (
+                "NVML is not available: libnvidia-ml.so.1 was not found. Install the NVIDIA driver on the node and "
+                "give the agent its libraries: in a pod, the NVIDIA container toolkit mounts them (runtimeClassName: "
+                "nvidia, or NVIDIA_VISIBLE_DEVICES=all with NVIDIA_DRIVER_CAPABILITIES=utility); elsewhere, put "
+                "the library's directory on LD_LIBRARY_PATH."
+            )
+        hint = {
+            _DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded; check `nvidia-smi` on the node",
+            _NO_PERMISSION: "no permission to use the GPU devices; run the agent privileged (or as root with "
+            "/dev/nvidiactl and /dev/nvidia* available)",
+            _LIB_RM_VERSION_MISMATCH: "the NVML library and the kernel driver differ in version (the driver was "
+            "upgraded without a reboot, or the container carries other libraries than the host)",
+        }.get(code if isinstance(code, int) else -1, "see the NVIDIA driver's state on the node (`nvidia-smi`)")
+        return f"NVML is not available: {self._describe(call or 'nvmlInit', error)}: {hint}"
+
+    # -- one GPU's unit of work (runs on the worker thread) -------------------------------------------------
+
+    def _scan_gpu(self, job: _Job, index: int, alive: dict[int, bool]) -> _GpuScan:
+        nv = self._nv
+        scan = _GpuScan()
+        gpu = self._gpus.get(index)
+        if gpu is None:
+            handle = job.call("nvmlDeviceGetHandleByIndex_v2", nv.nvmlDeviceGetHandleByIndex, index)
+            gpu = _GpuInfo(
+                handle=handle,
+                uuid=str(job.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, handle)),
+                name=str(job.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, handle)),
+            )
+            self._gpus[index] = gpu
+        total, used, free = self._memory(job, gpu.handle)
+        device = GpuDevice(
+            index=index, uuid=gpu.uuid, name=gpu.name, total_bytes=total, used_bytes=used, free_bytes=free
+        )
+        scan.devices.append(device)
+        if not self._mig_enabled(job, gpu):
+            self._processes(job, gpu.handle, device, alive, scan)
+            return scan
+        for slot in range(gpu.max_mig_devices):
+            try:
+                mig_handle = job.call(
+                    "nvmlDeviceGetMigDeviceHandleByIndex", nv.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, slot
+                )
+            except nv.NVMLError as e:
+                if e.value == _NOT_FOUND:  # no instance in this slot
+                    continue
+                raise
+            uuid = str(job.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig_handle))
+            try:
+                name = self._names.get(uuid)
+                if name is None:
+                    name = self._names[uuid] = str(job.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, mig_handle))
+                total, used, free = self._memory(job, mig_handle)
+                mig = GpuDevice(
+                    index=index,
+                    uuid=uuid,
+                    name=name,
+                    total_bytes=total,
+                    used_bytes=used,
+                    free_bytes=free,
+                    mig_index=slot,
+                    parent_uuid=gpu.uuid,
+                )
+                self._processes(job, mig_handle, mig, alive, scan)
+                scan.devices.append(mig)
+            except nv.NVMLError as e:
+                # One broken instance does not hide its siblings; it is reported unhealthy on its own.
+                scan.errors.append(NvmlErrorKind.CALL_FAILED)
+                last = self._last_by_uuid.get(uuid)
+                error = self._describe(job.current_call, e)
+                scan.devices.append(
+                    replace(last, healthy=False, error=error)
+                    if last is not None
+                    else GpuDevice(
+                        index=index,
+                        uuid=uuid,
+                        name=self._names.get(uuid, ""),
+                        total_bytes=0,
+                        used_bytes=0,
+                        free_bytes=0,
+                        mig_index=slot,
+                        parent_uuid=gpu.uuid,
+                        healthy=False,
+                        error=error,
+                    )
+                )
+        return scan
+
+    def _memory(self, job: _Job, handle: Any) -> tuple[int, int, int]:
+        nv = self._nv
+        if self._memory_v2 is not False:
+            try:
+                m = job.call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, handle, version=nv.nvmlMemory_v2)
+            except nv.NVMLError as e:
+                if e.value not in _V2_MISSING:
+                    raise
+                self._memory_v2 = False  # a driver before R510: v1 from now on
+            else:
+                self._memory_v2 = True
+                return int(m.total), int(m.used), int(m.free)
+        m = job.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
+        return int(m.total), int(m.used), int(m.free)
+
+    def _mig_enabled(self, job: _Job, gpu: _GpuInfo) -> bool:
+        nv = self._nv
+        if gpu.mig_capable is False:
+            return False
+        try:
+            current, _pending = job.call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, gpu.handle)
+        except nv.NVMLError as e:
+            if e.value != _NOT_SUPPORTED:
+                raise
+            gpu.mig_capable = False  # a GPU without MIG never gains it: stop asking
+            return False
+        if not gpu.mig_capable:
+            gpu.max_mig_devices = int(
+                job.call("nvmlDeviceGetMaxMigDeviceCount", nv.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
+            )
+            gpu.mig_capable = True
+        return bool(current == _MIG_ENABLED)
+
+    def _processes(self, job: _Job, handle: Any, device: GpuDevice, alive: dict[int, bool], scan: _GpuScan) -> None:
+        merged: dict[int, tuple[ProcessKind, int | None]] = {}
+        for plist in self._lists:
+            count, raw = self._read_list(job, plist, handle)
+            if not count:
+                continue
+            rows = self._decode(plist, raw, count, device.total_bytes, alive, scan)
+            for pid, used, problem in rows:
+                if problem is not None:
+                    scan.errors.append(problem)
+                    scan.dropped.append(DroppedRow(device.uuid, pid, used, plist.kind, problem))
+                    continue
+                seen = merged.get(pid)
+                if seen is None:
+                    merged[pid] = (plist.kind, used)
+                elif used is not None and (seen[1] is None or used > seen[1]):
+                    merged[pid] = (seen[0], used)
+        uuid = device.uuid
+        scan.processes.extend(GpuProcess(pid, uuid, used, kind) for pid, (kind, used) in merged.items())
+
+    def _read_list(self, job: _Job, plist: _ProcessList, handle: Any) -> tuple[int, bytes]:
+        """Calls one process-list function into our own buffer: (row count, raw bytes).
+
+        The buffer has room for the widest known row, so a driver writing wider rows than it declares cannot
+        overrun it. Passing a capacity rather than asking for the count first needs one call per list when warm.
+        """
+        job.begin(plist.function)
+        for _ in range(4):
+            capacity = self._capacity_rows
+            buffer = ctypes.create_string_buffer(capacity * _MAX_STRIDE)
+            count = ctypes.c_uint(capacity)
+            ret = plist.fn(handle, ctypes.byref(count), buffer)
+            if ret == _SUCCESS:
+                return count.value, buffer.raw
+            if ret == _INSUFFICIENT_SIZE:
+                self._capacity_rows = max(capacity * 2, count.value * 2 + 5)
+                continue
+            if ret == _NOT_SUPPORTED:  # as dcgm-exporter: this device has no such processes to report
+                return 0, b""
+            raise self._nv.NVMLError(ret)
+        raise self._nv.NVMLError(_INSUFFICIENT_SIZE)
+
+    def _decode(
+        self, plist: _ProcessList, raw: bytes, count: int, total_bytes: int, alive: dict[int, bool], scan: _GpuScan
+    ) -> list[tuple[int, int | None, NvmlErrorKind | None]]:
+        """Rows with each one's problem (None: sane), decoded with the row size the rows themselves confirm."""
+        rows, sane = self._check(raw, count, plist.stride_bytes, total_bytes, alive)
+        if sane == count or count < 2:  # a single row reads the same under every layout
+            return rows
+        best_stride = plist.stride_bytes
+        for stride in _STRIDES:
+            if stride != plist.stride_bytes:
+                candidate, candidate_sane = self._check(raw, count, stride, total_bytes, alive)
+                if candidate_sane > sane:
+                    rows, sane, best_stride = candidate, candidate_sane, stride
+        if best_stride != plist.stride_bytes:
+            # A driver lays out all its process lists alike, and does not change while loaded: decode them all
+            # so from now on.
+            scan.errors.append(NvmlErrorKind.LAYOUT_MISMATCH)
+            for other in self._lists:
+                other.stride_bytes = best_stride
+        return rows
+
+    def _check(
+        self, raw: bytes, count: int, stride_bytes: int, total_bytes: int, alive: dict[int, bool]
+    ) -> tuple[list[tuple[int, int | None, NvmlErrorKind | None]], int]:
+        """Decodes rows and checks each: (rows with their problem or None, how many are sane).
+
+        The hot loop of a scan, hence written out: a warm 8-GPU node with 64 processes each runs it 512 times.
+        """
+        checked: list[tuple[int, int | None, NvmlErrorKind | None]] = []
+        sane = 0
+        proc = self._proc_root + "/"
+        access, f_ok = os.access, os.F_OK
+        for pid, raw_used in _ROW_FORMATS[stride_bytes].iter_unpack(raw[: count * stride_bytes]):
+            used = None if raw_used == _NOT_AVAILABLE else raw_used
+            problem = None
+            if not 0 < pid <= _PID_MAX:
+                problem = NvmlErrorKind.INVALID_PID
+            elif used is not None and used > total_bytes:
+                problem = NvmlErrorKind.USED_EXCEEDS_TOTAL
+            else:
+                exists = alive.get(pid)
+                if exists is None:
+                    exists = alive[pid] = access(proc + str(pid), f_ok)
+                if exists:
+                    sane += 1
+                else:
+                    problem = NvmlErrorKind.DEAD_PID
+            checked.append((pid, used, problem))
+        return checked, sane
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _unhealthy(self, index: int, error: str) -> list[GpuDevice]:
+        last = self._last.get(index)
+        if last is not None:
+            return [replace(d, healthy=False, error=error) for d in last]
+        gpu = self._gpus.get(index)
+        return [
+            GpuDevice(
+                index=index,
+                uuid=gpu.uuid if gpu is not None else f"unknown-gpu-{index}",
+                name=gpu.name if gpu is not None else "",
+                total_bytes=0,
+                used_bytes=0,
+                free_bytes=0,
+                healthy=False,
+                error=error,
+            )
+        ]
+
+    def _describe(self, call: str, error: BaseException) -> str:
+        code = getattr(error, "value", None)
+        if isinstance(error, self._nv.NVMLError) and isinstance(code, int):
+            return f"{call}: {error} ({self._error_names.get(code, 'NVML error')} = {code})"
+        return f"{call or 'NVML'}: {type(error).__name__}: {error}"
+
+    def _count(self, kind: NvmlErrorKind) -> None:
+        self._errors[kind] += 1
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NvmlUnavailable(
+            "NVML is not available: the nvidia-ml-py package (module pynvml) is not installed; "
+            "`pip install nvidia-ml-py`"
+        ) from e
+    return pynvml
