@@ -31,6 +31,7 @@ from vramguard.model import (
     PodInfo,
     ProcessKind,
     ProcessRef,
+    Snapshot,
     UnattributedProcess,
 )
 from vramguard.procfs import read_start_time, read_state_and_start_time
@@ -284,12 +285,12 @@ ATTRIBUTE_CASES = [
         ids((10, 1, UID_A, CID_A1), (20, 2, UID_B, CID_B1), (12, 3, UID_A, CID_A2)),
         PODS,
         [
-            usage(POD_B, "server", CID_B1, "GPU-0", 1 << 30, (20, 2)),
             usage(POD_A, "main", CID_A1, "GPU-0", 3 << 30, (10, 1)),
+            usage(POD_B, "server", CID_B1, "GPU-0", 1 << 30, (20, 2)),
             usage(POD_A, "sidecar", CID_A2, "GPU-0", 1 << 20, (12, 3)),
         ],
         [],
-        id="containers-and-pods-are-kept-apart-and-sorted",
+        id="containers-and-pods-are-kept-apart-in-nvml-order",
     ),
     pytest.param(
         [gp(10, None), gp(11, 2 << 30)],
@@ -380,13 +381,18 @@ def test_attribute(
 
 
 def test_attribute_is_independent_of_input_order() -> None:
-    """Shuffling the NVML rows does not change the snapshot."""
+    """Shuffling the NVML rows changes at most the order of the rows, never what they say."""
     rows = [gp(10, 1 << 30), gp(20, 2 << 30), gp(11, 3 << 30, "GPU-1"), gp(30, 5), gp(11, 4 << 30)]
     identities = ids((10, 1, UID_A, CID_A1), (11, 2, UID_A, CID_A1), (20, 3, UID_B, CID_B1), (30, 4, None, None))
     forward = attribute(GpuSample((GPU0, GPU1), tuple(rows)), identities, PODS)
     backward = attribute(GpuSample((GPU0, GPU1), tuple(reversed(rows))), identities, PODS)
-    assert forward == backward
-    assert [c.used_bytes for c in forward.containers] == [2 << 30, 5 << 30, 3 << 30]
+
+    def content(snapshot: Snapshot) -> list[ContainerUsage]:
+        return sorted(snapshot.containers, key=lambda c: (c.pod.uid, c.container_id or "", c.device_uuid))
+
+    assert content(forward) == content(backward)
+    assert forward.unattributed == backward.unattributed
+    assert [c.used_bytes for c in content(forward)] == [5 << 30, 3 << 30, 2 << 30]
 
 
 # ----------------------------------------------------------------------------------------------------------

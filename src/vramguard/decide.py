@@ -86,6 +86,10 @@ def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple
             continue
         own = pod_quota.containers.get(usage.container) if usage.container else None
         if own is not None:
+            # Most rows are within quota: rule them out before building anything (this loop runs per row).
+            device = snapshot.device(usage.device_uuid)
+            if device is None or usage.used_bytes <= own.limit_for(device.total_bytes):
+                continue
             v = _judge(snapshot, [usage], own, usage.container)
             if v is not None:
                 violations.append(v)

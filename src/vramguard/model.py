@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 GiB = 1024**3
 MiB = 1024**2
@@ -89,9 +90,12 @@ class GpuDevice:
         return str(self.index) if self.mig_index is None else f"{self.index}/mig{self.mig_index}"
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """One row of an NVML process list: a host PID using memory on one device."""
+class GpuProcess(NamedTuple):
+    """One row of an NVML process list: a host PID using memory on one device.
+
+    A NamedTuple rather than a frozen dataclass, like `ContainerUsage`: both are rebuilt for every GPU process
+    on every scan, and a tuple is built about three times faster (the scan budget is 2 ms for 512 processes).
+    """
 
     pid: int
     device_uuid: str
@@ -286,9 +290,11 @@ class Policy:
 # The attributed snapshot the decision core reads
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerUsage:
-    """GPU memory one container of a known pod uses on one device, with the processes that use it."""
+class ContainerUsage(NamedTuple):
+    """GPU memory one container of a known pod uses on one device, with the processes that use it.
+
+    A NamedTuple for speed, as `GpuProcess` explains.
+    """
 
     pod: PodInfo
     container: str  # container name; "" when the cgroup names a container the pod cache does not list
