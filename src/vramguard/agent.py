@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import structlog
 
 from vramguard.act import EVENT_INVALID, Enforcer, Outcome
-from vramguard.attribute import ProcessAttributor, attribute
+from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
 from vramguard.model import CgroupIdentity, GpuSample, PodInfo, PodQuota, Policy, ProcessRef, Snapshot
-from vramguard.ports import Clock, EventRecorder, GpuSampler, PodSource
+from vramguard.ports import Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import resolve_pod_quota
 
 
@@ -75,7 +75,7 @@ class Agent:
         self,
         *,
         sampler: GpuSampler,
-        attributor: ProcessAttributor,
+        attributor: ProcessIdentifier,
         pods: PodSource,
         policy: Policy,
         enforcer: Enforcer,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -97,6 +97,9 @@ class Metrics:
     """Every metric the agent exports, on one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # `*_created` timestamps double the series count and say nothing an agent's restart time does not.
+        # (client_python keeps this switch process-wide; the agent is the only exporter in its process.)
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._scan = _ScanCollector()
         self.registry.register(self._scan)

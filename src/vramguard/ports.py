@@ -6,11 +6,11 @@ live in `vramguard.testing`. The decision core sees none of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from vramguard.model import GpuSample, PodInfo, ProcessRef, Violation
+from vramguard.model import CgroupIdentity, GpuSample, PodInfo, ProcessRef, Violation
 
 
 class GpuSampler(Protocol):
@@ -19,6 +19,18 @@ class GpuSampler(Protocol):
     def sample(self) -> GpuSample: ...
 
     def close(self) -> None: ...
+
+
+class ProcessIdentifier(Protocol):
+    """Finds a process' identity (PID + start time) and its pod cgroup; caches by that identity."""
+
+    def identify(self, pid: int) -> tuple[ProcessRef, CgroupIdentity | None] | None:
+        """None when the process is gone."""
+        ...
+
+    def forget_except(self, pids: Iterable[int]) -> None:
+        """Drop cached entries for every PID not in `pids` (the ones the last scan saw)."""
+        ...
 
 
 class PodSource(Protocol):

@@ -13,10 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vramguard.model import (
+    CgroupIdentity,
     ContainerInfo,
     ContainerUsage,
     GiB,
     GpuDevice,
+    GpuSample,
     PodInfo,
     ProcessRef,
     Snapshot,
@@ -40,6 +42,45 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self._now += seconds
+
+
+class FakeSampler:
+    """A GPU sampler that reports what the test set: `sample` is returned as is, or `error` is raised."""
+
+    def __init__(self, sample: GpuSample | None = None) -> None:
+        self.next = sample if sample is not None else GpuSample(devices=(), processes=())
+        self.error: Exception | None = None
+        self.calls = 0
+
+    def inject_error(self, error: Exception | None) -> None:
+        self.error = error
+
+    def sample(self) -> GpuSample:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self.next
+
+    def close(self) -> None:
+        pass
+
+
+class FakeIdentifier:
+    """Process identities as the test declares them: `add(pid, pod_uid, container_id)`; unknown PIDs are gone."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[ProcessRef, CgroupIdentity | None]] = {}
+
+    def add(self, pid: int, pod_uid: str | None, container_id: str | None = None) -> ProcessRef:
+        ref = ProcessRef(pid=pid, start_time=pid * 10)
+        self.known[pid] = (ref, CgroupIdentity(pod_uid, container_id) if pod_uid is not None else None)
+        return ref
+
+    def identify(self, pid: int) -> tuple[ProcessRef, CgroupIdentity | None] | None:
+        return self.known.get(pid)
+
+    def forget_except(self, pids: Iterable[int]) -> None:
+        pass
 
 
 class FakePodSource:
@@ -103,13 +144,22 @@ class FakeEvictor:
 
 
 class RecordingKiller:
-    """Kills nothing; records each violation it was asked to kill and reports its processes as killed."""
+    """Kills nothing; records each violation it was asked to kill and reports its processes as killed.
 
-    def __init__(self) -> None:
+    With a `FakeSampler`, the "killed" processes leave the sampler's next sample, as their memory would leave
+    NVML's process list; without one, they stay (a kill whose memory was not freed).
+    """
+
+    def __init__(self, sampler: FakeSampler | None = None) -> None:
         self.killed: list[Violation] = []
+        self.sampler = sampler
 
     def kill(self, violation: Violation) -> KillResult:
         self.killed.append(violation)
+        if self.sampler is not None:
+            gone = {p.pid for p in violation.processes}
+            s = self.sampler.next
+            self.sampler.next = GpuSample(s.devices, tuple(p for p in s.processes if p.pid not in gone))
         return KillResult(killed=violation.processes, skipped=(), exited=True)
 
 

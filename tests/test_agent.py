@@ -1,0 +1,266 @@
+"""The loop and the enforcer over fakes: what a scan does with a decision, and what each action's result is."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from prometheus_client import generate_latest
+
+from vramguard.act import Enforcer
+from vramguard.agent import Agent
+from vramguard.decide import find_violations
+from vramguard.metrics import Metrics
+from vramguard.model import (
+    Action,
+    EvictionRefused,
+    GiB,
+    GpuProcess,
+    GpuSample,
+    Mode,
+    PodQuota,
+    Policy,
+    Quota,
+    Reason,
+)
+from vramguard.ports import KillResult
+from vramguard.testing.fakes import (
+    FakeClock,
+    FakeEvictor,
+    FakeIdentifier,
+    FakePodSource,
+    FakeSampler,
+    RecordingEventRecorder,
+    RecordingKiller,
+    SnapshotBuilder,
+    gpu,
+    pod,
+)
+
+GPU0 = gpu(0, total_bytes=16 * GiB)
+WAIT = EvictionRefused.WAIT
+VRAM = "vramguard.io/vram"
+
+
+class Node:
+    """A scan's worth of fakes around a real Agent, Enforcer and Metrics."""
+
+    def __init__(self, policy: Policy, *, dry_run: bool = False, refuse: bool = False) -> None:
+        self.sampler = FakeSampler()
+        self.ids = FakeIdentifier()
+        self.pods = FakePodSource()
+        self.events = RecordingEventRecorder()
+        self.killer = RecordingKiller(self.sampler)
+        self.evictor = FakeEvictor(refuse=refuse)
+        self.metrics = Metrics()
+        self.clock = FakeClock()
+        self.agent = Agent(
+            sampler=self.sampler,
+            attributor=self.ids,
+            pods=self.pods,
+            policy=policy,
+            enforcer=Enforcer(
+                killer=self.killer, evictor=self.evictor, events=self.events, policy=policy, dry_run=dry_run
+            ),
+            events=self.events,
+            metrics=self.metrics,
+            clock=self.clock,
+            agent_pid=1,
+        )
+
+    def run_gpu(self, *rows: tuple[int, int]) -> None:
+        """NVML reports these (pid, used bytes) rows on GPU 0."""
+        used = sum(b for _, b in rows)
+        device = gpu(0, total_bytes=GPU0.total_bytes, used_bytes=used)
+        self.sampler.next = GpuSample(
+            devices=(device,), processes=tuple(GpuProcess(p, device.uuid, b) for p, b in rows)
+        )
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+def test_scan_kills_the_offender_and_reports_it() -> None:
+    """Over quota in kill mode: one warning, one kill of the container's processes, Events and metrics."""
+    n = Node(Policy(mode=Mode.KILL))
+    p = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
+    n.pods.set_pods([p])
+    n.ids.add(100, p.uid, p.containers[0].container_id)
+    n.run_gpu((100, 5 * GiB))
+    report = n.agent.scan()
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
+    assert [v.pod.name for v in n.killer.killed] == ["trainer"]
+    assert n.events.reasons() == ["VRAMQuotaExceeded", "VRAMKilled"]
+    assert n.metric("vramguard_actions_total", action="kill", result="ok") == 1.0
+    assert n.metric("vramguard_violations_total", namespace="ml", severity="hard") == 1.0
+    assert (
+        n.metric(
+            "vramguard_container_gpu_memory_used_bytes",
+            namespace="ml",
+            pod="trainer",
+            container="main",
+            gpu="0",
+            gpu_uuid=GPU0.uuid,
+        )
+        == 5 * GiB
+    )
+
+
+def test_kill_whose_memory_stays_is_reported() -> None:
+    """If NVML still lists a killed process after the kill, the result says the memory was not freed."""
+    n = Node(Policy(mode=Mode.KILL))
+    p = pod("stuck", "ml", containers={"main": {VRAM: "1Gi"}})
+    n.pods.set_pods([p])
+    n.ids.add(7, p.uid, p.containers[0].container_id)
+    n.killer.sampler = None  # NVML keeps reporting PID 7 after the "kill"
+    n.run_gpu((7, 2 * GiB))
+    report = n.agent.scan()
+    assert [o.result for o in report.outcomes if o.action.kind is Mode.KILL] == ["memory-not-freed"]
+    assert n.sampler.calls == 2, "one re-sample confirms the kill"
+
+
+def test_unattributed_and_unmanaged_processes_are_never_acted_on() -> None:
+    """A host process and a pod without any quota are reported, never killed, whatever they use."""
+    n = Node(Policy(mode=Mode.KILL, pressure_free_bytes=15 * GiB))
+    p = pod("free-rider", "ml")
+    n.pods.set_pods([p])
+    n.ids.add(1000, None)
+    n.ids.add(1001, p.uid, p.containers[0].container_id)
+    n.run_gpu((1000, 8 * GiB), (1001, 7 * GiB))
+    report = n.agent.scan()
+    assert report.outcomes == () and n.killer.killed == []
+    assert [u.reason for u in report.snapshot.unattributed] == ["not in a pod cgroup"]
+    assert n.metric("vramguard_unattributed_gpu_memory_bytes", gpu="0", gpu_uuid=GPU0.uuid) == 8 * GiB
+
+
+def test_the_agents_own_pod_is_never_acted_on() -> None:
+    """The agent finds its own pod through its own cgroup and never acts on it."""
+    p = pod("vramguard-x", "vramguard", containers={"agent": {VRAM: "1Gi"}})
+    n = Node.__new__(Node)
+    Node.__init__(n, Policy(mode=Mode.KILL))
+    n.ids.add(1, p.uid, p.containers[0].container_id)  # PID 1 is the agent (agent_pid=1)
+    n.agent = Agent(
+        sampler=n.sampler, attributor=n.ids, pods=n.pods, policy=Policy(mode=Mode.KILL),
+        enforcer=n.agent.enforcer, events=n.events, metrics=n.metrics, clock=n.clock, agent_pid=1,
+    )  # fmt: skip
+    n.pods.set_pods([p])
+    n.run_gpu((1, 4 * GiB))
+    assert n.agent.agent_pod_uid == p.uid
+    assert n.agent.scan().outcomes == ()
+
+
+def test_invalid_quota_is_reported_once_per_pod() -> None:
+    """`12GB` gives one VRAMQuotaInvalid Event naming field and value, not one per scan."""
+    n = Node(Policy())
+    p = pod("typo", "ml", containers={"main": {VRAM: "12GB"}})
+    n.pods.set_pods([p])
+    for _ in range(3):
+        n.agent.scan()
+    assert n.events.reasons() == ["VRAMQuotaInvalid"]
+    (_, _, message, _) = n.events.events[0]
+    assert "spec.containers[main].resources.limits[vramguard.io/vram]" in message and "12GB" in message
+
+
+def test_a_failing_scan_does_not_stop_the_loop() -> None:
+    """An exception in one scan is logged; the loop keeps scanning until told to stop."""
+    n = Node(Policy())
+    n.sampler.inject_error(RuntimeError("driver went away"))
+    stop = threading.Event()
+    calls_before = n.sampler.calls
+
+    def stop_after_three() -> None:
+        while n.sampler.calls < calls_before + 3:
+            threading.Event().wait(0.001)
+        stop.set()
+
+    watcher = threading.Thread(target=stop_after_three)
+    watcher.start()
+    n.agent.run(poll_interval_s=0.001, stop=stop)
+    watcher.join()
+    assert n.sampler.calls >= 3
+
+
+def _action(kind: Mode) -> Action:
+    p = pod("victim", "ml")
+    quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
+    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+    return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
+
+
+class ExplodingKiller:
+    def kill(self, violation: object) -> KillResult:
+        raise PermissionError("no CAP_KILL")
+
+
+@pytest.mark.parametrize(
+    ("kind", "refuse", "on_refused", "dry_run", "result", "events", "killed"),
+    [
+        pytest.param(Mode.WARN, False, WAIT, False, "ok", ["VRAMQuotaExceeded"], 0, id="warn-records-an-event"),
+        pytest.param(Mode.EVICT, False, WAIT, False, "ok", ["VRAMEvicted"], 0, id="evict-evicts"),
+        pytest.param(Mode.EVICT, True, WAIT, False, "refused", [], 0, id="evict-refused-waits"),
+        pytest.param(
+            Mode.EVICT, True, EvictionRefused.KILL, False, "refused-then-killed", ["VRAMKilled"], 1,
+            id="evict-refused-falls-back-to-kill",
+        ),
+        pytest.param(Mode.KILL, False, WAIT, False, "ok", ["VRAMKilled"], 1, id="kill-kills"),
+        pytest.param(Mode.KILL, False, WAIT, True, "dry-run", [], 0, id="dry-run-changes-nothing"),
+        pytest.param(Mode.EVICT, False, WAIT, True, "dry-run", [], 0, id="dry-run-evicts-nothing"),
+    ],
+)  # fmt: skip
+def test_enforcer_outcomes(
+    kind: Mode, refuse: bool, on_refused: EvictionRefused, dry_run: bool, result: str, events: list[str], killed: int
+) -> None:
+    """Each mode does what the policy says, and dry-run only reports."""
+    recorder, killer, evictor = RecordingEventRecorder(), RecordingKiller(), FakeEvictor(refuse=refuse)
+    enforcer = Enforcer(
+        killer=killer, evictor=evictor, events=recorder, policy=Policy(on_eviction_refused=on_refused), dry_run=dry_run
+    )
+    outcome = enforcer.execute(_action(kind))
+    assert outcome.result == result
+    assert recorder.reasons() == events
+    assert len(killer.killed) == killed
+    if dry_run:
+        assert evictor.evicted == evictor.refused == []
+
+
+def test_enforcer_survives_failing_seams() -> None:
+    """A killer that raises is a failed result; an Event that cannot be written does not undo a kill."""
+    recorder = RecordingEventRecorder()
+    assert (
+        Enforcer(killer=ExplodingKiller(), evictor=FakeEvictor(), events=recorder, policy=Policy())
+        .execute(_action(Mode.KILL))
+        .result
+        == "failed"
+    )
+    recorder.inject_error(ConnectionError("apiserver down"))
+    killer = RecordingKiller()
+    outcome = Enforcer(killer=killer, evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
+        _action(Mode.KILL)
+    )
+    assert outcome.result == "ok" and len(killer.killed) == 1
+
+
+def test_metrics_exposition_names_carry_units() -> None:
+    """Every exported metric name ends with a unit or _total, as Prometheus conventions ask."""
+    n = Node(Policy(mode=Mode.KILL))
+    p = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
+    n.pods.set_pods([p])
+    n.ids.add(100, p.uid, p.containers[0].container_id)
+    n.run_gpu((100, 5 * GiB))
+    n.agent.scan()
+    text = generate_latest(n.metrics.registry).decode()
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    assert {
+        "vramguard_container_gpu_memory_used_bytes",
+        "vramguard_container_gpu_memory_quota_bytes",
+        "vramguard_gpu_memory_total_bytes",
+        "vramguard_gpu_memory_used_bytes",
+        "vramguard_gpu_memory_free_bytes",
+        "vramguard_unattributed_gpu_memory_bytes",
+        "vramguard_violations_total",
+        "vramguard_actions_total",
+        "vramguard_scan_duration_seconds",
+        "vramguard_nvml_errors_total",
+    } <= names
+    for name in names - {"vramguard_gpu_healthy"}:  # a 0/1 state has no unit
+        assert name.endswith(("_bytes", "_seconds", "_total")), name
