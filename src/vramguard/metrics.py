@@ -99,7 +99,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         # `*_created` timestamps double the series count and say nothing an agent's restart time does not.
         # (client_python keeps this switch process-wide; the agent is the only exporter in its process.)
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # client_python leaves it unannotated
         self.registry = registry if registry is not None else CollectorRegistry()
         self._scan = _ScanCollector()
         self.registry.register(self._scan)
