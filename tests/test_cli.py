@@ -1,0 +1,72 @@
+"""The `vramguard` command line: policy check, version, top, and bad input that is refused clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from vramguard import __version__
+from vramguard.cli import app
+from vramguard.model import GiB
+from vramguard.testing.simnode import SimulatedNode
+
+runner = CliRunner()
+EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "policy.example.yaml"
+
+
+def test_policy_check_accepts_the_example() -> None:
+    """The shipped example policy is valid."""
+    result = runner.invoke(app, ["policy", "check", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    assert "ok" in result.output
+
+
+def test_policy_check_names_every_bad_field(tmp_path: Path) -> None:
+    """Each error names the field path and the value; all errors are reported, and the exit code is 1."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: destroy\ncooldown: soon\nnamespaces:\n  team-a: {max_quota: 16GB}\n")
+    result = runner.invoke(app, ["policy", "check", str(bad)])
+    assert result.exit_code == 1
+    out = result.output
+    assert "mode" in out and "destroy" in out
+    assert "cooldown" in out and "soon" in out
+    assert "namespaces.team-a.max_quota" in out and "16GB" in out
+
+
+def test_run_refuses_an_invalid_policy(tmp_path: Path) -> None:
+    """`run` with an invalid policy exits 2 with the field named, before touching anything."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_actions_per_scan: 0\n")
+    result = runner.invoke(app, ["run", "--policy", str(bad), "--pods-file", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2
+    assert "max_actions_per_scan" in result.output
+
+
+def test_version() -> None:
+    """`version` prints the package version."""
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0 and result.output.strip() == f"vramguard {__version__}"
+    assert json.loads(runner.invoke(app, ["version", "--json"]).output)["vramguard"] == __version__
+
+
+def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
+    """`top --once --json` lists each container's GPU, PIDs, usage, quota and state, and unattributed ones."""
+    ok = sim_node.add_pod("ok", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    over = sim_node.add_pod("over", "ml", containers={"main": {"tencent.com/vcuda-memory": "8"}})  # 2Gi
+    a = sim_node.spawn(ok, "main", 1 * GiB)
+    b = sim_node.spawn(over, "main", 3 * GiB)
+    h = sim_node.spawn_host(1 * GiB)
+    result = sim_node.run_vramguard("top", "--once", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {r["pod"]: r for r in json.loads(result.stdout)}
+    assert rows["ok"]["pids"] == [a.pid] and rows["ok"]["state"] == "ok" and rows["ok"]["quota_bytes"] == 4 * GiB
+    assert rows["over"]["pids"] == [b.pid] and rows["over"]["state"] == "over-hard"
+    assert rows["over"]["percent"] == 150.0
+    assert rows["-"]["pids"] == [h.pid] and rows["-"]["state"].startswith("unattributed")
+    assert b.alive(), "top changes nothing"
+
+    table = sim_node.run_vramguard("top", "--once").stdout.splitlines()
+    assert table[0].split() == ["GPU", "NAMESPACE", "POD", "CONTAINER", "PIDS", "USED", "QUOTA", "%", "STATE"]
+    assert any(line.split()[2:4] == ["over", "main"] and line.endswith("over-hard") for line in table)
