@@ -166,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
         work = Path(tmp)
         nodes = {"8x64": build_node(work / "8x64", 8, 64), "1x1": build_node(work / "1x1", 1, 1)}
-        load_fake_nvml(nodes["1x1"].lib_dir)
+        lib_dir = nodes["1x1"].lib_dir
+        assert lib_dir is not None
+        load_fake_nvml(lib_dir)
         print(f"scan cost (CPU of all threads; {args.scans} warm scans each; milliseconds)")
         row = "{:<6} {:>5} {:>9} {:>13} {:>13} {:>14} {:>11}"
         print(row.format("shape", "procs", "cold cpu", "warm cpu p50", "warm cpu p99", "warm wall p50", "of it NVML"))

@@ -91,7 +91,10 @@ class SimulatedNode:
         cgroup_version: int = 2,
         node_name: str = "gpu-node-1",
         node_labels: Mapping[str, str] | None = None,
+        real_gpu: bool = False,
     ) -> None:
+        """With `real_gpu`, NVML is the machine's driver: no test library, and processes use real memory."""
+        self.real_gpu = real_gpu
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.node_name = node_name
@@ -100,7 +103,7 @@ class SimulatedNode:
         self.pods_path = workdir / "pods.yaml"
         self.device_path = workdir / "nvidia0"  # held open by GPU processes, like /dev/nvidia0
         self.device_path.touch()
-        self.lib_dir = build_fake_nvml()
+        self.lib_dir = build_fake_nvml() if not real_gpu else None
         self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
         self.nvml.drop_dead_pids = True  # the driver frees a process' memory when it exits
         self.cgroups = KubeletCgroups(driver=driver, version=cgroup_version)
@@ -151,6 +154,12 @@ class SimulatedNode:
         self.sync()
         return proc
 
+    def spawn_command(self, pod: SimPod, container: str, argv: Sequence[str], **popen_kwargs: Any) -> SimProcess:
+        """Any command in the container's cgroup (a real CUDA program on a real GPU); NVML reports its memory."""
+        proc = SimProcess(popen=pod.containers[container].spawn(argv, **popen_kwargs), gpu=0, used_bytes=0)
+        proc.pod, proc.container = pod, container
+        return proc
+
     def spawn_host(self, used_bytes: int, *, gpu: int = 0) -> SimProcess:
         """A GPU process outside any pod (a node daemon, an SSH session): never to be touched."""
         popen = subprocess.Popen(device_holder_argv(str(self.device_path)), stdout=subprocess.DEVNULL)
@@ -165,11 +174,12 @@ class SimulatedNode:
 
     def sync(self) -> None:
         """Write what NVML and the pod list should say now (each file replaced atomically)."""
-        for gpu in self.nvml.gpu_list:
-            gpu.processes = []
-        for proc in self.processes:
-            self.nvml.gpu(proc.gpu).add_process(proc.pid, proc.used_bytes)
-        self.nvml.write(self.state_path)
+        if not self.real_gpu:
+            for gpu in self.nvml.gpu_list:
+                gpu.processes = []
+            for proc in self.processes:
+                self.nvml.gpu(proc.gpu).add_process(proc.pid, proc.used_bytes)
+            self.nvml.write(self.state_path)
         tmp = self.pods_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(self.pod_list()))
         os.replace(tmp, self.pods_path)
@@ -214,13 +224,15 @@ class SimulatedNode:
     @property
     def env(self) -> dict[str, str]:
         """The environment in which vramguard's pynvml loads the test NVML library and reads this node."""
+        if self.lib_dir is None:
+            return dict(os.environ)
         return fake_nvml_env(self.lib_dir, self.state_path)
 
     def vramguard_argv(self, command: str, *args: str) -> list[str]:
         base = [sys.executable, "-m", "vramguard", command]
         if command in ("run", "top"):
             base += ["--pods-file", str(self.pods_path), "--node-name", self.node_name]
-        if command == "run":
+        if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
         return base + list(args)
 

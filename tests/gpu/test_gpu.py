@@ -1,0 +1,103 @@
+"""On a real GPU: real CUDA processes (PyTorch) in real pod cgroups, and the agent killing the one over quota.
+
+Runs where a GPU, PyTorch and root are present; everywhere else each test skips and says which is missing.
+Set VRAMGUARD_GPU_REPORT=path to get the measured reaction time as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramguard.testing.cgroups import cgroups_unavailable
+from vramguard.testing.simnode import SimProcess, SimulatedNode, metric_value, wait_for
+
+pytestmark = pytest.mark.gpu
+
+# A CUDA program that allocates what it is told on stdin and says so on stdout ("ready <bytes>").
+ALLOCATOR = r"""
+import sys, torch
+held = []
+def alloc(gib):
+    held.append(torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda:0"))
+    torch.cuda.synchronize()
+    print("ready", torch.cuda.memory_allocated(0), flush=True)
+alloc(float(sys.argv[1]))
+for line in sys.stdin:
+    alloc(float(line))
+"""
+
+
+def _why_no_gpu() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    if os.geteuid() != 0:
+        return "needs root for real pod cgroups"
+    return cgroups_unavailable(version=2)
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> Iterator[SimulatedNode]:
+    reason = _why_no_gpu()
+    if reason is not None:
+        pytest.skip(f"GPU test: {reason}")
+    with SimulatedNode(tmp_path / "node", real_gpu=True) as node:
+        yield node
+
+
+def _allocator(node: SimulatedNode, pod_name: str, quota: str, gib: float) -> SimProcess:
+    pod = node.add_pod(pod_name, "ml", containers={"main": {"vramguard.io/vram": quota}})
+    proc = node.spawn_command(
+        pod,
+        "main",
+        [sys.executable, "-c", ALLOCATOR, str(gib)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.popen.stdout is not None
+    line = proc.popen.stdout.readline()
+    assert line.startswith("ready"), f"the CUDA program did not start: {line!r}"
+    return proc
+
+
+def test_cuda_process_over_quota_is_killed_and_neighbour_survives(gpu_node: SimulatedNode) -> None:
+    """A PyTorch process that grows past its quota is killed within two polls; its neighbour keeps running."""
+    poll_s = 0.1
+    neighbour = _allocator(gpu_node, "neighbour", "3Gi", 1.0)
+    offender = _allocator(gpu_node, "offender", "3Gi", 1.0)
+    gpu_node.start_agent("--mode", "kill", "--poll-interval", str(poll_s), stderr=subprocess.DEVNULL)
+    gpu_node.wait_ready()
+    metrics = gpu_node.http_get("/metrics")[1]
+    assert (metric_value(metrics, "vramguard_container_gpu_memory_used_bytes", {"pod": "offender"}) or 0) > 1 * 2**30
+
+    assert offender.popen.stdin is not None and offender.popen.stdout is not None
+    offender.popen.stdin.write("4\n")
+    offender.popen.stdin.flush()
+    offender.popen.stdout.readline()  # returns once the 4 GiB are allocated — or at EOF if it was killed first
+    crossed = time.monotonic()
+    assert wait_for(lambda: not offender.alive(), timeout_s=10)
+    reaction_s = time.monotonic() - crossed
+    assert reaction_s <= 2 * poll_s + 0.5  # the CUDA teardown of a killed process takes a moment too
+    assert neighbour.alive()
+
+    def freed() -> bool:
+        m = gpu_node.http_get("/metrics")[1]
+        return metric_value(m, "vramguard_container_gpu_memory_used_bytes", {"pod": "offender"}) is None
+
+    assert wait_for(freed, timeout_s=10), "the GPU memory was released"
+    report = os.environ.get("VRAMGUARD_GPU_REPORT")
+    if report:
+        Path(report).write_text(json.dumps({"poll_s": poll_s, "reaction_s": reaction_s}))
+    print(f"reaction time on a real GPU: {reaction_s * 1000:.0f} ms at a {poll_s * 1000:.0f} ms poll")
