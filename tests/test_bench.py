@@ -1,0 +1,28 @@
+"""bench/scan.py stays runnable: a quick run prints every figure (the values are for people, not asserted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramguard.testing.cgroups import cgroups_unavailable
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+
+def test_quick_benchmark_prints_its_figures() -> None:
+    """The scan-cost table (8x64 and 1x1) and the reaction-time table come out of a quick run."""
+    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
+    if reason is not None:
+        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    bench = Path(__file__).resolve().parents[1] / "bench" / "scan.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:2] == ["8x64", "512"] for line in lines if line.strip())
+    assert any(line.split()[:2] == ["1x1", "1"] for line in lines if line.strip())
+    assert any(line.strip().startswith("100ms") and line.rstrip().endswith(("met", "NOT met")) for line in lines)
