@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from cgroup_fixtures import CgroupsFactory
 from vramguard.testing.cgroups import cgroups_unavailable
 from vramguard.testing.simnode import SimulatedNode
+
+
+@pytest.fixture
+def make_cgroups() -> Iterator[CgroupsFactory]:
+    """factory(driver, version, **kw) -> KubeletCgroups; every one it made is cleaned up after the test."""
+    with CgroupsFactory() as factory:
+        yield factory
 
 
 @pytest.fixture

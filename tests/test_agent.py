@@ -18,6 +18,7 @@ from vramguard.model import (
     GpuProcess,
     GpuSample,
     Mode,
+    PodInfo,
     PodQuota,
     Policy,
     Quota,
@@ -76,6 +77,14 @@ class Node:
             devices=(device,), processes=tuple(GpuProcess(p, device.uuid, b) for p, b in rows)
         )
 
+    def trainer_over_quota(self) -> PodInfo:
+        """Pod ml/trainer, container main, quota 4Gi, using 5Gi on GPU 0 through PID 100."""
+        p = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
+        self.pods.set_pods([p])
+        self.ids.add(100, p.uid, p.containers[0].container_id)
+        self.run_gpu((100, 5 * GiB))
+        return p
+
     def metric(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
 
@@ -83,10 +92,7 @@ class Node:
 def test_scan_kills_the_offender_and_reports_it() -> None:
     """Over quota in kill mode: one warning, one kill of the container's processes, Events and metrics."""
     n = Node(Policy(mode=Mode.KILL))
-    p = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
-    n.pods.set_pods([p])
-    n.ids.add(100, p.uid, p.containers[0].container_id)
-    n.run_gpu((100, 5 * GiB))
+    n.trainer_over_quota()
     report = n.agent.scan()
     assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
     assert [v.pod.name for v in n.killer.killed] == ["trainer"]
@@ -243,10 +249,7 @@ def test_enforcer_survives_failing_seams() -> None:
 def test_metrics_exposition_names_carry_units() -> None:
     """Every exported metric name ends with a unit or _total, as Prometheus conventions ask."""
     n = Node(Policy(mode=Mode.KILL))
-    p = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
-    n.pods.set_pods([p])
-    n.ids.add(100, p.uid, p.containers[0].container_id)
-    n.run_gpu((100, 5 * GiB))
+    n.trainer_over_quota()
     n.agent.scan()
     text = generate_latest(n.metrics.registry).decode()
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,12 +21,6 @@ from vramguard.testing.cgroups import (
 )
 
 pytestmark = pytest.mark.cgroups
-
-
-@pytest.fixture
-def make_cgroups() -> Iterator[CgroupsFactory]:
-    with CgroupsFactory() as factory:
-        yield factory
 
 
 LAYOUTS = [

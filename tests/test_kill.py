@@ -30,12 +30,6 @@ from vramguard.testing.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup
 pytestmark = pytest.mark.cgroups
 
 
-@pytest.fixture
-def make_cgroups() -> Iterator[CgroupsFactory]:
-    with CgroupsFactory() as factory:
-        yield factory
-
-
 GPU = GpuDevice(index=0, uuid="GPU-0", name="fake", total_bytes=16 << 30, used_bytes=12 << 30, free_bytes=4 << 30)
 
 
