@@ -19,7 +19,7 @@ from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
 from vramguard.model import CgroupIdentity, GpuSample, PodInfo, PodQuota, Policy, ProcessRef, Snapshot
-from vramguard.ports import Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
+from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import resolve_pod_quota
 
 
@@ -85,6 +85,7 @@ class Agent:
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
         error_counts: Callable[[], Mapping[str, int]] | None = None,
+        capacity: CapacityPublisher | None = None,
     ) -> None:
         self.sampler = sampler
         self.attributor = attributor
@@ -92,6 +93,7 @@ class Agent:
         self.policy = policy
         self.enforcer = enforcer
         self.metrics = metrics
+        self.capacity = capacity
         self.clock = clock if clock is not None else MonotonicClock()
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
@@ -109,6 +111,8 @@ class Agent:
         started = time.perf_counter()
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sample = self.sampler.sample()
+        if self.capacity is not None:
+            self._publish_capacity(sample)
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
         identities = self._identify(sample)
         # 3. Attribute usage to containers and pods, per device.
@@ -138,6 +142,14 @@ class Agent:
             except Exception as e:  # degrade, don't die: the next scan may well succeed
                 self.log.exception("scan_failed", error=repr(e))
             stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
+
+    def _publish_capacity(self, sample: GpuSample) -> None:
+        """Keep the Node's advertised VRAM current (a PATCH only when it changes); a failure waits a scan."""
+        assert self.capacity is not None
+        try:
+            self.capacity.publish(sample)
+        except Exception as e:
+            self.log.warning("capacity_publish_failed", error=repr(e))
 
     def _identify(self, sample: GpuSample) -> dict[int, tuple[ProcessRef, CgroupIdentity | None]]:
         identities: dict[int, tuple[ProcessRef, CgroupIdentity | None]] = {}

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import structlog
 import typer
+from kubernetes.client import ApiClient
 
 from vramguard import __version__
 from vramguard.act import Enforcer
@@ -23,13 +24,15 @@ from vramguard.agent import Agent
 from vramguard.attribute import ProcessAttributor
 from vramguard.health import HealthServer
 from vramguard.kill import PidfdKiller
+from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
 from vramguard.model import Mode, Policy
 from vramguard.nvml import NvmlSampler, NvmlUnavailable
 from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, check_policy_file, load_policy
-from vramguard.ports import EvictResult, PodSource
+from vramguard.ports import CapacityPublisher, EventRecorder, Evictor, EvictResult, PodSource
+from vramguard.quantity import QuantityError, parse_quantity
 from vramguard.top import render_json, render_table, rows_from_report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -55,13 +58,13 @@ class NoApiEvictor:
 
 
 @dataclass
-class Wiring:
-    """The agent's parts, assembled from the command line."""
+class Cluster:
+    """Where pods come from and where Events and evictions go: the API server, or a pods file and the log."""
 
-    agent: Agent
-    sampler: NvmlSampler
     pods: PodSource
-    metrics: Metrics
+    events: EventRecorder
+    evictor: Evictor
+    api: ApiClient | None = None
 
 
 def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | None) -> Policy:
@@ -77,14 +80,20 @@ def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | No
     return policy
 
 
-def _pod_source(pods_file: Path | None, node_name: str | None) -> PodSource:
-    if pods_file is None:
-        typer.echo(
-            "vramguard: --pods-file is required for now: the Kubernetes pod watch is not part of this release",
-            err=True,
-        )
+def _cluster(pods_file: Path | None, kubeconfig: str | None, node_name: str | None, metrics: Metrics) -> Cluster:
+    if pods_file is not None:
+        return Cluster(FilePodSource(str(pods_file), node_name=node_name), LogEventRecorder(), NoApiEvictor())
+    if not node_name:
+        typer.echo("vramguard: --node-name (or NODE_NAME) is required to watch this node's pods", err=True)
         raise typer.Exit(2)
-    return FilePodSource(str(pods_file), node_name=node_name)
+    try:
+        api = load_api_client(kubeconfig)
+    except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
+        where = kubeconfig or "the in-cluster ServiceAccount"
+        typer.echo(f"vramguard: cannot load the Kubernetes configuration from {where}: {e}", err=True)
+        raise typer.Exit(2) from None
+    events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc())
+    return Cluster(KubePodSource(api, node_name).start(), events, KubeEvictor(api), api)
 
 
 def _open_sampler(proc_root: str) -> NvmlSampler:
@@ -98,17 +107,19 @@ def _open_sampler(proc_root: str) -> NvmlSampler:
 def _wire(
     *,
     sampler: NvmlSampler,
-    pods: PodSource,
+    cluster: Cluster,
     policy: Policy,
     dry_run: bool,
     proc_root: str,
     metrics: Metrics,
     device_prefix: str = "/dev/nvidia",
+    capacity: CapacityPublisher | None = None,
 ) -> Agent:
-    events = LogEventRecorder()
+    # Dry-run writes nothing to the API server, Events included: they go to the log.
+    events = cluster.events if not dry_run else LogEventRecorder()
     enforcer = Enforcer(
         killer=PidfdKiller(proc_root=proc_root, device_prefix=device_prefix),
-        evictor=NoApiEvictor(),
+        evictor=cluster.evictor,
         events=events,
         policy=policy,
         dry_run=dry_run,
@@ -116,12 +127,13 @@ def _wire(
     return Agent(
         sampler=sampler,
         attributor=ProcessAttributor(proc_root=proc_root),
-        pods=pods,
+        pods=cluster.pods,
         policy=policy,
         enforcer=enforcer,
         events=events,
         metrics=metrics,
         error_counts=lambda: {kind.value: n for kind, n in sampler.errors.items()},
+        capacity=capacity if not dry_run else None,
     )
 
 
@@ -144,6 +156,9 @@ PodsFileOpt = Annotated[
     typer.Option("--pods-file", help="Pods from a file (`kubectl get pods -o yaml` shape) instead of the API server."),
 ]
 NodeOpt = Annotated[str | None, typer.Option("--node-name", envvar="NODE_NAME", help="This node's name.")]
+KubeconfigOpt = Annotated[
+    str | None, typer.Option("--kubeconfig", help="Kubeconfig file; the in-cluster ServiceAccount when absent.")
+]
 
 
 @app.command()
@@ -157,6 +172,16 @@ def run(
     proc_root: ProcRootOpt = "/proc",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
     pods_file: PodsFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    advertise_capacity: Annotated[
+        bool,
+        typer.Option(
+            "--advertise-capacity", help="Publish GPU memory as the node's vramguard.io/vram capacity (else remove it)."
+        ),
+    ] = False,
+    capacity_reserve: Annotated[
+        str, typer.Option("--capacity-reserve", help="GPU memory kept out of the advertised capacity (quantity).")
+    ] = "0",
     agent_namespace: Annotated[
         str | None, typer.Option("--agent-namespace", envvar="POD_NAMESPACE", help="Exempted like kube-system.")
     ] = None,
@@ -168,8 +193,18 @@ def run(
     configure_logging(log_format)
     log = structlog.get_logger("vramguard")
     policy = _load_policy(policy_path, mode, agent_namespace)
-    pods = _pod_source(pods_file, node_name)
+    try:
+        reserve_bytes = parse_quantity(capacity_reserve)
+    except QuantityError as e:
+        typer.echo(f"vramguard: --capacity-reserve: {e}", err=True)
+        raise typer.Exit(2) from None
+    if advertise_capacity and pods_file is not None:
+        typer.echo("vramguard: --advertise-capacity needs the API server, not --pods-file", err=True)
+        raise typer.Exit(2)
     metrics = Metrics()
+    cluster = _cluster(pods_file, kubeconfig, node_name, metrics)
+    pods = cluster.pods
+    capacity = _capacity(cluster, node_name, reserve_bytes, advertise_capacity, dry_run, log)
     state: dict[str, str | None] = {"nvml": "NVML not initialised yet"}
     wiring: list[Agent] = []
 
@@ -205,18 +240,42 @@ def run(
             wiring.append(
                 _wire(
                     sampler=sampler,
-                    pods=pods,
+                    cluster=cluster,
                     policy=policy,
                     dry_run=dry_run,
                     proc_root=proc_root,
                     metrics=metrics,
                     device_prefix=device_prefix,
+                    capacity=capacity,
                 )
             )
             wiring[0].run(poll_interval, stop)
             sampler.close()
+    if isinstance(pods, KubePodSource):
+        pods.stop()
     server.close()
     log.info("stopped")
+
+
+def _capacity(
+    cluster: Cluster,
+    node_name: str | None,
+    reserve_bytes: int,
+    advertise: bool,
+    dry_run: bool,
+    log: structlog.typing.FilteringBoundLogger,
+) -> KubeCapacityPublisher | None:
+    """The publisher when advertising; otherwise withdraw what an earlier run may have advertised, once."""
+    if cluster.api is None or node_name is None or dry_run:
+        return None
+    publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes)
+    if advertise:
+        return publisher
+    try:
+        publisher.withdraw()
+    except Exception as e:  # best effort: a stale capacity is the scheduler's problem, not a reason to stop
+        log.warning("capacity_withdraw_failed", error=repr(e))
+    return None
 
 
 @app.command()
@@ -225,6 +284,7 @@ def top(
     policy_path: PolicyOpt = None,
     proc_root: ProcRootOpt = "/proc",
     pods_file: PodsFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
@@ -232,9 +292,13 @@ def top(
     """A live table of this node: GPU, pod, container, PIDs, used, quota, % and state. Changes nothing."""
     configure_logging("console", level="error")
     policy = _load_policy(policy_path, None, None)
-    pods = _pod_source(pods_file, node_name)
+    metrics = Metrics()
+    cluster = _cluster(pods_file, kubeconfig, node_name, metrics)
+    if isinstance(cluster.pods, KubePodSource) and not cluster.pods.wait_synced(timeout_s=15):
+        typer.echo("vramguard: could not list this node's pods from the API server within 15s", err=True)
+        raise typer.Exit(1)
     sampler = _open_sampler(proc_root)
-    agent = _wire(sampler=sampler, pods=pods, policy=policy, dry_run=True, proc_root=proc_root, metrics=Metrics())
+    agent = _wire(sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics)
     try:
         while True:
             rows = rows_from_report(agent.scan())

@@ -121,6 +121,12 @@ class Metrics:
             buckets=SCAN_BUCKETS_S,
             registry=self.registry,
         )
+        self.events = Counter(
+            "vramguard_events_total",
+            "Kubernetes Events by result: written, patched (a repeat), dropped (over the rate bound), failed.",
+            ["result"],
+            registry=self.registry,
+        )
         self.nvml_errors = Counter(
             "vramguard_nvml_errors_total",
             "NVML failures and rows dropped by sanity checks, by kind.",

@@ -91,3 +91,13 @@ class EventRecorder(Protocol):
     """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit."""
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None: ...
+
+
+class CapacityPublisher(Protocol):
+    """Advertises the node's schedulable GPU memory as an extended resource (idempotent: publishes changes)."""
+
+    def publish(self, sample: GpuSample) -> None: ...
+
+    def withdraw(self) -> None:
+        """Remove the advertised resource (the agent runs without --advertise-capacity)."""
+        ...
