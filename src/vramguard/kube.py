@@ -87,6 +87,7 @@ class KubePodSource:
         self._labels: dict[str, str] = {}
         self._connected = False
         self._listed = False
+        self._response: Any = None  # the watch in flight, closed by stop() to end it at once
         self.lists = 0  # LIST requests made, for tests and logs
         self._thread = threading.Thread(target=self._run, name="vramguard-pod-watch", daemon=True)
 
@@ -109,6 +110,10 @@ class KubePodSource:
 
     def stop(self) -> None:
         self._stop.set()
+        response = self._response
+        if response is not None:
+            # shutdown() interrupts the read blocked in the watch thread; close() alone would wait for data.
+            response.shutdown()
         self._thread.join(timeout=5)
 
     def wait_synced(self, timeout_s: float) -> bool:
@@ -132,6 +137,8 @@ class KubePodSource:
                 self.log.info("pod_watch_expired", detail="410 Gone: relisting")
                 resource_version = None
             except Exception as e:  # the API server is down or refusing: keep the cache, back off, relist
+                if self._stop.is_set():
+                    break
                 if self._connected:
                     self.log.warning("pod_watch_disconnected", error=_describe(e), retry_in_s=backoff_s)
                 self._connected = False
@@ -170,12 +177,14 @@ class KubePodSource:
             # The read timeout outlasts the server's own timeout: only a dead connection trips it.
             _request_timeout=(5, self.watch_timeout_s + 30),
         )
+        self._response = resp
         try:
             for event in _events(resp):
                 if self._stop.is_set():
                     break
                 resource_version = self._apply(event, resource_version)
         finally:
+            self._response = None
             resp.release_conn()
         return resource_version
 

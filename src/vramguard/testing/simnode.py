@@ -111,6 +111,8 @@ class SimulatedNode:
         self.processes: list[SimProcess] = []
         self._agents: list[subprocess.Popen[Any]] = []
         self.metrics_port = 0
+        # With a kubeconfig, `vramguard run`/`top` watch the API server for pods instead of reading pods.yaml.
+        self.kubeconfig: Path | None = None
         self.sync()
 
     # -- building the node --------------------------------------------------------------------------------
@@ -124,10 +126,14 @@ class SimulatedNode:
         annotations: Mapping[str, str] | None = None,
         priority: int = 0,
         qos: str = "burstable",
+        uid: str | None = None,
     ) -> SimPod:
-        """A pod with one cgroup per container; `containers` maps container name → resources.limits."""
+        """A pod with one cgroup per container; `containers` maps container name → resources.limits.
+
+        `uid` names the cgroup after a real pod (one created in an API server); by default it is random.
+        """
         specs = {c: dict(limits) for c, limits in (containers or {"main": {}}).items()}
-        pod_cgroup = self.cgroups.pod(qos=qos)
+        pod_cgroup = self.cgroups.pod(uid=uid, qos=qos)
         pod = SimPod(
             name=name,
             namespace=namespace,
@@ -231,7 +237,8 @@ class SimulatedNode:
     def vramguard_argv(self, command: str, *args: str) -> list[str]:
         base = [sys.executable, "-m", "vramguard", command]
         if command in ("run", "top"):
-            base += ["--pods-file", str(self.pods_path), "--node-name", self.node_name]
+            source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--pods-file", str(self.pods_path)]
+            base += [*source, "--node-name", self.node_name]
         if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
         return base + list(args)

@@ -1,0 +1,401 @@
+"""The agent against a real kube-apiserver: RBAC from the manifest, the pod cache, Events, Eviction, capacity.
+
+Every test here uses the real control plane (tests/integration/conftest.py), the real `vramguard run` as a
+subprocess where the agent acts, real processes in cgroups named by the pods' real UIDs, and the test NVML.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource, TokenBucket
+from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
+from vramguard.quota import resolve_pod_quota
+from vramguard.testing.cgroups import cgroups_unavailable
+from vramguard.testing.controlplane import ControlPlane, kubeconfig_api_client
+from vramguard.testing.simnode import metric_value, wait_for
+
+from .kube_fixtures import MERGE, KubeNode, deploy_manifest
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+POLL_S = 0.25
+VRAM = "vramguard.io/vram"
+
+
+@pytest.fixture(scope="module")
+def deployed(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with deploy/daemonset.yaml applied: namespace, ServiceAccount, RBAC, admission policy."""
+    with control_plane.api_client() as api:
+        deploy_manifest(api)
+    return control_plane
+
+
+@pytest.fixture
+def node(deployed: ControlPlane, admin_api: client.ApiClient, tmp_path: Path) -> Iterator[KubeNode]:
+    """A fresh GPU node (API Node + simulated GPU + real cgroups) with the agent's pod-bound credentials."""
+    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
+    if reason is not None:
+        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    kube_node = KubeNode(deployed, admin_api, tmp_path, labels={"nvidia.com/gpu.replicas": "4"})
+    try:
+        yield kube_node
+    finally:
+        kube_node.close()
+
+
+def _status(call: object) -> int:
+    """The HTTP status of an API call: 200 when it succeeds, the error's status when it does not."""
+    try:
+        call()  # type: ignore[operator]
+        return 200
+    except client.ApiException as e:
+        return int(e.status or 0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# RBAC and the admission policy, exactly as deploy/daemonset.yaml installs them
+
+
+def test_agent_credentials_allow_what_it_needs_and_nothing_else(node: KubeNode, namespace: str) -> None:
+    """With the manifest's ClusterRole and policy: pods, evictions, events, its node — yes; secrets, deleting
+    pods, other nodes' status, or anything in its node's status but vramguard.io/vram — no."""
+    target, _ = node.pod("target", namespace)
+    other_name = f"other-{node.name}"
+    node.plane.add_node(other_name)
+    with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        core = client.CoreV1Api(agent_api)
+        vram_patch = {"status": {"capacity": {VRAM: "1Gi"}, "allocatable": {VRAM: "1Gi"}}}
+        allowed = {
+            "list this node's pods": lambda: core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node.name}"
+            ),
+            "watch pods": lambda: core.list_pod_for_all_namespaces(
+                watch=True, timeout_seconds=1, _preload_content=False
+            ),
+            "get its node": lambda: core.read_node(node.name),
+            "patch its node's vram": lambda: core.patch_node_status(node.name, vram_patch, _content_type=MERGE),
+            "create an event": lambda: KubeEventRecorder(agent_api, node.name).record(
+                target.info, "VRAMTest", "rbac check"
+            ),
+        }
+        refused = {
+            "read secrets": lambda: core.list_namespaced_secret(namespace),
+            "delete a pod": lambda: core.delete_namespaced_pod("target", namespace),
+            "create a pod": lambda: core.create_namespaced_pod(
+                namespace,
+                client.V1Pod(
+                    metadata=client.V1ObjectMeta(name="x"),
+                    spec=client.V1PodSpec(containers=[client.V1Container(name="x", image="x")]),
+                ),
+            ),
+            "patch another node's status": lambda: core.patch_node_status(other_name, vram_patch, _content_type=MERGE),
+            "change its node's cpu capacity": lambda: core.patch_node_status(
+                node.name, {"status": {"capacity": {"cpu": "999"}}}, _content_type=MERGE
+            ),
+            "list nodes": lambda: core.list_node(),
+        }
+        got_allowed = {what: _status(call) for what, call in allowed.items()}
+        got_refused = {what: _status(call) for what, call in refused.items()}
+        evicted = KubeEvictor(agent_api).evict(target.info, "rbac check")
+    assert got_allowed == dict.fromkeys(allowed, 200)
+    assert got_refused == dict.fromkeys(refused, 403)
+    assert evicted.evicted, evicted.message
+    assert node.reasons(target) == sorted(["VRAMTest"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The pod cache and the quota sources
+
+
+# (form, resources.limits, annotations, quota bytes)
+QUOTA_FORMS: list[tuple[str, dict[str, str], dict[str, str], int]] = [
+    ("vramguard-vram-byte-quantity", {VRAM: "12Gi"}, {}, 12 * GiB),
+    ("aliyun-gpu-mem-GiB", {"aliyun.com/gpu-mem": "3"}, {}, 3 * GiB),
+    ("hami-gpumem-MiB", {"nvidia.com/gpumem": "2048"}, {}, 2 * GiB),
+    ("tencent-vcuda-256MiB-units", {"tencent.com/vcuda-memory": "8"}, {}, 2 * GiB),
+    ("annotation-vram-limit", {}, {"vramguard.io/vram-limit": "5Gi"}, 5 * GiB),
+    ("kai-gpu-memory-annotation-MiB", {}, {"gpu-memory": "1536"}, 1536 * MiB),
+]
+
+
+def test_pod_cache_sees_every_quota_form(node: KubeNode, namespace: str) -> None:
+    """Pods created with each supported quota form are listed and watched, and resolve to the right bytes."""
+    with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        source = KubePodSource(agent_api, node.name).start()
+        try:
+            assert source.wait_synced(15)
+            assert source.node_labels()["nvidia.com/gpu.replicas"] == "4"
+            expected = {}
+            for i, (form, limits, annotations, quota_bytes) in enumerate(QUOTA_FORMS):
+                pod, _ = node.pod(f"q{i}", namespace, limits=limits, annotations=annotations)
+                expected[pod.uid] = (form, quota_bytes)
+
+            # Created after the list: these arrive through the watch, the container IDs with the status update.
+            def arrived() -> bool:
+                pods = source.pods()
+                return all(uid in pods and pods[uid].containers[0].container_id for uid in expected)
+
+            assert wait_for(arrived, timeout_s=10)
+            for uid, (form, quota_bytes) in expected.items():
+                info = source.pods()[uid]
+                assert info.containers[0].container_id, f"{form}: the container ID comes from the pod's status"
+                pq = resolve_pod_quota(info, Policy(), source.node_labels())
+                quota = pq.containers.get("main") or pq.pod
+                assert quota is not None and quota.limit_bytes == quota_bytes, form
+            assert source.lists == 1, "new pods come through the watch, not through relists"
+        finally:
+            source.stop()
+
+
+def test_fair_share_uses_the_node_replicas_label(node: KubeNode, namespace: str) -> None:
+    """A pod with no quota under a fair-share default gets GPU memory ÷ the node's nvidia.com/gpu.replicas."""
+    with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        source = KubePodSource(agent_api, node.name).start()
+        try:
+            pod, _ = node.pod("shared", namespace)
+            assert wait_for(lambda: pod.uid in source.pods(), timeout_s=10)
+            policy = Policy(default=DefaultQuota(kind=DefaultKind.FAIR_SHARE))
+            (quota,) = resolve_pod_quota(source.pods()[pod.uid], policy, source.node_labels()).containers.values()
+            assert quota.share_divisor == 4 and quota.limit_for(24 * GiB) == 6 * GiB
+        finally:
+            source.stop()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Events
+
+
+def test_events_are_deduplicated_and_rate_bounded(node: KubeNode, namespace: str) -> None:
+    """A repeated Event bumps its count; past the token bucket, Events are dropped and counted, not queued."""
+    pod, _ = node.pod("chatty", namespace)
+    counts: dict[str, int] = {}
+    clock = [0.0]
+    with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        recorder = KubeEventRecorder(
+            agent_api,
+            node.name,
+            count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
+            bucket=TokenBucket(burst=3, per_minute=6, now=lambda: clock[0]),
+            now=lambda: clock[0],
+        )
+        info = pod.info
+        recorder.record(info, "VRAMQuotaExceeded", "container main uses 5.0GiB")
+        recorder.record(info, "VRAMQuotaExceeded", "container main uses 5.0GiB")
+        recorder.record(info, "VRAMKilled", "killed PIDs 1")
+        recorder.record(info, "VRAMKilled", "killed PIDs 2")  # the bucket is empty
+        clock[0] += 10.0  # one token back (6 per minute)
+        recorder.record(info, "VRAMKilled", "killed PIDs 3")
+    assert counts == {"written": 3, "patched": 1, "dropped": 1}
+    events = {(e.reason, e.message): e.count for e in node.events(pod)}
+    assert events == {
+        ("VRAMQuotaExceeded", "container main uses 5.0GiB"): 2,
+        ("VRAMKilled", "killed PIDs 1"): 1,
+        ("VRAMKilled", "killed PIDs 3"): 1,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The whole agent: evict, kill, capacity, and an API server that goes away
+
+
+def _wait_scans(kube_node: KubeNode, n: int) -> None:
+    def scans() -> float:
+        return metric_value(kube_node.sim.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
+
+    target = scans() + n
+    assert wait_for(lambda: scans() >= target, timeout_s=n * POLL_S * 10 + 10)
+
+
+def _metric(kube_node: KubeNode, name: str, **labels: str) -> float | None:
+    return metric_value(kube_node.sim.http_get("/metrics")[1], name, labels)
+
+
+def test_evict_mode_evicts_once_and_records_it(node: KubeNode, namespace: str) -> None:
+    """Over quota in evict mode: an Eviction (the pod gets DisruptionTarget and a deletionTimestamp), a
+    VRAMEvicted Event, and no second eviction of the terminating pod."""
+    pod, sim_pod = node.pod("greedy", namespace, limits={VRAM: "2Gi"})
+    neighbour, sim_neighbour = node.pod("modest", namespace, limits={VRAM: "4Gi"})
+    proc = node.sim.spawn(sim_pod, "main", 1 * GiB)
+    node.sim.spawn(sim_neighbour, "main", 3 * GiB)
+    node.sim.start_agent("--mode", "evict", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    node.sim.set_usage(proc, 3 * GiB)
+
+    def evicted() -> bool:
+        live = node.core.read_namespaced_pod(pod.name, namespace)
+        conditions = {c.type for c in (live.status.conditions or [])} if live.status else set()
+        return (
+            live.metadata is not None
+            and live.metadata.deletion_timestamp is not None
+            and "DisruptionTarget" in conditions
+        )
+
+    assert wait_for(evicted, timeout_s=10)
+    _wait_scans(node, 4)
+    assert _metric(node, "vramguard_actions_total", action="evict", result="ok") == 1.0
+    assert node.reasons(pod) == sorted(["VRAMQuotaExceeded", "VRAMEvicted"])
+    assert node.events(neighbour) == []
+    assert proc.alive(), "evict mode leaves stopping the container to the kubelet"
+
+
+@pytest.mark.parametrize(
+    ("on_refused", "killed"),
+    [pytest.param("wait", False, id="pdb-refusal-then-wait"), pytest.param("kill", True, id="pdb-refusal-then-kill")],
+)
+def test_eviction_refused_by_a_pdb_follows_the_policy(
+    node: KubeNode, namespace: str, tmp_path: Path, on_refused: str, killed: bool
+) -> None:
+    """A PodDisruptionBudget that allows no disruption answers 429; after the retries the policy decides."""
+    pod, sim_pod = node.pod("protected", namespace, limits={VRAM: "1Gi"})
+    node.core.patch_namespaced_pod(
+        pod.name, namespace, {"metadata": {"labels": {"app": "protected"}}}, _content_type=MERGE
+    )
+    client.PolicyV1Api(node.api).create_namespaced_pod_disruption_budget(
+        namespace,
+        client.V1PodDisruptionBudget(
+            metadata=client.V1ObjectMeta(name="protected"),
+            spec=client.V1PodDisruptionBudgetSpec(
+                min_available=1, selector=client.V1LabelSelector(match_labels={"app": "protected"})
+            ),
+        ),
+    )
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"mode: evict\non_eviction_refused: {on_refused}\ncooldown: 600s\n")
+    proc = node.sim.spawn(sim_pod, "main", 2 * GiB)
+    node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    result = "refused-then-killed" if killed else "refused"
+    assert wait_for(
+        lambda: _metric(node, "vramguard_actions_total", action="evict", result=result) == 1.0, timeout_s=15
+    )
+    live = node.core.read_namespaced_pod(pod.name, namespace)
+    assert live.metadata is not None and live.metadata.deletion_timestamp is None, "the PDB kept the pod"
+    if killed:
+        assert wait_for(lambda: not proc.alive(), timeout_s=5)
+        assert node.reasons(pod) == sorted(["VRAMQuotaExceeded", "VRAMKilled"])
+    else:
+        assert proc.alive()
+        assert node.reasons(pod) == sorted(["VRAMQuotaExceeded"])
+
+
+def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
+    """Kill mode through the API: the offender's processes die, the neighbour lives, Events and metrics say so,
+    and an invalid quota is reported once as VRAMQuotaInvalid."""
+    offender, sim_offender = node.pod("offender", namespace, limits={"nvidia.com/gpumem": "1024"})
+    neighbour, sim_neighbour = node.pod("neighbour", namespace, annotations={"vramguard.io/vram-limit": "4Gi"})
+    # The API server itself rejects "12GB" in resources.limits; annotations are free text, so that is where a
+    # malformed quota reaches the agent.
+    typo, _ = node.pod("typo", namespace, annotations={"vramguard.io/vram-limit": "12GB"})
+    bad = node.sim.spawn(sim_offender, "main", 512 * MiB, children=1)
+    good = node.sim.spawn(sim_neighbour, "main", 3 * GiB)
+    node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    node.sim.set_usage(bad, 2 * GiB)
+    assert wait_for(lambda: not bad.alive(), timeout_s=2 * POLL_S + 1)
+    _wait_scans(node, 3)
+    assert good.alive()
+    assert _metric(node, "vramguard_actions_total", action="kill", result="ok") == 1.0
+    killed = [e for e in node.events(offender) if e.reason == "VRAMKilled"]
+    assert len(killed) == 1 and str(bad.pid) in (killed[0].message or "")
+    assert "quota 1.0GiB" in (killed[0].message or "")
+    assert node.events(neighbour) == []
+    (invalid,) = node.events(typo)
+    assert invalid.reason == "VRAMQuotaInvalid" and "12GB" in (invalid.message or "")
+    assert (_metric(node, "vramguard_events_total", result="written") or 0) >= 3
+
+
+def test_capacity_advertisement_lets_the_scheduler_fit_three_of_four(
+    deployed: ControlPlane, admin_api: client.ApiClient, tmp_path: Path, namespace: str
+) -> None:
+    """--advertise-capacity publishes 24Gi; four pods asking 8Gi each: the real kube-scheduler binds three and
+    leaves the fourth Pending. Without the flag, the agent withdraws the resource."""
+    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
+    if reason is not None:
+        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    kube_node = KubeNode(deployed, admin_api, tmp_path, labels={"vramguard-test": "scheduling"})
+    scheduler = deployed.start_scheduler()
+    try:
+        agent = kube_node.sim.start_agent("--advertise-capacity", "--poll-interval", str(POLL_S))
+        kube_node.sim.wait_ready()
+        core = kube_node.core
+
+        def advertised() -> str | None:
+            status = core.read_node(kube_node.name).status
+            return (status.allocatable or {}).get(VRAM) if status else None
+
+        assert wait_for(lambda: advertised() == str(24 * GiB), timeout_s=10)
+        for i in range(4):
+            core.create_namespaced_pod(
+                namespace,
+                client.V1Pod(
+                    metadata=client.V1ObjectMeta(name=f"job-{i}"),
+                    spec=client.V1PodSpec(
+                        node_selector={"vramguard-test": "scheduling"},
+                        containers=[
+                            client.V1Container(
+                                name="main",
+                                image="busybox",
+                                resources=client.V1ResourceRequirements(limits={VRAM: "8Gi"}, requests={VRAM: "8Gi"}),
+                            )
+                        ],
+                    ),
+                ),
+            )
+
+        def placement() -> tuple[int, int]:
+            pods = core.list_namespaced_pod(namespace).items
+            bound = sum(1 for p in pods if p.spec and p.spec.node_name == kube_node.name)
+            unschedulable = sum(
+                1
+                for p in pods
+                if p.status
+                and any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in (p.status.conditions or []))
+            )
+            return bound, unschedulable
+
+        assert wait_for(lambda: placement() == (3, 1), timeout_s=30), placement()
+        time.sleep(2)
+        assert placement() == (3, 1), "the fourth pod stays Pending"
+
+        kube_node.sim.stop_agents()
+        assert agent.returncode is not None
+        kube_node.sim.start_agent("--poll-interval", str(POLL_S))
+        assert wait_for(lambda: advertised() is None, timeout_s=10), "without the flag the resource is withdrawn"
+    finally:
+        scheduler.stop()
+        kube_node.close()
+
+
+def test_api_server_restart_agent_keeps_enforcing_and_resyncs(node: KubeNode, namespace: str) -> None:
+    """API server down: not ready, still enforcing from the cache; back: ready again, and a pod deleted in the
+    meantime is forgotten — its processes are never acted on."""
+    _, sim_known = node.pod("known", namespace, limits={VRAM: "1Gi"})
+    leaving, sim_leaving = node.pod("leaving", namespace, limits={VRAM: "1Gi"})
+    a = node.sim.spawn(sim_known, "main", 512 * MiB)
+    b = node.sim.spawn(sim_leaving, "main", 512 * MiB)
+    node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+
+    node.plane.stop_apiserver()
+    try:
+        assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 503, timeout_s=20)
+        assert "pod cache not synced" in node.sim.http_get("/readyz")[1]
+        node.sim.set_usage(a, 2 * GiB)
+        assert wait_for(lambda: not a.alive(), timeout_s=5), "enforcing from the cache while disconnected"
+    finally:
+        node.plane.start_apiserver()
+    node.core.delete_namespaced_pod(leaving.name, namespace, grace_period_seconds=0)
+    assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 200, timeout_s=90), node.sim.http_get("/readyz")
+    _wait_scans(node, 3)
+    node.sim.set_usage(b, 2 * GiB)
+    _wait_scans(node, 4)
+    assert b.alive(), "a pod the cache no longer knows is never acted on"
+    assert _metric(node, "vramguard_unattributed_gpu_memory_bytes", gpu="0") == 2 * GiB
