@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes control plane the integration tests run (kube-apiserver, kube-scheduler,
+# kube-controller-manager) from hack/k8s/go.mod, and installs Debian's etcd when it is missing.
+#
+# Binaries go to ${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/<version>/, outside the repo, keyed by the
+# k8s.io/kubernetes version pinned in hack/k8s/go.mod; vramguard.testing.controlplane.find_binaries() reads
+# the same path. Only missing binaries are built, into a temporary directory beside the cache and renamed
+# into place afterwards, so an interrupted build never leaves a file that looks finished. A second run only
+# checks that the files exist.
+#
+# Prints the binaries directory as its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+module_dir=hack/k8s
+
+version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 }' \
+  "$module_dir/go.mod" | head -n1)
+if [ -z "$version" ]; then
+  echo "controlplane: no k8s.io/kubernetes version in $module_dir/go.mod" >&2
+  exit 1
+fi
+bin_dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/$version"
+binaries=(kube-apiserver kube-scheduler kube-controller-manager)
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+# etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd 3.5 client fine.
+if ! command -v etcd >/dev/null; then
+  apt=(apt-get)
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "controlplane: etcd is missing and installing it needs root" >&2; exit 1; }
+    apt=(sudo apt-get)
+  fi
+  echo "controlplane: installing etcd-server with apt-get"
+  if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q etcd-server; then
+    # A fresh machine has no package lists yet.
+    "${apt[@]}" update -q
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q etcd-server
+  fi
+fi
+echo "controlplane: $(etcd --version | head -n1)"
+
+missing=()
+for name in "${binaries[@]}"; do
+  [ -x "$bin_dir/$name" ] || missing+=("$name")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "controlplane: kubernetes $version binaries present, nothing to build"
+else
+  command -v go >/dev/null || { echo "controlplane: Go is needed to build ${missing[*]}" >&2; exit 1; }
+  mkdir -p "$bin_dir"
+  tmp_dir=$(mktemp -d "$bin_dir/.build.XXXXXX")
+  trap 'rm -rf "$tmp_dir"' EXIT
+  trap 'exit 130' INT TERM  # so that the EXIT trap runs when interrupted
+
+  minor=${version#v1.}
+  minor=${minor%%.*}
+  # Without these the binaries report v0.0.0, which clients and discovery treat as a broken server.
+  # The build date is the tag's publication time, so two builds of one version are identical.
+  build_date=$(cd "$module_dir" && go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+  done
+
+  pkgs=()
+  for name in "${missing[@]}"; do
+    pkgs+=("k8s.io/kubernetes/cmd/$name")
+  done
+  echo "controlplane: building ${missing[*]} (kubernetes $version) with $(go version | cut -d' ' -f3)"
+  start=$(now)
+  # One invocation for all of them: the packages they share (most of the apiserver stack) compile once.
+  (cd "$module_dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$tmp_dir/" "${pkgs[@]}")
+  end=$(now)
+  for name in "${missing[@]}"; do
+    mv -f "$tmp_dir/$name" "$bin_dir/$name"
+  done
+  echo "controlplane: built ${missing[*]} in $(elapsed "$start" "$end")s"
+fi
+
+for name in "${binaries[@]}"; do
+  echo "controlplane: $("$bin_dir/$name" --version 2>&1 | head -n1) ($name)"
+done
+echo "$bin_dir"

@@ -1,0 +1,53 @@
+"""A real Kubernetes control plane (etcd + kube-apiserver), started once per test session.
+
+Skips with the reason when the binaries are not built here; under CI (``CI`` set) that is a failure instead,
+because CI runs scripts/controlplane.sh first.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from vramguard.testing.controlplane import ControlPlane, binaries_dir, unavailable_reason
+
+
+@pytest.fixture(scope="session")
+def control_plane_binaries() -> Path:
+    """The directory of the built binaries (with etcd on PATH); skips, or fails under CI, when they are missing."""
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must build the Kubernetes control plane first: {reason}", pytrace=False)
+        pytest.skip(f"no Kubernetes control plane: {reason}")
+    return binaries_dir()
+
+
+@pytest.fixture(scope="session")
+def control_plane(control_plane_binaries: Path) -> Iterator[ControlPlane]:
+    """etcd and kube-apiserver for the whole session; tests start the scheduler or controller-manager on demand."""
+    plane = ControlPlane(control_plane_binaries).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def admin_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    """An admin ApiClient for one test."""
+    with control_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(admin_api: client.ApiClient) -> str:
+    """A fresh namespace for one test. Never deleted: no namespace controller runs to finish a deletion."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    client.CoreV1Api(admin_api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
