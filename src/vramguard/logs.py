@@ -23,6 +23,8 @@ def configure_logging(log_format: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # Resolve sys.stderr when a logger is made, not now: whoever replaces it later (a test runner, a
+        # daemoniser) must not leave the agent writing to a closed stream.
+        logger_factory=lambda *args: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )

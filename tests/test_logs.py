@@ -1,0 +1,25 @@
+"""Logging set-up: JSON lines or console output, always on the current standard error."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+import structlog
+
+from vramguard.logs import configure_logging
+
+
+def test_json_lines_follow_stderr_even_after_it_was_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configured while stderr was a stream that later closed, logging still works, on the current stderr."""
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging("json")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    structlog.get_logger("t").warning("gpu_unhealthy", gpu="0")
+    entry = json.loads(second.getvalue())
+    assert (entry["event"], entry["gpu"], entry["level"]) == ("gpu_unhealthy", "0", "warning")
