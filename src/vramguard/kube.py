@@ -158,8 +158,10 @@ class KubePodSource:
             info = self._convert(item)
             if info is not None:
                 pods[info.uid] = self._keep_identity(info)
-        self._pods = pods
+        # Labels before pods: a reader that sees these pods must also see their node's labels, or a fair share
+        # would be computed without nvidia.com/gpu.replicas (the whole GPU) for a scan.
         self._labels = self._read_node_labels()
+        self._pods = pods
         self.lists += 1
         if not self._connected:
             self.log.info("pod_cache_synced", pods=len(pods), resource_version=body["metadata"]["resourceVersion"])

@@ -158,9 +158,9 @@ def test_pod_cache_sees_every_quota_form(node: KubeNode, namespace: str) -> None
 def test_fair_share_uses_the_node_replicas_label(node: KubeNode, namespace: str) -> None:
     """A pod with no quota under a fair-share default gets GPU memory ÷ the node's nvidia.com/gpu.replicas."""
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        pod, _ = node.pod("shared", namespace)
         source = KubePodSource(agent_api, node.name).start()
         try:
-            pod, _ = node.pod("shared", namespace)
             assert wait_for(lambda: pod.uid in source.pods(), timeout_s=10)
             policy = Policy(default=DefaultQuota(kind=DefaultKind.FAIR_SHARE))
             (quota,) = resolve_pod_quota(source.pods()[pod.uid], policy, source.node_labels()).containers.values()
