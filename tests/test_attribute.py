@@ -185,7 +185,7 @@ def test_scan_forgets_processes_not_seen(proc: FakeProc) -> None:
     ],
 )
 def test_forget_except_keeps_only_the_given_pids(proc: FakeProc, keep: Callable[[list[int]], Iterable[int]]) -> None:
-    """forget_except() (the agent's own identify loop uses it) drops every cached PID not passed in."""
+    """forget_except() (what scan() bounds the cache with) drops every cached PID not passed in."""
     for pid in (100, 101, 102):
         proc.add(pid, pid, cgroup_text(UID_A, CID_A1))
     attributor = ProcessAttributor(str(proc.root))
@@ -299,22 +299,6 @@ ATTRIBUTE_CASES = [
         [usage(POD_A, "main", CID_A1, "GPU-0", 2 << 30, (10, 1), (11, 2))],
         [],
         id="unknown-used-bytes-counts-zero-but-keeps-the-process",
-    ),
-    pytest.param(
-        [gp(10, 3 << 30, kind=ProcessKind.COMPUTE), gp(10, 3 << 30, kind=ProcessKind.GRAPHICS)],
-        ids((10, 1, UID_A, CID_A1)),
-        PODS,
-        [usage(POD_A, "main", CID_A1, "GPU-0", 3 << 30, (10, 1))],
-        [],
-        id="process-in-compute-and-graphics-lists-counts-once",
-    ),
-    pytest.param(
-        [gp(10, None, kind=ProcessKind.COMPUTE), gp(10, 3 << 30, kind=ProcessKind.GRAPHICS)],
-        ids((10, 1, UID_A, CID_A1)),
-        PODS,
-        [usage(POD_A, "main", CID_A1, "GPU-0", 3 << 30, (10, 1))],
-        [],
-        id="duplicate-row-with-known-bytes-wins-over-unknown",
     ),
     pytest.param(
         [gp(13, 1 << 30)],

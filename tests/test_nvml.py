@@ -120,10 +120,12 @@ def test_reports_processes_from_each_list(
 
 
 def test_a_process_on_two_lists_of_one_device_counts_once(nvml_state: Path, make_sampler: MakeSampler) -> None:
-    """The same PID on the compute and graphics lists is one process: compute kind, the larger usage."""
-    node = FakeNode.gpus(2)
+    """The same PID on two lists of one device is one row (GpuSample's contract): the first list's kind, the
+    larger usage, and a known usage wins over an unknown one."""
+    node = FakeNode.gpus(3)
     node.gpu(0).add_process(ME, 2 * GiB, ProcessKind.COMPUTE).add_process(ME, 3 * GiB, ProcessKind.GRAPHICS)
     node.gpu(1).add_process(ME, 1 * GiB, ProcessKind.GRAPHICS)
+    node.gpu(2).add_process(ME, None, ProcessKind.COMPUTE).add_process(ME, 4 * GiB, ProcessKind.MPS)
     node.write(nvml_state)
 
     sample = make_sampler().sample()
@@ -131,6 +133,7 @@ def test_a_process_on_two_lists_of_one_device_counts_once(nvml_state: Path, make
     assert sorted(sample.processes, key=lambda p: p.device_uuid) == [
         GpuProcess(ME, node.gpu(0).uuid, 3 * GiB, ProcessKind.COMPUTE),
         GpuProcess(ME, node.gpu(1).uuid, 1 * GiB, ProcessKind.GRAPHICS),
+        GpuProcess(ME, node.gpu(2).uuid, 4 * GiB, ProcessKind.COMPUTE),
     ]
 
 

@@ -6,6 +6,7 @@ and tested alone. Side effects come in through the constructor (kubelet eviction
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -18,9 +19,20 @@ from vramguard.act import EVENT_INVALID, Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
-from vramguard.model import CgroupIdentity, GpuSample, PodInfo, PodQuota, Policy, ProcessRef, Snapshot
+from vramguard.model import GpuSample, PodInfo, PodQuota, Policy, Snapshot
 from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import resolve_pod_quota
+
+
+def settle_heap() -> None:
+    """Exempt everything start-up allocated (modules, clients, caches) from the cyclic garbage collector.
+
+    Each scan allocates a few thousand short-lived objects, so the collector runs often, and every hundred scans
+    or so a full collection walks the whole heap: measured on 8 GPUs x 64 processes, that made the scan p99
+    14 ms against a 2 ms median (bench/scan.py). Frozen objects are still freed by reference counting.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class MonotonicClock:
@@ -114,7 +126,7 @@ class Agent:
         if self.capacity is not None:
             self._publish_capacity(sample)
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
-        identities = self._identify(sample)
+        identities = self.attributor.scan(p.pid for p in sample.processes)
         # 3. Attribute usage to containers and pods, per device.
         pods = self.pods.pods()
         snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
@@ -135,12 +147,16 @@ class Agent:
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
         """Scan every `poll_interval_s` until `stop` is set. A failed scan is logged and the loop goes on."""
+        settled = False
         while not stop.is_set():
             started = time.monotonic()
             try:
                 self.scan()
             except Exception as e:  # degrade, don't die: the next scan may well succeed
                 self.log.exception("scan_failed", error=repr(e))
+            if not settled:
+                settle_heap()
+                settled = True
             stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
 
     def _publish_capacity(self, sample: GpuSample) -> None:
@@ -150,16 +166,6 @@ class Agent:
             self.capacity.publish(sample)
         except Exception as e:
             self.log.warning("capacity_publish_failed", error=repr(e))
-
-    def _identify(self, sample: GpuSample) -> dict[int, tuple[ProcessRef, CgroupIdentity | None]]:
-        identities: dict[int, tuple[ProcessRef, CgroupIdentity | None]] = {}
-        for p in sample.processes:
-            if p.pid not in identities:
-                ident = self.attributor.identify(p.pid)
-                if ident is not None:
-                    identities[p.pid] = ident
-        self.attributor.forget_except(identities.keys())
-        return identities
 
     def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
         """Re-sample once: a killed process whose memory NVML still lists was not really stopped (a forked

@@ -123,11 +123,29 @@ class ProcessAttributor:
         processes are absent from the result (attribution reports them as "process gone").
         """
         found: dict[int, Identity] = {}
+        cache, send = self._cache, signal.pidfd_send_signal
         for pid in pids:
-            if pid not in found:
-                identity = self.identify(pid)
-                if identity is not None:
-                    found[pid] = identity
+            if pid in found:
+                continue
+            # The warm path, written out (it runs once per GPU process per scan): a live pidfd means the cached
+            # identity still belongs to this PID. Everything else goes through identify().
+            entry = cache.get(pid)
+            if entry is not None and entry.pidfd is not None:
+                try:
+                    send(entry.pidfd, 0)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:  # it exists; we may just not signal it
+                    self._hits += 1
+                    found[pid] = entry.identity
+                    continue
+                else:
+                    self._hits += 1
+                    found[pid] = entry.identity
+                    continue
+            identity = self.identify(pid)
+            if identity is not None:
+                found[pid] = identity
         self.forget_except(found)
         return found
 
@@ -242,21 +260,9 @@ def attribute(
     Processes of unhealthy devices are already absent from the sample, so nothing here can act on a GPU in that
     state.
     """
-    # NVML lists a process once per list it is in (compute, graphics, MPS). The same PID twice on one device
-    # is one address space reported twice, not two allocations, so keep the larger figure instead of summing.
-    per_process: dict[tuple[int, str], int | None] = {}
-    for proc in sample.processes:
-        key = (proc.pid, proc.device_uuid)
-        if key in per_process:
-            previous = per_process[key]
-            if proc.used_bytes is not None and (previous is None or proc.used_bytes > previous):
-                per_process[key] = proc.used_bytes
-        else:
-            per_process[key] = proc.used_bytes
-
     groups: dict[tuple[str, str | None, str], tuple[int, list[ProcessRef]]] = {}
     unattributed: list[UnattributedProcess] = []
-    for (pid, device_uuid), used in per_process.items():
+    for pid, device_uuid, used, _kind in sample.processes:
         # NVML_VALUE_NOT_AVAILABLE (None) hides the amount, not the fact that the process is on the GPU: it
         # counts as 0 bytes, since any guess could push an innocent container over quota, but its ref stays
         # in the container's processes so a kill of that container still reaches it.
@@ -285,16 +291,17 @@ def attribute(
     for (pod_uid, container_id, device_uuid), (total, refs) in groups.items():
         pod = pods[pod_uid]
         container = pod.container_by_id(container_id) if container_id is not None else None
+        # Positional, in ContainerUsage's field order: keyword construction doubles the cost of this line, which
+        # runs once per (container, device) per scan. "" covers a process in the pod cgroup itself and a container
+        # the pod's status does not list yet (or the sandbox): usage that is the pod's, not a named container's.
         containers.append(
             ContainerUsage(
-                pod=pod,
-                # "" covers a process in the pod cgroup itself and a container the pod's status does not list
-                # yet (or the sandbox): usage that is the pod's, but not any named container's.
-                container=container.name if container is not None else "",
-                container_id=container_id,
-                device_uuid=device_uuid,
-                used_bytes=total,
-                processes=(refs[0],) if len(refs) == 1 else tuple(sorted(refs)),
+                pod,
+                container.name if container is not None else "",
+                container_id,
+                device_uuid,
+                total,
+                (refs[0],) if len(refs) == 1 else tuple(sorted(refs)),
             )
         )
     # Rows keep NVML's order (device, then list order), which equal samples repeat: sorting 512 rows would

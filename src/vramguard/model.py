@@ -105,7 +105,11 @@ class GpuProcess(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
-    """Everything one NVML pass saw. Processes of unhealthy devices are absent."""
+    """Everything one NVML pass saw. Processes of unhealthy devices are absent.
+
+    At most one row per (pid, device): a process NVML lists on several of a device's lists (compute, graphics,
+    MPS) is one address space, merged by the sampler, which knows the lists.
+    """
 
     devices: tuple[GpuDevice, ...]
     processes: tuple[GpuProcess, ...]

@@ -28,8 +28,8 @@ class ProcessIdentifier(Protocol):
         """None when the process is gone."""
         ...
 
-    def forget_except(self, pids: Iterable[int]) -> None:
-        """Drop cached entries for every PID not in `pids` (the ones the last scan saw)."""
+    def scan(self, pids: Iterable[int]) -> Mapping[int, tuple[ProcessRef, CgroupIdentity | None]]:
+        """Identify every PID of one scan (the gone ones are absent) and forget cached PIDs not among them."""
         ...
 
 

@@ -79,8 +79,8 @@ class FakeIdentifier:
     def identify(self, pid: int) -> tuple[ProcessRef, CgroupIdentity | None] | None:
         return self.known.get(pid)
 
-    def forget_except(self, pids: Iterable[int]) -> None:
-        pass
+    def scan(self, pids: Iterable[int]) -> dict[int, tuple[ProcessRef, CgroupIdentity | None]]:
+        return {pid: self.known[pid] for pid in pids if pid in self.known}
 
 
 class FakePodSource:
