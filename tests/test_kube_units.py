@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from vramguard.kube import KubePodSource, TokenBucket, _events, _Gone, advertisable_bytes
+from vramguard.kube import KubeCapacityPublisher, KubePodSource, TokenBucket, _events, _Gone, advertisable_bytes
 from vramguard.model import GiB, GpuDevice, GpuSample
 
 POD = {
@@ -119,3 +119,30 @@ def _device(uuid: str, total_gib: int, parent: str | None = None, healthy: bool 
 def test_advertisable_bytes(devices: list[GpuDevice], reserve: int, expected_gib: int) -> None:
     """Schedulable GPU memory: whole GPUs or MIG instances that answer NVML, minus the reserve."""
     assert advertisable_bytes(GpuSample(tuple(devices), ()), reserve) == expected_gib * GiB
+
+
+class RefusingCore:
+    """Stands in for CoreV1Api's one call the publisher makes, answering like an admission policy that denies."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def patch_node_status(self, name: str, body: object, _content_type: str) -> None:
+        self.calls += 1
+        raise client.ApiException(status=403, reason="Forbidden")
+
+
+def test_capacity_publisher_backs_off_after_a_refusal() -> None:
+    """A denied PATCH is not raised; it is retried after 10 s, then 20 s, ... — not once per scan."""
+    t = [0.0]
+    publisher = KubeCapacityPublisher(client.ApiClient(), "node-1", now=lambda: t[0])
+    core = RefusingCore()
+    publisher.core = core  # type: ignore[assignment]
+    sample = GpuSample((_device("GPU-a", 24),), ())
+    attempts = []
+    for second in range(0, 40):
+        t[0] = float(second)
+        publisher.publish(sample)
+        attempts.append(core.calls)
+    assert core.calls == 3  # at 0 s, 10 s and 30 s
+    assert attempts[9] == 1 and attempts[10] == 2 and attempts[29] == 2 and attempts[30] == 3

@@ -19,7 +19,7 @@ from vramguard.act import EVENT_INVALID, Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
-from vramguard.model import GpuSample, PodInfo, PodQuota, Policy, Snapshot
+from vramguard.model import PodInfo, PodQuota, Policy, Snapshot
 from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import resolve_pod_quota
 
@@ -124,7 +124,7 @@ class Agent:
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sample = self.sampler.sample()
         if self.capacity is not None:
-            self._publish_capacity(sample)
+            self.capacity.publish(sample)  # the node's advertised VRAM: a PATCH only when it changes
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
         identities = self.attributor.scan(p.pid for p in sample.processes)
         # 3. Attribute usage to containers and pods, per device.
@@ -158,14 +158,6 @@ class Agent:
                 settle_heap()
                 settled = True
             stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
-
-    def _publish_capacity(self, sample: GpuSample) -> None:
-        """Keep the Node's advertised VRAM current (a PATCH only when it changes); a failure waits a scan."""
-        assert self.capacity is not None
-        try:
-            self.capacity.publish(sample)
-        except Exception as e:
-            self.log.warning("capacity_publish_failed", error=repr(e))
 
     def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
         """Re-sample once: a killed process whose memory NVML still lists was not really stopped (a forked

@@ -204,7 +204,7 @@ def run(
     metrics = Metrics()
     cluster = _cluster(pods_file, kubeconfig, node_name, metrics)
     pods = cluster.pods
-    capacity = _capacity(cluster, node_name, reserve_bytes, advertise_capacity, dry_run, log)
+    capacity = _capacity(cluster, node_name, reserve_bytes, advertise_capacity, dry_run)
     state: dict[str, str | None] = {"nvml": "NVML not initialised yet"}
     wiring: list[Agent] = []
 
@@ -263,7 +263,6 @@ def _capacity(
     reserve_bytes: int,
     advertise: bool,
     dry_run: bool,
-    log: structlog.typing.FilteringBoundLogger,
 ) -> KubeCapacityPublisher | None:
     """The publisher when advertising; otherwise withdraw what an earlier run may have advertised, once."""
     if cluster.api is None or node_name is None or dry_run:
@@ -271,10 +270,7 @@ def _capacity(
     publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes)
     if advertise:
         return publisher
-    try:
-        publisher.withdraw()
-    except Exception as e:  # best effort: a stale capacity is the scheduler's problem, not a reason to stop
-        log.warning("capacity_withdraw_failed", error=repr(e))
+    publisher.withdraw()  # best effort, like every publish: a failure is logged, not raised
     return None
 
 

@@ -428,12 +428,25 @@ def advertisable_bytes(sample: GpuSample, reserve_bytes: int) -> int:
 class KubeCapacityPublisher:
     """Advertises `vramguard.io/vram` in the Node's status capacity and allocatable, or withdraws it."""
 
-    def __init__(self, api: client.ApiClient, node_name: str, reserve_bytes: int = 0, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        reserve_bytes: int = 0,
+        log: Log | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.reserve_bytes = reserve_bytes
         self.log = log if log is not None else structlog.get_logger("vramguard.capacity")
+        self.now = now
         self._published: int | str | None = "unknown"
+        # After a failed PATCH, wait before the next (10 s doubling to 10 min): a policy that denies it would
+        # otherwise cost the API server one PATCH per scan.
+        self._retry_at = 0.0
+        self._backoff_s = 10.0
+        self._last_error: str | None = None
 
     def publish(self, sample: GpuSample) -> None:
         self._patch(advertisable_bytes(sample, self.reserve_bytes))
@@ -442,11 +455,23 @@ class KubeCapacityPublisher:
         self._patch(None)
 
     def _patch(self, total_bytes: int | None) -> None:
-        if total_bytes == self._published:
+        if total_bytes == self._published or self.now() < self._retry_at:
             return
         value = str(total_bytes) if total_bytes is not None else None
         # A JSON merge patch sets the key, or with null removes it (and removing an absent key is no error).
         patch = {"status": {"capacity": {VRAM_RESOURCE: value}, "allocatable": {VRAM_RESOURCE: value}}}
-        self.core.patch_node_status(self.node_name, patch, _content_type="application/merge-patch+json")
+        try:
+            self.core.patch_node_status(self.node_name, patch, _content_type="application/merge-patch+json")
+        except Exception as e:  # best effort: the scheduler's view must never hold up enforcement
+            error = _describe(e)
+            if error != self._last_error:  # once per distinct error, not once per retry
+                self.log.warning(
+                    "capacity_publish_failed", node=self.node_name, error=error, retry_in_s=self._backoff_s
+                )
+            self._last_error = error
+            self._retry_at = self.now() + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, 600.0)
+            return
         self.log.info("capacity_published", node=self.node_name, resource=VRAM_RESOURCE, bytes=total_bytes)
         self._published = total_bytes
+        self._backoff_s, self._last_error = 10.0, None

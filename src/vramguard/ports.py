@@ -94,7 +94,9 @@ class EventRecorder(Protocol):
 
 
 class CapacityPublisher(Protocol):
-    """Advertises the node's schedulable GPU memory as an extended resource (idempotent: publishes changes)."""
+    """Advertises the node's schedulable GPU memory as an extended resource (idempotent: publishes changes).
+
+    Best effort: a failure is logged and retried later, never raised into the loop."""
 
     def publish(self, sample: GpuSample) -> None: ...
 
