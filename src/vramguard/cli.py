@@ -215,7 +215,7 @@ def run(
         return age < max(30.0, 10 * poll_interval), f"last scan {age:.1f}s ago"
 
     def readyz() -> tuple[bool, str]:
-        problems = [p for p in (state["nvml"], None if pods.synced() else "pod cache not synced") if p]
+        problems = [p for p in (state["nvml"], pods.problem()) if p]
         if not problems and (not wiring or wiring[0].last_scan_at is None):
             problems.append("no scan completed yet")
         return (not problems), "; ".join(problems) or "ready"

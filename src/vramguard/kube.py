@@ -99,6 +99,9 @@ class KubePodSource:
     def synced(self) -> bool:
         return self._listed and self._connected
 
+    def problem(self) -> str | None:
+        return None if self.synced() else "pod cache not synced"
+
     def node_labels(self) -> Mapping[str, str]:
         return self._labels
 

@@ -265,6 +265,9 @@ class Policy:
     max_actions_per_scan: int = 1
     cooldown_s: float = 60.0
     on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
+    # How long the agent tries to evict (retries included) before it counts the eviction as refused: a frozen
+    # or unreachable API server must not protect an offender from `on_eviction_refused: kill`.
+    eviction_timeout_s: float = 15.0
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
     quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
     default: DefaultQuota = DefaultQuota()

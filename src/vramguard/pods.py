@@ -123,5 +123,8 @@ class FilePodSource:
     def synced(self) -> bool:
         return self._synced
 
+    def problem(self) -> str | None:
+        return self.error if self.error is not None else (None if self._synced else "pods file not read yet")
+
     def node_labels(self) -> Mapping[str, str]:
         return self._labels

@@ -41,7 +41,14 @@ class PodSource(Protocol):
         ...
 
     def synced(self) -> bool:
-        """True once the cache holds a complete list (readiness)."""
+        """True once the cache holds a complete list."""
+        ...
+
+    def problem(self) -> str | None:
+        """Why the pod list cannot be trusted to be current right now (for /readyz and the log), or None.
+
+        E.g. "pod cache not synced", "API server unreachable: ...", "pods file: ...". The agent keeps enforcing
+        with the pods it has either way; this only says that they may be stale."""
         ...
 
     def node_labels(self) -> Mapping[str, str]: ...
@@ -62,10 +69,13 @@ class KillResult:
     killed: tuple[ProcessRef, ...]
     skipped: tuple[tuple[ProcessRef, str], ...]
     exited: bool  # every killed process was seen to exit before the deadline
+    # Processes of the violating containers that still held the GPU when the killer gave up (a fork it could not
+    # catch, one it was not allowed to signal): the job is not finished while any is left.
+    remaining: tuple[ProcessRef, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return bool(self.killed) and self.exited
+        return bool(self.killed) and self.exited and not self.remaining
 
 
 class Killer(Protocol):

@@ -90,6 +90,7 @@ class FakePodSource:
         self._pods = {p.uid: p for p in pods}
         self._labels = dict(labels or {})
         self.is_synced = True
+        self.problem_text: str | None = None  # what problem() says; set it to simulate a stale source
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
         self._pods = {p.uid: p for p in pods}
@@ -99,6 +100,9 @@ class FakePodSource:
 
     def synced(self) -> bool:
         return self.is_synced
+
+    def problem(self) -> str | None:
+        return self.problem_text if self.is_synced else (self.problem_text or "pod cache not synced")
 
     def node_labels(self) -> Mapping[str, str]:
         return dict(self._labels)
