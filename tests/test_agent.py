@@ -37,6 +37,7 @@ from vramguard.testing.fakes import (
     gpu,
     pod,
 )
+from vramguard.worker import Inline
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
 WAIT = EvictionRefused.WAIT
@@ -61,7 +62,13 @@ class Node:
             pods=self.pods,
             policy=policy,
             enforcer=Enforcer(
-                killer=self.killer, evictor=self.evictor, events=self.events, policy=policy, dry_run=dry_run
+                killer=self.killer,
+                evictor=self.evictor,
+                events=self.events,
+                policy=policy,
+                dry_run=dry_run,
+                now=self.clock.now,
+                evictions=Inline(),
             ),
             events=self.events,
             metrics=self.metrics,
@@ -203,10 +210,13 @@ class ExplodingKiller:
     [
         pytest.param(Mode.WARN, False, WAIT, False, "ok", ["VRAMQuotaExceeded"], 0, id="warn-records-an-event"),
         pytest.param(Mode.EVICT, False, WAIT, False, "ok", ["VRAMEvicted"], 0, id="evict-evicts"),
-        pytest.param(Mode.EVICT, True, WAIT, False, "refused", [], 0, id="evict-refused-waits"),
         pytest.param(
-            Mode.EVICT, True, EvictionRefused.KILL, False, "refused-then-killed", ["VRAMKilled"], 1,
-            id="evict-refused-falls-back-to-kill",
+            Mode.EVICT, True, WAIT, False, "refused", ["VRAMEvictionRefused"], 0,
+            id="evict-refused-waits-and-says-so-on-the-pod",
+        ),
+        pytest.param(
+            Mode.EVICT, True, EvictionRefused.KILL, False, "refused-then-killed",
+            ["VRAMEvictionRefused", "VRAMKilled"], 1, id="evict-refused-falls-back-to-kill",
         ),
         pytest.param(Mode.KILL, False, WAIT, False, "ok", ["VRAMKilled"], 1, id="kill-kills"),
         pytest.param(Mode.KILL, False, WAIT, True, "dry-run", [], 0, id="dry-run-changes-nothing"),
@@ -219,9 +229,16 @@ def test_enforcer_outcomes(
     """Each mode does what the policy says, and dry-run only reports."""
     recorder, killer, evictor = RecordingEventRecorder(), RecordingKiller(), FakeEvictor(refuse=refuse)
     enforcer = Enforcer(
-        killer=killer, evictor=evictor, events=recorder, policy=Policy(on_eviction_refused=on_refused), dry_run=dry_run
+        killer=killer,
+        evictor=evictor,
+        events=recorder,
+        policy=Policy(on_eviction_refused=on_refused),
+        dry_run=dry_run,
+        evictions=Inline(),
     )
     outcome = enforcer.execute(_action(kind))
+    if outcome is None:  # an eviction: its outcome comes from collect() once the API server answered
+        (outcome,) = enforcer.collect()
     assert outcome.result == result
     assert recorder.reasons() == events
     assert len(killer.killed) == killed
@@ -232,18 +249,16 @@ def test_enforcer_outcomes(
 def test_enforcer_survives_failing_seams() -> None:
     """A killer that raises is a failed result; an Event that cannot be written does not undo a kill."""
     recorder = RecordingEventRecorder()
-    assert (
-        Enforcer(killer=ExplodingKiller(), evictor=FakeEvictor(), events=recorder, policy=Policy())
-        .execute(_action(Mode.KILL))
-        .result
-        == "failed"
+    failed = Enforcer(killer=ExplodingKiller(), evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
+        _action(Mode.KILL)
     )
+    assert failed is not None and failed.result == "failed"
     recorder.inject_error(ConnectionError("apiserver down"))
     killer = RecordingKiller()
     outcome = Enforcer(killer=killer, evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
         _action(Mode.KILL)
     )
-    assert outcome.result == "ok" and len(killer.killed) == 1
+    assert outcome is not None and outcome.result == "ok" and len(killer.killed) == 1
 
 
 def test_metrics_exposition_names_carry_units() -> None:
@@ -252,7 +267,7 @@ def test_metrics_exposition_names_carry_units() -> None:
     n.trainer_over_quota()
     n.agent.scan()
     text = generate_latest(n.metrics.registry).decode()
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE vramguard_")}
     assert {
         "vramguard_container_gpu_memory_used_bytes",
         "vramguard_container_gpu_memory_quota_bytes",

@@ -1,13 +1,26 @@
-"""The HTTP endpoint: /metrics, /healthz and /readyz, each saying why when it fails."""
+"""The HTTP endpoint: /metrics, /healthz and /readyz, each saying why when it fails, and never blinded by clients."""
 
 from __future__ import annotations
 
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from vramguard.health import HealthServer
+from vramguard.health import HealthServer, Probe
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -40,3 +53,373 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
         assert _get(server.port, "/nope")[0] == 404
     finally:
         server.close()
+
+
+# Helpers: a server that is always closed, raw exchanges, and what /proc says about threads and CPU time.
+
+
+def _alive() -> tuple[bool, str]:
+    return True, "alive"
+
+
+def _gauge_registry() -> CollectorRegistry:
+    """A registry whose exposition is the same every time it is built (a gauge has no `_created` sample)."""
+    registry = CollectorRegistry()
+    Gauge("vramguard_test_bytes", "a test gauge", registry=registry).set(3)
+    return registry
+
+
+@contextmanager
+def _serving(
+    registry: CollectorRegistry | None = None,
+    healthz: Probe = _alive,
+    readyz: Probe = _alive,
+    **limits: Any,
+) -> Iterator[HealthServer]:
+    server = HealthServer(0, registry or _gauge_registry(), healthz, readyz, host="127.0.0.1", **limits)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _read_to_eof(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Sends raw request bytes and reads to EOF: (status, lower-cased headers, body); the answer must be HTTP/1.1."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        response = _read_to_eof(sock)
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, status, _ = status_line.split(" ", 2)
+    assert version == "HTTP/1.1"
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
+    return int(status), headers, body
+
+
+def _timed_healthz(port: int) -> float:
+    """Seconds a GET /healthz took; fails unless it answered 200."""
+    started = time.monotonic()
+    assert _exchange(port, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")[0] == 200
+    return time.monotonic() - started
+
+
+def _closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """Whether the other end has closed (FIN or RST), waiting up to `wait_s` for it."""
+    poller = select.poll()  # select() cannot take fds past 1024, and the flood goes past that
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(wait_s * 1000):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _count_closed_by_peer(socks: list[socket.socket], at_least: int, timeout_s: float) -> int:
+    """How many of `socks` the peer has closed, once that is `at_least` or `timeout_s` has passed."""
+    _wait_for(lambda: sum(_closed_by_peer(s) for s in socks) >= at_least, timeout_s)
+    return sum(_closed_by_peer(s) for s in socks)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _cpu_s(stat_path: str) -> float:
+    """utime + stime from a /proc/.../stat file, in seconds (a thread's or a whole process's)."""
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tasks() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _connect_many(stack: ExitStack, port: int, count: int) -> list[socket.socket]:
+    return [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5)) for _ in range(count)]
+
+
+# The request line decides the answer; headers are skipped.
+
+
+@pytest.fixture(scope="module")
+def table_server() -> Iterator[HealthServer]:
+    """One server for the whole table (it keeps no state between requests): healthz alive, readyz failing."""
+    with _serving(readyz=lambda: (False, "pod cache not synced")) as server:
+        yield server
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "body", "headers"),
+    [
+        pytest.param(HEALTHZ, 200, b"alive\n", {"content-type": "text/plain; charset=utf-8"}, id="healthz-is-200"),
+        pytest.param(b"GET /healthz?verbose=1&x HTTP/1.1\r\n\r\n", 200, b"alive\n", {}, id="query-string-ignored"),
+        pytest.param(
+            b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
+            200,
+            generate_latest(_gauge_registry()),
+            {"content-type": CONTENT_TYPE_LATEST},
+            id="metrics-with-query-is-the-registry",
+        ),
+        pytest.param(b"GET /readyz HTTP/1.1\r\n\r\n", 503, b"pod cache not synced\n", {}, id="failing-probe-is-503"),
+        pytest.param(b"GET /healthz HTTP/1.0\r\n\r\n", 200, b"alive\n", {}, id="http-1.0-gets-an-http-1.1-answer"),
+        pytest.param(b"GET /healthz HTTP/1.1\nHost: t\n\n", 200, b"alive\n", {}, id="bare-lf-line-ends-accepted"),
+        pytest.param(b"\r\n" + HEALTHZ, 200, b"alive\n", {}, id="blank-line-before-request-skipped"),
+        pytest.param(b"HEAD /healthz HTTP/1.1\r\n\r\n", 200, b"", {"content-length": "6"}, id="head-no-body"),
+        pytest.param(
+            b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+            405,
+            b"only GET and HEAD\n",
+            {"allow": "GET, HEAD"},
+            id="post-is-405",
+        ),
+        pytest.param(b"get /healthz HTTP/1.1\r\n\r\n", 405, b"only GET and HEAD\n", {}, id="lowercase-get-is-405"),
+        pytest.param(b"hello there\r\n\r\n", 400, b"malformed request line\n", {}, id="garbage-is-400"),
+        pytest.param(b"GET /healthz\r\n\r\n", 400, b"malformed request line\n", {}, id="http-0.9-is-400"),
+        pytest.param(b"GET /healthz HTTP/2.0\r\n\r\n", 400, b"malformed request line\n", {}, id="http-2-line-is-400"),
+        pytest.param(b"GET /h\xc3\xa9 HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="non-ascii-is-400"),
+        pytest.param(b"GET  /healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="double-space-is-400"),
+        pytest.param(
+            b"GET http://t/healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="absolute-form-is-400"
+        ),
+        pytest.param(
+            b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+            b"request head too large\n",
+            {},
+            id="oversized-head-is-431",
+        ),
+        pytest.param(b"GET /nope HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="unknown-path-is-404"),
+        pytest.param(b"GET /healthz/ HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="trailing-slash-is-another-path"),
+    ],
+)
+def test_request_line_decides_the_answer(
+    table_server: HealthServer, request_bytes: bytes, status: int, body: bytes, headers: dict[str, str]
+) -> None:
+    """Each request line gets its status and body, always HTTP/1.1 with Connection: close and a true length."""
+    got_status, got_headers, got_body = _exchange(table_server.port, request_bytes)
+    assert (got_status, got_body) == (status, body)
+    assert got_headers.items() >= headers.items()
+    assert got_headers["connection"] == "close"
+    if not request_bytes.startswith(b"HEAD"):
+        assert got_headers["content-length"] == str(len(body))
+
+
+class _BrokenCollector(Collector):
+    def collect(self) -> Iterable[Metric]:
+        raise RuntimeError("collector broke")
+
+
+def _broken_probe() -> tuple[bool, str]:
+    raise RuntimeError("probe broke")
+
+
+def _broken_metrics_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_BrokenCollector())
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("path", "server_args", "body"),
+    [
+        pytest.param(b"/healthz", {"healthz": _broken_probe}, b"healthz failed: RuntimeError\n", id="probe-raises"),
+        pytest.param(
+            b"/metrics",
+            {"registry": _broken_metrics_registry()},
+            b"metrics failed: RuntimeError\n",
+            id="collector-raises",
+        ),
+    ],
+)
+def test_a_raising_callback_is_a_500_and_serving_goes_on(path: bytes, server_args: dict[str, Any], body: bytes) -> None:
+    """A probe or collector that raises answers 500 naming the route, every time, and the other routes still work."""
+    with _serving(**server_args) as server:
+        for _ in range(2):
+            status, _, got_body = _exchange(server.port, b"GET " + path + b" HTTP/1.1\r\n\r\n")
+            assert (status, got_body) == (500, body)
+            assert _exchange(server.port, b"GET /readyz HTTP/1.1\r\n\r\n")[0] == 200
+
+
+# Attacks: none may blind the endpoint, grow threads, or burn CPU.
+
+
+def test_idle_flood_neither_blinds_nor_grows_threads_nor_spins() -> None:
+    """1,000 idle connections: /healthz answers at once, one thread, the oldest are closed, CPU stays low."""
+    max_connections, flood = 16, 1000
+    threads_before = _tasks()
+    with _serving(max_connections=max_connections, request_timeout_s=30.0) as server, ExitStack() as stack:
+        (server_tid,) = _tasks() - threads_before
+        server_stat = f"/proc/self/task/{server_tid}/stat"
+        cpu_before, started = _cpu_s(server_stat), time.monotonic()
+
+        idle = _connect_many(stack, server.port, flood)
+        assert _timed_healthz(server.port) < 1.0
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # at least a second of flood
+        cpu_s, wall_s = _cpu_s(server_stat) - cpu_before, time.monotonic() - started
+
+        assert len(_tasks()) <= len(threads_before) + 1
+        # The probe took a slot too, so every connection but the newest max_connections - 1 is gone.
+        oldest, newest = idle[: flood - max_connections + 1], idle[flood - max_connections + 1 :]
+        assert _count_closed_by_peer(oldest, at_least=len(oldest), timeout_s=2.0) == len(oldest)
+        assert not any(_closed_by_peer(s) for s in newest)
+        assert cpu_s < 0.3 * wall_s, f"server thread used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
+
+
+def test_slowloris_is_cut_at_the_deadline_while_others_are_served() -> None:
+    """A client trickling a byte every 0.3 s is closed at its deadline; meanwhile /healthz answers promptly."""
+    with _serving(request_timeout_s=1.0) as server, socket.create_connection(("127.0.0.1", server.port)) as slow:
+        started = time.monotonic()
+        served_s: list[float] = []
+        closed_after_s = None
+        for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 20:
+            slow.send(bytes([byte]))
+            served_s.append(_timed_healthz(server.port))
+            if _closed_by_peer(slow, wait_s=0.3):
+                closed_after_s = time.monotonic() - started
+                break
+        assert closed_after_s is not None and 0.9 <= closed_after_s < 1.8
+        assert max(served_s) < 0.5
+
+
+class _PaddingCollector(Collector):
+    """About 8 MB of exposition: more than the kernel buffers for a client that does not read."""
+
+    def collect(self) -> Iterable[Metric]:
+        gauge = GaugeMetricFamily("vramguard_test_padding", "padding", labels=["pad"])
+        for i in range(800):
+            gauge.add_metric([f"{i:04d}" + "x" * 10_000], i)
+        yield gauge
+
+
+def test_a_client_that_never_reads_blocks_no_one() -> None:
+    """A client that asks for a huge /metrics and never reads stalls only itself, and only until its deadline."""
+    registry = CollectorRegistry()
+    registry.register(_PaddingCollector())
+    full_bytes = len(generate_latest(registry))
+    with _serving(registry, request_timeout_s=0.8) as server, socket.socket() as stuck:
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect(("127.0.0.1", server.port))
+        started = time.monotonic()
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert max(_timed_healthz(server.port) for _ in range(3)) < 0.5
+
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        received = _read_to_eof(stuck)
+    assert 0 < len(received) < full_bytes  # it was answered, then cut off mid-response at the deadline
+
+
+_CHILD = """
+import resource, sys
+import structlog
+from prometheus_client import CollectorRegistry
+from vramguard.health import HealthServer
+
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the control channel
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+alive = lambda: (True, "alive")
+server = HealthServer(0, CollectorRegistry(), alive, alive, host="127.0.0.1")
+print(server.port, flush=True)
+hogged = []
+for command in sys.stdin:
+    if command == "hog\\n":  # take every fd left, as a leak elsewhere in the agent would
+        try:
+            while True:
+                hogged.append(open("/dev/null"))
+        except OSError:
+            pass
+    elif command == "free\\n":
+        for f in hogged:
+            f.close()
+        hogged.clear()
+    print(len(hogged), flush=True)
+"""
+
+
+@contextmanager
+def _fd_limited_server(log_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A HealthServer (default limits) in a child whose open-file limit is 64, logging to `log_path`: (child, port)."""
+    with log_path.open("w") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        yield child, int(child.stdout.readline())
+    finally:
+        child.stdin.close()
+        child.wait(timeout=5)
+        child.stdout.close()
+
+
+def _command(child: subprocess.Popen[str], command: str) -> int:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(command + "\n")
+    child.stdin.flush()
+    return int(child.stdout.readline())
+
+
+def test_flood_past_the_fd_limit_is_survived_without_spinning(tmp_path: Path) -> None:
+    """300 connections at a server with 64 fds: it evicts instead of spinning, and /healthz still answers."""
+    with _fd_limited_server(tmp_path / "child.log") as (child, port), ExitStack() as stack:
+        cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
+        idle = _connect_many(stack, port, 300)
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
+
+        assert _timed_healthz(port) < 1.0
+        assert _count_closed_by_peer(idle, at_least=300 - 64, timeout_s=2.0) >= 300 - 64
+        assert cpu_s < 0.3 * wall_s, f"server used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
+    assert "EMFILE" in (tmp_path / "child.log").read_text()  # the flood did run it out of fds, logged once
+
+
+def test_no_fd_to_free_pauses_accepting_instead_of_spinning(tmp_path: Path) -> None:
+    """With every fd taken elsewhere, waiting connections cost no CPU, and are served once fds come back."""
+    with _fd_limited_server(tmp_path / "child.log") as (child, port), ExitStack() as stack:
+        assert _command(child, "hog") > 0
+        cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
+        waiting = _connect_many(stack, port, 20)  # the kernel completes them; the server cannot accept them
+        time.sleep(1.0)
+        cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
+        assert cpu_s < 0.3 * wall_s, f"server used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
+
+        assert _command(child, "free") == 0
+        assert _timed_healthz(port) < 1.0
+        assert not any(_closed_by_peer(s) for s in waiting)  # accepted, not evicted: there was room again
+    assert (tmp_path / "child.log").read_text().count("EMFILE") == 1
+
+
+def test_close_is_prompt_and_releases_the_port() -> None:
+    """close() with idle clients connected returns within a second, stops the thread, and frees the port."""
+    threads_before = _tasks()
+    with ExitStack() as stack:
+        server = HealthServer(0, _gauge_registry(), _alive, _alive, host="127.0.0.1")
+        idle = _connect_many(stack, server.port, 10)
+        _timed_healthz(server.port)
+        started = time.monotonic()
+        server.close()
+        assert time.monotonic() - started < 1.0
+        assert _wait_for(lambda: _tasks() == threads_before, timeout_s=0.5)  # the OS thread outlives join() briefly
+        assert all(_closed_by_peer(s, wait_s=1.0) for s in idle)
+        with socket.create_server(("127.0.0.1", server.port)):
+            pass

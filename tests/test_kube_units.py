@@ -10,8 +10,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from vramguard.kube import KubeCapacityPublisher, KubePodSource, TokenBucket, _events, _Gone, advertisable_bytes
+from vramguard.backoff import Backoff, TokenBucket
+from vramguard.kube import (
+    KubeCapacityPublisher,
+    KubeEventRecorder,
+    KubePodSource,
+    _events,
+    _Gone,
+    advertisable_bytes,
+)
 from vramguard.model import GiB, GpuDevice, GpuSample
+from vramguard.testing.fakes import pod
+from vramguard.worker import Inline
 
 POD = {
     "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "resourceVersion": "10"},
@@ -127,7 +137,7 @@ class RefusingCore:
     def __init__(self) -> None:
         self.calls = 0
 
-    def patch_node_status(self, name: str, body: object, _content_type: str) -> None:
+    def patch_node_status(self, name: str, body: object, _content_type: str, _request_timeout: object) -> None:
         self.calls += 1
         raise client.ApiException(status=403, reason="Forbidden")
 
@@ -135,7 +145,9 @@ class RefusingCore:
 def test_capacity_publisher_backs_off_after_a_refusal() -> None:
     """A denied PATCH is not raised; it is retried after 10 s, then 20 s, ... — not once per scan."""
     t = [0.0]
-    publisher = KubeCapacityPublisher(client.ApiClient(), "node-1", now=lambda: t[0])
+    publisher = KubeCapacityPublisher(
+        client.ApiClient(), "node-1", now=lambda: t[0], runner=Inline(), backoff=Backoff(10.0, 600.0, jitter=0.0)
+    )
     core = RefusingCore()
     publisher.core = core  # type: ignore[assignment]
     sample = GpuSample((_device("GPU-a", 24),), ())
@@ -146,3 +158,84 @@ def test_capacity_publisher_backs_off_after_a_refusal() -> None:
         attempts.append(core.calls)
     assert core.calls == 3  # at 0 s, 10 s and 30 s
     assert attempts[9] == 1 and attempts[10] == 2 and attempts[29] == 2 and attempts[30] == 3
+
+
+@pytest.mark.parametrize(
+    ("initial", "cap", "draws", "expected"),
+    [
+        pytest.param(1.0, 60.0, [0.0] * 8, [1, 2, 4, 8, 16, 32, 60, 60], id="doubles-up-to-the-cap"),
+        pytest.param(1.0, 60.0, [1.0] * 3, [1.5, 3, 6], id="jitter-stretches-by-up-to-half"),
+        pytest.param(10.0, 600.0, [0.5, 0.0], [12.5, 20], id="each-delay-draws-its-own-jitter"),
+    ],
+)
+def test_backoff_grows_with_jitter(initial: float, cap: float, draws: list[float], expected: list[float]) -> None:
+    """Delays double up to the cap, each stretched by jitter x a random draw (so a fleet spreads out)."""
+    it = iter(draws)
+    backoff = Backoff(initial, cap, jitter=0.5, rng=lambda: next(it))
+    assert [backoff.next() for _ in draws] == expected
+    backoff.reset()
+    assert backoff.failures == 0
+
+
+def test_backoff_spreads_a_fleet() -> None:
+    """A thousand agents failing together retry over a spread of times, not in lockstep."""
+    delays = sorted(Backoff(1.0, 60.0).next() for _ in range(1000))
+    assert delays[0] >= 1.0 and delays[-1] <= 1.5
+    assert delays[900] - delays[100] > 0.3
+
+
+def _recorder(**kwargs: object) -> tuple[KubeEventRecorder, dict[str, int]]:
+    counts: dict[str, int] = {}
+    recorder = KubeEventRecorder(
+        client.ApiClient(),
+        "node-1",
+        count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
+        start=False,  # no writer: what record() queues stays queued
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return recorder, counts
+
+
+def test_event_repeats_fold_into_the_queued_event() -> None:
+    """The same Event recorded again before it is written is one queued Event with a higher count."""
+    recorder, counts = _recorder()
+    p = pod("noisy", "ml")
+    for _ in range(5):
+        recorder.record(p, "VRAMQuotaExceeded", "container main uses 5GiB")
+    assert recorder.queued() == 1 and counts == {"aggregated": 4}
+    (item,) = recorder._queue.values()
+    assert item.count == 5
+
+
+def test_one_noisy_pod_cannot_starve_the_others() -> None:
+    """The spam filter is per (pod, reason): a pod past its burst is dropped, a quiet pod still gets through."""
+    t = [0.0]
+    recorder, counts = _recorder(spam_burst=3, now=lambda: t[0])
+    noisy, quiet = pod("noisy", "ml"), pod("quiet", "ml")
+    for i in range(10):
+        recorder.record(noisy, "VRAMKilled", f"killed PID {i}")
+    recorder.record(quiet, "VRAMKilled", "killed PID 99")
+    recorder.record(noisy, "VRAMQuotaInvalid", "bad annotation")
+    assert counts == {"dropped": 7}
+    assert recorder.queued() == 5
+    t[0] = 300.0  # one token back after EVENT_SPAM_REFILL_S
+    recorder.record(noisy, "VRAMKilled", "killed PID 100")
+    assert recorder.queued() == 6
+
+
+def test_event_queue_is_bounded() -> None:
+    """Past max_queue, record() drops and counts instead of queueing or blocking."""
+    recorder, counts = _recorder(max_queue=4)
+    for i in range(10):
+        recorder.record(pod(f"p{i}", "ml"), "VRAMKilled", "killed")
+    assert recorder.queued() == 4 and counts == {"dropped": 6}
+    recorder.stop()
+    assert counts == {"dropped": 10}, "what is still queued at stop is dropped, and counted"
+
+
+def test_event_messages_and_names_are_bounded() -> None:
+    """A 10 MB message is cut to 1024 characters; the Event's name fits the 253-character limit."""
+    recorder, _ = _recorder()
+    recorder.record(pod("x" * 250, "ml"), "VRAMQuotaInvalid", "v" * 10_000_000)
+    (item,) = recorder._queue.values()
+    assert len(item.message) == 1024 and len(item.name) <= 253

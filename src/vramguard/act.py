@@ -3,36 +3,62 @@
 The Enforcer never decides: it does what an `Action` says, in the way the policy says (`on_eviction_refused`),
 and reports a result for each. A failing seam (the API server is down, the process is gone) is a result, not an
 exception: the loop goes on.
+
+Nothing here waits on the network. Warnings and Events are handed to the recorder's queue. An eviction is an API
+call, so it runs on a background worker: `execute` returns no outcome for it, and a later `collect` returns it
+once the API server answered — or once `policy.eviction_timeout_s` has passed without an answer, which counts
+as "could not evict", so that a frozen API server cannot shield an offender from `on_eviction_refused: kill`.
+Killing is local (signals and /proc), so it happens on the scan itself and keeps its pace whatever the API server
+does.
 """
 
 from __future__ import annotations
 
+import itertools
+import queue
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from vramguard.model import Action, EvictionRefused, Mode, Policy
-from vramguard.ports import EventRecorder, Evictor, Killer, KillResult
+from vramguard.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
+from vramguard.quantity import format_duration
+from vramguard.worker import Runner, Worker
 
 # Event reasons, as they appear on the pod (`kubectl describe pod`).
 EVENT_EXCEEDED = "VRAMQuotaExceeded"
 EVENT_EVICTED = "VRAMEvicted"
+EVENT_EVICTION_REFUSED = "VRAMEvictionRefused"  # a PodDisruptionBudget said no
+EVENT_EVICTION_FAILED = "VRAMEvictionFailed"  # no answer, or an error from the API server
 EVENT_KILLED = "VRAMKilled"
 EVENT_INVALID = "VRAMQuotaInvalid"
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one action. `result` is the `result` label of vramguard_actions_total."""
+    """What happened to one action. `result` is the `result` label of vramguard_actions_total:
+
+    ok | dry-run | failed | nothing-to-kill | memory-not-freed | gone (the pod to evict no longer exists) |
+    refused, failed (an eviction that could not happen) | refused-then-killed, failed-then-killed
+    """
 
     action: Action
-    result: str  # ok | dry-run | failed | refused | refused-then-killed | nothing-to-kill
+    result: str
     detail: str = ""
     kill: KillResult | None = None
 
     @property
     def action_name(self) -> str:
         return self.action.kind.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Eviction:
+    action: Action
+    started_at: float
+    ticket: int  # tells this eviction's answer from a late one for an earlier, abandoned eviction of the pod
 
 
 class Enforcer:
@@ -45,15 +71,24 @@ class Enforcer:
         policy: Policy,
         dry_run: bool = False,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        now: Callable[[], float] = time.monotonic,
+        evictions: Runner | None = None,
     ) -> None:
+        """`evictions` runs eviction calls; by default a worker thread with room for 16 queued evictions."""
         self.killer = killer
         self.evictor = evictor
         self.events = events
         self.policy = policy
         self.dry_run = dry_run
         self.log = log if log is not None else structlog.get_logger("vramguard.act")
+        self.now = now
+        self._runner = evictions
+        self._pending: dict[str, _Eviction] = {}  # by pod UID
+        self._answers: queue.SimpleQueue[tuple[int, EvictResult]] = queue.SimpleQueue()
+        self._tickets = itertools.count(1)
 
-    def execute(self, action: Action) -> Outcome:
+    def execute(self, action: Action) -> Outcome | None:
+        """Carry out `action`; its outcome, or None for an eviction now in flight (see `collect`)."""
         if self.dry_run:
             return Outcome(action, "dry-run", f"would {action.kind.value}: {action.message}")
         try:
@@ -61,34 +96,110 @@ class Enforcer:
                 self._event(action, EVENT_EXCEEDED, action.message)
                 return Outcome(action, "ok")
             if action.kind is Mode.EVICT:
-                return self._evict(action)
-            return self._kill(action, refused_first=False)
+                return self._start_eviction(action)
+            return self._kill(action)
         except Exception as e:  # a seam failed: report it and keep the loop alive
             self.log.error("action_failed", action=action.kind.value, pod=action.pod.key, error=repr(e))
             return Outcome(action, "failed", repr(e))
 
-    def _evict(self, action: Action) -> Outcome:
-        result = self.evictor.evict(action.pod, action.message)
+    def collect(self) -> list[Outcome]:
+        """Outcomes of the evictions answered since the last call, and of those left unanswered too long."""
+        outcomes: list[Outcome] = []
+        while True:
+            try:
+                ticket, result = self._answers.get_nowait()
+            except queue.Empty:
+                break
+            eviction = next((e for e in self._pending.values() if e.ticket == ticket), None)
+            if eviction is None:
+                self.log.info("eviction_answer_too_late", ticket=ticket, evicted=result.evicted, detail=result.message)
+                continue
+            del self._pending[eviction.action.pod.uid]
+            outcomes.append(self._finish_eviction(eviction.action, result))
+        now = self.now()
+        for uid, eviction in list(self._pending.items()):
+            if now - eviction.started_at >= self.policy.eviction_timeout_s:
+                del self._pending[uid]  # abandoned: an answer that still comes is logged, not acted on
+                waited = format_duration(self.policy.eviction_timeout_s)
+                result = EvictResult(evicted=False, refused=False, message=f"no answer from the API server in {waited}")
+                outcomes.append(self._finish_eviction(eviction.action, result))
+        return outcomes
+
+    def evictions_in_flight(self) -> int:
+        return len(self._pending)
+
+    def close(self, timeout_s: float = 0.5) -> None:
+        if self._runner is not None:
+            self._runner.stop(timeout_s)
+
+    # -- eviction --------------------------------------------------------------------------------------------
+
+    def _start_eviction(self, action: Action) -> Outcome | None:
+        pod = action.pod
+        if pod.uid in self._pending:
+            return None  # one eviction per pod at a time; the first one's outcome will be reported
+        if self._runner is None:
+            self._runner = Worker("vramguard-evict", max_queue=16)
+        ticket = next(self._tickets)
+
+        def evict() -> None:
+            try:
+                result = self.evictor.evict(pod, action.message)
+            except Exception as e:  # an evictor should answer with a result; an exception is a failure too
+                result = EvictResult(evicted=False, refused=False, message=f"{type(e).__name__}: {e}")
+            self._answers.put((ticket, result))
+
+        self._pending[pod.uid] = _Eviction(action, self.now(), ticket)
+        if not self._runner.submit(evict):
+            del self._pending[pod.uid]
+            return self._finish_eviction(
+                action, EvictResult(evicted=False, refused=False, message="too many evictions in flight")
+            )
+        return None
+
+    def _finish_eviction(self, action: Action, result: EvictResult) -> Outcome:
         if result.evicted:
             self._event(action, EVENT_EVICTED, f"evicted: {action.message}")
             return Outcome(action, "ok", result.message)
-        if result.refused and self.policy.on_eviction_refused is EvictionRefused.KILL:
-            return self._kill(action, refused_first=True)
-        return Outcome(action, "refused" if result.refused else "failed", result.message)
+        if result.gone:
+            return Outcome(action, "gone", result.message)
+        refused = result.refused
+        then_kill = self.policy.on_eviction_refused is EvictionRefused.KILL
+        what = "eviction refused" if refused else "eviction failed"
+        next_step = "killing its GPU processes" if then_kill else "it keeps running (on_eviction_refused: wait)"
+        self._event(
+            action,
+            EVENT_EVICTION_REFUSED if refused else EVENT_EVICTION_FAILED,
+            f"{what}: {result.message}; {next_step}: {action.message}",
+        )
+        label = "refused" if refused else "failed"
+        if not then_kill:
+            return Outcome(action, label, result.message)
+        try:
+            return self._kill(action, after=f"{what}: {result.message}", label=f"{label}-then-killed")
+        except Exception as e:
+            self.log.error("action_failed", action="kill", pod=action.pod.key, error=repr(e))
+            return Outcome(action, "failed", repr(e))
 
-    def _kill(self, action: Action, *, refused_first: bool) -> Outcome:
+    # -- killing ---------------------------------------------------------------------------------------------
+
+    def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
         kill = self.killer.kill(action.violation)
         if not kill.killed:
             why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped) or "no GPU process found"
             return Outcome(action, "nothing-to-kill", why, kill)
         pids = ", ".join(str(ref.pid) for ref in kill.killed)
-        prefix = "eviction refused by a PodDisruptionBudget, " if refused_first else ""
+        prefix = f"{after}; " if after else ""
         self._event(action, EVENT_KILLED, f"{prefix}killed PIDs {pids}: {action.message}")
-        result = "refused-then-killed" if refused_first else ("ok" if kill.exited else "failed")
-        return Outcome(action, result, "" if kill.exited else "processes did not exit before the deadline", kill)
+        if kill.remaining:
+            left = sorted(ref.pid for ref in kill.remaining)
+            return Outcome(action, "memory-not-freed", f"PIDs {left} of the container still hold the GPU", kill)
+        if not kill.exited:
+            return Outcome(action, "failed", "processes did not exit before the deadline", kill)
+        return Outcome(action, label, after, kill)
 
     def _event(self, action: Action, reason: str, message: str) -> None:
         try:
             self.events.record(action.pod, reason, message)
-        except Exception as e:  # an Event is a report; failing to write it must not undo the action
+        except Exception as e:  # an Event is a report; failing to queue it must not undo the action
             self.log.warning("event_failed", pod=action.pod.key, reason=reason, error=repr(e))

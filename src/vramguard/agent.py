@@ -19,7 +19,7 @@ from vramguard.act import EVENT_INVALID, Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
-from vramguard.model import PodInfo, PodQuota, Policy, Snapshot
+from vramguard.model import PodInfo, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import resolve_pod_quota
 
@@ -135,8 +135,10 @@ class Agent:
         # 5. Decide, purely.
         now = self.clock.now()
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
-        # 6. Act, then confirm that killed processes let go of their memory.
-        outcomes = tuple(self.enforcer.execute(a) for a in decision.actions)
+        # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
+        #    processes let go of their memory.
+        outcomes = tuple(o for a in decision.actions if (o := self.enforcer.execute(a)) is not None)
+        outcomes += tuple(self.enforcer.collect())
         if any(o.kill is not None and o.kill.killed for o in outcomes):
             outcomes = self._confirm_freed(outcomes)
         # 7. Report.
@@ -160,19 +162,36 @@ class Agent:
             stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
 
     def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
-        """Re-sample once: a killed process whose memory NVML still lists was not really stopped (a forked
-        child holding the device, a zombie the driver has not released)."""
+        """Re-sample once: a kill is `ok` only when NVML and /proc agree the memory is released. NVML must list
+        neither a killed process nor any other process of the violating containers on that GPU (a forked child
+        the kill did not reach, a zombie the driver has not released); the killer already reported the
+        container's processes that /proc still shows holding the device (`KillResult.remaining`)."""
+        if not any(o.kill is not None and o.kill.killed and not o.kill.remaining for o in outcomes):
+            return outcomes
         after = self.sampler.sample()
-        still = {(p.pid, p.device_uuid) for p in after.processes}
         confirmed = []
         for o in outcomes:
-            if o.kill is not None and o.kill.killed and o.result in ("ok", "refused-then-killed"):
-                device = o.action.violation.device.uuid
-                lingering = sorted(r.pid for r in o.kill.killed if (r.pid, device) in still)
+            if o.kill is not None and o.kill.killed and not o.kill.remaining and o.result.endswith(("ok", "killed")):
+                v = o.action.violation
+                killed = {r.pid for r in o.kill.killed}
+                lingering = [
+                    p.pid
+                    for p in after.processes
+                    if p.device_uuid == v.device.uuid and (p.pid in killed or self._belongs_to(p.pid, v))
+                ]
                 if lingering:
-                    o = Outcome(o.action, "memory-not-freed", f"PIDs {lingering} still hold memory on {device}", o.kill)
+                    detail = f"PIDs {sorted(lingering)} still hold memory on {v.device.uuid}"
+                    o = Outcome(o.action, "memory-not-freed", detail, o.kill)
             confirmed.append(o)
         return tuple(confirmed)
+
+    def _belongs_to(self, pid: int, v: Violation) -> bool:
+        """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""
+        found = self.attributor.identify(pid)
+        cgroup = found[1] if found is not None else None
+        if cgroup is None or cgroup.pod_uid != v.pod.uid:
+            return False
+        return not v.container_ids or cgroup.container_id in v.container_ids
 
     def _report(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -22,6 +23,7 @@ from vramguard import __version__
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
 from vramguard.attribute import ProcessAttributor
+from vramguard.backoff import Backoff
 from vramguard.health import HealthServer
 from vramguard.kill import PidfdKiller
 from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
@@ -66,6 +68,14 @@ class Cluster:
     evictor: Evictor
     api: ApiClient | None = None
 
+    def close(self, timeout_s: float) -> None:
+        """Stop the background threads, within `timeout_s` in all (a stuck request is abandoned, not awaited)."""
+        deadline = time.monotonic() + timeout_s
+        for part in (self.pods, self.events):
+            stop = getattr(part, "stop", None)
+            if stop is not None:
+                stop(max(0.05, deadline - time.monotonic()))
+
 
 def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | None) -> Policy:
     try:
@@ -94,6 +104,30 @@ def _cluster(pods_file: Path | None, kubeconfig: str | None, node_name: str | No
         raise typer.Exit(2) from None
     events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc())
     return Cluster(KubePodSource(api, node_name).start(), events, KubeEvictor(api), api)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as far as the kernel allows; (before, after).
+
+    Container runtimes often start processes with a soft limit of 1024 under a far higher hard one. The agent's
+    fd use is bounded (no fd per GPU process, a capped number of HTTP connections), but headroom costs nothing
+    and keeps a flood elsewhere from starving the kill path.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:  # NOFILE cannot be unlimited: the kernel's ceiling is fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
 
 
 def _open_sampler(proc_root: str) -> NvmlSampler:
@@ -169,6 +203,14 @@ def run(
     poll_interval: Annotated[float, typer.Option("--poll-interval", help="Seconds between scans.", min=0.01)] = 1.0,
     policy_path: PolicyOpt = None,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz.")] = 9400,
+    metrics_bind_address: Annotated[
+        str,
+        typer.Option(
+            "--metrics-bind-address",
+            help="Address for /metrics and the probes: all interfaces by default (Prometheus scrapes the pod IP); "
+            "127.0.0.1 keeps them on the node.",
+        ),
+    ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
     pods_file: PodsFileOpt = None,
@@ -201,6 +243,7 @@ def run(
     if advertise_capacity and pods_file is not None:
         typer.echo("vramguard: --advertise-capacity needs the API server, not --pods-file", err=True)
         raise typer.Exit(2)
+    open_files = raise_open_file_limit()
     metrics = Metrics()
     cluster = _cluster(pods_file, kubeconfig, node_name, metrics)
     pods = cluster.pods
@@ -220,11 +263,19 @@ def run(
             problems.append("no scan completed yet")
         return (not problems), "; ".join(problems) or "ready"
 
-    server = HealthServer(metrics_port, metrics.registry, healthz, readyz)
-    log.info("starting", version=__version__, node=node_name, mode=policy.mode.value, dry_run=dry_run, port=server.port)
+    server = HealthServer(metrics_port, metrics.registry, healthz, readyz, host=metrics_bind_address)
+    log.info(
+        "starting",
+        version=__version__,
+        node=node_name,
+        mode=policy.mode.value,
+        dry_run=dry_run,
+        address=f"{metrics_bind_address or '*'}:{server.port}",
+        open_file_limit=open_files[1],
+    )
     with _stop_on_signals() as stop:
         # NVML may come up after the agent (driver container still installing): retry with back-off, unready.
-        backoff_s = 1.0
+        backoff = Backoff(1.0, 60.0)
         sampler: NvmlSampler | None = None
         while sampler is None and not stop.is_set():
             try:
@@ -233,8 +284,7 @@ def run(
                 if state["nvml"] != str(e):
                     log.error("nvml_unavailable", error=str(e))
                 state["nvml"] = str(e)
-                stop.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, 60.0)
+                stop.wait(backoff.next())
         if sampler is not None:
             state["nvml"] = None
             wiring.append(
@@ -246,13 +296,19 @@ def run(
                     proc_root=proc_root,
                     metrics=metrics,
                     device_prefix=device_prefix,
-                    capacity=capacity,
+                    capacity=capacity if advertise_capacity else None,
                 )
             )
             wiring[0].run(poll_interval, stop)
-            sampler.close()
-    if isinstance(pods, KubePodSource):
-        pods.stop()
+    # Shutting down never waits on the API server: every background thread gets a fraction of a second, and
+    # one stuck in a request is abandoned (they are daemons). SIGTERM ends the agent within 2 s.
+    if wiring:
+        wiring[0].enforcer.close(0.3)
+    if capacity is not None:
+        capacity.stop(0.2)
+    cluster.close(0.6)
+    if sampler is not None:
+        sampler.close()
     server.close()
     log.info("stopped")
 
@@ -264,14 +320,14 @@ def _capacity(
     advertise: bool,
     dry_run: bool,
 ) -> KubeCapacityPublisher | None:
-    """The publisher when advertising; otherwise withdraw what an earlier run may have advertised, once."""
+    """The publisher; it withdraws what an earlier run may have advertised when not advertising (in the
+    background, like every publish: a failure is logged, never raised, never waited for)."""
     if cluster.api is None or node_name is None or dry_run:
         return None
     publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes)
-    if advertise:
-        return publisher
-    publisher.withdraw()  # best effort, like every publish: a failure is logged, not raised
-    return None
+    if not advertise:
+        publisher.withdraw()
+    return publisher
 
 
 @app.command()

@@ -1,51 +1,382 @@
-"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness."""
+"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness.
+
+Contract: nothing that can reach the port can blind the endpoint or starve the agent's loop.
+
+- One thread. A single daemon thread runs a `selectors` loop over non-blocking sockets: no thread per
+  connection and no pool, so a flood cannot multiply threads or take the GIL from the kill loop.
+- At most `max_connections + 1` file descriptors: the listening socket and at most `max_connections` clients.
+  The poll selector holds no fd of its own, and there is no wake-up pipe (`close()` is noticed within `_TICK_S`).
+- The oldest connection is evicted: one arriving at the cap closes the earliest accepted, so a flood of idle
+  connections can never lock out a real probe, which is always the newest and sends its request at once.
+- One deadline per connection, `request_timeout_s` from accept, covers the whole exchange (reading the request
+  head, writing the response), so an idle, trickling (slowloris) or never-reading client holds its slot at most
+  that long. A head over `max_request_bytes` gets 431. Every write goes through the selector too. Connections
+  given up on (evicted, expired, open at `close()`) are reset, not closed: the kernel frees their buffers at once
+  rather than keeping megabytes of unread /metrics in orphaned sockets.
+- Every response is HTTP/1.1 with `Connection: close`: one request per connection leaves no idle keep-alive
+  connections to manage, and the kubelet and Prometheus are content to reconnect for each probe or scrape.
+- No busy loop when the process runs out of fds: accept() failing with EMFILE/ENFILE closes the oldest
+  connection and retries; with nothing left to close, the listening socket goes unpolled for `_ACCEPT_PAUSE_S`
+  instead of being polled again while it stays readable (the 100 % CPU spin of a thread-per-connection server).
+
+Only the request line is parsed; headers are skipped and request bytes never reach the log. The callbacks
+(the probes, `generate_latest`) run on the loop thread, so they must be quick and must not block; one that
+raises answers 500 and the loop goes on.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import errno
+import re
+import select
+import selectors
+import socket
+import struct
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 # Returns (ok, explanation) — the explanation is the response body, so `curl /readyz` says what is missing.
 Probe = Callable[[], tuple[bool, str]]
+_Answer = tuple[int, str, bytes]  # (status, content type, body)
+
+_TEXT = "text/plain; charset=utf-8"
+# The loop checks for close() this often when nothing else wakes it; that bounds how long close() waits.
+_TICK_S = 0.1
+# How long the listening socket goes unpolled when no fd can be had: long enough to cost nothing, short
+# enough that a probe arriving once fds are free again is answered well within its timeout.
+_ACCEPT_PAUSE_S = 0.1
+_CLOSE_JOIN_S = 1.0
+_RECV_BYTES = 16 * 1024
+# Input left unread when a socket is closed turns the FIN into a RST, which can destroy the response before the
+# client has read it; so after answering we read and discard until the client closes, up to this much.
+_DRAIN_LIMIT_BYTES = 64 * 1024
+# accept() failures that concern one connection only (accept(2) passes on the network errors pending on it).
+_PEER_GONE = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.EPERM,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ENOPROTOOPT,
+        errno.EOPNOTSUPP,
+    }
+)
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE})
+_LINGER_ABORT = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger = 0}: close() sends RST
+# The head ends at the first empty line; bare LF line ends are accepted (RFC 9112 §2.2).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+# Origin-form only (`/path?query`): probes and scrapes never send another form. Methods are case-sensitive.
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (/[\x21-\x7e]*) HTTP/1\.[0-9]")
+
+
+class _Phase(enum.Enum):
+    READ = "read"  # collecting the request head
+    WRITE = "write"  # sending the response
+    DRAIN = "drain"  # response sent and write side shut; discarding input until the client closes
+
+
+@dataclass(slots=True, eq=False)
+class _Conn:
+    sock: socket.socket
+    fd: int
+    deadline: float
+    accept_round: int  # never evicted in the round that accepted it: it has not been read yet
+    phase: _Phase = _Phase.READ
+    events: int = selectors.EVENT_READ
+    received: bytearray = field(default_factory=bytearray)
+    unsent: memoryview = field(default_factory=lambda: memoryview(b""))
+    drained_bytes: int = 0
 
 
 class HealthServer:
-    """Serves metrics and probes on a background thread until `close()`."""
+    """Serves metrics and probes on one background thread until `close()`; see the module docstring.
 
-    def __init__(self, port: int, registry: CollectorRegistry, healthz: Probe, readyz: Probe, host: str = "") -> None:
-        routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
+    `max_connections` bounds the open client connections (and so the fds), `request_timeout_s` the whole exchange
+    on each, from accept to the last byte written, and `max_request_bytes` the request head.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        registry: CollectorRegistry,
+        healthz: Probe,
+        readyz: Probe,
+        host: str = "",
+        *,
+        max_connections: int = 64,
+        request_timeout_s: float = 5.0,
+        max_request_bytes: int = 8192,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        if max_connections < 1 or request_timeout_s <= 0 or max_request_bytes < 64:
+            raise ValueError("need max_connections >= 1, request_timeout_s > 0 and max_request_bytes >= 64")
+        self._routes: dict[str, Callable[[], _Answer]] = {
             "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
             "/healthz": lambda: _probe(healthz),
             "/readyz": lambda: _probe(readyz),
         }
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                status, ctype, body = route() if route else (404, "text/plain", b"not found\n")
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # probes every few seconds would drown the agent's own logs
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="vramguard-http", daemon=True)
+        self._max_connections = max_connections
+        self._request_timeout_s = request_timeout_s
+        self._max_request_bytes = max_request_bytes
+        self.log = log if log is not None else structlog.get_logger("vramguard.http")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # A deep backlog lets the kernel, not our fds, hold a burst of connections until the loop takes them.
+        self._listener = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+        self._listener.setblocking(False)
+        self.port: int = self._listener.getsockname()[1]
+        self._selector = selectors.PollSelector()  # no fd of its own, unlike epoll; a few dozen fds poll cheaply
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._listener_poll = select.poll()  # asks whether a connection waits, without accepting it
+        self._listener_poll.register(self._listener, select.POLLIN)
+        # In accept order, so the first is both the oldest and the one with the earliest deadline.
+        self._conns: dict[int, _Conn] = {}
+        self._round = 0
+        self._accept_paused_until: float | None = None
+        self._failing_paths: set[str] = set()
+        self._logged: set[str] = set()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="vramguard-http", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        """Stops serving, resets every connection and releases the port, within about `_TICK_S`.
+
+        Waits at most `_CLOSE_JOIN_S`: a callback stuck on the loop thread would keep the port until it returns.
+        """
+        self._stopping.set()
+        self._thread.join(_CLOSE_JOIN_S)
+
+    # The loop: expire, wait, serve the clients that are ready, then accept.
+
+    def _serve(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                self._expire(now)
+                if self._accept_paused_until is not None and now >= self._accept_paused_until:
+                    self._accept_paused_until = None
+                    self._selector.register(self._listener, selectors.EVENT_READ)
+                ready = self._selector.select(self._timeout_s(now))
+                now = time.monotonic()
+                listener_ready = False
+                for key, _ in ready:
+                    if key.data is None:
+                        listener_ready = True
+                    else:
+                        self._service(key.data)
+                # Clients first: a connection accepted last round is read before a new one can evict it.
+                if listener_ready:
+                    self._accept(now)
+        finally:
+            for conn in list(self._conns.values()):
+                self._drop(conn, abort=True)
+            self._selector.close()
+            self._listener.close()
+
+    def _timeout_s(self, now: float) -> float:
+        timeout_s = _TICK_S
+        oldest = next(iter(self._conns.values()), None)
+        if oldest is not None:
+            timeout_s = min(timeout_s, oldest.deadline - now)
+        if self._accept_paused_until is not None:
+            timeout_s = min(timeout_s, self._accept_paused_until - now)
+        return max(timeout_s, 0.0)
+
+    def _expire(self, now: float) -> None:
+        # Deadlines grow in accept order, so the expired ones are a prefix.
+        while (oldest := next(iter(self._conns.values()), None)) is not None and oldest.deadline <= now:
+            self._drop(oldest, abort=True)
+
+    # Accepting.
+
+    def _accept(self, now: float) -> None:
+        """Takes waiting connections, evicting the oldest to stay within `max_connections` and the fd limit."""
+        self._round += 1
+        evicted_for_fd = False
+        # At most a cap's worth per round, so nothing accepted this round is evicted before it has been read.
+        for _ in range(self._max_connections):
+            # At the cap, evict before accepting, so the fd count never passes max_connections + 1 even for a
+            # moment; but only for a connection that is there to take, or each round would evict one too many.
+            if len(self._conns) >= self._max_connections and not (self._pending() and self._evict_oldest()):
+                return
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in _PEER_GONE:
+                    continue
+                # Once per errno: an agent out of fds is worth a line, not one per attempt while it lasts.
+                self._log_once(f"accept-{e.errno}", "http_accept_failed", error=errno.errorcode.get(e.errno or 0, "?"))
+                if e.errno in _OUT_OF_FDS and self._conns and not evicted_for_fd:
+                    if not self._evict_oldest():
+                        return  # every connection is from this round: read them, then go on evicting
+                    evicted_for_fd = True
+                    continue
+                self._pause_accepting(now)
+                return
+            evicted_for_fd = False
+            self._add(sock, now)
+
+    def _pending(self) -> bool:
+        return bool(self._listener_poll.poll(0))
+
+    def _evict_oldest(self) -> bool:
+        oldest = next(iter(self._conns.values()), None)
+        if oldest is None or oldest.accept_round == self._round:
+            return False
+        self._drop(oldest, abort=True)
+        return True
+
+    def _pause_accepting(self, now: float) -> None:
+        # Polling a listening socket that stays readable while accept() keeps failing is a busy loop.
+        self._selector.unregister(self._listener)
+        self._accept_paused_until = now + _ACCEPT_PAUSE_S
+
+    def _add(self, sock: socket.socket, now: float) -> None:
+        sock.setblocking(False)
+        conn = _Conn(sock, sock.fileno(), now + self._request_timeout_s, self._round)
+        self._conns[conn.fd] = conn
+        self._selector.register(sock, conn.events, conn)
+
+    def _drop(self, conn: _Conn, *, abort: bool = False) -> None:
+        if self._conns.get(conn.fd) is not conn:
+            return  # dropped already (a close that raised, say), its fd perhaps reused: twice must not kill the loop
+        del self._conns[conn.fd]
+        self._selector.unregister(conn.sock)
+        if abort:
+            # Reset rather than FIN: the kernel frees the connection's buffers now (a never-reading client could
+            # otherwise pin megabytes of /metrics per orphaned socket) and keeps no FIN-WAIT state for it.
+            with contextlib.suppress(OSError):
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+        conn.sock.close()
+
+    # One connection: read the head, answer, write, drain.
+
+    def _service(self, conn: _Conn) -> None:
+        try:
+            if conn.phase is _Phase.READ:
+                self._read(conn)
+            elif conn.phase is _Phase.WRITE:
+                self._write(conn)
+            else:
+                self._drain(conn)
+        except OSError:  # reset, broken pipe: the client is gone
+            self._drop(conn)
+        except Exception as e:  # a bug here costs one connection, never the endpoint
+            # The type only: a message could quote request bytes.
+            self._log_once(f"bug-{type(e).__name__}", "http_connection_failed", error=type(e).__name__)
+            self._drop(conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(self._max_request_bytes + 1 - len(conn.received))
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._drop(conn)  # closed before finishing its request: nobody to answer
+            return
+        conn.received += chunk
+        # Blank lines before the request line are skipped (RFC 9112 §2.2).
+        head = bytes(conn.received).lstrip(b"\r\n")
+        end = _HEAD_END.search(head)
+        if end is not None:
+            self._respond(conn, self._answer(head[: end.start()]))
+        elif len(conn.received) > self._max_request_bytes:
+            self._respond(conn, _render(431, _TEXT, b"request head too large\n"))
+
+    def _answer(self, head: bytes) -> bytes:
+        match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
+        if match is None:
+            return _render(400, _TEXT, b"malformed request line\n")
+        method, target = match.group(1), match.group(2)
+        if method not in (b"GET", b"HEAD"):
+            return _render(405, _TEXT, b"only GET and HEAD\n")
+        path = target.split(b"?", 1)[0].decode("ascii")
+        route = self._routes.get(path)
+        if route is None:
+            return _render(404, _TEXT, b"not found\n", head_only=method == b"HEAD")
+        try:
+            status, content_type, body = route()
+        except Exception as e:
+            # Logged when a route starts failing, not on every scrape while it keeps failing.
+            if path not in self._failing_paths:
+                self._failing_paths.add(path)
+                self.log.error("http_route_failed", path=path, error=repr(e))
+            status, content_type, body = 500, _TEXT, f"{path[1:]} failed: {type(e).__name__}\n".encode()
+        else:
+            self._failing_paths.discard(path)
+        return _render(status, content_type, body, head_only=method == b"HEAD")
+
+    def _respond(self, conn: _Conn, response: bytes) -> None:
+        conn.phase = _Phase.WRITE
+        conn.unsent = memoryview(response)
+        self._write(conn)  # most answers fit the socket buffer: no need to wait for a poll
+
+    def _write(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.unsent)
+        except BlockingIOError:
+            sent = 0
+        conn.unsent = conn.unsent[sent:]
+        if conn.unsent:
+            self._watch(conn, selectors.EVENT_WRITE)
+            return
+        conn.sock.shutdown(socket.SHUT_WR)  # the FIN ends the response (with Content-Length) for the client
+        conn.phase = _Phase.DRAIN
+        self._watch(conn, selectors.EVENT_READ)
+        self._drain(conn)  # the client may have closed already
+
+    def _drain(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(_RECV_BYTES)
+        except BlockingIOError:
+            return
+        conn.drained_bytes += len(chunk)
+        if not chunk:
+            self._drop(conn)
+        elif conn.drained_bytes > _DRAIN_LIMIT_BYTES:
+            self._drop(conn, abort=True)
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        if conn.events != events:
+            conn.events = events
+            self._selector.modify(conn.sock, events, conn)
+
+    def _log_once(self, key: str, event: str, **fields: object) -> None:
+        # Under attack the same failure repeats thousands of times a second; once per server is enough.
+        if key not in self._logged:
+            self._logged.add(key)
+            self.log.warning(event, **fields)
 
 
-def _probe(probe: Probe) -> tuple[int, str, bytes]:
+def _probe(probe: Probe) -> _Answer:
     ok, why = probe()
-    return (200 if ok else 503), "text/plain; charset=utf-8", (why + "\n").encode()
+    return (200 if ok else 503), _TEXT, (why + "\n").encode()
+
+
+def _render(status: int, content_type: str, body: bytes, *, head_only: bool = False) -> bytes:
+    """A complete HTTP/1.1 response; HEAD gets the headers (Content-Length included) without the body."""
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        f"Date: {formatdate(usegmt=True)}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if status == 405:
+        lines.append("Allow: GET, HEAD")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + body

@@ -3,24 +3,37 @@
 Each class implements one seam of `vramguard.ports` and converts between the API's objects and the agent's own
 types here, at the edge, so nothing else in the agent imports the client.
 
+Nothing here runs on the scan thread's time: the pod cache is read from memory, and every request is made by a
+background thread with a request timeout (`_TIMEOUT_*`), so a frozen, slow or absent API server never delays a
+scan, and the agent stops within a second or two whatever the API server does. The client's own urllib3 retries
+are off (`load_api_client`): every retry is ours, with jittered back-off (`vramguard.backoff`).
+
 Contract with the API server (what the agent costs a cluster):
 - Pods: one LIST of the pods bound to this node (`fieldSelector=spec.nodeName=<node>`), then one long WATCH
-  from its resourceVersion, with bookmarks, renewed every `watch_timeout_s`; a 410 Gone relists; errors back off
-  exponentially (1 s → 60 s). No request per scan.
-- Node: one GET at start and after each relist, for its labels (fair share reads `nvidia.com/gpu.replicas`).
-- Events: at most `EVENT_BURST` writes at once and `EVENT_PER_MINUTE` per minute after that (a token bucket);
-  an Event identical to one written in the last 10 minutes is a PATCH of its count, not a new object. What is
-  over the bound is dropped and counted (`vramguard_events_total{result="dropped"}`), never queued.
-- Eviction: one POST per decided eviction; a 429 (a PodDisruptionBudget says no) is retried `attempts` times
-  with doubling back-off, then reported refused.
-- Capacity: one status PATCH when the advertised amount changes, none otherwise.
+  from its resourceVersion, with bookmarks, renewed every 5 to 10 minutes (randomised); a 410 Gone relists; errors
+  back off exponentially with jitter (1 s → 60 s), so a fleet does not relist in lockstep after a restart.
+- Node: one GET of its own Node every `NODE_REFRESH_S` (5 s, jittered): its labels (fair share reads
+  `nvidia.com/gpu.replicas`, so a changed label applies within seconds) and the proof that the API server
+  answers (`/readyz` says "unreachable" within seconds of a freeze). RBAC stays `get` on nodes: a watch of one
+  node would need `list` and `watch` on every node.
+- Events (client-go's recorder, for an agent): queued, at most `EVENT_QUEUE` waiting; a spam filter per
+  (pod, reason) — `EVENT_SPAM_BURST` at once, then one per `EVENT_SPAM_REFILL_S` — so one noisy pod cannot
+  starve the others; an Event repeated while queued or within 10 minutes of being written is one object whose
+  count grows (a PATCH); writes paced at `EVENT_BURST` at once and `EVENT_PER_MINUTE` after that. Each Event's
+  name is fixed when it is recorded, so a create retried after a timeout can never write it twice. What is over
+  a bound is dropped and counted (`vramguard_events_total{result="dropped"}`).
+- Eviction: one POST per decided eviction, on the enforcer's worker; a 429 (a PodDisruptionBudget says no) is
+  retried `attempts` times with jittered back-off, then reported refused.
+- Capacity: one status PATCH when the advertised amount changes, none otherwise; failures back off (10 s → 10 min).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,30 +43,66 @@ import structlog
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from vramguard.backoff import Backoff, TokenBucket
 from vramguard.model import GpuSample, PodInfo
 from vramguard.pods import PodSourceError, pod_info_from_manifest
 from vramguard.ports import EvictResult
+from vramguard.worker import Runner, Worker
 
 VRAM_RESOURCE = "vramguard.io/vram"
+COMPONENT = "vramguard"
+
+# Events
+EVENT_QUEUE = 256
+EVENT_SPAM_BURST = 25
+EVENT_SPAM_REFILL_S = 300.0
 EVENT_BURST = 25
 EVENT_PER_MINUTE = 20
 EVENT_REPEAT_WINDOW_S = 600.0
-COMPONENT = "vramguard"
+EVENT_MAX_AGE_S = 600.0  # an Event still unwritten after this long is stale news: dropped as failed
+EVENT_MESSAGE_CHARS = 1024
+
+# Node labels and reachability
+NODE_REFRESH_S = 5.0
+
+# Request timeouts, (connect, read) seconds. The read timeout bounds each wait for the server's next bytes.
+_TIMEOUT_WRITE = (5.0, 10.0)
+_TIMEOUT_LIST = (5.0, 30.0)
+_TIMEOUT_NODE = (3.0, 3.0)
 
 Log = structlog.typing.FilteringBoundLogger
 
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or the in-cluster ServiceAccount when none is given."""
+    """An API client from a kubeconfig file, or the in-cluster ServiceAccount when none is given.
+
+    urllib3's own retries are turned off: they would multiply every request timeout by four, behind the back of
+    the agent's back-off.
+    """
+    configuration = client.Configuration()
     if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return api
-    config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.retries = False
+    return client.ApiClient(configuration)
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"{e.status} {e.reason}"
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def _transient(e: BaseException) -> bool:
+    """Worth retrying: no answer (timeouts, refused connections) or the server saying "later"."""
+    if isinstance(e, ApiException):
+        return not e.status or e.status == 429 or e.status >= 500
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -61,11 +110,13 @@ def _now() -> datetime:
 
 
 class KubePodSource:
-    """The pods bound to one node, kept current by a list+watch on a background thread.
+    """The pods bound to one node, kept current by a list+watch on a background thread, and the node's labels,
+    re-read by a second one (which also tells whether the API server answers).
 
-    `synced()` is true from the first successful LIST until the connection to the API server is lost, and again
-    after the next successful relist; while disconnected the agent keeps enforcing with the pods it has. A relist
-    replaces the cache whole, so a pod deleted while the agent was disconnected is forgotten, never acted on.
+    `synced()` is true from the first successful LIST until the watch breaks, and again after the next relist;
+    `problem()` also reports an API server that stopped answering. Either way the agent keeps enforcing with
+    the pods it has. A relist replaces the cache whole, so a pod deleted while the agent was disconnected is
+    forgotten, never acted on.
     """
 
     def __init__(
@@ -74,22 +125,29 @@ class KubePodSource:
         node_name: str,
         *,
         watch_timeout_s: int = 300,
+        node_refresh_s: float = NODE_REFRESH_S,
         log: Log | None = None,
-        sleep: Callable[[float], None] | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.watch_timeout_s = watch_timeout_s
+        self.node_refresh_s = node_refresh_s
         self.log = log if log is not None else structlog.get_logger("vramguard.pods")
+        self.now = now
         self._stop = threading.Event()
-        self._sleep = sleep if sleep is not None else self._stop.wait
         self._pods: dict[str, PodInfo] = {}
-        self._labels: dict[str, str] = {}
+        self._labels: dict[str, str] | None = None  # None until the node was read once
         self._connected = False
         self._listed = False
-        self._response: Any = None  # the watch in flight, closed by stop() to end it at once
+        self._watch_error: str | None = None
+        self._unreachable: tuple[str, float] | None = None  # (error, since) while the node GET fails
+        self._response: Any = None  # the watch in flight, shut down by stop() to end it at once
         self.lists = 0  # LIST requests made, for tests and logs
-        self._thread = threading.Thread(target=self._run, name="vramguard-pod-watch", daemon=True)
+        self._threads = (
+            threading.Thread(target=self._watch_pods, name="vramguard-pod-watch", daemon=True),
+            threading.Thread(target=self._watch_node, name="vramguard-node-labels", daemon=True),
+        )
 
     # -- PodSource ------------------------------------------------------------------------------------------
 
@@ -100,24 +158,37 @@ class KubePodSource:
         return self._listed and self._connected
 
     def problem(self) -> str | None:
-        return None if self.synced() else "pod cache not synced"
+        unreachable = self._unreachable
+        if unreachable is not None:
+            error, since = unreachable
+            return f"API server unreachable for {self.now() - since:.0f}s: {error}"
+        if not self._listed:
+            return "pod cache not synced" + (f": {self._watch_error}" if self._watch_error else "")
+        if not self._connected:
+            return f"pod watch disconnected: {self._watch_error}"
+        return None
 
     def node_labels(self) -> Mapping[str, str]:
-        return self._labels
+        return self._labels or {}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def start(self) -> KubePodSource:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ends both threads; returns within `timeout_s` even if a request is stuck (the threads are daemons)."""
         self._stop.set()
         response = self._response
         if response is not None:
             # shutdown() interrupts the read blocked in the watch thread; close() alone would wait for data.
             response.shutdown()
-        self._thread.join(timeout=5)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -125,35 +196,36 @@ class KubePodSource:
             time.sleep(0.05)
         return self.synced()
 
-    # -- the loop --------------------------------------------------------------------------------------------
+    # -- the pod watch ---------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        backoff_s = 1.0
+    def _watch_pods(self) -> None:
+        backoff = Backoff(1.0, 60.0)
         resource_version: str | None = None
         while not self._stop.is_set():
             try:
                 if resource_version is None:
                     resource_version = self._list()
+                    backoff.reset()
                 resource_version = self._watch(resource_version)
-                backoff_s = 1.0
             except _Gone:
                 self.log.info("pod_watch_expired", detail="410 Gone: relisting")
                 resource_version = None
             except Exception as e:  # the API server is down or refusing: keep the cache, back off, relist
                 if self._stop.is_set():
                     break
-                if self._connected:
-                    self.log.warning("pod_watch_disconnected", error=_describe(e), retry_in_s=backoff_s)
+                delay = backoff.next()
+                if self._connected or self._watch_error is None:
+                    self.log.warning("pod_watch_disconnected", error=_describe(e), retry_in_s=round(delay, 1))
                 self._connected = False
+                self._watch_error = _describe(e)
                 resource_version = None
-                self._sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 60.0)
+                self._stop.wait(delay)
 
     def _list(self) -> str:
         # Raw responses (`_preload_content=False`): the agent reads plain JSON into its own types, skipping the
         # client's model objects, which cost more than the whole conversion.
         resp: Any = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node_name}", _preload_content=False, _request_timeout=(5, 30)
+            field_selector=f"spec.nodeName={self.node_name}", _preload_content=False, _request_timeout=_TIMEOUT_LIST
         )
         body = json.loads(resp.data)
         pods: dict[str, PodInfo] = {}
@@ -163,27 +235,34 @@ class KubePodSource:
                 pods[info.uid] = self._keep_identity(info)
         # Labels before pods: a reader that sees these pods must also see their node's labels, or a fair share
         # would be computed without nvidia.com/gpu.replicas (the whole GPU) for a scan.
-        self._labels = self._read_node_labels()
+        if self._labels is None:
+            self._labels = self._read_node_labels()
         self._pods = pods
         self.lists += 1
         if not self._connected:
             self.log.info("pod_cache_synced", pods=len(pods), resource_version=body["metadata"]["resourceVersion"])
         self._listed = self._connected = True
+        self._watch_error = None
         return str(body["metadata"]["resourceVersion"])
 
     def _watch(self, resource_version: str) -> str:
+        # A random renewal period, as client-go's reflector uses, so a fleet's watches do not expire together.
+        timeout_s = int(self.watch_timeout_s * (1 + random.random()))
         resp: Any = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={self.node_name}",
             watch=True,
             allow_watch_bookmarks=True,
             resource_version=resource_version,
-            timeout_seconds=self.watch_timeout_s,
+            timeout_seconds=timeout_s,
             _preload_content=False,
-            # The read timeout outlasts the server's own timeout: only a dead connection trips it.
-            _request_timeout=(5, self.watch_timeout_s + 30),
+            # The read timeout outlasts the server's own timeout: only a dead connection trips it. A frozen API
+            # server is noticed sooner by the node refresh (`problem()`), which does not need to break the watch.
+            _request_timeout=(_TIMEOUT_LIST[0], timeout_s + 30),
         )
         self._response = resp
         try:
+            if self._stop.is_set():
+                return resource_version
             for event in _events(resp):
                 if self._stop.is_set():
                     break
@@ -198,7 +277,7 @@ class KubePodSource:
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise _Gone()
-            raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+            raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
         if kind == "BOOKMARK":
             return rv
@@ -218,7 +297,7 @@ class KubePodSource:
         try:
             return pod_info_from_manifest(obj)
         except (PodSourceError, ValueError, TypeError) as e:
-            self.log.warning("pod_unreadable", error=str(e))
+            self.log.warning("pod_unreadable", error=str(e)[:300])
             return None
 
     def _keep_identity(self, info: PodInfo) -> PodInfo:
@@ -226,12 +305,42 @@ class KubePodSource:
         old = self._pods.get(info.uid)
         return old if old == info else info
 
+    # -- the node's labels, and whether the API server answers ------------------------------------------------
+
+    def _watch_node(self) -> None:
+        backoff = Backoff(self.node_refresh_s, 60.0)
+        while not self._stop.is_set():
+            try:
+                labels = self._read_node_labels()
+            except Exception as e:
+                if self._stop.is_set():
+                    break
+                error = _describe(e)
+                if self._unreachable is None:
+                    self.log.warning("api_server_unreachable", error=error)
+                    self._unreachable = (error, self.now())
+                else:
+                    self._unreachable = (error, self._unreachable[1])
+                # Short retries at first, so readiness comes back within seconds of the API server.
+                self._stop.wait(min(backoff.next(), self.node_refresh_s))
+                continue
+            backoff.reset()
+            if self._unreachable is not None:
+                self.log.info("api_server_reachable", down_for_s=round(self.now() - self._unreachable[1], 1))
+                self._unreachable = None
+            if labels != self._labels:
+                if self._labels is not None:
+                    self.log.info("node_labels_changed", node=self.node_name)
+                self._labels = labels
+            self._stop.wait(self.node_refresh_s * (0.75 + 0.5 * random.random()))
+
     def _read_node_labels(self) -> dict[str, str]:
         try:
-            resp: Any = self.core.read_node(self.node_name, _preload_content=False, _request_timeout=(5, 30))
+            resp: Any = self.core.read_node(self.node_name, _preload_content=False, _request_timeout=_TIMEOUT_NODE)
         except ApiException as e:
             if e.status == 404:
-                self.log.warning("node_not_found", node=self.node_name)
+                if self._labels is None or self._labels:
+                    self.log.warning("node_not_found", node=self.node_name)
                 return {}
             raise
         labels = (json.loads(resp.data).get("metadata") or {}).get("labels") or {}
@@ -255,37 +364,26 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
         yield json.loads(pending)
 
 
-def _describe(e: BaseException) -> str:
-    if isinstance(e, ApiException):
-        return f"{e.status} {e.reason}"
-    return f"{type(e).__name__}: {e}"
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Events
 
 
-class TokenBucket:
-    """`burst` tokens, refilled at `per_minute`; `take()` is False when empty."""
+@dataclass(slots=True)
+class _Pending:
+    """An Event waiting for the writer, with the repeats that arrived meanwhile folded into its count."""
 
-    def __init__(self, burst: int, per_minute: float, now: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.rate_per_s = per_minute / 60.0
-        self.now = now
-        self.tokens = float(burst)
-        self.updated = now()
-
-    def take(self) -> bool:
-        t = self.now()
-        self.tokens = min(self.burst, self.tokens + (t - self.updated) * self.rate_per_s)
-        self.updated = t
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
+    pod: PodInfo
+    reason: str
+    message: str
+    warning: bool
+    name: str  # fixed at record time: a create retried after a timeout hits 409, never a second object
+    count: int
+    first: datetime
+    last: datetime
+    queued_at: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _Written:
     name: str
     namespace: str
@@ -293,8 +391,15 @@ class _Written:
     at: float
 
 
+_Key = tuple[str, str, str]  # (pod UID, reason, message)
+
+
 class KubeEventRecorder:
-    """Writes core/v1 Events on pods, bounded by a token bucket; repeats within 10 minutes bump a count."""
+    """core/v1 Events on pods, written by one background thread. `record` never blocks and never raises.
+
+    The bounds and the aggregation are in the module docstring. Results are counted through `count` (written,
+    patched, aggregated, dropped, failed).
+    """
 
     def __init__(
         self,
@@ -302,67 +407,180 @@ class KubeEventRecorder:
         node_name: str,
         *,
         count: Callable[[str], None] | None = None,
+        max_queue: int = EVENT_QUEUE,
         bucket: TokenBucket | None = None,
+        spam_burst: int = EVENT_SPAM_BURST,
+        spam_refill_s: float = EVENT_SPAM_REFILL_S,
         now: Callable[[], float] = time.monotonic,
         log: Log | None = None,
+        start: bool = True,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.log = log if log is not None else structlog.get_logger("vramguard.events")
         self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, now)
         self.now = now
+        self.max_queue = max_queue
+        self._spam_burst = spam_burst
+        self._spam_per_minute = 60.0 / spam_refill_s
         self._count = count if count is not None else (lambda result: None)
-        self._written: dict[tuple[str, str, str], _Written] = {}
-        self._lock = threading.Lock()
+        self._spam: OrderedDict[tuple[str, str], TokenBucket] = OrderedDict()  # LRU, bounded like client-go's
+        self._queue: OrderedDict[_Key, _Pending] = OrderedDict()  # oldest first
+        self._written: dict[_Key, _Written] = {}  # touched by the writer thread only
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._last_error: str | None = None
+        self._writing = False  # an Event taken off the queue is being written
+        self._thread = threading.Thread(target=self._run, name="vramguard-events", daemon=True)
+        if start:
+            self._thread.start()
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
-        """Best effort: an Event that cannot be written is counted and logged, never raised into the loop."""
-        with self._lock:
-            if not self.bucket.take():
+        message = message[:EVENT_MESSAGE_CHARS]
+        key = (pod.uid, reason, message)
+        with self._cond:
+            pending = self._queue.get(key)
+            if pending is not None:  # said again before it was even written: one Event, counted twice
+                pending.count += 1
+                pending.last = _now()
+                self._count("aggregated")
+                return
+            if not self._spam_filter(pod.uid, reason) or len(self._queue) >= self.max_queue:
                 self._count("dropped")
                 return
-            try:
-                self._write(pod, reason, message, warning)
-            except Exception as e:
-                self._count("failed")
-                self.log.warning("event_failed", pod=pod.key, reason=reason, error=_describe(e))
+            stamp = _now()
+            self._queue[key] = _Pending(
+                pod, reason, message, warning, _event_name(pod.name), 1, stamp, stamp, self.now()
+            )
+            self._cond.notify()
 
-    def _write(self, pod: PodInfo, reason: str, message: str, warning: bool) -> None:
-        key = (pod.uid, reason, message)
+    def queued(self) -> int:
+        """Events waiting to be written, the one being written included."""
+        with self._cond:
+            return len(self._queue) + self._writing
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Stop the writer; Events still queued are dropped (counted). Returns within `timeout_s`."""
+        self._stop.set()
+        with self._cond:
+            left = len(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for _ in range(left):
+            self._count("dropped")
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the queue is empty (tests; a graceful stop). True when it emptied in time."""
+        deadline = time.monotonic() + timeout_s
+        while self.queued() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.queued()
+
+    def _spam_filter(self, uid: str, reason: str) -> bool:
+        key = (uid, reason)
+        bucket = self._spam.get(key)
+        if bucket is None:
+            bucket = self._spam[key] = TokenBucket(self._spam_burst, self._spam_per_minute, self.now)
+            if len(self._spam) > 4096:
+                self._spam.popitem(last=False)
+        else:
+            self._spam.move_to_end(key)
+        return bucket.take()
+
+    # -- the writer thread -------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait()
+                if self._stop.is_set():
+                    return
+                key, item = self._queue.popitem(last=False)
+                self._writing = True
+            try:
+                if not self.bucket.wait(self._stop):
+                    return
+                self._deliver(key, item)
+            finally:
+                with self._cond:
+                    self._writing = False
+
+    def _deliver(self, key: _Key, item: _Pending) -> None:
+        backoff = Backoff(1.0, 10.0)  # short: Events owed during an outage should arrive soon after it
+        while not self._stop.is_set():
+            if self.now() - item.queued_at > EVENT_MAX_AGE_S:
+                self._count("failed")
+                self.log.warning("event_expired", pod=item.pod.key, reason=item.reason, age_s=EVENT_MAX_AGE_S)
+                return
+            try:
+                self._write(key, item)
+            except Exception as e:
+                error = _describe(e)
+                if error != self._last_error:  # once per distinct error, not once per retry
+                    self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
+                    self._last_error = error
+                if not _transient(e):
+                    self._count("failed")
+                    return
+                self._stop.wait(backoff.next())
+                continue
+            self._last_error = None
+            return
+
+    def _write(self, key: _Key, item: _Pending) -> None:
         t = self.now()
         self._written = {k: w for k, w in self._written.items() if t - w.at < EVENT_REPEAT_WINDOW_S}
         seen = self._written.get(key)
         if seen is not None:  # the same thing said again: bump the count on the Event already written
-            seen.count += 1
-            seen.at = t
-            self.core.patch_namespaced_event(
-                seen.name,
-                seen.namespace,
-                {"count": seen.count, "lastTimestamp": _now().strftime("%Y-%m-%dT%H:%M:%SZ")},
-                _content_type="application/merge-patch+json",
-            )
-            self._count("patched")
-            return
-        stamp = _now()
+            try:
+                self.core.patch_namespaced_event(
+                    seen.name,
+                    seen.namespace,
+                    {"count": seen.count + item.count, "lastTimestamp": item.last.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                    _content_type="application/merge-patch+json",
+                    _request_timeout=_TIMEOUT_WRITE,
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                del self._written[key]  # it expired or was deleted: write it afresh
+            else:
+                seen.count += item.count
+                seen.at = t
+                self._count("patched")
+                return
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
+            metadata=client.V1ObjectMeta(name=item.name, namespace=item.pod.namespace),
             involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid
+                api_version="v1", kind="Pod", namespace=item.pod.namespace, name=item.pod.name, uid=item.pod.uid
             ),
-            reason=reason,
-            message=message[:1024],
-            type="Warning" if warning else "Normal",
+            reason=item.reason,
+            message=item.message,
+            type="Warning" if item.warning else "Normal",
             source=client.V1EventSource(component=COMPONENT, host=self.node_name),
             reporting_component=f"{COMPONENT}.io/agent",
             reporting_instance=self.node_name,
-            first_timestamp=stamp,
-            last_timestamp=stamp,
-            count=1,
+            first_timestamp=item.first,
+            last_timestamp=item.last,
+            count=item.count,
         )
-        created = self.core.create_namespaced_event(pod.namespace, event)
-        assert created.metadata is not None and created.metadata.name is not None
-        self._written[key] = _Written(created.metadata.name, pod.namespace, 1, t)
+        try:
+            self.core.create_namespaced_event(item.pod.namespace, event, _request_timeout=_TIMEOUT_WRITE)
+        except ApiException as e:
+            # 409: an earlier attempt whose answer was lost (a timeout) did write it; writing it again would be
+            # the duplicate the fixed name exists to prevent.
+            if e.status != 409:
+                raise
+        self._written[key] = _Written(item.name, item.pod.namespace, item.count, t)
         self._count("written")
+
+
+def _event_name(pod_name: str) -> str:
+    """`<pod>.<hex nanoseconds>`, client-go's scheme, cut to fit the 253-character name limit."""
+    return f"{pod_name[:235]}.{time.time_ns():x}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -371,19 +589,22 @@ class KubeEventRecorder:
 
 class KubeEvictor:
     """policy/v1 Eviction, so PodDisruptionBudgets are respected. Preconditioned on the pod's UID: a pod
-    re-created under the same name is never evicted for its predecessor's usage."""
+    re-created under the same name is never evicted for its predecessor's usage.
+
+    Blocking, with request timeouts: the enforcer calls it from its background worker, never from the scan.
+    """
 
     def __init__(
         self,
         api: client.ApiClient,
         *,
         attempts: int = 3,
-        backoff_s: float = 0.5,
+        backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 4.0),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.attempts = attempts
-        self.backoff_s = backoff_s
+        self.backoff = backoff
         self.sleep = sleep
 
     def evict(self, pod: PodInfo, message: str) -> EvictResult:
@@ -392,25 +613,28 @@ class KubeEvictor:
             delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)),
         )
         last = ""
+        backoff = self.backoff()
         for attempt in range(self.attempts):
             try:
-                self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+                self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _request_timeout=_TIMEOUT_WRITE)
                 return EvictResult(evicted=True, refused=False)
             except ApiException as e:
                 if e.status == 429:
                     last = _status_message(e)
                     if attempt + 1 < self.attempts:
-                        self.sleep(self.backoff_s * 2**attempt)
+                        self.sleep(backoff.next())
                     continue
                 if e.status in (404, 409):  # gone already, or a new pod under the old name
-                    return EvictResult(evicted=False, refused=False, message=f"not evicted: {_status_message(e)}")
-                raise
+                    return EvictResult(evicted=False, refused=False, gone=True, message=_status_message(e))
+                return EvictResult(evicted=False, refused=False, message=f"{e.status}: {_status_message(e)}")
+            except Exception as e:  # no answer: a timeout, a refused connection
+                return EvictResult(evicted=False, refused=False, message=_describe(e))
         return EvictResult(evicted=False, refused=True, message=last)
 
 
 def _status_message(e: ApiException) -> str:
     try:
-        return str(json.loads(e.body or "{}").get("message") or e.reason)
+        return str(json.loads(e.body or "{}").get("message") or e.reason)[:300]
     except ValueError:
         return str(e.reason)
 
@@ -428,8 +652,16 @@ def advertisable_bytes(sample: GpuSample, reserve_bytes: int) -> int:
     return max(0, total - reserve_bytes)
 
 
+_UNKNOWN = "unknown"
+
+
 class KubeCapacityPublisher:
-    """Advertises `vramguard.io/vram` in the Node's status capacity and allocatable, or withdraws it."""
+    """Advertises `vramguard.io/vram` in the Node's status capacity and allocatable, or withdraws it.
+
+    `publish` and `withdraw` only hand the PATCH to a background worker; a PATCH is made only when the amount
+    differs from the last one published, and after a failure not before the back-off (10 s doubling to 10 min,
+    jittered) has passed: a policy that denies it must not cost the API server one PATCH per scan.
+    """
 
     def __init__(
         self,
@@ -438,43 +670,56 @@ class KubeCapacityPublisher:
         reserve_bytes: int = 0,
         log: Log | None = None,
         now: Callable[[], float] = time.monotonic,
+        runner: Runner | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.reserve_bytes = reserve_bytes
         self.log = log if log is not None else structlog.get_logger("vramguard.capacity")
         self.now = now
-        self._published: int | str | None = "unknown"
-        # After a failed PATCH, wait before the next (10 s doubling to 10 min): a policy that denies it would
-        # otherwise cost the API server one PATCH per scan.
+        self.runner: Runner = runner if runner is not None else Worker("vramguard-capacity", max_queue=1)
+        self._published: int | str | None = _UNKNOWN
+        self._in_flight = False
         self._retry_at = 0.0
-        self._backoff_s = 10.0
+        self._backoff = backoff if backoff is not None else Backoff(10.0, 600.0, jitter=0.2)
         self._last_error: str | None = None
 
     def publish(self, sample: GpuSample) -> None:
-        self._patch(advertisable_bytes(sample, self.reserve_bytes))
+        self._submit(advertisable_bytes(sample, self.reserve_bytes))
 
     def withdraw(self) -> None:
-        self._patch(None)
+        self._submit(None)
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        self.runner.stop(timeout_s)
+
+    def _submit(self, total_bytes: int | None) -> None:
+        if self._in_flight or total_bytes == self._published or self.now() < self._retry_at:
+            return
+        self._in_flight = True
+        if not self.runner.submit(lambda: self._patch(total_bytes)):
+            self._in_flight = False
 
     def _patch(self, total_bytes: int | None) -> None:
-        if total_bytes == self._published or self.now() < self._retry_at:
-            return
         value = str(total_bytes) if total_bytes is not None else None
         # A JSON merge patch sets the key, or with null removes it (and removing an absent key is no error).
         patch = {"status": {"capacity": {VRAM_RESOURCE: value}, "allocatable": {VRAM_RESOURCE: value}}}
         try:
-            self.core.patch_node_status(self.node_name, patch, _content_type="application/merge-patch+json")
+            self.core.patch_node_status(
+                self.node_name, patch, _content_type="application/merge-patch+json", _request_timeout=_TIMEOUT_WRITE
+            )
         except Exception as e:  # best effort: the scheduler's view must never hold up enforcement
             error = _describe(e)
+            delay = self._backoff.next()
             if error != self._last_error:  # once per distinct error, not once per retry
-                self.log.warning(
-                    "capacity_publish_failed", node=self.node_name, error=error, retry_in_s=self._backoff_s
-                )
+                self.log.warning("capacity_publish_failed", node=self.node_name, error=error, retry_in_s=round(delay))
             self._last_error = error
-            self._retry_at = self.now() + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, 600.0)
+            self._retry_at = self.now() + delay
+            self._in_flight = False
             return
         self.log.info("capacity_published", node=self.node_name, resource=VRAM_RESOURCE, bytes=total_bytes)
         self._published = total_bytes
-        self._backoff_s, self._last_error = 10.0, None
+        self._backoff.reset()
+        self._last_error = None
+        self._in_flight = False  # last: a scan that sees it false also sees what was published

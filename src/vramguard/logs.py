@@ -6,6 +6,28 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+# Log values come from tenants (annotations, pod names, messages built from them): each string is cut to the
+# length an Event message may have, so a 10 MB annotation costs a line, not 10 MB per scan.
+MAX_VALUE_CHARS = 1024
+
+
+def cut_long_values(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """A structlog processor: every string value (and string in a list or tuple) cut to MAX_VALUE_CHARS."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = cut(value)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, str) and len(v) > MAX_VALUE_CHARS for v in value):
+            event_dict[key] = [cut(v) if isinstance(v, str) else v for v in value]
+    return event_dict
+
+
+def cut(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """`text`, or its first `limit` characters and how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more characters]"
 
 
 def configure_logging(log_format: str = "auto", level: str = "info") -> None:
@@ -19,6 +41,7 @@ def configure_logging(log_format: str = "auto", level: str = "info") -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            cut_long_values,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],

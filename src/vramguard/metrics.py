@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -103,6 +103,8 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._scan = _ScanCollector()
         self.registry.register(self._scan)
+        # process_open_fds and process_max_fds: fd pressure (alert on their ratio), with the agent's CPU and memory.
+        ProcessCollector(registry=self.registry)
         self.violations = Counter(
             "vramguard_violations_total",
             "Violation episodes started: a subject went above its quota (severity hard: above its hard limit).",
@@ -123,7 +125,8 @@ class Metrics:
         )
         self.events = Counter(
             "vramguard_events_total",
-            "Kubernetes Events by result: written, patched (a repeat), dropped (over the rate bound), failed.",
+            "Kubernetes Events by result: written, patched (a repeat of a written one), aggregated (a repeat of a "
+            "queued one), dropped (over a bound), failed (refused, or unanswered for 10 minutes).",
             ["result"],
             registry=self.registry,
         )

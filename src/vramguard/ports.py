@@ -86,19 +86,26 @@ class Killer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class EvictResult:
+    """What an eviction came to. Neither evicted nor refused nor gone: it failed (no answer, an error)."""
+
     evicted: bool
     refused: bool  # the API server said 429 (a PodDisruptionBudget) until the retries ran out
     message: str = ""
+    gone: bool = False  # the pod no longer exists (404), or another pod has its name (409): nothing to do
 
 
 class Evictor(Protocol):
-    """Evicts a pod through the policy/v1 Eviction API (respects PodDisruptionBudgets)."""
+    """Evicts a pod through the policy/v1 Eviction API (respects PodDisruptionBudgets).
+
+    May block on the network (with request timeouts): the enforcer calls it from a background worker."""
 
     def evict(self, pod: PodInfo, message: str) -> EvictResult: ...
 
 
 class EventRecorder(Protocol):
-    """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit."""
+    """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit.
+
+    Must not block and must not raise: the scan calls it (the Kubernetes one queues for a writer thread)."""
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None: ...
 
@@ -106,7 +113,8 @@ class EventRecorder(Protocol):
 class CapacityPublisher(Protocol):
     """Advertises the node's schedulable GPU memory as an extended resource (idempotent: publishes changes).
 
-    Best effort: a failure is logged and retried later, never raised into the loop."""
+    Best effort and non-blocking: the PATCH runs in the background; a failure is logged and retried later,
+    never raised into the loop."""
 
     def publish(self, sample: GpuSample) -> None: ...
 

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from vramguard.testing.cgroups import cgroups_unavailable
 from vramguard.testing.controlplane import ControlPlane, binaries_dir, unavailable_reason
+
+from .kube_fixtures import KubeNode, deploy_manifest
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +54,24 @@ def namespace(admin_api: client.ApiClient) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     client.CoreV1Api(admin_api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name
+
+
+@pytest.fixture(scope="session")
+def deployed(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with deploy/daemonset.yaml applied: namespace, ServiceAccount, RBAC, admission policy."""
+    with control_plane.api_client() as api:
+        deploy_manifest(api)
+    return control_plane
+
+
+@pytest.fixture
+def node(deployed: ControlPlane, admin_api: client.ApiClient, tmp_path: Path) -> Iterator[KubeNode]:
+    """A fresh GPU node (API Node + simulated GPU + real cgroups) with the agent's pod-bound credentials."""
+    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
+    if reason is not None:
+        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    kube_node = KubeNode(deployed, admin_api, tmp_path, labels={"nvidia.com/gpu.replicas": "4"})
+    try:
+        yield kube_node
+    finally:
+        kube_node.close()

@@ -21,11 +21,12 @@ from kubernetes import client, utils
 from vramguard.model import PodInfo
 from vramguard.pods import pod_info_from_manifest
 from vramguard.testing.controlplane import ControlPlane, write_kubeconfig
-from vramguard.testing.simnode import SimPod, SimulatedNode
+from vramguard.testing.simnode import SimPod, SimulatedNode, metric_value, wait_for
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "daemonset.yaml"
 MERGE = "application/merge-patch+json"
 AGENT_NAMESPACE = "vramguard"
+POLL_S = 0.25
 
 
 def deploy_manifest(api: client.ApiClient) -> None:
@@ -165,3 +166,18 @@ def pod_info(pod: client.V1Pod) -> PodInfo:
     """The agent's view of a pod object, through the same conversion its pod cache uses."""
     serialized = client.ApiClient().sanitize_for_serialization(pod)  # type: ignore[no-untyped-call]
     return pod_info_from_manifest(serialized)
+
+
+def wait_scans(kube_node: KubeNode, n: int) -> None:
+    """Wait until the node's agent has finished `n` more scans."""
+
+    def scans() -> float:
+        return metric_value(kube_node.sim.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
+
+    target = scans() + n
+    assert wait_for(lambda: scans() >= target, timeout_s=n * POLL_S * 10 + 10)
+
+
+def metric(kube_node: KubeNode, name: str, **labels: str) -> float | None:
+    """One sample from the node's agent's /metrics, or None when absent."""
+    return metric_value(kube_node.sim.http_get("/metrics")[1], name, labels)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import os
 import secrets
 import shutil
@@ -44,7 +45,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -469,6 +470,19 @@ class ControlPlane:
         apiserver.wait_until(
             lambda: _http_ok(f"{self.host}/api/v1/namespaces/default", context), self.start_timeout_s, "serving"
         )
+
+    @contextlib.contextmanager
+    def frozen_apiserver(self) -> Iterator[None]:
+        """The apiserver stopped with SIGSTOP for the duration: the kernel still accepts its connections, and
+        nothing answers them (a hung server, not a dead one). SIGCONT at the end, whatever happens inside."""
+        popen = self.components["kube-apiserver"].popen
+        if popen is None:
+            raise ControlPlaneError("kube-apiserver is not running")
+        popen.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            popen.send_signal(signal.SIGCONT)
 
     def restart_apiserver(self, *, kill: bool = False) -> None:
         """Stop and start the apiserver: same port, certificates and data. Clients reconnect on their own."""

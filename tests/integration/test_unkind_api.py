@@ -1,0 +1,135 @@
+"""An unkind API server: frozen (SIGSTOP: connections accepted, nothing answered), then back.
+
+The agent must keep enforcing at its own pace, say on /readyz within seconds that the API server does not answer,
+stay alive on /healthz, stop within 2 s on SIGTERM, and deliver the Events it owes once the server is back,
+none of them twice. Real kube-apiserver, real `vramguard run`, real processes in cgroups named by the pods' UIDs.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from vramguard.kube import KubePodSource
+from vramguard.model import GiB, MiB
+from vramguard.testing.controlplane import kubeconfig_api_client
+from vramguard.testing.simnode import wait_for
+
+from .kube_fixtures import MERGE, ApiPod, KubeNode, metric, wait_scans
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+VRAM = "vramguard.io/vram"
+POLL_S = 0.5
+
+
+def _event_log(node: KubeNode, pod: ApiPod) -> Counter[tuple[str, str]]:
+    """How many Event objects exist per (reason, message) for `pod`: more than 1 is a duplicate."""
+    return Counter((e.reason or "", e.message or "") for e in node.events(pod))
+
+
+def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: str) -> None:
+    """API server frozen: /readyz says so within seconds, /healthz stays 200, two offenders crossing their quota
+    are killed within a poll or two each; thawed: ready again, every owed Event arrives, none twice."""
+    first, sim_first = node.pod("first", namespace, limits={VRAM: "1Gi"})
+    second, sim_second = node.pod("second", namespace, limits={VRAM: "1Gi"})
+    a = node.sim.spawn(sim_first, "main", 512 * MiB)
+    b = node.sim.spawn(sim_second, "main", 512 * MiB)
+    node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+
+    with node.plane.frozen_apiserver():
+        frozen_at = time.monotonic()
+        assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 503, timeout_s=15), node.sim.http_get("/readyz")
+        noticed_s = time.monotonic() - frozen_at
+        assert "API server unreachable" in node.sim.http_get("/readyz")[1]
+        for proc in (a, b):
+            node.sim.set_usage(proc, 2 * GiB)
+            crossed = time.monotonic()
+            assert wait_for(lambda p=proc: not p.alive(), timeout_s=2 * POLL_S + 1), "killed while frozen"
+            assert time.monotonic() - crossed < 2 * POLL_S + 1
+        wait_scans(node, 3)
+        assert node.sim.http_get("/healthz")[0] == 200
+        assert metric(node, "vramguard_actions_total", action="kill", result="ok") == 2.0
+    assert noticed_s < 10, f"/readyz noticed the freeze after {noticed_s:.1f}s"
+
+    assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 200, timeout_s=30), node.sim.http_get("/readyz")
+    owed = [(first, a), (second, b)]
+
+    def delivered() -> bool:
+        return all(sorted(r for r, _ in _event_log(node, pod)) == ["VRAMKilled", "VRAMQuotaExceeded"] for pod, _ in owed)
+
+    assert wait_for(delivered, timeout_s=45, interval_s=0.5), {p.name: _event_log(node, p) for p, _ in owed}
+    time.sleep(2)  # anything written twice (a create retried after its timeout) would show by now
+    for pod, proc in owed:
+        log = _event_log(node, pod)
+        assert set(log.values()) == {1}, f"an Event was written twice: {log}"
+        assert any(str(proc.pid) in message for reason, message in log if reason == "VRAMKilled")
+
+
+def test_frozen_api_server_evict_mode_falls_back_to_kill_after_its_bound(
+    node: KubeNode, namespace: str, tmp_path: Path
+) -> None:
+    """Evict mode with on_eviction_refused: kill and a 2 s eviction bound: the eviction gets no answer, the
+    agent records that it could not evict and kills the offender; the Events arrive after the thaw."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: evict\non_eviction_refused: kill\neviction_timeout: 2s\ncooldown: 600s\n")
+    offender, sim_offender = node.pod("offender", namespace, limits={VRAM: "1Gi"})
+    proc = node.sim.spawn(sim_offender, "main", 512 * MiB)
+    node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+
+    with node.plane.frozen_apiserver():
+        node.sim.set_usage(proc, 2 * GiB)
+        crossed = time.monotonic()
+        assert wait_for(lambda: not proc.alive(), timeout_s=8), "killed after the eviction bound"
+        took_s = time.monotonic() - crossed
+        assert 2.0 <= took_s < 2.0 + 3 * POLL_S + 1, took_s
+        wait_scans(node, 2)
+        assert metric(node, "vramguard_actions_total", action="evict", result="failed-then-killed") == 1.0
+
+    def delivered() -> set[str]:
+        return {reason for reason, _ in _event_log(node, offender)}
+
+    expected = {"VRAMQuotaExceeded", "VRAMEvictionFailed", "VRAMKilled"}
+    assert wait_for(lambda: expected <= delivered(), timeout_s=45, interval_s=0.5), _event_log(node, offender)
+    assert set(_event_log(node, offender).values()) == {1}
+
+
+def test_sigterm_ends_the_agent_within_two_seconds_while_the_api_server_is_frozen(node: KubeNode) -> None:
+    """With every API connection hanging, SIGTERM still ends the agent within 2 s."""
+    agent = node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    with node.plane.frozen_apiserver():
+        assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 503, timeout_s=15)
+        agent.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            agent.wait(timeout=10)
+        finally:
+            took_s = time.monotonic() - sent
+    assert agent.returncode == 0
+    assert took_s < 2.0, f"SIGTERM took {took_s:.2f}s"
+
+
+def test_node_label_change_reaches_the_agent_within_seconds(node: KubeNode) -> None:
+    """A changed nvidia.com/gpu.replicas label is seen by the pod source within a few seconds (fair share)."""
+    with kubeconfig_api_client(node.kubeconfig) as agent_api:
+        source = KubePodSource(agent_api, node.name).start()
+        try:
+            assert source.wait_synced(15)
+            assert source.node_labels()["nvidia.com/gpu.replicas"] == "4"
+            client.CoreV1Api(node.api).patch_node(
+                node.name, {"metadata": {"labels": {"nvidia.com/gpu.replicas": "8"}}}, _content_type=MERGE
+            )
+            changed = time.monotonic()
+            assert wait_for(lambda: source.node_labels().get("nvidia.com/gpu.replicas") == "8", timeout_s=15)
+            assert time.monotonic() - changed < 10
+        finally:
+            source.stop()

@@ -1,0 +1,207 @@
+"""The enforcer's evictions: off the scan, bounded in time, and `on_eviction_refused` when they cannot happen."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from vramguard.act import Enforcer, Outcome
+from vramguard.decide import find_violations
+from vramguard.model import Action, EvictionRefused, GiB, Mode, PodInfo, PodQuota, Policy, Quota, Reason
+from vramguard.ports import Evictor, EvictResult
+from vramguard.testing.fakes import FakeClock, RecordingEventRecorder, RecordingKiller, SnapshotBuilder, gpu, pod
+from vramguard.worker import Task, Worker
+
+GPU0 = gpu(0, total_bytes=16 * GiB)
+
+
+def _evict_action(name: str = "victim") -> Action:
+    p = pod(name, "ml")
+    quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
+    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+    return Action(kind=Mode.EVICT, reason=Reason.HARD_LIMIT, violation=violation)
+
+
+class HeldRunner:
+    """A worker that runs nothing until told to: an API server that has not answered yet."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.tasks: list[Task] = []
+
+    def submit(self, task: Task) -> bool:
+        self.tasks.append(task)
+        return True
+
+    def pending(self) -> int:
+        return len(self.tasks)
+
+    def stop(self, timeout_s: float = 1.0) -> bool:
+        return True
+
+    def answer_all(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task()
+
+
+class ScriptedEvictor:
+    def __init__(self, result: EvictResult) -> None:
+        self.result = result
+        self.calls: list[str] = []
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        self.calls.append(pod.key)
+        return self.result
+
+
+EVICTED = EvictResult(evicted=True, refused=False)
+
+
+def _enforcer(
+    evictor: Evictor, on_refused: EvictionRefused = EvictionRefused.WAIT
+) -> tuple[Enforcer, HeldRunner, FakeClock, RecordingEventRecorder, RecordingKiller]:
+    clock, runner, events, killer = FakeClock(), HeldRunner(), RecordingEventRecorder(), RecordingKiller()
+    policy = Policy(on_eviction_refused=on_refused, eviction_timeout_s=15.0)
+    enforcer = Enforcer(
+        killer=killer,
+        evictor=evictor,
+        events=events,
+        policy=policy,
+        now=clock.now,
+        evictions=runner,
+    )
+    return enforcer, runner, clock, events, killer
+
+
+def test_an_eviction_leaves_the_scan_and_reports_when_answered() -> None:
+    """execute() hands the eviction to the worker and returns at once; collect() reports it once answered."""
+    enforcer, runner, _, events, _ = _enforcer(ScriptedEvictor(EVICTED))
+    assert enforcer.execute(_evict_action()) is None
+    assert enforcer.collect() == [] and enforcer.evictions_in_flight() == 1
+    runner.answer_all()
+    (outcome,) = enforcer.collect()
+    assert outcome.result == "ok" and events.reasons() == ["VRAMEvicted"]
+    assert enforcer.evictions_in_flight() == 0
+
+
+@pytest.mark.parametrize(
+    ("on_refused", "result", "reasons", "kills"),
+    [
+        pytest.param(EvictionRefused.WAIT, "failed", ["VRAMEvictionFailed"], 0, id="unanswered-then-wait"),
+        pytest.param(
+            EvictionRefused.KILL, "failed-then-killed", ["VRAMEvictionFailed", "VRAMKilled"], 1,
+            id="unanswered-then-kill",
+        ),
+    ],
+)  # fmt: skip
+def test_an_unanswered_eviction_is_not_evicted_after_the_bound(
+    on_refused: EvictionRefused, result: str, reasons: list[str], kills: int
+) -> None:
+    """A frozen API server: after eviction_timeout the eviction counts as not done and the policy applies."""
+    enforcer, _, clock, events, killer = _enforcer(ScriptedEvictor(EVICTED), on_refused)
+    assert enforcer.execute(_evict_action()) is None
+    clock.step(14.9)
+    assert enforcer.collect() == []
+    clock.step(0.1)
+    (outcome,) = enforcer.collect()
+    assert outcome.result == result and "no answer from the API server in 15s" in outcome.detail + events.events[0][2]
+    assert events.reasons() == reasons
+    assert len(killer.killed) == kills
+
+
+def test_a_late_answer_is_logged_not_acted_on() -> None:
+    """An answer that arrives after the bound changes nothing: the outcome was already reported."""
+    enforcer, runner, clock, events, _ = _enforcer(ScriptedEvictor(EVICTED))
+    enforcer.execute(_evict_action())
+    clock.step(15.0)
+    assert [o.result for o in enforcer.collect()] == ["failed"]
+    runner.answer_all()
+    assert enforcer.collect() == []
+    assert events.reasons() == ["VRAMEvictionFailed"]
+
+
+def test_one_eviction_per_pod_at_a_time() -> None:
+    """While a pod's eviction is in flight another action on it is not queued a second time."""
+    evictor = ScriptedEvictor(EVICTED)
+    enforcer, runner, _, _, _ = _enforcer(evictor)
+    action = _evict_action()
+    assert enforcer.execute(action) is None
+    assert enforcer.execute(action) is None
+    runner.answer_all()
+    assert len(enforcer.collect()) == 1 and evictor.calls == ["ml/victim"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "result", "reasons", "kills"),
+    [
+        pytest.param(
+            EvictResult(evicted=False, refused=True, message="would violate the pod's disruption budget"),
+            "refused-then-killed", ["VRAMEvictionRefused", "VRAMKilled"], 1, id="pdb-refusal-then-kill",
+        ),
+        pytest.param(
+            EvictResult(evicted=False, refused=False, message="403: forbidden"),
+            "failed-then-killed", ["VRAMEvictionFailed", "VRAMKilled"], 1, id="error-then-kill",
+        ),
+        pytest.param(
+            EvictResult(evicted=False, refused=False, gone=True, message="pods not found"),
+            "gone", [], 0, id="gone-pod-is-left-alone",
+        ),
+    ],
+)  # fmt: skip
+def test_what_follows_an_eviction_that_did_not_happen(
+    answer: EvictResult, result: str, reasons: list[str], kills: int
+) -> None:
+    """With on_eviction_refused: kill, a refusal or an error is said on the pod, then its GPU processes die;
+    a pod that is gone is nobody's business any more."""
+    enforcer, runner, _, events, killer = _enforcer(ScriptedEvictor(answer), EvictionRefused.KILL)
+    enforcer.execute(_evict_action())
+    runner.answer_all()
+    (outcome,) = enforcer.collect()
+    assert outcome.result == result
+    assert events.reasons() == reasons
+    assert len(killer.killed) == kills
+    if reasons:
+        assert answer.message in events.events[0][2]
+
+
+class HangingEvictor:
+    """An evictor stuck in a socket read (a frozen API server) until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        self.release.wait(30)
+        return EVICTED
+
+
+def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
+    """With the real worker thread, execute() and collect() return at once while the evictor hangs."""
+    evictor = HangingEvictor()
+    clock = FakeClock()
+    enforcer = Enforcer(
+        killer=RecordingKiller(),
+        evictor=evictor,
+        events=RecordingEventRecorder(),
+        policy=Policy(on_eviction_refused=EvictionRefused.KILL),
+        now=clock.now,
+        evictions=Worker("test-evict", max_queue=4),
+    )
+    try:
+        started = time.perf_counter()
+        outcomes: list[Outcome] = []
+        for i in range(5):
+            o = enforcer.execute(_evict_action(f"victim-{i}"))
+            if o is not None:  # past the queue bound: reported at once, never waited for
+                outcomes.append(o)
+            outcomes += enforcer.collect()
+        clock.step(Policy().eviction_timeout_s)
+        outcomes += enforcer.collect()
+        assert time.perf_counter() - started < 0.5
+        assert [o.result for o in outcomes] == ["failed-then-killed"] * 5
+    finally:
+        evictor.release.set()
+        enforcer.close()
