@@ -114,12 +114,16 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
     }
 
 
-def reaction_times(workdir: Path, poll_s: float, trials: int) -> list[float]:
-    """Seconds from the moment a process crosses its quota to the moment it is dead, per trial."""
+def reaction_times(workdir: Path, poll_s: float, trials: int) -> tuple[list[float], int]:
+    """Seconds from the moment a process crosses its quota to the moment it is dead, per trial; and how many
+    trials the agent missed (the process was still alive `10 x poll + 5 s` later: killed by the benchmark,
+    counted, and the run goes on)."""
     policy = workdir / "policy.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     policy.write_text("cooldown: 0s\nmax_actions_per_scan: 1\n")
     out: list[float] = []
+    missed = 0
+    patience_s = 10 * poll_s + 5
     with SimulatedNode(workdir / "node") as node:
         pod = node.add_pod("trainer", "bench", containers={"main": {"vramguard.io/vram": "4Gi"}})
         node.start_agent(
@@ -129,22 +133,26 @@ def reaction_times(workdir: Path, poll_s: float, trials: int) -> list[float]:
         for _ in range(trials):
             proc = node.spawn(pod, "main", 2 * GiB)
             seen = _scans(node) + 1
-            assert wait_for(lambda s=seen: _scans(node) >= s, timeout_s=10 * poll_s + 5)
+            assert wait_for(lambda s=seen: _scans(node) >= s, timeout_s=patience_s)
             time.sleep(random.uniform(0, poll_s))  # cross at a random point of the poll cycle
             pidfd = os.pidfd_open(proc.pid)
             try:
                 crossed = time.perf_counter()
                 node.set_usage(proc, 6 * GiB)
-                ready, _, _ = select.select([pidfd], [], [], 10 * poll_s + 5)
+                ready, _, _ = select.select([pidfd], [], [], patience_s)
                 died = time.perf_counter()
             finally:
                 os.close(pidfd)
-            if not ready:
-                raise RuntimeError(f"process {proc.pid} not killed within {10 * poll_s + 5:.1f}s")
+            if ready:
+                out.append(died - crossed)
+            else:
+                missed += 1
+                print(f"  missed: PID {proc.pid} alive {patience_s:.1f}s after crossing its quota", file=sys.stderr)
+                proc.popen.kill()
             proc.popen.wait()
             node.processes.remove(proc)
-            out.append(died - crossed)
-    return out
+            node.sync()
+    return out, missed
 
 
 def _scans(node: SimulatedNode) -> float:
@@ -191,14 +199,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         print(f"\nreaction time: quota crossed -> process dead ({args.trials} trials per poll; milliseconds)")
-        row = "{:>6} {:>8} {:>8} {:>8} {:>8} {:>9}  {}"
-        print(row.format("poll", "p50", "p90", "p99", "max", "p99/poll", "target p99 <= 1.5 x poll"))
+        row = "{:>6} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7}  {}"
+        print(row.format("poll", "p50", "p90", "p99", "max", "p99/poll", "missed", "target p99 <= 1.5 x poll"))
         for poll_s in (float(p) for p in args.polls.split(",")):
-            rt = reaction_times(work / f"reaction-{poll_s}", poll_s, args.trials)
+            rt, missed = reaction_times(work / f"reaction-{poll_s}", poll_s, args.trials)
+            if not rt:
+                print(row.format(f"{poll_s * 1000:.0f}ms", *["-"] * 5, f"{missed}/{args.trials}", "NOT met"))
+                continue
             p99 = percentile(rt, 99)
             figures = (f"{v * 1000:.1f}" for v in (percentile(rt, 50), percentile(rt, 90), p99, max(rt)))
-            verdict = "met" if p99 <= 1.5 * poll_s else "NOT met"
-            print(row.format(f"{poll_s * 1000:.0f}ms", *figures, f"{p99 / poll_s:.2f}", verdict))
+            verdict = "met" if p99 <= 1.5 * poll_s and not missed else "NOT met"
+            print(
+                row.format(
+                    f"{poll_s * 1000:.0f}ms", *figures, f"{p99 / poll_s:.2f}", f"{missed}/{args.trials}", verdict
+                )
+            )
     return 0
 
 

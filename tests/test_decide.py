@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from vramguard.decide import DecisionState, decide, find_violations, victim_order
-from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota
+from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota, Reason
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -21,6 +21,7 @@ BATCH = pod("batch", "ml", priority=0)
 SYSTEM = pod("dcgm", "kube-system")
 AGENT = pod("vramguard-abc", "vramguard")
 LEAVING = pod("leaving", "ml", terminating=True)
+GOING = pod("going", "ml", terminating=True)  # quota 4Gi, burst 8Gi
 TEAM_KILL = pod("strict", "team-kill")
 
 
@@ -40,6 +41,7 @@ QUOTAS: dict[str, PodQuota] = {
     SYSTEM.uid: q(1),
     AGENT.uid: q(1),
     LEAVING.uid: q(1),
+    GOING.uid: q(4, burst_gib=8),
     TEAM_KILL.uid: q(1),
 }
 
@@ -219,16 +221,25 @@ CASES = [
         id="never-the-agent-itself",
     ),
     pytest.param(
-        _policy(),
+        _policy(mode=Mode.EVICT, cooldown_s=30),
+        [
+            Step(0, [(LEAVING, "main", GPU0, 9)], ["warn:leaving/over-quota", "kill:leaving/hard-limit"]),
+            Step(10, [(LEAVING, "main", GPU0, 9)], [], held=["leaving: cool-down"]),
+            Step(20, [(LEAVING, "main", GPU0, 9)], ["kill:leaving/hard-limit"]),
+        ],
+        id="terminating-pod-over-hard-limit-is-killed-again-only-after-cooldown",
+    ),
+    pytest.param(
+        _policy(max_actions_per_scan=1),
         [
             Step(
                 0,
-                [(LEAVING, "main", GPU0, 9)],
-                ["warn:leaving/over-quota"],
-                held=["leaving: already terminating"],
+                [(LEAVING, "main", GPU0, 9), (BATCH, "main", GPU1, 12)],
+                ["warn:batch/over-quota", "warn:leaving/over-quota", "kill:batch/hard-limit"],
+                held=["leaving: max_actions_per_scan=1"],
             )
         ],
-        id="terminating-pod-is-not-acted-on-again",
+        id="terminating-pod-counts-against-max-actions-per-scan",
     ),
     pytest.param(
         _policy(),
@@ -282,6 +293,43 @@ def test_scenarios(policy: Policy, steps: list[Step]) -> None:
             name, why = expected.split(": ", 1)
             held = [(h.violation.pod.name, h.why) for h in decision.held]
             assert any(n == name and why in w for n, w in held), f"step {i}: expected {name} held for {why!r}: {held}"
+
+
+@pytest.mark.parametrize(
+    ("mode", "used_gib", "policy_kw", "expected", "held_why"),
+    [
+        pytest.param(Mode.KILL, 9, {}, Mode.KILL, None, id="kill-mode-hard-limit-kills"),
+        pytest.param(Mode.EVICT, 9, {}, Mode.KILL, None, id="evict-mode-hard-limit-kills-not-evicts"),
+        pytest.param(Mode.WARN, 9, {}, None, "mode is warn", id="warn-mode-hard-limit-only-warns"),
+        pytest.param(Mode.KILL, 6, {"soft_grace_s": 0}, None, "already terminating", id="kill-mode-soft-held"),
+        pytest.param(Mode.EVICT, 6, {"soft_grace_s": 0}, None, "already terminating", id="evict-mode-soft-held"),
+        pytest.param(Mode.WARN, 6, {"soft_grace_s": 0}, None, "already terminating", id="warn-mode-soft-held"),
+        pytest.param(
+            Mode.KILL, 6, {"pressure_free_bytes": 12 * GiB}, None, "already terminating", id="kill-mode-pressure-held"
+        ),
+        pytest.param(
+            Mode.EVICT, 6, {"pressure_free_bytes": 12 * GiB}, None, "already terminating", id="evict-mode-pressure-held"
+        ),
+        pytest.param(
+            Mode.WARN, 6, {"pressure_free_bytes": 12 * GiB}, None, "already terminating", id="warn-mode-pressure-held"
+        ),
+    ],
+)
+def test_terminating_pod_is_acted_on_only_over_its_hard_limit(
+    mode: Mode, used_gib: float, policy_kw: dict[str, object], expected: Mode | None, held_why: str | None
+) -> None:
+    """A pod in deletion over its hard limit is killed (in evict mode too); soft limit and pressure are held."""
+    policy = _policy(**{"mode": mode, "soft_grace_s": 600.0, **policy_kw})
+    snapshot = SnapshotBuilder().use(GOING, "main", GPU0, int(used_gib * GiB)).build()
+    decision, _ = decide(snapshot, QUOTAS, policy, DecisionState(), 0.0)
+    enforced = [(a.kind, a.reason) for a in decision.actions if a.reason is not Reason.OVER_QUOTA]
+    assert enforced == ([(expected, Reason.HARD_LIMIT)] if expected is not None else [])
+    assert [a.kind for a in decision.actions if a.reason is Reason.OVER_QUOTA] == [Mode.WARN]
+    if held_why is None:
+        assert decision.held == ()
+    else:
+        (held,) = decision.held
+        assert held_why in held.why
 
 
 def test_one_action_per_pod_per_scan() -> None:

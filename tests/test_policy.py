@@ -45,6 +45,7 @@ def test_example_file_parses() -> None:
     )
     assert policy.mode_for("team-a") is Mode.KILL
     assert policy.cap_for("team-a") == 16 * GiB
+    assert policy.eviction_timeout_s == 15.0
 
 
 def test_example_file_sets_every_field() -> None:
@@ -88,7 +89,14 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
             Policy(pressure_free_bytes=None, pressure_free_ratio=None),
             id="pressure-off",
         ),
+        pytest.param(
+            {"pressure_threshold": "0"},
+            Policy(pressure_free_bytes=0, pressure_free_ratio=None),
+            id="pressure-bytes-may-be-zero-it-is-not-a-quota",
+        ),
         pytest.param({"max_actions_per_scan": 3}, Policy(max_actions_per_scan=3), id="max-actions"),
+        pytest.param({"eviction_timeout": "30s"}, Policy(eviction_timeout_s=30.0), id="eviction-timeout"),
+        pytest.param({"eviction_timeout": 0.5}, Policy(eviction_timeout_s=0.5), id="eviction-timeout-plain-seconds"),
         pytest.param(
             {"on_eviction_refused": "kill"}, Policy(on_eviction_refused=EvictionRefused.KILL), id="eviction-refused"
         ),
@@ -112,6 +120,14 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
             {"default": {"kind": "fair-share"}},
             Policy(default=DefaultQuota(DefaultKind.FAIR_SHARE)),
             id="default-fair-share",
+        ),
+        pytest.param(
+            {"default": {"kind": "fixed", "bytes": "1Mi"}, "namespaces": {"team-b": {"max_quota": 1048576}}},
+            Policy(
+                default=DefaultQuota(DefaultKind.FIXED, 2**20),
+                namespaces={"team-b": NamespacePolicy(max_quota_bytes=2**20)},
+            ),
+            id="1Mi-is-the-smallest-quota",
         ),
         pytest.param(
             {"namespaces": {"team-b": {"max_quota": 17179869184}}},
@@ -151,6 +167,16 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
             {"soft_grace": -1}, "soft_grace: -1 is not a valid duration (must not be negative)", id="negative"
         ),
         pytest.param({"cooldown": "1d"}, 'cooldown: "1d" is not a valid duration', id="duration-days"),
+        pytest.param({"eviction_timeout": "0s"}, 'eviction_timeout: "0s" must be longer than 0s', id="timeout-zero"),
+        pytest.param({"eviction_timeout": 0}, "eviction_timeout: 0 must be longer than 0s", id="timeout-int-zero"),
+        pytest.param(
+            {"eviction_timeout": "-5s"},
+            'eviction_timeout: "-5s" is not a valid duration (must not be negative)',
+            id="timeout-negative",
+        ),
+        pytest.param(
+            {"eviction_timeout": "soon"}, 'eviction_timeout: "soon" is not a valid duration', id="timeout-words"
+        ),
         pytest.param(
             {"pressure_threshold": "150%"},
             'pressure_threshold: "150%" is not a valid percentage (must be at most 100%)',
@@ -243,6 +269,49 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
 )
 def test_invalid_policy_names_field_and_value(data: object, expected: str) -> None:
     """Each invalid input yields one error whose text starts with the field path and shows the value."""
+    errors = errors_of(data)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(expected), errors[0]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param(
+            {"default": {"kind": "fixed", "bytes": 0}},
+            "default.bytes: 0 is not a valid quantity (a quota must be at least 1Mi (1048576 bytes), not 0 bytes",
+            id="default-bytes-zero",
+        ),
+        pytest.param(
+            {"default": {"kind": "fixed", "bytes": "-0"}},
+            'default.bytes: "-0" is not a valid quantity (a quota must be at least 1Mi',
+            id="default-bytes-negative-zero",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"default": {"kind": "fixed", "bytes": "1023Ki"}}}},
+            'namespaces.team-a.default.bytes: "1023Ki" is not a valid quantity (a quota must be at least 1Mi',
+            id="namespace-default-bytes-under-1Mi",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"max_quota": "0.5"}}},
+            'namespaces.team-a.max_quota: "0.5" is not a valid quantity (a quota must be at least 1Mi (1048576 '
+            "bytes), not 1 bytes",
+            id="max-quota-half-a-byte",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"max_quota": 100}}},
+            "namespaces.team-a.max_quota: 100 is not a valid quantity (a quota must be at least 1Mi",
+            id="max-quota-hundred-bytes",
+        ),
+        pytest.param(
+            {"namespaces": {"team-a": {"max_quota": "12m"}}},
+            'namespaces.team-a.max_quota: "12m" is not a valid quantity (m means milli (10^-3) bytes; write 12M',
+            id="max-quota-milli-keeps-its-hint",
+        ),
+    ],
+)
+def test_quota_fields_must_be_at_least_1mi(data: object, expected: str) -> None:
+    """default.bytes and max_quota are quotas: under 1 MiB is an error naming the field, as for a pod's quota."""
     errors = errors_of(data)
     assert len(errors) == 1, errors
     assert errors[0].startswith(expected), errors[0]
@@ -360,6 +429,8 @@ def test_check_policy_file_unreadable(tmp_path: Path) -> None:
                 pressure_free_bytes=3 * 10**9,
                 pressure_free_ratio=0.025,
                 cooldown_s=7200.0,
+                on_eviction_refused=EvictionRefused.KILL,
+                eviction_timeout_s=2.5,
                 exempt_namespaces=frozenset({"b", "a"}),
                 quota_sources=("annotation:gpu-memory",),
                 default=DefaultQuota(DefaultKind.FAIR_SHARE),
@@ -381,6 +452,7 @@ def test_policy_to_dict_is_readable() -> None:
     """Durations and sizes print the way an operator writes them."""
     data = policy_to_dict(load_policy(EXAMPLE))
     assert data["soft_grace"] == "1m"
+    assert data["eviction_timeout"] == "15s"
     assert data["pressure_threshold"] == "5%"
     assert data["namespaces"] == {
         "team-a": {"mode": "kill", "max_quota": "16Gi", "default": {"kind": "fixed", "bytes": "4Gi"}}

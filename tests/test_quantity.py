@@ -9,6 +9,7 @@ import pytest
 from vramguard.model import GiB, MiB
 from vramguard.quantity import (
     MAX_BYTES,
+    MIN_QUOTA_BYTES,
     QuantityError,
     format_duration,
     format_percentage,
@@ -16,7 +17,9 @@ from vramguard.quantity import (
     parse_duration,
     parse_percentage,
     parse_quantity,
+    parse_quota_bytes,
     parse_resource_bytes,
+    show_value,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -106,6 +109,21 @@ def test_parse_quantity_rejects(value: object, reason_part: str) -> None:
     assert "is not a valid quantity" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("x" * 10_000_000, '"' + "x" * 76 + "...", id="ten-megabytes-cut-to-the-limit"),
+        pytest.param("\n" * 100, '"' + "\\n" * 38 + "...", id="escapes-count-against-the-limit"),
+        pytest.param("x" * 78, '"' + "x" * 78 + '"', id="fits-exactly-unchanged"),
+        pytest.param("x" * 79, '"' + "x" * 76 + "...", id="one-over-is-cut"),
+    ],
+)
+def test_show_value_is_bounded(value: str, expected: str) -> None:
+    """show_value never returns more than its limit, however long the value, and marks a cut with "..."."""
+    assert show_value(value) == expected
+    assert len(show_value(value)) <= 80
+
+
 def test_quantity_error_quotes_the_value() -> None:
     """The message shows string values in double quotes, so empty and padded values stay visible."""
     with pytest.raises(QuantityError, match=r'^" 1Gi" is not a valid quantity \(contains whitespace; write "1Gi"\)$'):
@@ -143,7 +161,7 @@ def test_format_quantity(n_bytes: int, expected: str) -> None:
         pytest.param("tencent.com/vcuda-memory", "4", 4 * 256 * MiB, id="tencent-vcuda-256Mi-units"),
         pytest.param("gpu-memory", "2000", 2000 * MiB, id="kai-gpu-memory-counts-MiB"),
         pytest.param("nvidia.com/gpumem", "2k", 2000 * MiB, id="count-with-decimal-suffix-like-kubernetes"),
-        pytest.param("nvidia.com/gpumem", "0", 0, id="zero-count"),
+        pytest.param("nvidia.com/gpumem", "1", MiB, id="one-MiB-count-is-the-smallest-quota"),
     ],
 )
 def test_parse_resource_bytes(name: str, value: str, expected: int) -> None:
@@ -159,6 +177,8 @@ def test_parse_resource_bytes(name: str, value: str, expected: int) -> None:
         pytest.param("aliyun.com/gpu-mem", "-3", "must not be negative", id="negative-count"),
         pytest.param("aliyun.com/gpu-mem", "9999999999", "int64 maximum", id="count-overflows-int64-in-bytes"),
         pytest.param("tencent.com/vcuda-memory", "4GB", "not a Kubernetes suffix", id="bad-suffix-on-a-count"),
+        pytest.param("nvidia.com/gpumem", "0", "must be at least 1Mi", id="zero-count-is-below-the-minimum-quota"),
+        pytest.param("vramguard.io/vram", "100", "must be at least 1Mi", id="byte-quota-below-the-minimum"),
     ],
 )
 def test_parse_resource_bytes_rejects(name: str, value: str, reason_part: str) -> None:
@@ -167,6 +187,44 @@ def test_parse_resource_bytes_rejects(name: str, value: str, reason_part: str) -
         parse_resource_bytes(name, value)
     assert info.value.value == value
     assert reason_part in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("value", "unit_bytes", "expected", "reason_part"),
+    [
+        pytest.param("0", 1, None, "must be at least 1Mi (1048576 bytes), not 0 bytes", id="zero-bytes-rejected"),
+        pytest.param("-0", 1, None, "must be at least 1Mi", id="negative-zero-rejected"),
+        pytest.param(0, 1, None, "must be at least 1Mi", id="yaml-int-zero-rejected"),
+        pytest.param("0.5", 1, None, "not 1 bytes", id="half-a-byte-rounds-to-one-and-is-rejected"),
+        pytest.param("100", 1, None, "must be at least 1Mi", id="hundred-bytes-rejected"),
+        pytest.param("1023Ki", 1, None, "must be at least 1Mi", id="just-under-1Mi-rejected"),
+        pytest.param("1M", 1, None, "must be at least 1Mi", id="decimal-mega-is-under-1Mi"),
+        pytest.param("12m", 1, None, "m means milli (10^-3) bytes; write 12M", id="milli-keeps-its-own-hint"),
+        pytest.param("-1Gi", 1, None, "must not be negative", id="negative-keeps-its-own-reason"),
+        pytest.param("1Mi", 1, MiB, None, id="1Mi-accepted"),
+        pytest.param("1048576", 1, MiB, None, id="1048576-bytes-accepted"),
+        pytest.param("1048575.5", 1, MiB, None, id="rounded-up-like-Value-to-1Mi-accepted"),
+        pytest.param("0", MiB, None, "must be at least 1Mi", id="zero-MiB-count-rejected"),
+        pytest.param("-0", GiB, None, "must be at least 1Mi", id="negative-zero-GiB-count-rejected"),
+        pytest.param("1", MiB, MiB, None, id="one-MiB-count-accepted"),
+        pytest.param("1", 256 * MiB, 256 * MiB, None, id="one-256MiB-unit-accepted"),
+    ],
+)
+def test_parse_quota_bytes_minimum(value: object, unit_bytes: int, expected: int | None, reason_part: str) -> None:
+    """A quota is at least MIN_QUOTA_BYTES whatever its unit; smaller values are QuantityErrors that say so."""
+    if expected is not None:
+        assert parse_quota_bytes(value, unit_bytes) == expected >= MIN_QUOTA_BYTES
+        return
+    with pytest.raises(QuantityError) as info:
+        parse_quota_bytes(value, unit_bytes)
+    assert info.value.value == value
+    assert reason_part in info.value.reason
+
+
+@pytest.mark.parametrize("value", [pytest.param("0", id="zero"), pytest.param("-0", id="negative-zero")])
+def test_parse_quantity_still_accepts_zero(value: str) -> None:
+    """Quantities that are not quotas (a pressure threshold, a capacity reserve) may be 0."""
+    assert parse_quantity(value) == 0
 
 
 def test_parse_resource_bytes_unknown_name() -> None:

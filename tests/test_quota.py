@@ -17,12 +17,16 @@ from vramguard.model import (
     PodInfo,
     Policy,
     Quota,
+    QuotaError,
 )
 from vramguard.quota import (
     BURST_ANNOTATION,
+    MAX_MESSAGE_CHARS,
     REPLICAS_LABEL,
+    UNMANAGED,
     QuotaSource,
     SourceKind,
+    invalid_message,
     parse_quota_source,
     resolve_pod_quota,
 )
@@ -127,8 +131,11 @@ CASES = [
         id="pod-without-listed-containers-still-gets-the-annotation",
     ),
     pytest.param(
-        Case(pod(c("a", vram="0")), {"a": Quota(0, source=f"limits[{VRAM}]")}),
-        id="zero-is-a-valid-quota",
+        Case(
+            pod(c("a", vram="0")),
+            errors=[(f"spec.containers[a].resources.limits[{VRAM}]", "0", "must be at least 1Mi")],
+        ),
+        id="zero-is-not-a-quota",
     ),
     pytest.param(
         Case(
@@ -381,7 +388,7 @@ def test_resolve_pod_quota(case: Case) -> None:
     assert [(e.field, e.value) for e in result.errors] == [(f, v) for f, v, _ in case.errors]
     for error, (_, value, part) in zip(result.errors, case.errors, strict=True):
         assert part in error.message
-        assert f'"{value}"' in error.message  # the Event text names the value as written
+        assert f'"{value}"' in invalid_message(error)  # the Event text names the value as written
 
 
 @pytest.mark.parametrize(
@@ -405,7 +412,350 @@ def test_invalid_replicas_label_never_raises(label: str) -> None:
     """A replicas label that is not a positive integer leaves fair-share containers unmanaged, with one error."""
     result = resolve_pod_quota(pod(c("a"), c("b")), Policy(default=FAIR), {REPLICAS_LABEL: label})
     assert dict(result.containers) == {}
-    assert [(e.field, e.value) for e in result.errors] == [(f"node.metadata.labels[{REPLICAS_LABEL}]", label)]
+    ((error),) = result.errors
+    assert error.field == f"node.metadata.labels[{REPLICAS_LABEL}]"
+    assert (
+        error.value == label if len(label) <= QuotaError.MAX_CHARS else error.value.endswith("[cut: 5000 characters]")
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A capped namespace leaves no container unmanaged
+
+CAP_8GI = {"team-x": NamespacePolicy(max_quota_bytes=8 * GiB)}
+CAP_SOURCE = "namespace max_quota 8Gi (no valid quota)"
+CAPPED = Quota(8 * GiB, source=CAP_SOURCE)
+ANNOTATION_LOTS = (f"metadata.annotations[{LIMIT}]", "lots", "expected a number")
+
+
+def in_x(*containers: ContainerInfo, annotations: Mapping[str, str] | None = None) -> PodInfo:
+    """A pod in team-x, the namespace CAP_8GI caps."""
+    return pod(*containers, annotations=annotations, namespace="team-x")
+
+
+def ns_x(**kw: object) -> dict[str, NamespacePolicy]:
+    """team-x capped at 8Gi, with the given NamespacePolicy fields."""
+    return {"team-x": NamespacePolicy(max_quota_bytes=8 * GiB, **kw)}  # type: ignore[arg-type]
+
+
+CAPPED_CASES = [
+    pytest.param(
+        Case(
+            in_x(c("a"), c("b"), annotations={LIMIT: "lots"}),
+            {"a": CAPPED, "b": CAPPED},
+            errors=[ANNOTATION_LOTS],
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [CAP_SOURCE],
+        id="capped-invalid-annotation-and-no-default-holds-every-container-to-the-cap",
+    ),
+    pytest.param(
+        Case(in_x(c("a")), {"a": CAPPED}, policy=Policy(namespaces=CAP_8GI)),
+        [],
+        id="capped-no-quota-and-no-default-is-held-to-the-cap",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a"), annotations={LIMIT: "lots"}),
+            {"a": Quota(2 * GiB, source="default fixed")},
+            errors=[ANNOTATION_LOTS],
+            policy=Policy(namespaces=ns_x(default=DefaultQuota(DefaultKind.FIXED, 2 * GiB))),
+        ),
+        ["default fixed 2Gi"],
+        id="capped-namespace-default-applies-rather-than-the-cap",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a", vram="0")),
+            {"a": Quota(8 * GiB, source="default fixed capped by namespace max 8Gi")},
+            errors=[(f"spec.containers[a].resources.limits[{VRAM}]", "0", "at least 1Mi")],
+            policy=Policy(namespaces=ns_x(default=DefaultQuota(DefaultKind.FIXED, 16 * GiB))),
+        ),
+        ["default fixed 16Gi capped to 8Gi by namespace max_quota"],
+        id="capped-namespace-default-above-the-cap-is-capped",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a"), annotations={LIMIT: "lots"}),
+            {"a": Quota(4 * GiB, source="default fixed")},
+            errors=[ANNOTATION_LOTS],
+            policy=Policy(default=DefaultQuota(DefaultKind.FIXED, 4 * GiB), namespaces=CAP_8GI),
+        ),
+        ["default fixed 4Gi"],
+        id="capped-namespace-without-default-uses-the-policy-default-fixed",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a")),
+            {"a": CAPPED},
+            errors=[(f"node.metadata.labels[{REPLICAS_LABEL}]", "four", "not a valid replica count")],
+            policy=Policy(default=FAIR, namespaces=CAP_8GI),
+            labels={REPLICAS_LABEL: "four"},
+        ),
+        [CAP_SOURCE],
+        id="capped-fair-share-with-invalid-replicas-label-is-held-to-the-cap",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a", gpumem="2Gi")),
+            {"a": CAPPED},
+            errors=[(f"spec.containers[a].resources.limits[{GPUMEM}]", "2Gi", "count of MiB")],
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [CAP_SOURCE],
+        id="capped-invalid-limit-and-no-default-is-held-to-the-cap",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a", vram="2Gi"), c("b")),
+            {"a": Quota(2 * GiB, source=f"limits[{VRAM}]"), "b": CAPPED},
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [],
+        id="capped-only-the-container-without-a-quota-gets-the-cap",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a"), annotations={LIMIT: "lots", KAI: "1024"}),
+            pod_quota=Quota(GiB, source=f"annotation {KAI}"),
+            errors=[ANNOTATION_LOTS],
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [f"annotation {KAI} 1Gi"],
+        id="capped-invalid-annotation-falls-to-the-next-valid-annotation-first",
+    ),
+    pytest.param(
+        Case(
+            in_x(c("a", vram="2Gi"), c("b"), annotations={BURST_ANNOTATION: "4Gi"}),
+            {"a": Quota(2 * GiB, 4 * GiB, source=f"limits[{VRAM}]"), "b": CAPPED},
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [],
+        id="capped-fallback-takes-no-burst-and-does-not-refuse-the-pods-burst",
+    ),
+    pytest.param(
+        Case(
+            pod(c("a"), annotations={LIMIT: "lots"}),
+            errors=[ANNOTATION_LOTS],
+            policy=Policy(namespaces=CAP_8GI),
+        ),
+        [UNMANAGED],
+        id="uncapped-invalid-annotation-and-no-default-stays-unmanaged",
+    ),
+    pytest.param(
+        Case(pod(c("a")), policy=Policy(namespaces=CAP_8GI)),
+        [],
+        id="uncapped-no-quota-and-no-default-stays-unmanaged",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "applies"), CAPPED_CASES)
+def test_capped_namespace_leaves_no_container_unmanaged(case: Case, applies: list[str]) -> None:
+    """In a namespace with a max_quota, a missing or invalid quota gets the effective default, else the cap."""
+    result = resolve_pod_quota(case.pod, case.policy, case.labels)
+    assert dict(result.containers) == case.containers
+    assert result.pod == case.pod_quota
+    assert [(e.field, e.value) for e in result.errors] == [(f, v) for f, v, _ in case.errors]
+    for error, (_, _, part) in zip(result.errors, case.errors, strict=True):
+        assert part in error.message
+    assert [e.applies for e in result.errors] == applies
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A quota is at least 1 MiB, whatever its source and unit
+
+BELOW_1MI = "must be at least 1Mi"
+
+
+def _resolve_one(where: str, value: str) -> tuple[int | None, list[QuotaError]]:
+    """The bytes `value` gives as the quota (or burst) `where`, None when it gives none, and the errors."""
+    if where == "burst":
+        result = resolve_pod_quota(pod(c("a", vram="1Mi"), annotations={BURST_ANNOTATION: value}), Policy(), {})
+        return result.containers["a"].burst_bytes, list(result.errors)
+    if where in {LIMIT, KAI}:
+        result = resolve_pod_quota(pod(c("a"), annotations={where: value}), Policy(), {})
+        return (result.pod.limit_bytes if result.pod is not None else None), list(result.errors)
+    result = resolve_pod_quota(pod(c("a", **{where: value})), Policy(), {})
+    own = result.containers.get("a")
+    return (own.limit_bytes if own is not None else None), list(result.errors)
+
+
+_BYTE_WHERE = ("vram", LIMIT, "burst")
+_BYTE_VALUES = [
+    ("0", None, BELOW_1MI),
+    ("-0", None, BELOW_1MI),
+    ("0.5", None, BELOW_1MI),
+    ("100", None, BELOW_1MI),
+    ("12m", None, "m means milli"),
+    ("1023Ki", None, BELOW_1MI),
+    ("1Mi", MiB, None),
+    ("1048576", MiB, None),
+]
+_COUNT_CASES = [
+    ("gpumem", "0", None, BELOW_1MI),
+    ("gpumem", "-0", None, BELOW_1MI),
+    ("gpumem", "1", MiB, None),
+    ("aliyun", "0", None, BELOW_1MI),
+    ("aliyun", "1", GiB, None),
+    ("tencent", "-0", None, BELOW_1MI),
+    ("tencent", "1", 256 * MiB, None),
+    (KAI, "0", None, BELOW_1MI),
+    (KAI, "1", MiB, None),
+]
+MINIMUM_CASES = [
+    *(
+        pytest.param(where, value, expected, reason, id=f"{where}-{value}-{'ok' if expected else 'rejected'}")
+        for where in _BYTE_WHERE
+        for value, expected, reason in _BYTE_VALUES
+    ),
+    *(
+        pytest.param(where, value, expected, reason, id=f"{where}-count-{value}-{'ok' if expected else 'rejected'}")
+        for where, value, expected, reason in _COUNT_CASES
+    ),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "expected", "reason_part"), MINIMUM_CASES)
+def test_quota_below_1mi_is_invalid(where: str, value: str, expected: int | None, reason_part: str | None) -> None:
+    """Every quota source and the burst refuse values under 1 MiB with a QuotaError, never a 0- or 1-byte quota."""
+    got, errors = _resolve_one(where, value)
+    assert got == expected
+    if reason_part is None:
+        assert errors == []
+    else:
+        (error,) = errors
+        assert error.value == value
+        assert reason_part in error.message
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What applies instead, and the VRAMQuotaInvalid text
+
+
+APPLIES_CASES = [
+    pytest.param(
+        pod(c("t", vram="12GB", gpumem="2048")),
+        Policy(),
+        {},
+        f"limits[{GPUMEM}] 2Gi",
+        id="next-resource-source",
+    ),
+    pytest.param(
+        pod(c("a"), annotations={LIMIT: "abc", KAI: "1536"}),
+        Policy(),
+        {},
+        f"annotation {KAI} 1536Mi",
+        id="next-annotation-source",
+    ),
+    pytest.param(pod(c("t", vram="-1")), Policy(default=FIXED_8GI), {}, "default fixed 8Gi", id="policy-default"),
+    pytest.param(pod(c("t", vram="-1")), Policy(), {}, UNMANAGED, id="no-default-is-unmanaged"),
+    pytest.param(in_x(c("a"), annotations={LIMIT: "lots"}), Policy(namespaces=CAP_8GI), {}, CAP_SOURCE, id="the-cap"),
+    pytest.param(
+        in_x(c("a", vram="abc"), annotations={LIMIT: "64Gi"}),
+        Policy(namespaces=CAP_8GI),
+        {},
+        f"annotation {LIMIT} 64Gi capped to 8Gi by namespace max_quota",
+        id="a-capped-quota-says-so",
+    ),
+    pytest.param(
+        pod(c("a", vram="1Gi"), annotations={LIMIT: "abc"}),
+        Policy(),
+        {},
+        "no pod-wide quota (each container has a quota of its own)",
+        id="annotation-over-containers-with-own-quotas",
+    ),
+    pytest.param(
+        pod(c("a", vram="2Gi"), c("b"), annotations={LIMIT: "abc"}),
+        Policy(quota_sources=(f"annotation:{LIMIT}", f"resource:{VRAM}"), default=FIXED_8GI),
+        {},
+        f"limits[{VRAM}] 2Gi for a; default fixed 8Gi for b",
+        id="containers-that-differ-are-named",
+    ),
+    pytest.param(
+        pod(c("a")),
+        Policy(default=FAIR),
+        {REPLICAS_LABEL: "four"},
+        UNMANAGED,
+        id="invalid-replicas-label-uncapped",
+    ),
+    pytest.param(
+        pod(c("a"), annotations={LIMIT: "2Gi", BURST_ANNOTATION: "1Gi"}),
+        Policy(),
+        {},
+        "no burst (each quota is also the hard limit)",
+        id="burst",
+    ),
+    pytest.param(
+        pod(c("a", vram="0")),
+        Policy(default=FAIR),
+        {REPLICAS_LABEL: "4"},
+        "default fair-share (replicas=4)",
+        id="fair-share",
+    ),
+]
+
+
+@pytest.mark.parametrize(("p", "policy", "labels", "applies"), APPLIES_CASES)
+def test_error_says_what_applies_instead(p: PodInfo, policy: Policy, labels: dict[str, str], applies: str) -> None:
+    """Each QuotaError names the quota that governs instead what the bad value would have governed."""
+    (error,) = resolve_pod_quota(p, policy, labels).errors
+    assert error.applies == applies
+    assert invalid_message(error).endswith(f"; applies instead: {applies}")
+
+
+def test_invalid_message_reads_field_value_reason_and_what_applies() -> None:
+    """The Event text is the field, the value in quotes, what is wrong, and what applies instead."""
+    (error,) = resolve_pod_quota(in_x(c("a"), annotations={LIMIT: "lots"}), Policy(namespaces=CAP_8GI), {}).errors
+    assert invalid_message(error) == (
+        f'metadata.annotations[{LIMIT}]: "lots" is not a valid quantity (expected a number with an optional '
+        "suffix, e.g. 12Gi, 12G, 12884901888 or 12e9); applies instead: namespace max_quota 8Gi (no valid quota)"
+    )
+
+
+HUGE = "9" * 10_000_000  # a tenant can write a 10 MB annotation into a pods file
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        pytest.param(pod(c("a"), annotations={LIMIT: HUGE}), id="huge-annotation"),
+        pytest.param(pod(c("a"), annotations={LIMIT: "x" + "\n" * 5_000_000}), id="huge-annotation-of-escapes"),
+        pytest.param(pod(c("a", vram=HUGE)), id="huge-limit"),
+        pytest.param(pod(c("a" * 5_000_000, vram="abc")), id="huge-container-name"),
+        pytest.param(
+            pod(*(c(f"c{i:04d}" + "x" * 50, vram=f"{i + 1}Mi") for i in range(500)), annotations={LIMIT: "abc"}),
+            id="many-containers-in-what-applies",
+        ),
+    ],
+)
+def test_invalid_message_is_bounded(p: PodInfo) -> None:
+    """Whatever the pod holds, the error's fields and the Event text stay within 1024 characters."""
+    policy = Policy(
+        quota_sources=(f"annotation:{LIMIT}", f"resource:{VRAM}"),
+        namespaces={"team-x": NamespacePolicy(default=DefaultQuota(DefaultKind.FIXED, 2 * GiB))},
+    )
+    (error,) = resolve_pod_quota(p, policy, {}).errors
+    for text in (error.field, error.value, error.message, error.applies):
+        assert len(text) <= QuotaError.MAX_CHARS
+    message = invalid_message(error)
+    assert len(message) <= MAX_MESSAGE_CHARS == 1024
+    assert "; applies instead: " in message
+
+
+@pytest.mark.parametrize(
+    ("value", "marker"),
+    [
+        pytest.param("x" * 1024, "", id="at-the-limit-unchanged"),
+        pytest.param("x" * 1025, "...[cut: 1025 characters]", id="one-over-is-cut-with-a-marker"),
+        pytest.param(HUGE, "...[cut: 10000000 characters]", id="ten-megabytes-cut-with-a-marker"),
+    ],
+)
+def test_quota_error_stores_its_value_bounded(value: str, marker: str) -> None:
+    """QuotaError keeps at most 1024 characters of a value, saying how long it was, so no log line is megabytes."""
+    error = QuotaError("metadata.annotations[x]", value, "is not a valid quantity")
+    assert error.value == value[: QuotaError.MAX_CHARS - len(marker)] + marker
+    assert len(error.value) == QuotaError.MAX_CHARS == 1024
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
 from vramguard.model import PodInfo, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
-from vramguard.quota import resolve_pod_quota
+from vramguard.quota import invalid_message, resolve_pod_quota
 
 
 def settle_heap() -> None:
@@ -55,7 +55,8 @@ class ScanReport:
 class QuotaBook:
     """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes.
 
-    Invalid quota values are reported once per pod object, as a VRAMQuotaInvalid Event and a log line.
+    Invalid quota values are reported once per pod object, as a VRAMQuotaInvalid Event and a log line that say
+    the field, the value (bounded) and which quota applies instead.
     """
 
     def __init__(self, policy: Policy, events: EventRecorder, log: structlog.typing.FilteringBoundLogger) -> None:
@@ -74,9 +75,15 @@ class QuotaBook:
             pq = resolve_pod_quota(pod, self.policy, node_labels)
             if pq.errors and (cached is None or cached[2].errors != pq.errors):
                 for err in pq.errors:
-                    message = f"{err.field}: {err.value!r} {err.message}; the policy default applies"
-                    self.log.warning("quota_invalid", pod=pod.key, field=err.field, value=err.value, error=err.message)
-                    self.events.record(pod, EVENT_INVALID, message)
+                    self.log.warning(
+                        "quota_invalid",
+                        pod=pod.key,
+                        field=err.field,
+                        value=err.value,
+                        error=err.message,
+                        applies=err.applies,
+                    )
+                    self.events.record(pod, EVENT_INVALID, invalid_message(err))
             book[uid] = (pod, dict(node_labels), pq)
         self._book = book  # pods that left the cache leave the book
         return {uid: entry[2] for uid, entry in book.items()}

@@ -172,12 +172,18 @@ def pressured(devices: Iterable[GpuDevice], policy: Policy) -> tuple[str, ...]:
 
 def hold_reason(
     v: Violation,
+    reason: Reason,
     policy: Policy,
     snapshot: Snapshot,
     last_action_at: Mapping[str, float],
     now: float,
 ) -> str | None:
-    """Why an enforcement that is due must not happen (blast radius), or None when it may."""
+    """Why an enforcement that is due for `reason` must not happen (blast radius), or None when it may.
+
+    A terminating pod is held unless it is over its hard limit: deleting one's own pod with a long grace period
+    must not buy time above the quota, but a pod that is going away anyway is not worth acting on for a soft
+    limit or for pressure.
+    """
     pod = v.pod
     if snapshot.agent_pod_uid is not None and pod.uid == snapshot.agent_pod_uid:
         return "the agent's own pod"
@@ -185,7 +191,7 @@ def hold_reason(
         return "the agent's own process"
     if pod.namespace in policy.exempt_namespaces:
         return f"namespace {pod.namespace} is exempt"
-    if pod.terminating:
+    if pod.terminating and reason is not Reason.HARD_LIMIT:
         return "pod is already terminating"
     if not v.device.healthy:
         return f"GPU {v.device.label} is unhealthy"
@@ -195,6 +201,18 @@ def hold_reason(
     if last is not None and now - last < policy.cooldown_s:
         return f"cool-down: acted {now - last:.1f}s ago (cooldown {policy.cooldown_s:g}s)"
     return None
+
+
+def action_kind(v: Violation, reason: Reason, policy: Policy) -> Mode:
+    """The namespace's mode, except that a terminating pod is killed where the mode would evict it.
+
+    Evicting a pod that is already being deleted does nothing: it would keep its memory for the rest of its
+    grace period, which its owner chose. (Warn mode never gets here: `hold_reason` holds it.)
+    """
+    mode = policy.mode_for(v.pod.namespace)
+    if mode is Mode.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
+        return Mode.KILL
+    return mode
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -217,6 +235,10 @@ def decide(
        GPU under memory pressure the first victim by `victim_order` among its violators.
     5. Rank them by `victim_order`, drop the ones blast-radius rules forbid (with the reason), and take at most
        `max_actions_per_scan`, one per pod.
+    6. Act in the namespace's mode, except on a terminating pod: it is acted on only over its hard limit (soft
+       limit and pressure are held, "pod is already terminating"), and then killed in evict mode as in kill
+       mode, since evicting a pod already being deleted does nothing. Warn mode only warns it, as any pod;
+       cool-down and every other blast-radius rule apply to it as to any pod.
 
     Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
     """
@@ -253,13 +275,14 @@ def decide(
     taken = 0
     for v, reason in sorted(due.values(), key=lambda vr: victim_order(vr[0])):
         why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
-        why = why or hold_reason(v, policy, snapshot, last_action_at, now)
+        why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now)
         if why is None and taken >= policy.max_actions_per_scan:
             why = f"max_actions_per_scan={policy.max_actions_per_scan} reached"
         if why is not None:
             held.append(Held(violation=v, reason=reason, why=why))
             continue
-        actions.append(Action(kind=policy.mode_for(v.pod.namespace), reason=reason, violation=v))
+        # 6.
+        actions.append(Action(kind=action_kind(v, reason, policy), reason=reason, violation=v))
         acted_pods.add(v.pod.uid)
         last_action_at[v.pod.uid] = now
         taken += 1

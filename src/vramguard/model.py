@@ -11,7 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 GiB = 1024**3
 MiB = 1024**2
@@ -209,11 +209,28 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class QuotaError:
-    """A quota value the agent could not use. Becomes a VRAMQuotaInvalid Warning Event on the pod."""
+    """A quota value the agent could not use. Becomes a VRAMQuotaInvalid Warning Event on the pod.
+
+    `quota.invalid_message` turns one into the Event's text. Every field is stored cut to MAX_CHARS (with a
+    marker saying how long it was): a tenant can write a 10 MB annotation, and whoever logs an error must never
+    log megabytes.
+    """
+
+    MAX_CHARS: ClassVar[int] = 1024
 
     field: str  # e.g. "spec.containers[trainer].resources.limits[vramguard.io/vram]"
-    value: str
-    message: str
+    value: str  # as written, cut to MAX_CHARS
+    message: str  # reads after the value: "is not a valid quantity (GB is not a Kubernetes suffix; ...)"
+    # What applies instead, filled in once the pod's quotas are resolved: "limits[nvidia.com/gpumem] 2Gi",
+    # "default fixed 4Gi", "namespace max_quota 8Gi (no valid quota)", "no quota: unmanaged".
+    applies: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("field", "value", "message", "applies"):
+            text = getattr(self, name)
+            if isinstance(text, str) and len(text) > self.MAX_CHARS:
+                marker = f"...[cut: {len(text)} characters]"
+                object.__setattr__(self, name, text[: self.MAX_CHARS - len(marker)] + marker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +282,9 @@ class Policy:
     max_actions_per_scan: int = 1
     cooldown_s: float = 60.0
     on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
-    # How long the agent tries to evict (retries included) before it counts the eviction as refused: a frozen
-    # or unreachable API server must not protect an offender from `on_eviction_refused: kill`.
+    # `eviction_timeout` in the policy file (> 0): how long the agent tries to evict a pod, retries included,
+    # before it counts the eviction as refused (then on_eviction_refused applies): a frozen or unreachable API
+    # server must not protect an offender from `on_eviction_refused: kill`.
     eviction_timeout_s: float = 15.0
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
     quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES

@@ -14,6 +14,8 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
                                # violation episode, are not counted)
     cooldown: 60s              # duration during which a pod is left alone after an action on it
     on_eviction_refused: wait  # wait | kill: when PodDisruptionBudgets keep refusing an eviction
+    eviction_timeout: 15s      # duration > 0: how long the agent tries to evict a pod, retries included, before
+                               # it counts the eviction as refused (then on_eviction_refused applies)
     exempt_namespaces: [kube-system]  # never acted on; replaces the default list, so keep kube-system in it.
                                       # The agent adds its own namespace at runtime.
     quota_sources:             # precedence order; resource:<name> reads a container limit, annotation:<name> a
@@ -24,11 +26,14 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
     namespaces:                # per-namespace overrides, keyed by namespace name
       team-a:
         mode: kill             # overrides mode
-        max_quota: 16Gi        # cap on every quota and burst in the namespace, whatever its source
+        max_quota: 16Gi        # cap on every quota and burst in the namespace, whatever its source; a
+                               # container whose quota is missing or invalid gets the default, else this
         default: {kind: fixed, bytes: 4Gi}  # overrides default
 
 Values: durations are `500ms`, `30s`, `5m`, `1h`, `1m30s` or a number of seconds; byte quantities are
-Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.quantity`).
+Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.quantity`). A quota (`default.bytes`,
+`max_quota`) must be at least 1Mi, as every quota a pod declares must (`quantity.MIN_QUOTA_BYTES`);
+`pressure_threshold` is not a quota and may be 0.
 
 Errors are collected, not raised one at a time: `PolicyError.errors` lists every problem, each naming the field
 path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid quantity (...)`.
@@ -59,6 +64,7 @@ from vramguard.quantity import (
     parse_duration,
     parse_percentage,
     parse_quantity,
+    parse_quota_bytes,
     show_value,
 )
 from vramguard.quota import parse_quota_source
@@ -74,6 +80,7 @@ TOP_LEVEL_FIELDS: Final = (
     "max_actions_per_scan",
     "cooldown",
     "on_eviction_refused",
+    "eviction_timeout",
     "exempt_namespaces",
     "quota_sources",
     "default",
@@ -175,6 +182,7 @@ def policy_to_dict(policy: Policy) -> dict[str, object]:
         "max_actions_per_scan": policy.max_actions_per_scan,
         "cooldown": format_duration(policy.cooldown_s),
         "on_eviction_refused": policy.on_eviction_refused.value,
+        "eviction_timeout": format_duration(policy.eviction_timeout_s),
         "exempt_namespaces": sorted(policy.exempt_namespaces),
         "quota_sources": list(policy.quota_sources),
         "default": _default_to_dict(policy.default),
@@ -266,6 +274,8 @@ class _Parser:
                 changes["cooldown_s"] = self.convert(key, value, parse_duration)
             elif key == "on_eviction_refused":
                 changes["on_eviction_refused"] = self.convert(key, value, _choice(EvictionRefused))
+            elif key == "eviction_timeout":
+                changes["eviction_timeout_s"] = self.convert(key, value, _positive_duration)
             elif key == "exempt_namespaces":
                 names = self.namespace_names(key, value)
                 changes["exempt_namespaces"] = frozenset(names) if names is not None else None
@@ -342,7 +352,7 @@ class _Parser:
         if "bytes" not in fields:
             self.fail(_join(path, "bytes"), None, "is required when kind is fixed (e.g. bytes: 8Gi)", show=False)
             return None
-        n_bytes = self.convert(_join(path, "bytes"), fields["bytes"], parse_quantity)
+        n_bytes = self.convert(_join(path, "bytes"), fields["bytes"], parse_quota_bytes)
         return DefaultQuota(kind, n_bytes) if n_bytes is not None else None
 
     def namespaces(self, path: str, value: object) -> Mapping[str, NamespacePolicy] | None:
@@ -364,7 +374,7 @@ class _Parser:
                 if key == "mode":
                     changes["mode"] = self.convert(field_path, field_value, _choice(Mode))
                 elif key == "max_quota":
-                    changes["max_quota_bytes"] = self.convert(field_path, field_value, parse_quantity)
+                    changes["max_quota_bytes"] = self.convert(field_path, field_value, parse_quota_bytes)
                 elif key == "default":
                     changes["default"] = self.default(field_path, field_value)
             result[name] = NamespacePolicy(**changes)
@@ -394,6 +404,13 @@ def _positive_int(value: object) -> int:
     if value < 1:
         raise _Invalid("must be at least 1 (to never evict or kill, use mode: warn)")
     return value
+
+
+def _positive_duration(value: object) -> float:
+    seconds = parse_duration(value)  # a QuantityError says what is wrong with the spelling
+    if seconds <= 0:
+        raise _Invalid("must be longer than 0s")
+    return seconds
 
 
 def _namespace_name(value: object) -> str:

@@ -21,6 +21,13 @@ the user did not mean is worse than an error:
 Counts of a peer's unit (`aliyun.com/gpu-mem: 3` is 3 GiB) are Kubernetes quantities that must be whole numbers,
 as the API server requires of every extended resource; binary suffixes are refused there because `2Gi` of a MiB
 count is a byte quantity written in the wrong place.
+
+Quotas. A quota is at least `MIN_QUOTA_BYTES` (1 MiB), whatever its source and unit: every quota source, the
+burst annotation, the policy's fixed default and a namespace's `max_quota` are read with `parse_quota_bytes`,
+which refuses `0`, `-0`, `0.5`, `100` and `1023Ki` the way it refuses `12m`. A quota that small is not a limit
+anyone means: it would kill every workload at its first allocation, so it is an error the tenant sees
+(VRAMQuotaInvalid) and `vramguard policy check` names, never an enforcement. Quantities that are not quotas (the
+policy's `pressure_threshold` bytes, the CLI's `--capacity-reserve`) use `parse_quantity` and accept 0.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Final
 from vramguard.model import GiB, MiB
 
 MAX_BYTES: Final = 2**63 - 1  # the int64 behind a Kubernetes Quantity
+MIN_QUOTA_BYTES: Final = MiB  # the smallest quota: below it no GPU workload runs at all (see the module docstring)
 # Long enough for any honest quantity (19 digits plus a suffix); bounds the work and the error messages.
 MAX_LENGTH: Final = 64
 
@@ -82,6 +90,9 @@ def show_value(value: object, limit: int = 80) -> str:
         text = "null"
     elif isinstance(value, (int, float)):
         text = repr(value)
+    elif isinstance(value, str):
+        # Encode no more than can be shown: a tenant's annotation may be megabytes long.
+        text = json.dumps(value[:limit], ensure_ascii=False) + ("..." if len(value) > limit else "")
     else:
         try:
             text = json.dumps(value, ensure_ascii=False, default=str)
@@ -251,8 +262,23 @@ def parse_count_bytes(value: object, unit_bytes: int, name: str = "the value") -
     return _whole_bytes(value, int(exact) * unit_bytes)
 
 
+def parse_quota_bytes(value: object, unit_bytes: int = 1, name: str = "the value") -> int:
+    """A quota: `parse_count_bytes`, then at least MIN_QUOTA_BYTES. Raises QuantityError naming the value.
+
+    The minimum is checked on the bytes the value means (`1048575.5` rounds up to 1Mi, as `Value()` does).
+    """
+    n_bytes = parse_count_bytes(value, unit_bytes, name)
+    if n_bytes < MIN_QUOTA_BYTES:
+        raise QuantityError(
+            value,
+            f"a quota must be at least {format_quantity(MIN_QUOTA_BYTES)} ({MIN_QUOTA_BYTES} bytes), "
+            f"not {n_bytes} bytes: no GPU workload fits in it",
+        )
+    return n_bytes
+
+
 def parse_resource_bytes(name: str, value: str) -> int:
-    """The bytes a quota value means, in the unit of the resource or annotation `name`.
+    """The bytes a quota value means, in the unit of the resource or annotation `name`; at least MIN_QUOTA_BYTES.
 
     `vramguard.io/vram`, `vramguard.io/vram-limit` and `vramguard.io/vram-burst` are byte quantities;
     `aliyun.com/gpu-mem` counts GiB, `nvidia.com/gpumem` (HAMi) and the `gpu-memory` annotation (KAI/Run:ai)
@@ -263,7 +289,7 @@ def parse_resource_bytes(name: str, value: str) -> int:
     unit = unit_bytes_for(name)
     if unit is None:
         raise KeyError(f"no known VRAM unit for {name!r}")
-    return parse_count_bytes(value, unit, name)
+    return parse_quota_bytes(value, unit, name)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -16,23 +16,34 @@ never raises on what a user wrote. The rules (DESIGN.md "Quotas"):
    even if every listed container has a limit of its own: it then covers usage from containers the pod cache
    does not list. The invariant the decision core relies on: when `pod` is set, every container absent from
    `containers` is covered by it; when it is not, such containers are unmanaged.
-3. **Invalid values never raise.** A value that does not parse (`12GB`, `-1`, `abc`, an overflow) adds a
-   `QuotaError` naming the field and the value, and the walk goes on to the next source. Only values the walk
-   actually reads are reported: a bad value shadowed by a valid one of higher precedence is never looked at.
+3. **Invalid values never raise.** A value that does not parse (`12GB`, `-1`, `abc`, an overflow) or is below
+   the 1 MiB minimum of every quota (`0`, `0.5`, `100`, `12m`; `quantity.MIN_QUOTA_BYTES`, whatever the source's
+   unit, the burst included) adds a `QuotaError` naming the field and the value, and the walk goes on to the
+   next source. Only values the walk actually reads are reported: a bad value shadowed by a valid one of higher
+   precedence is never looked at. Once the pod is resolved, each error's `applies` says what governs instead
+   what the bad value would have governed (`limits[nvidia.com/gpumem] 2Gi`, `default fixed 4Gi`, `no quota:
+   unmanaged`), and `invalid_message` builds the VRAMQuotaInvalid text from it, bounded whatever the input.
 4. **Policy default** (`policy.default_for(namespace)`) for a container no source covers, one per container:
    `none` leaves it unmanaged (absent from `containers`); `fixed` gives it that many bytes; `fair-share` gives
    it `share_divisor = nvidia.com/gpu.replicas`. A node without that label does not time-slice its GPUs, so the
    share is the whole GPU (replicas=1). A label that is not a positive integer cannot be trusted either way: the
-   pod gets a `QuotaError` naming the label, and the containers stay unmanaged rather than get a made-up share.
+   pod gets a `QuotaError` naming the label, and the containers stay unmanaged rather than get a made-up share
+   (outside a capped namespace; see 6).
 5. **Burst**: the `vramguard.io/vram-burst` annotation sets `burst_bytes` on every quota of the pod. A burst
    below any of the pod's byte quotas (compared before capping) is a `QuotaError` and is ignored for the whole
    pod; so is a burst on a pod with no quota at all, since it would silently do nothing. A fair share cannot be
    compared before it meets a device; `Quota.hard_for` takes the larger of the two there.
 6. **Namespace cap** (`policy.cap_for(namespace)`): no quota, from any source or default, and no burst, may
    exceed it, so users cannot exempt themselves by annotating their own pod. A capped quota's source ends with
-   ` capped by namespace max 16Gi`. Limitation: a fair share is only bytes once it meets a device, and
-   `model.Quota` has no field to carry the cap to `limit_for`, so a fair-share quota's limit is not capped
-   (its burst is). The fair share is the operator's own default, not something a user can raise.
+   ` capped by namespace max 16Gi`. Nor can they exempt themselves by writing a quota that is missing or
+   invalid: in a capped namespace every listed container that no source covers and the default leaves without
+   a quota (`none`, or a fair share whose replicas label is invalid) is held to the cap itself, with the source
+   `namespace max_quota 16Gi (no valid quota)`. That includes the containers an invalid pod-wide annotation
+   would have covered. The cap fallback takes no burst: a burst could only ever be capped back to the cap.
+   Limitations: a fair share is only bytes once it meets a device, so its cap travels in `Quota.cap_bytes`; and
+   containers the pod cache does not list (an ephemeral container, a container whose status has no ID yet)
+   are covered only by a pod-wide quota, as rule 2 says, so a pod without a valid annotation leaves them
+   unmanaged even in a capped namespace.
 
 Policies built by `vramguard.policy` contain only valid sources; a `Policy` built in code with a source this
 module cannot read skips that source.
@@ -53,8 +64,7 @@ from vramguard.quantity import (
     RESOURCE_UNIT_BYTES,
     QuantityError,
     format_quantity,
-    parse_count_bytes,
-    parse_quantity,
+    parse_quota_bytes,
     show_value,
 )
 
@@ -62,6 +72,11 @@ BURST_ANNOTATION: Final = "vramguard.io/vram-burst"
 REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"  # set by GPU feature discovery; time-slicing replicas per GPU
 
 _REPLICAS = re.compile(r"[0-9]{1,9}")  # bounded: int() of a 5000-digit label would raise
+
+UNMANAGED: Final = "no quota: unmanaged"  # what applies to a container with no quota, in QuotaError.applies
+# The longest VRAMQuotaInvalid text: the events.k8s.io/v1 API refuses a note over 1 kB, and a log line built
+# from a tenant's 10 MB annotation must stay a line.
+MAX_MESSAGE_CHARS: Final = 1024
 
 
 class SourceKind(str, enum.Enum):
@@ -102,31 +117,138 @@ def parse_quota_source(text: str) -> QuotaSource:
 
 def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, str]) -> PodQuota:
     """The quotas of `pod` under `policy` on a node with `node_labels`. Never raises on pod content."""
-    errors: list[QuotaError] = []
+    findings: list[_Finding] = []
     sources = _readable_sources(policy.quota_sources)
+    cap = policy.cap_for(pod.namespace)
 
-    pod_source, pod_quota = _pod_wide_quota(pod, sources, errors)
+    pod_source, pod_quota = _pod_wide_quota(pod, sources, findings)
     default: Quota | None = None
     default_resolved = False
 
     containers: dict[str, Quota] = {}
+    stopped_at: dict[str, int] = {}  # the index in `sources` where each container's walk ended
+    defaulted: list[str] = []  # the containers no source covers, in pod order
     for container in pod.containers:
-        own = _container_quota(container.name, container.limits, sources, pod_source, errors)
+        own, stopped_at[container.name] = _container_quota(
+            container.name, container.limits, sources, pod_source, findings
+        )
         if own is not None:
             containers[container.name] = own
         elif pod_source is None:  # otherwise the walk reached the pod-wide source: the container is covered
             if not default_resolved:
-                default = _default_quota(pod, policy, node_labels, errors)
+                default = _default_quota(pod, policy, node_labels, findings)
                 default_resolved = True
+            defaulted.append(container.name)
             if default is not None:
                 containers[container.name] = default
 
-    containers, pod_quota = _apply_burst(pod, containers, pod_quota, errors)
-    cap = policy.cap_for(pod.namespace)
+    containers, pod_quota = _apply_burst(pod, containers, pod_quota, findings)
+    applies = {name: _describe(q, cap) for name, q in containers.items()}
+    pod_applies = _describe(pod_quota, cap) if pod_quota is not None else None
     if cap is not None:
         containers = {name: _capped(q, cap) for name, q in containers.items()}
         pod_quota = _capped(pod_quota, cap) if pod_quota is not None else None
-    return PodQuota(containers=MappingProxyType(containers), pod=pod_quota, errors=tuple(errors))
+        fallback = Quota(limit_bytes=cap, source=f"namespace max_quota {format_quantity(cap)} (no valid quota)")
+        for name in defaulted:
+            if name not in containers:
+                containers[name] = fallback
+                applies[name] = fallback.source
+        containers = {c.name: containers[c.name] for c in pod.containers if c.name in containers}  # pod order
+
+    errors = _with_applies(findings, pod, stopped_at, defaulted, applies, pod_applies)
+    return PodQuota(containers=MappingProxyType(containers), pod=pod_quota, errors=errors)
+
+
+def invalid_message(err: QuotaError) -> str:
+    """The VRAMQuotaInvalid Event and log text of one error: the field, the value as written (bounded), what is
+    wrong with it and what applies instead, e.g.
+
+        metadata.annotations[vramguard.io/vram-limit]: "lots" is not a valid quantity (expected a number ...);
+        applies instead: namespace max_quota 8Gi (no valid quota)
+
+    Never longer than MAX_MESSAGE_CHARS, whatever the error holds: each part is bounded on its own, so a long
+    field or reason never pushes what applies out of the message.
+    """
+    text = f"{_clip(err.field, 200)}: {show_value(err.value)} {_clip(err.message, 480)}"
+    if err.applies:
+        text += f"; applies instead: {_clip(err.applies, 240)}"
+    return _clip(text, MAX_MESSAGE_CHARS)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Governs(enum.Enum):
+    """What an invalid value would have governed, to say once the pod is resolved what applies instead."""
+
+    CONTAINER = enum.auto()  # one container's own limit
+    ANNOTATION = enum.auto()  # the listed containers whose walk reached this annotation, and the unlisted ones
+    DEFAULT = enum.auto()  # the containers that fell through to the policy default
+    BURST = enum.auto()  # the burst of every quota of the pod
+
+
+@dataclass(frozen=True, slots=True)
+class _Finding:
+    error: QuotaError
+    governs: _Governs
+    container: str = ""  # for CONTAINER
+    source_index: int = -1  # for ANNOTATION: its index in the readable sources
+
+
+def _with_applies(
+    findings: Sequence[_Finding],
+    pod: PodInfo,
+    stopped_at: Mapping[str, int],
+    defaulted: Sequence[str],
+    applies: Mapping[str, str],
+    pod_applies: str | None,
+) -> tuple[QuotaError, ...]:
+    """Each finding's error, saying what applies instead to what the bad value would have governed."""
+
+    def governing(names: Sequence[str]) -> str:
+        """What applies to `names`: one text, or where they differ "limits[...] 2Gi for a; default fixed 4Gi for b"."""
+        groups: dict[str, list[str]] = {}
+        for name in names:
+            groups.setdefault(applies.get(name, pod_applies or UNMANAGED), []).append(name)
+        if len(groups) == 1:
+            return next(iter(groups))
+        return "; ".join(f"{text} for {', '.join(group)}" for text, group in groups.items())
+
+    errors = []
+    for f in findings:
+        if f.governs is _Governs.CONTAINER:
+            text = governing([f.container])
+        elif f.governs is _Governs.ANNOTATION:
+            reached = [c.name for c in pod.containers if stopped_at[c.name] > f.source_index]
+            if reached:
+                text = governing(reached)
+            elif pod_applies is not None:
+                text = pod_applies  # a later annotation covers the containers the pod cache does not list
+            else:
+                text = "no pod-wide quota (each container has a quota of its own)"
+        elif f.governs is _Governs.DEFAULT:
+            text = governing(defaulted)
+        else:
+            text = "no burst (each quota is also the hard limit)"
+        errors.append(replace(f.error, applies=text))
+    return tuple(errors)
+
+
+def _describe(quota: Quota, cap: int | None) -> str:
+    """A quota as the message says what applies: "limits[nvidia.com/gpumem] 2Gi", before capping, with the cap."""
+    if quota.limit_bytes is None:  # a fair share: bytes only once it meets a device
+        capped = f" capped at {format_quantity(cap)} by namespace max_quota" if cap is not None else ""
+        return f"{quota.source}{capped}"
+    text = f"{quota.source} {format_quantity(quota.limit_bytes)}"
+    if cap is not None and quota.limit_bytes > cap:
+        text += f" capped to {format_quantity(cap)} by namespace max_quota"
+    return text
+
+
+def _reason(e: QuantityError) -> str:
+    """A QuantityError as text that reads after the value, like the policy file's errors."""
+    return f"is not a valid {e.what} ({e.reason})"
 
 
 def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
@@ -140,17 +262,18 @@ def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
 
 
 def _pod_wide_quota(
-    pod: PodInfo, sources: Sequence[QuotaSource], errors: list[QuotaError]
+    pod: PodInfo, sources: Sequence[QuotaSource], findings: list[_Finding]
 ) -> tuple[QuotaSource | None, Quota | None]:
     """The first annotation source with a valid value on the pod, and its quota."""
-    for source in sources:
+    for index, source in enumerate(sources):
         if source.kind is not SourceKind.ANNOTATION or source.name not in pod.annotations:
             continue
         raw = pod.annotations[source.name]
         try:
-            limit = parse_count_bytes(raw, source.unit_bytes, source.name)
+            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
         except QuantityError as e:
-            errors.append(QuotaError(f"metadata.annotations[{source.name}]", raw, str(e)))
+            error = QuotaError(f"metadata.annotations[{source.name}]", raw, _reason(e))
+            findings.append(_Finding(error, _Governs.ANNOTATION, source_index=index))
             continue
         return source, Quota(limit_bytes=limit, source=f"annotation {source.name}")
     return None, None
@@ -161,26 +284,28 @@ def _container_quota(
     limits: Mapping[str, str],
     sources: Sequence[QuotaSource],
     pod_source: QuotaSource | None,
-    errors: list[QuotaError],
-) -> Quota | None:
-    """The container's own quota from the first valid resource source ahead of the pod-wide one, if any."""
-    for source in sources:
+    findings: list[_Finding],
+) -> tuple[Quota | None, int]:
+    """The container's own quota from the first valid resource source ahead of the pod-wide one, if any, and the
+    index in `sources` where the walk stopped (len(sources) when it went through every one)."""
+    for index, source in enumerate(sources):
         if source == pod_source:
-            return None  # covered by the pod-wide quota
+            return None, index  # covered by the pod-wide quota
         if source.kind is not SourceKind.RESOURCE or source.name not in limits:
             continue
         raw = limits[source.name]
         try:
-            limit = parse_count_bytes(raw, source.unit_bytes, source.name)
+            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
         except QuantityError as e:
-            errors.append(QuotaError(f"spec.containers[{container}].resources.limits[{source.name}]", raw, str(e)))
+            field = f"spec.containers[{container}].resources.limits[{source.name}]"
+            findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
             continue
-        return Quota(limit_bytes=limit, source=f"limits[{source.name}]")
-    return None
+        return Quota(limit_bytes=limit, source=f"limits[{source.name}]"), index
+    return None, len(sources)
 
 
 def _default_quota(
-    pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], errors: list[QuotaError]
+    pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], findings: list[_Finding]
 ) -> Quota | None:
     default = policy.default_for(pod.namespace)
     if default.kind is DefaultKind.FIXED and default.bytes is not None:
@@ -191,34 +316,32 @@ def _default_quota(
             return Quota(share_divisor=1, source="default fair-share (replicas=1)")
         if _REPLICAS.fullmatch(raw) and int(raw) > 0:
             return Quota(share_divisor=int(raw), source=f"default fair-share (replicas={int(raw)})")
-        errors.append(
-            QuotaError(
-                f"node.metadata.labels[{REPLICAS_LABEL}]",
-                raw,
-                f"{show_value(raw)} is not a valid replica count (expected a positive integer); "
-                "the fair-share default is not applied",
-            )
+        error = QuotaError(
+            f"node.metadata.labels[{REPLICAS_LABEL}]",
+            raw,
+            "is not a valid replica count (expected a positive integer); the fair-share default is not applied",
         )
+        findings.append(_Finding(error, _Governs.DEFAULT))
     return None
 
 
 def _apply_burst(
-    pod: PodInfo, containers: dict[str, Quota], pod_quota: Quota | None, errors: list[QuotaError]
+    pod: PodInfo, containers: dict[str, Quota], pod_quota: Quota | None, findings: list[_Finding]
 ) -> tuple[dict[str, Quota], Quota | None]:
     raw = pod.annotations.get(BURST_ANNOTATION)
     if raw is None:
         return containers, pod_quota
     field = f"metadata.annotations[{BURST_ANNOTATION}]"
     try:
-        burst = parse_quantity(raw)
+        burst = parse_quota_bytes(raw)
     except QuantityError as e:
-        errors.append(QuotaError(field, raw, str(e)))
+        findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.BURST))
         return containers, pod_quota
 
     quotas = [*containers.values(), *([pod_quota] if pod_quota is not None else [])]
     if not quotas:
         reason = "the pod has no quota for it to extend"
-        errors.append(QuotaError(field, raw, str(QuantityError(raw, reason, "burst"))))
+        findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
         return containers, pod_quota
     largest = max((q for q in quotas if q.limit_bytes is not None), key=lambda q: q.limit_bytes or 0, default=None)
     if largest is not None and largest.limit_bytes is not None and burst < largest.limit_bytes:
@@ -226,7 +349,7 @@ def _apply_burst(
             f"below the quota {format_quantity(largest.limit_bytes)} from {largest.source}; "
             "a burst must be at least the quota"
         )
-        errors.append(QuotaError(field, raw, str(QuantityError(raw, reason, "burst"))))
+        findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
         return containers, pod_quota
 
     return (
