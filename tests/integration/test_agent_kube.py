@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from vramguard.backoff import TokenBucket
@@ -95,6 +96,20 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(node: KubeNode, 
     assert got_refused == dict.fromkeys(refused, 403)
     assert evicted.evicted, evicted.message
     assert node.reasons(target) == sorted(["VRAMTest"])
+
+
+def test_network_policy_manifest_is_accepted_and_selects_the_agent(deployed: ControlPlane) -> None:
+    """deploy/networkpolicy.yaml is a valid object for the API server and selects the DaemonSet's pods."""
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    doc = yaml.safe_load((root / "networkpolicy.yaml").read_text())
+    daemonset = next(d for d in yaml.safe_load_all((root / "daemonset.yaml").read_text()) if d["kind"] == "DaemonSet")
+    with deployed.api_client() as api:
+        networking = client.NetworkingV1Api(api)
+        networking.create_namespaced_network_policy("vramguard", doc, dry_run="All")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert doc["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    ports = {p["containerPort"] for c in daemonset["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    assert {p["port"] for rule in doc["spec"]["ingress"] for p in rule["ports"]} == ports
 
 
 # --------------------------------------------------------------------------------------------------------------

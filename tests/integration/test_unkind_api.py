@@ -63,7 +63,9 @@ def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: s
     owed = [(first, a), (second, b)]
 
     def delivered() -> bool:
-        return all(sorted(r for r, _ in _event_log(node, pod)) == ["VRAMKilled", "VRAMQuotaExceeded"] for pod, _ in owed)
+        return all(
+            sorted(r for r, _ in _event_log(node, pod)) == ["VRAMKilled", "VRAMQuotaExceeded"] for pod, _ in owed
+        )
 
     assert wait_for(delivered, timeout_s=45, interval_s=0.5), {p.name: _event_log(node, p) for p, _ in owed}
     time.sleep(2)  # anything written twice (a create retried after its timeout) would show by now
