@@ -69,12 +69,15 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
     policy = Policy()
     events = RecordingEventRecorder()
 
+    pods = FilePodSource(str(node.pods_path), node.node_name).start()
+    assert pods.wait_synced(30), pods.problem()
+
     def fresh_agent() -> tuple[Agent, NvmlSampler]:
         sampler = NvmlSampler()
         agent = Agent(
             sampler=sampler,
             attributor=ProcessAttributor(),
-            pods=FilePodSource(str(node.pods_path), node.node_name),
+            pods=pods,
             policy=policy,
             enforcer=Enforcer(killer=PidfdKiller(), evictor=FakeEvictor(), events=events, policy=policy),
             events=events,
@@ -102,6 +105,7 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
         sampler.sample()
         nvml_cpu.append(time.process_time() - c0)
     sampler.close()
+    pods.stop()
     ms = 1000.0
     return {
         "cold_cpu": cold_cpu * ms,

@@ -92,7 +92,7 @@ def _load_policy(path: Path | None, mode: Mode | None, agent_namespace: str | No
 
 def _cluster(pods_file: Path | None, kubeconfig: str | None, node_name: str | None, metrics: Metrics) -> Cluster:
     if pods_file is not None:
-        return Cluster(FilePodSource(str(pods_file), node_name=node_name), LogEventRecorder(), NoApiEvictor())
+        return Cluster(FilePodSource(str(pods_file), node_name=node_name).start(), LogEventRecorder(), NoApiEvictor())
     if not node_name:
         typer.echo("vramguard: --node-name (or NODE_NAME) is required to watch this node's pods", err=True)
         raise typer.Exit(2)
@@ -346,8 +346,8 @@ def top(
     policy = _load_policy(policy_path, None, None)
     metrics = Metrics()
     cluster = _cluster(pods_file, kubeconfig, node_name, metrics)
-    if isinstance(cluster.pods, KubePodSource) and not cluster.pods.wait_synced(timeout_s=15):
-        typer.echo("vramguard: could not list this node's pods from the API server within 15s", err=True)
+    if isinstance(cluster.pods, (KubePodSource, FilePodSource)) and not cluster.pods.wait_synced(timeout_s=15):
+        typer.echo(f"vramguard: could not read this node's pods within 15s: {cluster.pods.problem()}", err=True)
         raise typer.Exit(1)
     sampler = _open_sampler(proc_root)
     agent = _wire(sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics)
