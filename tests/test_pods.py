@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vramguard.model import Policy
+from vramguard.model import GiB, NamespacePolicy, Policy
 from vramguard.pods import MAX_VALUE_CHARS, PodSourceError, parse_pod_list, pod_info_from_manifest
 from vramguard.quota import resolve_pod_quota
 
@@ -90,6 +90,26 @@ def test_manifest_becomes_pod_info() -> None:
     assert p.container_by_id("b" * 64) is p.containers[2]
     assert p.annotations["vramguard.io/vram-limit"] == "12Gi"
     assert not p.terminating
+
+
+def test_ephemeral_container_is_a_container_and_falls_under_the_namespace_cap() -> None:
+    """A `kubectl debug` container is listed with its runtime ID, so its GPU use is its own container's, and in a
+    namespace with max_quota it is held to the cap like any container without a quota."""
+    info = pod_info_from_manifest(
+        {
+            "metadata": {"uid": "u1", "name": "p", "namespace": "team"},
+            "spec": {"containers": [{"name": "main"}], "ephemeralContainers": [{"name": "debugger"}]},
+            "status": {
+                "containerStatuses": [{"name": "main", "containerID": "containerd://" + "a" * 64}],
+                "ephemeralContainerStatuses": [{"name": "debugger", "containerID": "containerd://" + "b" * 64}],
+            },
+        }
+    )
+    debugger = info.container_by_id("b" * 64)
+    assert debugger is not None and debugger.name == "debugger"
+    policy = Policy(namespaces={"team": NamespacePolicy(max_quota_bytes=8 * GiB)})
+    quota = resolve_pod_quota(info, policy, {}).containers["debugger"]
+    assert quota.limit_bytes == 8 * GiB
 
 
 def test_pending_and_terminating_pods() -> None:

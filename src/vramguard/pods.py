@@ -86,17 +86,18 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ids = {
-        s.get("name"): _strip_scheme(s.get("containerID"))
-        for s in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or [])
-    }
+    # Ephemeral containers (`kubectl debug`) are containers too: without them a debug container's GPU process
+    # would count as nobody's container, and in a capped namespace escape the cap. They cannot set limits.
+    statuses = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+    ids = {s.get("name"): _strip_scheme(s.get("containerID")) for key in statuses for s in (status.get(key) or [])}
     containers = tuple(
         ContainerInfo(
             name=_cut(c.get("name", "")),
             container_id=ids.get(c.get("name")),
             limits=_kept((c.get("resources") or {}).get("limits") or {}, RESOURCE_UNIT_BYTES),
         )
-        for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+        for key in ("initContainers", "containers", "ephemeralContainers")
+        for c in (spec.get(key) or [])
     )
     owners = meta.get("ownerReferences") or []
     owner = next((_cut(f"{o.get('kind')}/{o.get('name')}") for o in owners if o.get("controller")), None)
