@@ -18,8 +18,11 @@ from vramguard.attribute import (
     PROCESS_GONE,
     UNKNOWN_START_TIME,
     Identity,
+    PidWindow,
     ProcessAttributor,
     attribute,
+    in_pid_window,
+    new_pid_window,
 )
 from vramguard.model import (
     CgroupIdentity,
@@ -34,7 +37,7 @@ from vramguard.model import (
     Snapshot,
     UnattributedProcess,
 )
-from vramguard.procfs import read_start_time, read_state_and_start_time
+from vramguard.procfs import PidCursor, read_pid_cursor, read_start_time, read_state_and_start_time
 
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -68,6 +71,15 @@ class FakeProc:
 
     def remove(self, pid: int) -> None:
         shutil.rmtree(self.root / str(pid))
+
+    def set_cursor(self, last_pid: int, forks: int, pid_max: int = 32768, tasks: int = 400) -> None:
+        """Write the three files the PID cursor is read from, as the kernel formats them."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "loadavg").write_text(f"0.10 0.20 0.30 1/{tasks} {last_pid}\n")
+        cpu = "cpu  1 2 3 4 5 6 7 0 0 0\n"
+        (self.root / "stat").write_text(f"{cpu}intr 1 2 3\nctxt 99\nbtime 1700000000\nprocesses {forks}\n")
+        (self.root / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
+        (self.root / "sys" / "kernel" / "pid_max").write_text(f"{pid_max}\n")
 
 
 @pytest.fixture
@@ -380,71 +392,297 @@ def test_attribute_is_independent_of_input_order() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# pidfd validation, against real processes (no cgroups needed)
+# The PID cursor: which cached entries the kernel may have handed to another process since the last scan
+
+
+def cursor(last_pid: int, forks: int, pid_max: int = 32768, tasks: int = 400) -> PidCursor:
+    return PidCursor(last_pid=last_pid, forks=forks, pid_max=pid_max, tasks=tasks)
+
+
+WINDOW_CASES = [
+    pytest.param(None, cursor(5000, 100), None, id="first-scan-checks-everything"),
+    pytest.param(cursor(5000, 100), None, None, id="unreadable-cursor-checks-everything"),
+    pytest.param(cursor(5000, 100), cursor(5000, 100), (5000, 5000), id="no-forks-empty-window"),
+    pytest.param(cursor(5000, 100), cursor(5010, 110), (5000, 5010), id="ten-forks-window-behind-them"),
+    pytest.param(cursor(32700, 100), cursor(350, 120), (32700, 350), id="cursor-wrapped-window-wraps"),
+    pytest.param(cursor(5000, 100), cursor(5000, 101), None, id="forks-but-cursor-back-in-place-may-be-a-lap"),
+    pytest.param(cursor(5000, 100), cursor(5010, 100 + 7520), None, id="lap-possible-by-fork-count"),
+    pytest.param(cursor(5000, 100), cursor(5010, 100 + 7000), (5000, 5010), id="many-forks-but-no-lap"),
+    pytest.param(
+        cursor(5000, 100, tasks=5500),
+        cursor(5010, 110, tasks=5500),
+        None,
+        id="pid-space-crowded-lap-possible-by-skipping",
+    ),
+    pytest.param(cursor(5000, 100), cursor(5010, 90), None, id="fork-count-went-back"),
+    pytest.param(cursor(5000, 100), cursor(5010, 110, pid_max=4194304), None, id="pid-max-changed"),
+    pytest.param(
+        cursor(5000, 100, pid_max=4194304),
+        cursor(9000, 1_000_100, pid_max=4194304),
+        (5000, 9000),
+        id="large-pid-max-tolerates-a-million-forks",
+    ),
+]
+
+
+@pytest.mark.parametrize(("before", "after", "window"), WINDOW_CASES)
+def test_new_pid_window(before: PidCursor | None, after: PidCursor | None, window: PidWindow | None) -> None:
+    """Every PID handed out between two readings is in (A, B]; None whenever a lap cannot be ruled out."""
+    assert new_pid_window(before, after) == window
+
+
+@pytest.mark.parametrize(
+    ("pid", "window", "inside"),
+    [
+        pytest.param(5005, (5000, 5010), True, id="inside"),
+        pytest.param(5010, (5000, 5010), True, id="upper-end-is-inside"),
+        pytest.param(5000, (5000, 5010), False, id="lower-end-is-outside"),
+        pytest.param(4000, (5000, 5010), False, id="below"),
+        pytest.param(6000, (5000, 5010), False, id="above"),
+        pytest.param(32767, (32700, 350), True, id="wrapped-top"),
+        pytest.param(320, (32700, 350), True, id="wrapped-bottom"),
+        pytest.param(5000, (32700, 350), False, id="wrapped-middle-is-outside"),
+        pytest.param(5000, (5000, 5000), False, id="empty-window"),
+    ],
+)
+def test_in_pid_window(pid: int, window: PidWindow, inside: bool) -> None:
+    """The cyclic interval (A, B]: A excluded, B included, wrapping past pid_max when B < A."""
+    assert in_pid_window(pid, window) is inside
+
+
+def reuse(proc: FakeProc, pid: int, start_time: int, uid: str = UID_B, cid: str = CID_B1) -> None:
+    """The process at `pid` exits and another one (another pod's) gets the number."""
+    proc.remove(pid)
+    proc.add(pid, start_time, cgroup_text(uid, cid))
+
+
+def test_scan_checks_only_the_pids_the_kernel_handed_out_again(proc: FakeProc) -> None:
+    """With the cursor, a warm scan stat-checks only cached PIDs inside (A, B]; those are re-read when reused."""
+    for pid in (1000, 2000, 3000):
+        proc.add(pid, pid, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=True, audit_per_scan=0)
+    attributor.scan([1000, 2000, 3000])  # first scan: every entry read
+    assert (attributor.misses, attributor.full_checks) == (3, 1)
+
+    proc.set_cursor(last_pid=3000, forks=50)  # nothing forked: nothing to check
+    attributor.scan([1000, 2000, 3000])
+    assert (attributor.hits, attributor.stat_checks, attributor.full_checks) == (3, 0, 1)
+
+    # The cursor went on around the ring, 3001..32767 then 300..2500: any number in (3000, 2500] may have been
+    # handed out again, 1000 and 2000 included (2000 was); 3000 cannot have been.
+    reuse(proc, 2000, 9_000, UID_B, CID_B1)
+    proc.set_cursor(last_pid=2500, forks=50 + 6000)
+    found = attributor.scan([1000, 2000, 3000])
+    assert found[2000] == (ProcessRef(2000, 9_000), CgroupIdentity(UID_B, CID_B1, "containerd", "burstable"))
+    assert found[1000][0] == ProcessRef(1000, 1000)
+    assert (attributor.stat_checks, attributor.misses) == (2, 4)  # 1000 and 2000 checked, 2000 re-read
+
+
+def boot_ticks() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK") // 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("check", "cursor_moves"),
+    [
+        pytest.param("scan", True, id="in-the-cursor-window"),
+        pytest.param("scan", False, id="scan-without-cursor"),
+        pytest.param("identify", False, id="identify"),
+    ],
+)
+def test_entry_read_in_its_start_tick_is_reread_not_stat_checked(
+    proc: FakeProc, check: str, cursor_moves: bool
+) -> None:
+    """A process read within the clock tick it started in could be replaced, same start time, by one handed its
+    PID later in that tick: a start time cannot vouch for it, so it is read again, cgroup included."""
+    # The start tick is "now" for the whole test: a second ahead, as a tick boundary may pass while it runs.
+    start_now = boot_ticks() + 100
+    proc.add(1000, start_now, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=900, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=cursor_moves, audit_per_scan=0)
+    attributor.scan([1000])
+    reuse(proc, 1000, start_now, UID_B, CID_B1)  # same start time, another pod
+    proc.set_cursor(last_pid=1001, forks=52)
+    found = attributor.scan([1000])[1000] if check == "scan" else attributor.identify(1000)
+    assert found is not None and found[1] == CgroupIdentity(UID_B, CID_B1, "containerd", "burstable")
+    assert attributor.stat_checks == 0
+
+
+def test_scan_trusts_pids_outside_the_window(proc: FakeProc) -> None:
+    """A PID outside (A, B] cannot have been handed out again, so its stat is not even read.
+
+    The fake tree is changed behind the kernel's back (a new start time without the cursor moving), which no
+    real kernel does: the cached identity is returned, proving that no stat was read.
+    """
+    proc.add(1000, 1000, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=True, audit_per_scan=0)
+    first = attributor.scan([1000])
+    reuse(proc, 1000, 7777)
+    proc.set_cursor(last_pid=3100, forks=150)
+    assert attributor.scan([1000]) == first
+    assert attributor.stat_checks == 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda root: (root / "loadavg").unlink(), id="loadavg-unreadable"),
+        pytest.param(lambda root: (root / "stat").write_text("cpu 1 2 3\n"), id="no-processes-line"),
+        pytest.param(lambda root: (root / "sys" / "kernel" / "pid_max").write_text("lots\n"), id="pid-max-garbage"),
+    ],
+)
+def test_unreadable_cursor_checks_every_entry(proc: FakeProc, damage: Callable[[Path], object]) -> None:
+    """When the cursor cannot be read, every cached entry is checked through stat: a reused PID is seen."""
+    proc.add(1000, 1000, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=True, audit_per_scan=0)
+    attributor.scan([1000])
+    reuse(proc, 1000, 7777)
+    damage(proc.root)
+    assert attributor.scan([1000])[1000][0] == ProcessRef(1000, 7777)
+    assert attributor.full_checks == 2
+
+
+def test_cursor_of_a_scan_that_raised_is_not_kept(proc: FakeProc) -> None:
+    """A scan interrupted half way keeps the older reading, so the next window still covers what it skipped."""
+    for pid in (1000, 2000):
+        proc.add(pid, pid, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=True, audit_per_scan=0)
+    attributor.scan([1000, 2000])
+    reuse(proc, 2000, 9_000)
+    proc.set_cursor(last_pid=2500, forks=2000)  # wrapped: 2000 is in the window
+
+    def interrupted() -> Iterable[int]:
+        yield 1000
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        attributor.scan(interrupted())
+    proc.set_cursor(last_pid=2600, forks=2100)  # on its own, (2500, 2600] would not cover 2000
+    assert attributor.scan([1000, 2000])[2000][0] == ProcessRef(2000, 9_000)
+
+
+def test_audit_rechecks_every_entry_round_robin(proc: FakeProc) -> None:
+    """Besides the window, each scan stat-checks the `audit_per_scan` least recently checked entries: in
+    cache_size / audit_per_scan scans every entry has been checked, whatever the cursor says."""
+    pids = list(range(1000, 1010))
+    for pid in pids:
+        proc.add(pid, pid, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root), use_pid_cursor=True, audit_per_scan=3)
+    attributor.scan(pids)
+    # Reused behind the cursor's back (only host root can do that: see the class docstring).
+    for pid in pids:
+        reuse(proc, pid, pid + 50_000)
+    for scan_no in range(1, 5):
+        found = attributor.scan(pids)
+        fresh = sum(found[pid][0].start_time == pid + 50_000 for pid in pids)
+        assert fresh == min(10, 3 * scan_no)
+
+
+def test_fake_proc_checks_every_entry(proc: FakeProc) -> None:
+    """A tree whose "self" is not this process (a fake, another namespace) never uses the cursor."""
+    proc.add(1000, 1000, cgroup_text(UID_A, CID_A1))
+    proc.set_cursor(last_pid=3000, forks=50)
+    attributor = ProcessAttributor(str(proc.root))
+    assert not attributor.uses_pid_cursor
+    attributor.scan([1000])
+    reuse(proc, 1000, 7777)
+    assert attributor.scan([1000])[1000][0] == ProcessRef(1000, 7777)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Real processes (no cgroups needed)
 
 
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_pidfd_mode_is_chosen_only_for_the_agents_own_proc(proc: FakeProc) -> None:
-    """The real /proc gets pidfd validation; a fake tree (no "self" naming us) falls back to stat."""
-    assert ProcessAttributor("/proc").uses_pidfds
-    assert not ProcessAttributor(str(proc.root)).uses_pidfds
+def test_pid_cursor_is_used_only_for_the_agents_own_proc(proc: FakeProc) -> None:
+    """The real /proc gets the cursor check (and its cursor reads); a fake tree falls back to stat."""
+    assert ProcessAttributor("/proc").uses_pid_cursor
+    assert read_pid_cursor("/proc") is not None
+    assert not ProcessAttributor(str(proc.root)).uses_pid_cursor
 
 
-@pytest.mark.parametrize("use_pidfd", [pytest.param(True, id="pidfd"), pytest.param(False, id="stat")])
-def test_real_process_cache_lifecycle(use_pidfd: bool) -> None:
-    """A live process is a hit; once it exits and is reaped its entry and pidfd are dropped and it reads as gone."""
+@pytest.mark.parametrize("use_cursor", [pytest.param(True, id="cursor"), pytest.param(False, id="stat")])
+def test_real_process_cache_lifecycle(use_cursor: bool) -> None:
+    """A live process is a hit; once it exits and is reaped it reads as gone and leaves the cache. No fd is kept."""
     before = fd_count()
     child = subprocess.Popen(["sleep", "60"])
+    time.sleep(0.03)  # read in a later tick than it started in (else every check is a re-read: see "same tick")
     try:
-        attributor = ProcessAttributor("/proc", use_pidfd=use_pidfd)
-        first = attributor.identify(child.pid)
-        assert first is not None
+        attributor = ProcessAttributor("/proc", use_pid_cursor=use_cursor)
+        first = attributor.scan([child.pid])[child.pid]
         assert first[0] == ProcessRef(child.pid, read_start_time(child.pid) or -1)
-        assert attributor.identify(child.pid) == first
+        assert attributor.scan([child.pid]) == {child.pid: first}
         assert (attributor.hits, attributor.misses) == (1, 1)
-        assert fd_count() == before + (1 if use_pidfd else 0)
+        assert fd_count() == before
     finally:
         child.kill()
         child.wait()
+    assert attributor.scan([child.pid]) == {}
     assert attributor.identify(child.pid) is None
     assert attributor.cache_size == 0
-    assert fd_count() == before
 
 
-def test_zombie_is_still_the_same_process() -> None:
+@pytest.mark.parametrize("use_cursor", [pytest.param(True, id="cursor"), pytest.param(False, id="stat")])
+def test_zombie_is_still_the_same_process(use_cursor: bool) -> None:
     """An exited but unreaped child keeps its PID, so its cached identity is still a hit."""
     child = subprocess.Popen(["sleep", "60"])
+    time.sleep(0.03)  # read in a later tick than it started in
     try:
-        with ProcessAttributor("/proc", use_pidfd=True) as attributor:
-            first = attributor.identify(child.pid)
+        with ProcessAttributor("/proc", use_pid_cursor=use_cursor) as attributor:
+            first = attributor.scan([child.pid])
             child.send_signal(signal.SIGKILL)
             deadline = time.monotonic() + 5
             while (read_state_and_start_time(child.pid) or ("?",))[0] != "Z":
                 assert time.monotonic() < deadline
                 time.sleep(0.001)
-            assert attributor.identify(child.pid) == first
-            assert attributor.hits == 1
+            assert attributor.scan([child.pid]) == first
+            assert attributor.identify(child.pid) == first[child.pid]
+            assert attributor.hits == 2
     finally:
         child.kill()
         child.wait()
 
 
-def test_close_releases_every_pidfd() -> None:
-    """close() (or leaving the with-block) forgets all entries and closes their pidfds."""
-    before = fd_count()
-    children = [subprocess.Popen(["sleep", "60"]) for _ in range(5)]
+def test_process_read_in_its_start_tick_is_vouched_for_once_read_later() -> None:
+    """A process read right after it started is re-read when next checked; read in a later tick, stat suffices."""
+    child = subprocess.Popen(["sleep", "60"])
     try:
-        with ProcessAttributor("/proc") as attributor:
-            attributor.scan(c.pid for c in children)
-            assert fd_count() == before + 5
-            attributor.forget_except([children[0].pid])
-            assert fd_count() == before + 1
+        attributor = ProcessAttributor("/proc")
+        first = attributor.identify(child.pid)
+        time.sleep(0.03)
+        assert attributor.identify(child.pid) == first  # a re-read or (if the first read was a tick late) a check
+        checks = attributor.stat_checks
+        assert attributor.identify(child.pid) == first
+        assert attributor.stat_checks == checks + 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow
+def test_a_thousand_cached_processes_cost_no_fd() -> None:
+    """Scanning (cold, then warm) 1,000 real processes leaves the agent with exactly the fds it had before."""
+    children = [subprocess.Popen(["sleep", "120"]) for _ in range(1000)]
+    try:
+        before = fd_count()
+        attributor = ProcessAttributor("/proc")
+        assert len(attributor.scan(c.pid for c in children)) == 1000
         assert fd_count() == before
-        assert attributor.cache_size == 0
+        warm = attributor.scan(c.pid for c in children)
+        assert len(warm) == 1000 and attributor.cache_size == 1000
+        assert fd_count() == before
+        assert attributor.full_checks == 1  # only the first scan had no earlier reading to go by
+        assert attributor.hits == 1000
     finally:
         for c in children:
             c.kill()
+        for c in children:
             c.wait()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from typing import Any
 
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
 from vramguard.attribute import ProcessAttributor
-from vramguard.model import CgroupIdentity
+from vramguard.model import CgroupIdentity, ProcessRef
 from vramguard.procfs import read_start_time
 from vramguard.testing.cgroups import (
     TEST_UID_PREFIX,
@@ -226,3 +227,49 @@ def test_unmarked_parent_is_never_removed_by_a_run_that_did_not_create_it() -> N
         for d in (qos_dir, os.path.dirname(qos_dir), os.path.dirname(os.path.dirname(qos_dir))) if qos_dir else ():
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+
+
+def spawn_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[Any] | None:
+    """A process that gets exactly `pid`: the kernel's cursor is set to pid - 1 right before forking (root)."""
+    for _ in range(attempts):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        popen = subprocess.Popen(argv)
+        if popen.pid == pid:
+            return popen
+        popen.kill()
+        popen.wait()
+    return None
+
+
+def test_pid_reused_through_the_cursor_is_read_again(make_cgroups: CgroupsFactory) -> None:
+    """A cached PID the kernel hands to a new process (forced with ns_last_pid) is re-read: new start, new cgroup.
+
+    The warm scan before the reuse checks nothing through stat (the cursor rules every cached PID out); the one
+    after it sees the PID inside the window the cursor moved through, and reads the newcomer.
+    """
+    kc = make_cgroups("systemd", 2)
+    ctr = kc.pod().container()
+    old = ctr.spawn(["sleep", "60"])
+    pid = old.pid
+    attributor = ProcessAttributor(audit_per_scan=0)
+    assert attributor.uses_pid_cursor
+    first = attributor.scan([pid])[pid]
+    assert first[1] == ctr.identity
+    assert attributor.scan([pid]) == {pid: first}
+    assert attributor.stat_checks == 0, "a warm scan with the cursor reads no stat"
+
+    old.kill()
+    old.wait()
+    newcomer = spawn_with_pid(pid, ["sleep", "60"])
+    if newcomer is None:
+        pytest.skip(f"could not get the kernel to hand out PID {pid} again (another process took it)")
+    try:
+        ref, identity = attributor.scan([pid])[pid]
+        assert ref == ProcessRef(pid, read_start_time(pid) or -1)
+        assert ref.start_time != first[0].start_time or identity != first[1]
+        assert identity is None  # the newcomer is a host process, in no pod
+        assert attributor.misses == 2
+    finally:
+        newcomer.kill()
+        newcomer.wait()

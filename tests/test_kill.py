@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -21,11 +23,18 @@ from vramguard.kill import (
     SKIP_PID_NAMESPACE,
     SKIP_PID_REUSED,
     SKIP_SELF,
+    SKIP_UNREADABLE,
     PidfdKiller,
+    find_container_cgroup,
+)
+from vramguard.kill import (
+    ContainerCgroup as KillerCgroup,
 )
 from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
 from vramguard.procfs import holds_nvidia_device, read_start_time
 from vramguard.testing.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+
+KILL_CHILD = Path(__file__).with_name("kill_child.py")
 
 pytestmark = pytest.mark.cgroups
 
@@ -310,3 +319,345 @@ def test_proc_root_of_another_pid_namespace_signals_nothing(world: World, tmp_pa
     assert result.killed == ()
     assert result.skipped == ((gpu.ref, SKIP_PID_NAMESPACE),)
     assert gpu.alive()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Finishing the job: forks during the kill, few fds, unreadable /proc, freezing
+
+
+# Forks a device holder every 2 ms, forever: `sleep 600 &` keeps fd 3 (the device) like a DataLoader worker.
+FORKER = 'exec 3<"$1"; while :; do sleep 600 & sleep 0.002; done'
+
+
+def device_holders(world: World, ctr: ContainerCgroup) -> list[int]:
+    return [pid for pid in ctr.pids() if holds_nvidia_device(pid, "/proc", world.device_prefix)]
+
+
+def freeze_state(ctr: ContainerCgroup, version: int) -> str:
+    name = "cgroup.freeze" if version == 2 else "freezer.state"
+    directory = next(d for d in ctr.dirs if version == 2 or "/freezer/" in d)
+    return Path(directory, name).read_text().strip()
+
+
+def world_for(make_cgroups: CgroupsFactory, tmp_path: Path, version: int) -> World:
+    """A World whose v1 containers are in the freezer hierarchy too (and pids, and the named systemd one)."""
+    device = tmp_path / "dev" / "nvidia0"
+    device.parent.mkdir(exist_ok=True)
+    device.touch()
+    kwargs: dict[str, Any] = {"v1_hierarchies": ("pids", "systemd", "freezer")} if version == 1 else {}
+    return World(make_cgroups("cgroupfs", version, **kwargs), device)
+
+
+@pytest.mark.parametrize(
+    ("version", "find_cgroup"),
+    [
+        pytest.param(2, True, id="v2-frozen"),
+        pytest.param(1, True, id="v1-freezer-frozen"),
+        pytest.param(2, False, id="v2-cgroup-not-found-rounds-only"),
+        pytest.param(1, False, id="v1-cgroup-not-found-rounds-only"),
+    ],
+)
+def test_parent_forking_every_2ms_leaves_no_survivor(
+    make_cgroups: CgroupsFactory, tmp_path: Path, version: int, find_cgroup: bool
+) -> None:
+    """A parent forking a device holder every 2 ms: after kill() no process of the container holds the device."""
+    world = world_for(make_cgroups, tmp_path, version)
+    try:
+        pod = world.kc.pod()
+        ctr = pod.container()
+        popen = ctr.spawn(["/bin/sh", "-c", FORKER, "forker", str(world.device)])
+        parent = world._watch(popen.pid, popen)
+        wait_until(lambda: len(ctr.pids()) >= 60, what="the forker to have 60 children")
+        # No cgroup under this root: the re-scan rounds alone must finish the job.
+        cgroup_root = "/sys/fs/cgroup" if find_cgroup else str(tmp_path / "no-cgroups")
+
+        result = killer(world, cgroup_root=cgroup_root).kill(violation(pod, [ctr], [parent.ref]))
+
+        assert parent.died_of_sigkill()
+        # Orphans are reaped by init; give it a moment, but a survivor (sleep 600) would stay for good.
+        wait_until(lambda: device_holders(world, ctr) == [], timeout_s=2, what="no device holder left")
+        wait_until(lambda: ctr.pids() == [], timeout_s=2, what="every child to be dead")
+        assert result.remaining == ()
+        assert result.exited and result.ok
+        assert len(result.killed) >= 30  # some `sleep 0.002` children exit before they can be signalled
+        if find_cgroup:
+            assert freeze_state(ctr, version) == ("0" if version == 2 else "THAWED")
+    finally:
+        world.close()
+
+
+def run_kill_child(spec: dict[str, Any], timeout_s: float = 60) -> dict[str, Any]:
+    """kill() in a subprocess (see kill_child.py); its result as a dict."""
+    done = subprocess.run(
+        [sys.executable, str(KILL_CHILD), json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize(
+    "find_cgroup", [pytest.param(True, id="frozen-cgroup"), pytest.param(False, id="proc-walk-rounds")]
+)
+def test_killer_with_64_fds_kills_300_holders(world: World, tmp_path: Path, find_cgroup: bool) -> None:
+    """With RLIMIT_NOFILE at 64 the killer still kills ~300 device holders: it never holds an fd per process."""
+    pod = world.kc.pod()
+    ctr = pod.container()
+    procs = world.holder(ctr, children=299)
+    spec = {
+        "pod_uid": pod.uid,
+        "container_ids": [ctr.container_id],
+        "processes": [[procs[0].pid, procs[0].ref.start_time]],
+        "device_prefix": world.device_prefix,
+        "cgroup_root": "/sys/fs/cgroup" if find_cgroup else str(tmp_path / "no-cgroups"),
+        "nofile": 64,
+    }
+
+    result = run_kill_child(spec)
+
+    assert sorted(pid for pid, _ in result["killed"]) == sorted(p.pid for p in procs)
+    assert result["remaining"] == [] and result["ok"], result["skipped"]
+    assert all(p.died_of_sigkill() for p in procs)
+
+
+@pytest.mark.parametrize("free_fds", [pytest.param(0, id="no-fd-free"), pytest.param(1, id="one-fd-free")])
+def test_out_of_fds_is_never_reported_as_gone(world: World, free_fds: int) -> None:
+    """An EMFILE says nothing about the process: it is skipped as unreadable, reported remaining, and lives."""
+    pod = world.kc.pod()
+    ctr = pod.container()
+    (gpu,) = world.holder(ctr)
+    spec = {
+        "pod_uid": pod.uid,
+        "container_ids": [ctr.container_id],
+        "processes": [[gpu.pid, gpu.ref.start_time]],
+        "device_prefix": world.device_prefix,
+        "nofile": 64,
+        "free_fds": free_fds,
+    }
+
+    result = run_kill_child(spec)
+
+    reasons = [reason for _, _, reason in result["skipped"]]
+    assert SKIP_GONE not in reasons
+    assert [[pid, start] for pid, start, _ in result["skipped"]] == [[gpu.pid, gpu.ref.start_time]]
+    assert reasons[0].startswith(SKIP_UNREADABLE) and "Too many open files" in reasons[0]
+    assert result["remaining"] == [[gpu.pid, gpu.ref.start_time]]
+    assert not result["ok"]
+    assert gpu.alive()
+    assert freeze_state(ctr, 2) == "0"
+
+
+class RaisingKiller(PidfdKiller):
+    """Raises from the identity check, after noting whether the container was frozen at that moment."""
+
+    def __init__(self, control: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.control = control
+        self.seen_while_verifying: list[str] = []
+
+    def _verify(self, run: Any, ref: ProcessRef) -> str | None:
+        self.seen_while_verifying.append(self.control.read_text())
+        raise RuntimeError("verify failed")
+
+
+@pytest.mark.parametrize("version", [pytest.param(2, id="v2"), pytest.param(1, id="v1-freezer")])
+def test_container_is_thawed_even_when_a_check_raises(
+    make_cgroups: CgroupsFactory, tmp_path: Path, version: int
+) -> None:
+    """The freeze is undone in a finally: an exception in the middle of the kill leaves the container running."""
+    world = world_for(make_cgroups, tmp_path, version)
+    try:
+        pod = world.kc.pod()
+        ctr = pod.container()
+        (gpu,) = world.holder(ctr)
+        directory = next(d for d in ctr.dirs if version == 2 or "/freezer/" in d)
+        control = Path(directory, "cgroup.events" if version == 2 else "freezer.state")
+        fds_before = len(os.listdir("/proc/self/fd"))
+        raising = RaisingKiller(control, device_prefix=world.device_prefix, exit_timeout_s=5.0)
+
+        with pytest.raises(RuntimeError, match="verify failed"):
+            raising.kill(violation(pod, [ctr], [gpu.ref]))
+
+        frozen_then = (
+            "frozen 1" in raising.seen_while_verifying[0] or raising.seen_while_verifying[0].strip() == "FROZEN"
+        )
+        assert frozen_then, f"the container was not frozen during the check: {raising.seen_while_verifying}"
+        assert freeze_state(ctr, version) == ("0" if version == 2 else "THAWED")
+        if version == 2:
+            assert "frozen 0" in control.read_text()
+        assert len(os.listdir("/proc/self/fd")) == fds_before
+        assert gpu.alive()
+        # And it really runs again: a thawed container can be killed normally.
+        assert killer(world).kill(violation(pod, [ctr], [gpu.ref])).ok
+        assert gpu.died_of_sigkill()
+    finally:
+        world.close()
+
+
+def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
+    make_cgroups: CgroupsFactory, tmp_path: Path
+) -> None:
+    """Through a private cgroup namespace the path starts with /..; a look-alike directory tried first (same pod UID
+    and container ID, one level higher) is rejected because it does not list the victim: it is neither frozen nor
+    emptied, and the real container is."""
+    device = tmp_path / "dev" / "nvidia0"
+    device.parent.mkdir()
+    device.touch()
+    real = World(make_cgroups("cgroupfs", 2, kind=True), device)  # /kubelet/kubepods/burstable/pod<X>/<id>
+    decoys = World(make_cgroups("cgroupfs", 2), device)  # /kubepods/burstable/pod<X>/<id>
+    try:
+        pod = real.kc.pod(qos="burstable")
+        ctr = pod.container()
+        look_alike = decoys.kc.pod(uid=pod.uid, qos="burstable").container(container_id=ctr.container_id)
+        victims = real.holder(ctr, children=3)
+        (bystander,) = decoys.holder(look_alike)
+        agent_ctr = real.kc.pod(qos="besteffort").container()  # the agent's own container: its cgroupns root
+        spec = {
+            "pod_uid": pod.uid,
+            "container_ids": [ctr.container_id],
+            "processes": [[victims[0].pid, victims[0].ref.start_time]],
+            "device_prefix": real.device_prefix,
+        }
+        agent = agent_ctr.spawn(
+            ["unshare", "--cgroup", sys.executable, str(KILL_CHILD), json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        out, _ = agent.communicate(timeout=60)
+        assert agent.returncode == 0
+        result = json.loads(out)
+
+        assert sorted(pid for pid, _ in result["killed"]) == sorted(p.pid for p in victims)
+        assert result["ok"]
+        assert all(p.died_of_sigkill() for p in victims)
+        assert bystander.alive()
+        assert (Path(look_alike.dirs[0]) / "cgroup.freeze").read_text().strip() == "0"
+    finally:
+        real.close()
+        decoys.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# find_container_cgroup: a fake cgroup root (plain directories and files), so every layout can be tabled
+
+UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+CID = "ab" * 32
+OTHER_CID = "cd" * 32
+PID = 4242
+REAL = f"kubepods/burstable/pod{UID}/{CID}"
+
+
+def fake_tree(
+    root: Path, layout: dict[str, list[int]], v2_mounts: Sequence[str] = ("",), freezer: bool = False
+) -> None:
+    """Directories under `root` with a cgroup.procs each (a mount's root gets cgroup.controllers or cgroup.procs)."""
+    for mount in v2_mounts:
+        (root / mount).mkdir(parents=True, exist_ok=True)
+        (root / mount / "cgroup.controllers").write_text("")
+    if freezer:
+        (root / "freezer").mkdir(parents=True, exist_ok=True)
+        (root / "freezer" / "cgroup.procs").write_text("")
+    for directory, pids in layout.items():
+        (root / directory).mkdir(parents=True, exist_ok=True)
+        (root / directory / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+
+
+FIND_CASES = [
+    pytest.param(f"0::/{REAL}\n", {REAL: [PID]}, ("",), False, REAL, True, id="v2-host-namespace"),
+    pytest.param(f"0::/{REAL}\n", {REAL: [1, 2]}, ("",), False, None, True, id="v2-path-not-listing-the-pid"),
+    pytest.param(
+        f"0::/{REAL}\n",
+        {f"unified/{REAL}": [PID]},
+        ("unified",),
+        False,
+        f"unified/{REAL}",
+        True,
+        id="hybrid-unified-mount",
+    ),
+    pytest.param(
+        f"0::/{REAL}/sub\n",
+        {REAL: [], f"{REAL}/sub": [PID]},
+        ("",),
+        False,
+        REAL,
+        True,
+        id="process-in-a-sub-cgroup-gives-the-container",
+    ),
+    pytest.param(
+        f"0::/../../../burstable/pod{UID}/{CID}\n",
+        {f"kubepods/burstable/pod{UID}/{CID}": [1], f"kubelet/kubepods/burstable/pod{UID}/{CID}": [PID]},
+        ("",),
+        False,
+        f"kubelet/kubepods/burstable/pod{UID}/{CID}",
+        True,
+        id="private-namespace-look-alike-tried-first-is-rejected",
+    ),
+    pytest.param(
+        f"0::/../../../burstable/pod{UID}/{CID}\n",
+        {f"kubepods/burstable/pod{UID}/{CID}": [1]},
+        ("",),
+        False,
+        None,
+        True,
+        id="private-namespace-only-a-look-alike",
+    ),
+    pytest.param(
+        f"0::/../burstable/pod{UID}/{CID}\n",
+        {f"a/b/c/d/e/burstable/pod{UID}/{CID}": [PID]},
+        ("",),
+        False,
+        None,
+        True,
+        id="private-namespace-deeper-than-four-levels",
+    ),
+    pytest.param(
+        f"6:freezer:/{REAL}\n0::/\n", {f"freezer/{REAL}": [PID]}, (), True, f"freezer/{REAL}", False, id="v1-freezer"
+    ),
+    pytest.param(
+        f"6:freezer:/{REAL}\n0::/{REAL}\n",
+        {REAL: [PID], f"freezer/{REAL}": [PID]},
+        ("",),
+        True,
+        REAL,
+        True,
+        id="v2-preferred-over-v1",
+    ),
+    pytest.param("6:freezer:/\n0::/\n", {"": [PID]}, ("",), True, None, True, id="root-is-never-a-container"),
+    pytest.param(
+        f"0::/kubepods/burstable/pod{UID}/{OTHER_CID}\n",
+        {f"kubepods/burstable/pod{UID}/{OTHER_CID}": [PID]},
+        ("",),
+        False,
+        None,
+        True,
+        id="another-container-of-the-pod",
+    ),
+    pytest.param(
+        f"0::/kubepods/burstable/pod{UID}\n",
+        {f"kubepods/burstable/pod{UID}": [PID]},
+        ("",),
+        False,
+        None,
+        True,
+        id="pod-cgroup-itself",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "layout", "v2_mounts", "freezer", "expected", "v2"), FIND_CASES)
+def test_find_container_cgroup(
+    tmp_path: Path,
+    text: str,
+    layout: dict[str, list[int]],
+    v2_mounts: Sequence[str],
+    freezer: bool,
+    expected: str | None,
+    v2: bool,
+) -> None:
+    """Only a directory naming the violating container and listing the process is accepted."""
+    fake_tree(tmp_path, layout, v2_mounts, freezer)
+    found = find_container_cgroup(text, PID, UID, frozenset({CID}), str(tmp_path))
+    if expected is None:
+        assert found is None
+    else:
+        assert found == KillerCgroup(CID, str(tmp_path / expected), v2)

@@ -186,14 +186,19 @@ class Enforcer:
     def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
         kill = self.killer.kill(action.violation)
         if not kill.killed:
-            why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped) or "no GPU process found"
+            why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
+            if len(kill.skipped) > 10:
+                why += f"; and {len(kill.skipped) - 10} more"
             return Outcome(action, "nothing-to-kill", why, kill)
-        pids = ", ".join(str(ref.pid) for ref in kill.killed)
+        pids = ", ".join(str(ref.pid) for ref in kill.killed[:20])
+        if len(kill.killed) > 20:
+            pids += f" and {len(kill.killed) - 20} more"
         prefix = f"{after}; " if after else ""
         self._event(action, EVENT_KILLED, f"{prefix}killed PIDs {pids}: {action.message}")
         if kill.remaining:
             left = sorted(ref.pid for ref in kill.remaining)
-            return Outcome(action, "memory-not-freed", f"PIDs {left} of the container still hold the GPU", kill)
+            shown = ", ".join(map(str, left[:20])) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+            return Outcome(action, "memory-not-freed", f"PIDs {shown} of the container still hold the GPU", kill)
         if not kill.exited:
             return Outcome(action, "failed", "processes did not exit before the deadline", kill)
         return Outcome(action, label, after, kill)

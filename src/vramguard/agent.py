@@ -19,7 +19,7 @@ from vramguard.act import EVENT_INVALID, Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
-from vramguard.model import PodInfo, PodQuota, Policy, Snapshot, Violation
+from vramguard.model import Action, Mode, PodInfo, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import invalid_message, resolve_pod_quota
 
@@ -144,7 +144,8 @@ class Agent:
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
         #    processes let go of their memory.
-        outcomes = tuple(o for a in decision.actions if (o := self.enforcer.execute(a)) is not None)
+        actions = [a for a in decision.actions if a.kind is Mode.WARN or self._evidence_holds(a)]
+        outcomes = tuple(o for a in actions if (o := self.enforcer.execute(a)) is not None)
         outcomes += tuple(self.enforcer.collect())
         if any(o.kill is not None and o.kill.killed for o in outcomes):
             outcomes = self._confirm_freed(outcomes)
@@ -191,6 +192,21 @@ class Agent:
                     o = Outcome(o.action, "memory-not-freed", detail, o.kill)
             confirmed.append(o)
         return tuple(confirmed)
+
+    def _evidence_holds(self, action: Action) -> bool:
+        """Check the evidence for an eviction or a kill once more, through /proc whatever the cache believes:
+        every sampled process of the violation is still the one sampled (PID and start time) and still in the
+        pod. A PID recycled since the sample means the usage may have been someone else's: no action this scan,
+        the next one decides afresh."""
+        v = action.violation
+        for ref in v.processes:
+            found = self.attributor.identify(ref.pid)
+            if found is None:
+                continue  # gone since the sample: nothing of it left to act on (the killer reports it)
+            if found[0] != ref or found[1] is None or found[1].pod_uid != v.pod.uid:
+                self.log.warning("evidence_changed", pod=v.pod.key, pid=ref.pid, action=action.kind.value)
+                return False
+        return True
 
     def _belongs_to(self, pid: int, v: Violation) -> bool:
         """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""

@@ -15,8 +15,9 @@ Typical use, once per scan::
 
 from __future__ import annotations
 
+import itertools
 import os
-import signal
+import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -32,7 +33,13 @@ from vramguard.model import (
     Snapshot,
     UnattributedProcess,
 )
-from vramguard.procfs import read_cgroup_text_tolerant, read_stat_start_token
+from vramguard.procfs import (
+    PidCursor,
+    read_cgroup_text_tolerant,
+    read_pid_cursor,
+    read_stat_start_token,
+    same_pid_namespace,
+)
 
 Identity = tuple[ProcessRef, CgroupIdentity | None]
 """A process's reuse-proof reference and where it lives; the identity is None outside any pod."""
@@ -49,116 +56,248 @@ UNKNOWN_START_TIME = -1
 # inconsistent attempts it is treated as gone for this scan (the next scan reads it again).
 _MAX_READ_ATTEMPTS = 3
 
+# The kernel's RESERVED_PIDS: once the cursor has wrapped, PIDs are handed out from here to pid_max - 1.
+RESERVED_PIDS = 300
+
+PidWindow = tuple[int, int]
+"""(A, B): every PID handed out between two cursor readings lies in the cyclic interval (A, B]; A == B: none."""
+
+
+def new_pid_window(before: PidCursor | None, after: PidCursor | None) -> PidWindow | None:
+    """Where the PIDs handed out between two cursor readings can be, or None when that cannot be bounded.
+
+    Pure. None (re-validate everything) for a first reading, a failed one, a changed pid_max, a fork count that
+    went backwards, and whenever the cursor may have gone a whole lap: the cursor has to pass every number of
+    the ring for that, each one either handed out in between (a fork, counted) or skipped because in use (at
+    most 3 per task: its PID, and the process group and session IDs it may keep alive). The trusted bound on
+    that, 2 x forks + 3 x tasks, must stay under half the ring: the other half is the margin that forks failing
+    after their PID was handed out (see ProcessAttributor) would have to burn, uncounted, between two scans.
+    """
+    if before is None or after is None or before.pid_max != after.pid_max:
+        return None
+    forks = after.forks - before.forks
+    if forks < 0:
+        return None
+    a, b = before.last_pid, after.last_pid
+    if a == b:
+        # Forks elsewhere that did not move this namespace's cursor, or a whole lap: only no forks is safe.
+        return (a, b) if forks == 0 else None
+    ring = before.pid_max - RESERVED_PIDS
+    if 2 * forks + 3 * before.tasks >= ring // 2:
+        return None
+    return (a, b)
+
+
+def in_pid_window(pid: int, window: PidWindow) -> bool:
+    """Whether `pid` lies in the cyclic interval (A, B] (wrapping past pid_max when B < A; empty when A == B)."""
+    low, high = window
+    return low < pid <= high if low <= high else (pid > low or pid <= high)
+
 
 @dataclass(slots=True)
 class _Entry:
-    stat_path: str  # precomputed: formatting it is a measurable part of a warm lookup
+    stat_path: str  # precomputed: formatting it is a measurable part of a stat check
     start_token: bytes  # field 22 of stat as the kernel wrote it
     identity: Identity
-    pidfd: int | None  # pins the process read; None where pidfds cannot be used (then stat is re-read)
+    # Read within the clock tick the process started in: a process handed its PID later in that same tick would
+    # have the same start time, so a stat check cannot vouch for this entry; it is re-read instead.
+    same_tick: bool
+
+
+def _boot_ticks() -> int:
+    """Now, in the unit of /proc/<pid>/stat's start time: clock ticks since boot (CLOCK_BOOTTIME)."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK
+
+
+_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 class ProcessAttributor:
-    """Reads and caches the identity of host processes: (pid, start time) → cgroup identity.
+    """Reads and caches the identity of host processes: (pid, start time) → cgroup identity. Holds no fds.
 
-    How a cached entry is known to still be the same process, cheapest first:
+    A cached entry must still describe the process now at its PID. Checking that by re-reading field 22 of
+    /proc/<pid>/stat costs ~10-16 µs per process, too much for 512 GPU processes per scan; keeping a pidfd per
+    process (the earlier design) costs an fd per GPU process, and ~1,000 of them exhausted a 1024-fd limit.
+    Instead, a scan asks the kernel where it has handed out PIDs since the previous scan, and re-reads only the
+    entries whose PID is in that range.
 
-    - pidfd (the default when `proc_root` shows the agent's own PID namespace): the entry keeps a pidfd opened
-      when the process was read, and a warm lookup is ``pidfd_send_signal(fd, 0)`` — a signal-less permission
-      check that fails with ESRCH once that very process is gone, whatever now holds its number. One syscall
-      and no text: ~0.2 µs against ~3.5 µs for reading and splitting /proc/<pid>/stat, which is what lets a warm
-      scan of 512 GPU processes fit in the 2 ms budget. The price is one fd per cached process; the cache is
-      bounded by the latest scan (and `max_entries`), and `close()` releases them.
-    - stat: re-read field 22 of /proc/<pid>/stat and compare it with the cached start time. Used for a fake
-      proc root (tests), a /proc of another PID namespace, and any process whose pidfd could not be opened
-      (EMFILE, a thread ID).
+    The PID cursor. The kernel hands out PIDs cyclically: the next free number after the last one handed out,
+    wrapping from pid_max - 1 to 300. /proc/loadavg names the last PID handed out in the reader's namespace,
+    /proc/stat counts forks since boot (threads included, all namespaces, so it over-counts for a child
+    namespace, which is safe). Once per `scan()`, before checking entries, the attributor reads that cursor (and
+    pid_max). Between the previous scan's reading A and this one's B, every process created got a PID in the
+    cyclic interval (A, B] — unless the cursor went a whole lap (see `new_pid_window` for how that is ruled
+    out), a read failed, or this is the first scan: then every entry is checked through stat.
 
-    Either way a recycled PID is a miss and is read afresh. The cache trusts that a process keeps its cgroup for
-    its whole life: the kubelet and runtimes place a container's processes before they exec the workload, so
-    that holds for anything that can hold GPU memory; a process moved by hand later keeps its old attribution
-    until it restarts. The killer never relies on this cache: it re-reads the cgroup right before signalling.
+    Why an entry outside (A, B] needs no check. The invariant: after a scan, every cached identity is that of
+    the most recent process to have been handed its PID as of that scan's reading (or later). Entries read or
+    stat-checked after the reading satisfy it by construction (so do those `identify()` reads between scans);
+    for the others, take an entry whose PID is outside (A, B]: no process was handed that PID between the
+    readings, so its most recent holder as of B is still the one as of A, the cached one. The process the NVML
+    sample lists at that PID (taken between A and B, before this scan's reading) is therefore the cached one, or
+    an exited process NVML has not let go of yet. An entry inside (A, B] is checked by its stat start time and
+    re-read when that changed; a new PID is read as before. The reading is stored only once every entry inside
+    the window has been checked: a scan that raises half way keeps the older reading, whose window covers more.
+
+    Same tick. Start times count clock ticks (10 ms), so a stat check cannot tell a process from one handed its
+    PID later within the tick it started in. That can only fool an entry read within that tick (the newcomer
+    comes after the read): such entries are marked and re-read, cgroup included, whenever they would be
+    stat-checked (the earlier pidfd design did not have this gap; a PID recycled that fast needs the cursor set
+    by hand or a nearly full PID space).
+
+    The narrow race, as before: a PID recycled between the NVML sample and this scan's reading gives the sampled
+    memory the newcomer's identity (stat would too); the killer re-checks every identity before it signals.
+
+    What can defeat the cursor, and what bounds the damage:
+    - host root can hand out a chosen PID without moving the cursor (clone3 ``set_tid``) or move the cursor by
+      hand (``/proc/sys/kernel/ns_last_pid``); both need CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the host's
+      PID namespace, which a pod only has when it is privileged, and then it owns the node anyway;
+    - a fork that fails after its PID was handed out (a pod's ``pids.max`` reached, a ``CLONE_PIDFD`` without a
+      free fd, a signal arriving mid-fork) moves the cursor but is not counted in /proc/stat. Any process can do
+      this (measured here: ~10,000 per second per core with plain fork() against pids.max). Going a whole lap
+      unnoticed needs more than half the ring burnt that way between two scans (>16,000 failed forks with
+      pid_max 32768; >2 million with the common 4194304), *and* a freed GPU PID taken by a GPU process;
+    - so every scan also re-checks the `audit_per_scan` entries least recently checked through stat (round
+      robin), which bounds how long any wrong identity can survive to cache_size / audit_per_scan scans.
+    Acting on a violation should still re-check the processes it names (`identify()` checks through stat).
+
+    The cursor is used only when `<proc_root>/self` names this process (the procfs is of the agent's own PID
+    namespace, whose cursor /proc/loadavg reports); with a fake tree (tests) or another namespace's /proc, every
+    entry is checked through stat.
+
+    The cache trusts that a process keeps its cgroup for its whole life: the kubelet and runtimes place a
+    container's processes before they exec the workload, so that holds for anything that can hold GPU memory;
+    a process moved by hand later keeps its old attribution until it restarts. The killer never relies on this
+    cache: it re-reads the cgroup right before signalling.
     """
 
-    def __init__(self, proc_root: str = "/proc", max_entries: int = 65536, use_pidfd: bool | None = None) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        max_entries: int = 65536,
+        *,
+        use_pid_cursor: bool | None = None,
+        audit_per_scan: int = 2,
+    ) -> None:
         self._proc_root = proc_root.rstrip("/") or "/"
         self._max_entries = max_entries
-        self._use_pidfd = _pidfds_usable(self._proc_root) if use_pidfd is None else use_pidfd
-        self._cache: dict[int, _Entry] = {}
+        self._use_cursor = same_pid_namespace(self._proc_root) if use_pid_cursor is None else use_pid_cursor
+        self._audit_per_scan = audit_per_scan
+        self._cursor: PidCursor | None = None  # the reading of the last scan that completed
+        self._cache: dict[int, _Entry] = {}  # in order of the last stat check: the front is audited next
         self._hits = 0
         self._misses = 0
+        self._stat_checks = 0
+        self._full_checks = 0
 
     @property
     def hits(self) -> int:
-        """Lookups answered from the cache (no cgroup read; a pidfd check or one stat read)."""
+        """Lookups answered from the cache (no cgroup read; at most one stat read)."""
         return self._hits
 
     @property
     def misses(self) -> int:
-        """Lookups that read and parsed /proc/<pid>/cgroup: new processes and recycled PIDs."""
+        """Lookups that read and parsed /proc/<pid>/cgroup: new processes, recycled PIDs, and entries a start
+        time cannot vouch for (see "same tick" in the class docstring)."""
         return self._misses
+
+    @property
+    def stat_checks(self) -> int:
+        """Cached entries checked by re-reading their stat start time (hit or not): in the cursor's window,
+        audited, in a scan the cursor could not bound, or looked up with `identify()`."""
+        return self._stat_checks
+
+    @property
+    def full_checks(self) -> int:
+        """Scans that checked every cached entry through stat (no cursor, first scan, or a possible lap)."""
+        return self._full_checks
 
     @property
     def cache_size(self) -> int:
         return len(self._cache)
 
     @property
-    def uses_pidfds(self) -> bool:
-        """Whether cache entries are validated through pidfds (else by re-reading stat)."""
-        return self._use_pidfd
+    def uses_pid_cursor(self) -> bool:
+        """Whether scans skip the stat check of entries whose PID the kernel cannot have handed out again."""
+        return self._use_cursor
 
     def identify(self, pid: int) -> Identity | None:
-        """The process's (ProcessRef, cgroup identity), or None when the process is gone."""
+        """The process's (ProcessRef, cgroup identity), or None when the process is gone. Checks through stat."""
         entry = self._cache.get(pid)
         if entry is not None:
-            if _still_same(entry):
-                self._hits += 1
-                return entry.identity
-            self._drop(pid)
+            if not entry.same_tick:
+                self._stat_checks += 1
+                if read_stat_start_token(entry.stat_path) == entry.start_token:
+                    self._hits += 1
+                    return entry.identity
+            del self._cache[pid]
         return self._read(pid)
 
     def scan(self, pids: Iterable[int]) -> dict[int, Identity]:
         """Identify every pid of one scan, and forget the cached ones that were not asked about.
 
-        Forgetting is what bounds the cache: it holds at most the processes of the latest scan. Gone
-        processes are absent from the result (attribution reports them as "process gone").
+        `pids` must come from a sample taken before this call (see the class docstring). Forgetting is what
+        bounds the cache: it holds at most the processes of the latest scan. Gone processes are absent from the
+        result (attribution reports them as "process gone").
         """
         found: dict[int, Identity] = {}
-        cache, send = self._cache, signal.pidfd_send_signal
-        for pid in pids:
-            if pid in found:
-                continue
-            # The warm path, written out (it runs once per GPU process per scan): a live pidfd means the cached
-            # identity still belongs to this PID. Everything else goes through identify().
-            entry = cache.get(pid)
-            if entry is not None and entry.pidfd is not None:
-                try:
-                    send(entry.pidfd, 0)
-                except ProcessLookupError:
-                    pass
-                except PermissionError:  # it exists; we may just not signal it
-                    self._hits += 1
-                    found[pid] = entry.identity
+        cache = self._cache
+        cursor = read_pid_cursor(self._proc_root) if self._use_cursor else None
+        window = new_pid_window(self._cursor, cursor)
+        if window is None:
+            self._full_checks += 1
+            check_all, low, high, wrapped = True, 0, 0, False
+        else:
+            check_all, (low, high) = False, window
+            wrapped = low > high
+        audit = set(itertools.islice(cache, self._audit_per_scan)) if not check_all else set()
+        hits = 0
+        try:
+            for pid in pids:
+                if pid in found:
                     continue
-                else:
-                    self._hits += 1
-                    found[pid] = entry.identity
-                    continue
-            identity = self.identify(pid)
-            if identity is not None:
-                found[pid] = identity
-        self.forget_except(found)
+                entry = cache.get(pid)
+                if entry is not None:
+                    # The warm path (once per GPU process per scan): in_pid_window() written out.
+                    if not (
+                        check_all or ((pid > low or pid <= high) if wrapped else low < pid <= high) or pid in audit
+                    ):
+                        hits += 1
+                        found[pid] = entry.identity
+                        continue
+                    if entry.same_tick:
+                        del cache[pid]
+                        entry = None  # a start time cannot vouch for it: read it afresh below
+                if entry is not None:
+                    self._stat_checks += 1
+                    del cache[pid]
+                    if read_stat_start_token(entry.stat_path) == entry.start_token:
+                        hits += 1
+                        found[pid] = entry.identity
+                        cache[pid] = entry  # re-inserted at the end: the audit goes round robin
+                        continue
+                identity = self._read(pid)
+                if identity is not None:
+                    found[pid] = identity
+        finally:
+            self._hits += hits
+        # Every PID found is cached, so equal sizes mean nothing to forget (unless max_entries evicted some).
+        if len(cache) != len(found) or len(found) >= self._max_entries:
+            self.forget_except(found)
+        if cursor is not None:
+            self._cursor = cursor  # only now: every entry inside the window has been checked
         return found
 
     def forget_except(self, pids: Iterable[int]) -> None:
         """Drop the cached processes not in `pids` (the ones the latest scan saw): this bounds the cache."""
         keep = pids if isinstance(pids, (AbstractSet, Mapping)) else set(pids)
         for pid in [pid for pid in self._cache if pid not in keep]:
-            self._drop(pid)
+            del self._cache[pid]
 
     def close(self) -> None:
-        """Forget everything and close the pidfds."""
-        for pid in list(self._cache):
-            self._drop(pid)
+        """Forget everything (the attributor holds no fds; kept so callers can release it like a resource)."""
+        self._cache.clear()
+        self._cursor = None
 
     def __enter__(self) -> ProcessAttributor:
         return self
@@ -168,83 +307,32 @@ class ProcessAttributor:
     ) -> None:
         self.close()
 
-    def _drop(self, pid: int) -> None:
-        entry = self._cache.pop(pid)
-        if entry.pidfd is not None:
-            os.close(entry.pidfd)
-
     def _read(self, pid: int) -> Identity | None:
         stat_path = f"{self._proc_root}/{pid}/stat"
-        # Opened before the reads, so that a live pidfd afterwards proves the reads were about its process.
-        pidfd = self._open_pidfd(pid)
-        try:
-            for _ in range(_MAX_READ_ATTEMPTS):
-                before = read_stat_start_token(stat_path)
-                if before is None:
-                    return None
-                text = read_cgroup_text_tolerant(pid, self._proc_root)
-                if text is None:
-                    return None
-                # The cgroup text belongs to the process whose start time was read only if the start time is
-                # the same after the read: otherwise the PID was recycled in between.
-                if read_stat_start_token(stat_path) != before:
-                    continue
-                try:
-                    start_time = int(before)
-                except ValueError:
-                    return None
-                if pidfd is not None and not _alive(pidfd):
-                    return None  # the pidfd's process died, so what was read may be a newcomer's
-                self._misses += 1
-                identity: Identity = (ProcessRef(pid, start_time), parse_cgroup(text))
-                if len(self._cache) >= self._max_entries:
-                    # Only reachable when identify() is used without scan(): drop the oldest entry.
-                    self._drop(next(iter(self._cache)))
-                self._cache[pid] = _Entry(stat_path, before, identity, pidfd)
-                pidfd = None  # the entry owns it now
-                return identity
-            return None
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-
-    def _open_pidfd(self, pid: int) -> int | None:
-        if not self._use_pidfd:
-            return None
-        try:
-            return os.pidfd_open(pid)
-        except OSError:
-            # Gone (the stat read will say so), a thread ID, or out of fds: fall back to stat for this entry.
-            return None
-
-
-def _still_same(entry: _Entry) -> bool:
-    if entry.pidfd is not None:
-        return _alive(entry.pidfd)
-    return read_stat_start_token(entry.stat_path) == entry.start_token
-
-
-def _alive(pidfd: int) -> bool:
-    """True while the process behind `pidfd` exists (a zombie still does: its PID is not free yet)."""
-    try:
-        signal.pidfd_send_signal(pidfd, 0)
-        return True
-    except PermissionError:
-        return True  # it exists; we may just not signal it
-    except OSError:
-        return False
-
-
-def _pidfds_usable(proc_root: str) -> bool:
-    # pidfd_open takes PIDs of the agent's namespace; <proc_root>/self names the agent as that procfs numbers
-    # it. When the two differ (a fake tree, or a /proc of another namespace), a pidfd would pin the wrong
-    # process, so entries are validated through stat instead.
-    if not hasattr(os, "pidfd_open"):
-        return False
-    try:
-        return os.readlink(os.path.join(proc_root, "self")) == str(os.getpid())
-    except OSError:
-        return False
+        for _ in range(_MAX_READ_ATTEMPTS):
+            now_ticks = _boot_ticks()  # before the reads: the tick they happen in is this one or later
+            before = read_stat_start_token(stat_path)
+            if before is None:
+                return None
+            text = read_cgroup_text_tolerant(pid, self._proc_root)
+            if text is None:
+                return None
+            # The cgroup text belongs to the process whose start time was read only if the start time is the
+            # same after the read: otherwise the PID was recycled in between.
+            if read_stat_start_token(stat_path) != before:
+                continue
+            try:
+                start_time = int(before)
+            except ValueError:
+                return None
+            self._misses += 1
+            identity: Identity = (ProcessRef(pid, start_time), parse_cgroup(text))
+            if len(self._cache) >= self._max_entries:
+                # Only reachable when identify() is used without scan(): drop the oldest entry.
+                del self._cache[next(iter(self._cache))]
+            self._cache[pid] = _Entry(stat_path, before, identity, same_tick=start_time >= now_ticks)
+            return identity
+        return None
 
 
 def attribute(

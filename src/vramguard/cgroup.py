@@ -136,3 +136,30 @@ def _match_pod(segments: list[str], i: int) -> tuple[str, str | None] | None:
     if qos != "guaranteed" and (i < 2 or segments[i - 2] not in _CGROUPFS_ABOVE_QOS):
         return None
     return m.group(1), qos
+
+
+def cgroup_lines(text: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """The lines of /proc/<pid>/cgroup as (hierarchy ID, controllers, path); v2's line is ("0", (), path).
+
+    The killer needs the raw path of one hierarchy (the unified one, or v1's freezer) to find the container's
+    directory; `parse_cgroup` only says whose it is.
+    """
+    lines = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            controllers = tuple(c for c in parts[1].split(",") if c)
+            lines.append((parts[0], controllers, parts[2]))
+    return lines
+
+
+def container_cgroup_path(path: str, container_id: str) -> str | None:
+    """The part of `path` that ends with the container's own leaf (its sub-cgroups cut off), or None when
+    `path` is not inside that container. Leading ``..`` segments (a private cgroup namespace) are kept."""
+    segments = path.split("/")
+    for end in range(1, len(segments) + 1):
+        prefix = "/".join(segments[:end])
+        found = parse_cgroup_path(prefix)
+        if found is not None and found.container_id is not None:
+            return prefix if found.container_id == container_id else None
+    return None

@@ -146,13 +146,14 @@ def _wire(
     dry_run: bool,
     proc_root: str,
     metrics: Metrics,
+    cgroup_root: str = "/sys/fs/cgroup",
     device_prefix: str = "/dev/nvidia",
     capacity: CapacityPublisher | None = None,
 ) -> Agent:
     # Dry-run writes nothing to the API server, Events included: they go to the log.
     events = cluster.events if not dry_run else LogEventRecorder()
     enforcer = Enforcer(
-        killer=PidfdKiller(proc_root=proc_root, device_prefix=device_prefix),
+        killer=PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix),
         evictor=cluster.evictor,
         events=events,
         policy=policy,
@@ -212,6 +213,13 @@ def run(
         ),
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
+    cgroup_root: Annotated[
+        str,
+        typer.Option(
+            "--cgroup-root",
+            help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there.",
+        ),
+    ] = "/sys/fs/cgroup",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
@@ -295,6 +303,7 @@ def run(
                     dry_run=dry_run,
                     proc_root=proc_root,
                     metrics=metrics,
+                    cgroup_root=cgroup_root,
                     device_prefix=device_prefix,
                     capacity=capacity if advertise_capacity else None,
                 )

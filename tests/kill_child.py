@@ -1,0 +1,70 @@
+"""Runs `PidfdKiller.kill` in a process of its own, for tests that squeeze its fds or give it another cgroup view.
+
+    python kill_child.py '{"pod_uid": ..., "container_ids": [...], "processes": [[pid, start_time], ...],
+                           "device_prefix": ..., "cgroup_root": ..., "nofile": 64, "free_fds": null}'
+
+`nofile` lowers RLIMIT_NOFILE before the kill; `free_fds` then fills the fd table but for that many slots. The
+KillResult goes to stdout as JSON. Not a test module: the tests in test_kill.py start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+
+from vramguard.kill import PidfdKiller
+from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
+
+
+def main(spec: dict[str, object]) -> None:
+    gpu = GpuDevice(index=0, uuid="GPU-0", name="fake", total_bytes=16 << 30, used_bytes=12 << 30, free_bytes=4 << 30)
+    processes = spec["processes"]
+    container_ids = spec["container_ids"]
+    assert isinstance(processes, list) and isinstance(container_ids, list)
+    violation = Violation(
+        pod=PodInfo(uid=str(spec["pod_uid"]), namespace="ml", name="trainer"),
+        container="main",
+        device=gpu,
+        used_bytes=12 << 30,
+        limit_bytes=8 << 30,
+        hard_bytes=8 << 30,
+        quota_source="limits[vramguard.io/vram]",
+        processes=tuple(ProcessRef(int(pid), int(start)) for pid, start in processes),
+        container_ids=tuple(str(c) for c in container_ids),
+    )
+    killer = PidfdKiller(
+        device_prefix=str(spec["device_prefix"]),
+        cgroup_root=str(spec.get("cgroup_root") or "/sys/fs/cgroup"),
+        exit_timeout_s=10.0,
+    )
+    nofile = spec.get("nofile")
+    if isinstance(nofile, int):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    filler: list[int] = []
+    free_fds = spec.get("free_fds")
+    if isinstance(free_fds, int):
+        try:
+            while True:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        for _ in range(free_fds):
+            os.close(filler.pop())
+    result = killer.kill(violation)
+    for fd in filler:
+        os.close(fd)
+    out = {
+        "killed": [[r.pid, r.start_time] for r in result.killed],
+        "skipped": [[r.pid, r.start_time, reason] for r, reason in result.skipped],
+        "exited": result.exited,
+        "remaining": [[r.pid, r.start_time] for r in result.remaining],
+        "ok": result.ok,
+        "fds_after": len(os.listdir("/proc/self/fd")),
+    }
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
