@@ -1,0 +1,158 @@
+"""The agent on a node that tries to blind it: few file descriptors, a thousand GPU processes, idle connections on
+its port, a parent forking while it is killed, and tenant input measured in megabytes.
+
+Everything is real but the GPU: `vramguard run` as a subprocess, real processes in real cgroups, the test NVML.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramguard.model import GiB, MiB
+from vramguard.testing.simnode import SimPod, SimProcess, SimulatedNode, metric_value, wait_for
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+POLL_S = 0.25
+VRAM = "vramguard.io/vram"
+
+
+def _metric(node: SimulatedNode, name: str, **labels: str) -> float | None:
+    return metric_value(node.http_get("/metrics")[1], name, labels)
+
+
+def _background(node: SimulatedNode, pod: SimPod, used_bytes: int, gpu: int) -> SimProcess:
+    """A GPU process that holds no device file (cheap), registered with NVML without rewriting the state."""
+    popen = pod.containers["main"].spawn(["sleep", "3600"])
+    proc = SimProcess(popen=popen, gpu=gpu, used_bytes=used_bytes, pod=pod, container="main")
+    node.processes.append(proc)
+    return proc
+
+
+@contextlib.contextmanager
+def _idle_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """`count` TCP connections to the agent that never send a byte."""
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            conns.append(s)
+        yield conns
+    finally:
+        for s in conns:
+            s.close()
+
+
+def _limit_fds(n: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def test_256_fds_1000_gpu_processes_and_idle_connections_still_kill_the_offender(tmp_path: Path) -> None:
+    """Under `ulimit -n 256`, with 1,000 GPU processes on 4 GPUs and 1,000 idle connections on its port, the agent
+    answers /healthz, stays far below its fd limit, and kills the one process that crosses its quota."""
+    with SimulatedNode(tmp_path / "node", gpus=4, gpu_total_bytes=80 * GiB) as node:
+        pods = [node.add_pod(f"job-{i}", "batch", containers={"main": {VRAM: "1Gi"}}) for i in range(100)]
+        for i in range(1000):
+            _background(node, pods[i % 100], 16 * MiB, gpu=i % 4)
+        offender_pod = node.add_pod("offender", "batch", containers={"main": {VRAM: "2Gi"}})
+        offender = node.spawn(offender_pod, "main", 1 * GiB, children=2)
+        node.sync()
+        node.start_agent(
+            "--mode", "kill", "--poll-interval", str(POLL_S),
+            stderr=subprocess.DEVNULL, preexec_fn=lambda: _limit_fds(256),
+        )  # fmt: skip
+        node.wait_ready(timeout_s=60)
+        attributed = _metric(node, "vramguard_container_gpu_memory_used_bytes", pod="job-0", gpu="0")
+        assert attributed == 10 * 16 * MiB, "the thousand processes are attributed, not dropped"
+
+        with _idle_connections(node.metrics_port, 1000):
+            time.sleep(1.0)
+            started = time.monotonic()
+            status, _ = node.http_get("/healthz")
+            assert status == 200 and time.monotonic() - started < 2.0
+            node.set_usage(offender, 3 * GiB)
+            crossed = time.monotonic()
+            assert wait_for(lambda: not offender.alive(), timeout_s=4 * POLL_S + 2), "offender killed"
+            assert time.monotonic() - crossed < 4 * POLL_S + 2
+            assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in offender.children), timeout_s=3)
+
+        fds = _metric(node, "process_open_fds")
+        assert _metric(node, "process_max_fds") == 256
+        assert fds is not None and fds < 128, f"{fds} open fds: the agent must not hold one per GPU process"
+        assert wait_for(lambda: _metric(node, "vramguard_actions_total", action="kill", result="ok") == 1.0, 5)
+        alive = sum(p.alive() for p in node.processes if p is not offender)
+        assert alive == 1000, "no process within its quota was touched"
+
+
+FORKER = 'exec 3<"$1"; while :; do sleep 3600 & sleep 0.002; done'
+
+
+def test_a_continuously_forking_parent_is_killed_to_the_last_child(sim_node: SimulatedNode) -> None:
+    """A parent forking a device-holding child every 2 ms: after the kill no process of the container is left,
+    and the action is reported ok only then."""
+    pod = sim_node.add_pod("forker", "ml", containers={"main": {VRAM: "4Gi"}})
+    container = pod.containers["main"]
+    popen = container.spawn(["/bin/sh", "-c", FORKER, "forker", str(sim_node.device_path)])
+    parent = SimProcess(popen=popen, gpu=0, used_bytes=2 * GiB, pod=pod, container="main")
+    sim_node.processes.append(parent)
+    sim_node.sync()
+    sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    sim_node.wait_ready()
+    assert wait_for(lambda: len(container.pids()) > 100, timeout_s=10), "the parent forks"
+
+    sim_node.set_usage(parent, 6 * GiB)
+    assert wait_for(lambda: not parent.alive(), timeout_s=4 * POLL_S + 2)
+    assert wait_for(lambda: container.pids() == [], timeout_s=5), f"{len(container.pids())} processes survived"
+    assert wait_for(lambda: _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0, 5)
+    assert _metric(sim_node, "vramguard_actions_total", action="kill", result="memory-not-freed") is None
+
+
+def test_megabyte_annotations_cost_bounded_log_lines(sim_node: SimulatedNode) -> None:
+    """A 10 MB quota annotation is reported invalid in lines of bounded length, once, and the pod is still
+    held to the namespace cap."""
+    policy = sim_node.workdir / "policy.yaml"
+    policy.write_text("namespaces:\n  tenant:\n    max_quota: 2Gi\n")
+    huge = "9" * 10_000_000
+    pod = sim_node.add_pod("sneaky", "tenant", annotations={"vramguard.io/vram-limit": huge})
+    proc = sim_node.spawn(pod, "main", 1 * GiB)
+    agent = sim_node.start_agent(
+        "--mode", "kill", "--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
+    )
+    sim_node.wait_ready(timeout_s=60)
+    sim_node.set_usage(proc, 3 * GiB)
+    assert wait_for(lambda: not proc.alive(), timeout_s=4 * POLL_S + 2), "held to the 2Gi cap, so killed"
+    sim_node.stop_agents()
+    _, err = agent.communicate(timeout=15)
+    lines = err.splitlines()
+    assert max(len(line) for line in lines) < 8192, "every log line is bounded"
+    invalid = [line for line in lines if "quota_invalid" in line or "VRAMQuotaInvalid" in line]
+    assert 1 <= len(invalid) <= 2, "reported once (a log line, and the Event that goes to the log without an API)"
+    assert "namespace max_quota 2Gi" in invalid[0]
+
+
+def test_a_broken_pods_file_is_on_readyz_and_the_last_good_pods_stay(sim_node: SimulatedNode) -> None:
+    """A pods file rewritten with a YAML alias is refused: /readyz says why, and enforcement goes on with the
+    pods read before."""
+    pod = sim_node.add_pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
+    proc = sim_node.spawn(pod, "main", 2 * GiB)
+    sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    sim_node.wait_ready()
+    sim_node.pods_path.write_text("a: &x [1, 2]\nb: *x\n")
+    assert wait_for(lambda: sim_node.http_get("/readyz")[0] == 503, timeout_s=5)
+    assert "aliases are not allowed" in sim_node.http_get("/readyz")[1]
+    sim_node.nvml.gpu(0).processes = []
+    proc.used_bytes = 6 * GiB
+    sim_node.nvml.gpu(0).add_process(proc.pid, proc.used_bytes)
+    sim_node.nvml.write(sim_node.state_path)  # NVML only: the pods file stays broken
+    assert wait_for(lambda: not proc.alive(), timeout_s=4 * POLL_S + 2), "enforced from the last good pods"
