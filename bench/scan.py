@@ -31,6 +31,7 @@ from vramguard.act import Enforcer
 from vramguard.agent import Agent, settle_heap
 from vramguard.attribute import ProcessAttributor
 from vramguard.kill import PidfdKiller
+from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
 from vramguard.model import GiB, MiB, Policy
 from vramguard.nvml import NvmlSampler
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--polls", default="1.0,0.1", help="poll intervals in seconds, comma-separated")
     args = parser.parse_args(argv)
+    configure_logging("console", level="warning")  # the figures, not the agent's info lines
     if args.quick:
         args.scans, args.trials, args.polls = 20, 3, "0.1"
     if os.geteuid() != 0 or (reason := cgroups_unavailable(version=2)) is not None:
