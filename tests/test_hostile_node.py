@@ -156,3 +156,28 @@ def test_a_broken_pods_file_is_on_readyz_and_the_last_good_pods_stay(sim_node: S
     sim_node.nvml.gpu(0).add_process(proc.pid, proc.used_bytes)
     sim_node.nvml.write(sim_node.state_path)  # NVML only: the pods file stays broken
     assert wait_for(lambda: not proc.alive(), timeout_s=4 * POLL_S + 2), "enforced from the last good pods"
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses a socket listens on at `port`, from /proc/net/tcp (state 0A is LISTEN)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        pytest.param([], {"0.0.0.0"}, id="all-interfaces-by-default"),
+        pytest.param(["--metrics-bind-address", "127.0.0.1"], {"127.0.0.1"}, id="loopback-only-on-request"),
+    ],
+)
+def test_metrics_bind_address(sim_node: SimulatedNode, flag: list[str], expected: set[str]) -> None:
+    """--metrics-bind-address decides where /metrics and the probes listen."""
+    sim_node.start_agent("--poll-interval", str(POLL_S), *flag, stderr=subprocess.DEVNULL)
+    sim_node.wait_ready()
+    assert _listening_addresses(sim_node.metrics_port) == expected
