@@ -78,6 +78,7 @@ from vramguard.procfs import (
     list_pids_strict,
     read_cgroup_strict,
     read_cgroup_text_tolerant,
+    read_small,
     read_stat_strict,
     read_state_and_start_time,
     same_pid_namespace,
@@ -436,7 +437,7 @@ class PidfdKiller:
             return
         try:
             try:
-                already = self._io(run, _read_small, control).strip() in (frozen_value, b"FREEZING")
+                already = self._io(run, read_small, control).strip() in (frozen_value, b"FREEZING")
             except OSError:
                 already = True  # unknown: do not touch (and never thaw) what someone else may have frozen
             wrote = False
@@ -468,9 +469,9 @@ class PidfdKiller:
         while True:
             try:
                 if cgroup.v2:
-                    if b"frozen 1" in self._io(run, _read_small, f"{cgroup.directory}/cgroup.events"):
+                    if b"frozen 1" in self._io(run, read_small, f"{cgroup.directory}/cgroup.events"):
                         return True
-                elif self._io(run, _read_small, f"{cgroup.directory}/freezer.state").strip() == b"FROZEN":
+                elif self._io(run, read_small, f"{cgroup.directory}/freezer.state").strip() == b"FROZEN":
                     return True
             except OSError:
                 return False
@@ -589,14 +590,6 @@ def _may_be_alive(ref: ProcessRef, proc_root: str) -> bool:
     except OSError:
         return True
     return state is not None and state[0] not in ("Z", "X", "x")
-
-
-def _read_small(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
 
 
 def _read_procs(directory: str) -> list[int]:

@@ -214,18 +214,18 @@ def read_pid_cursor(proc_root: str = "/proc") -> PidCursor | None:
     the PID it names, and a larger fork count only makes the caller more careful.
     """
     try:
-        loadavg = _read_once(f"{proc_root}/loadavg").split()
+        loadavg = read_small(f"{proc_root}/loadavg").split()
         _running, tasks = loadavg[3].split(b"/")
         last_pid = int(loadavg[4])
         forks = _read_forks(f"{proc_root}/stat")
-        pid_max = int(_read_once(f"{proc_root}/sys/kernel/pid_max"))
+        pid_max = int(read_small(f"{proc_root}/sys/kernel/pid_max"))
         return PidCursor(last_pid=last_pid, forks=forks, pid_max=pid_max, tasks=int(tasks))
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _read_once(path: str) -> bytes:
-    """A small /proc file in one read (the kernel fills the buffer with the whole file)."""
+def read_small(path: str) -> bytes:
+    """A small /proc or cgroupfs file in one read (the kernel fills the buffer with the whole file)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, 4096)
