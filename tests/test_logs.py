@@ -23,3 +23,16 @@ def test_json_lines_follow_stderr_even_after_it_was_replaced(monkeypatch: pytest
     structlog.get_logger("t").warning("gpu_unhealthy", gpu="0")
     entry = json.loads(second.getvalue())
     assert (entry["event"], entry["gpu"], entry["level"]) == ("gpu_unhealthy", "0", "warning")
+
+
+def test_long_values_are_cut_in_every_log_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 10 MB value (a tenant's annotation) is logged cut to 1024 characters, in a string or inside a list."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    configure_logging("json")
+    huge = "9" * 10_000_000
+    structlog.get_logger("t").warning("quota_invalid", value=huge, values=[huge, 7], short="12Gi")
+    entry = json.loads(out.getvalue())
+    assert len(entry["value"]) == 1024 and entry["value"].endswith("...[cut: 10000000 characters]")
+    assert entry["values"] == [entry["value"], 7]
+    assert entry["short"] == "12Gi"

@@ -44,7 +44,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff, TokenBucket
-from vramguard.model import GpuSample, PodInfo
+from vramguard.model import MAX_TEXT_CHARS, GpuSample, PodInfo, cut
 from vramguard.pods import PodSourceError, pod_info_from_manifest
 from vramguard.ports import EvictResult
 from vramguard.worker import Runner, Worker
@@ -60,7 +60,7 @@ EVENT_BURST = 25
 EVENT_PER_MINUTE = 20
 EVENT_REPEAT_WINDOW_S = 600.0
 EVENT_MAX_AGE_S = 600.0  # an Event still unwritten after this long is stale news: dropped as failed
-EVENT_MESSAGE_CHARS = 1024
+EVENT_MESSAGE_CHARS = MAX_TEXT_CHARS
 
 # Node labels and reachability
 NODE_REFRESH_S = 5.0
@@ -436,7 +436,7 @@ class KubeEventRecorder:
             self._thread.start()
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
-        message = message[:EVENT_MESSAGE_CHARS]
+        message = cut(message, EVENT_MESSAGE_CHARS)
         key = (pod.uid, reason, message)
         with self._cond:
             pending = self._queue.get(key)

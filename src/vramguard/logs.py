@@ -8,9 +8,11 @@ import sys
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from vramguard.model import MAX_TEXT_CHARS, cut
+
 # Log values come from tenants (annotations, pod names, messages built from them): each string is cut to the
 # length an Event message may have, so a 10 MB annotation costs a line, not 10 MB per scan.
-MAX_VALUE_CHARS = 1024
+MAX_VALUE_CHARS = MAX_TEXT_CHARS
 
 
 def cut_long_values(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
@@ -21,13 +23,6 @@ def cut_long_values(logger: WrappedLogger, method_name: str, event_dict: EventDi
         elif isinstance(value, (list, tuple)) and any(isinstance(v, str) and len(v) > MAX_VALUE_CHARS for v in value):
             event_dict[key] = [cut(v) if isinstance(v, str) else v for v in value]
     return event_dict
-
-
-def cut(text: str, limit: int = MAX_VALUE_CHARS) -> str:
-    """`text`, or its first `limit` characters and how many more there were."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}...[{len(text) - limit} more characters]"
 
 
 def configure_logging(log_format: str = "auto", level: str = "info") -> None:

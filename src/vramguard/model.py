@@ -16,6 +16,21 @@ from typing import ClassVar, NamedTuple
 GiB = 1024**3
 MiB = 1024**2
 
+# Far above any honest value the agent reads (quantities are at most 64 characters, names 253), far below what a
+# tenant can write (an annotation may be 256 KiB on the API server, anything in a pods file). Log values, Event
+# messages, quota errors and pod fields are all held to it.
+MAX_TEXT_CHARS = 1024
+
+
+def cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text`, or its head and a marker saying how long it was, in at most `limit` characters.
+
+    A cut quantity is far over the 64-character bound of `vramguard.quantity`, so it is still reported invalid."""
+    if len(text) <= limit:
+        return text
+    marker = f"...[cut: {len(text)} characters]"
+    return text[: limit - len(marker)] + marker
+
 
 def _frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
     return MappingProxyType(dict(m or {}))
@@ -216,7 +231,7 @@ class QuotaError:
     log megabytes.
     """
 
-    MAX_CHARS: ClassVar[int] = 1024
+    MAX_CHARS: ClassVar[int] = MAX_TEXT_CHARS
 
     field: str  # e.g. "spec.containers[trainer].resources.limits[vramguard.io/vram]"
     value: str  # as written, cut to MAX_CHARS
@@ -229,8 +244,7 @@ class QuotaError:
         for name in ("field", "value", "message", "applies"):
             text = getattr(self, name)
             if isinstance(text, str) and len(text) > self.MAX_CHARS:
-                marker = f"...[cut: {len(text)} characters]"
-                object.__setattr__(self, name, text[: self.MAX_CHARS - len(marker)] + marker)
+                object.__setattr__(self, name, cut(text, self.MAX_CHARS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,14 +27,12 @@ from typing import Any, Final
 import structlog
 import yaml
 
-from vramguard.model import ContainerInfo, MiB, PodInfo
+from vramguard.model import MAX_TEXT_CHARS, ContainerInfo, MiB, PodInfo, cut
 from vramguard.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 
 Log = structlog.typing.FilteringBoundLogger
 
-# Far above any honest value the agent reads (quantities are at most 64 characters, names 253), far below what a
-# tenant can write into a pod (an annotation may be 256 KiB on the API server, anything in a file).
-MAX_VALUE_CHARS: Final = 1024
+MAX_VALUE_CHARS: Final = MAX_TEXT_CHARS
 # 5,000 pods as `kubectl get pods -o json` are about 35 MB; the bound leaves room for that and stops a runaway file.
 MAX_FILE_BYTES: Final = 64 * MiB
 # kubectl's deepest Pod field is about 12 levels down (in managedFields). The bound keeps a "[[[[…" file from
@@ -56,14 +54,8 @@ class PodSourceError(Exception):
 
 
 def _cut(value: object) -> str:
-    """`str(value)`, at most `MAX_VALUE_CHARS` characters: a longer one keeps its head and says that it was cut.
-
-    A cut quantity is far over the 64-character bound of `vramguard.quantity`, so it is still reported invalid."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= MAX_VALUE_CHARS:
-        return text
-    marker = f"...[cut: {len(text)} characters]"
-    return text[: MAX_VALUE_CHARS - len(marker)] + marker
+    """`str(value)`, at most `MAX_VALUE_CHARS` characters (`model.cut`)."""
+    return cut(value if isinstance(value, str) else str(value), MAX_VALUE_CHARS)
 
 
 def _strip_scheme(container_id: object) -> str | None:
