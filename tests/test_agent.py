@@ -21,6 +21,7 @@ from vramguard.model import (
     PodInfo,
     PodQuota,
     Policy,
+    ProcessRef,
     Quota,
     Reason,
 )
@@ -117,6 +118,33 @@ def test_scan_kills_the_offender_and_reports_it() -> None:
         )
         == 5 * GiB
     )
+
+
+@pytest.mark.parametrize(
+    ("now", "kills"),
+    [
+        pytest.param("same", 1, id="same-process-is-killed"),
+        pytest.param("recycled", 0, id="pid-recycled-since-the-sample-nothing-happens"),
+        pytest.param("moved", 0, id="now-outside-the-pod-nothing-happens"),
+        pytest.param("gone", 1, id="gone-since-the-sample-the-killer-reports-it"),
+    ],
+)
+def test_evidence_is_checked_again_before_a_kill(now: str, kills: int) -> None:
+    """Just before killing, each sampled process is looked up afresh: if its PID now belongs to another process
+    (or another place), the usage may not have been the pod's, and this scan kills nothing."""
+    n = Node(Policy(mode=Mode.KILL))
+    p = n.trainer_over_quota()
+    ref, identity = n.ids.known[100]
+    n.ids.now_known[100] = {
+        "same": (ref, identity),
+        "recycled": (ProcessRef(100, ref.start_time + 1), identity),
+        "moved": (ref, None),
+        "gone": None,
+    }[now]
+    report = n.agent.scan()
+    assert len(n.killer.killed) == kills
+    assert [o.action.kind for o in report.outcomes] == [Mode.WARN] + [Mode.KILL] * kills
+    assert p.uid in {v.pod.uid for v in report.decision.violations}, "the violation is still seen and warned"
 
 
 def test_kill_whose_memory_stays_is_reported() -> None:

@@ -70,6 +70,8 @@ class FakeIdentifier:
 
     def __init__(self) -> None:
         self.known: dict[int, tuple[ProcessRef, CgroupIdentity | None]] = {}
+        # What identify() (a fresh look through /proc) says instead of `known`: a PID recycled since the scan.
+        self.now_known: dict[int, tuple[ProcessRef, CgroupIdentity | None] | None] = {}
 
     def add(self, pid: int, pod_uid: str | None, container_id: str | None = None) -> ProcessRef:
         ref = ProcessRef(pid=pid, start_time=pid * 10)
@@ -77,7 +79,7 @@ class FakeIdentifier:
         return ref
 
     def identify(self, pid: int) -> tuple[ProcessRef, CgroupIdentity | None] | None:
-        return self.known.get(pid)
+        return self.now_known[pid] if pid in self.now_known else self.known.get(pid)
 
     def scan(self, pids: Iterable[int]) -> dict[int, tuple[ProcessRef, CgroupIdentity | None]]:
         return {pid: self.known[pid] for pid in pids if pid in self.known}
