@@ -36,10 +36,10 @@ from vramguard.metrics import Metrics
 from vramguard.model import GiB, MiB, Policy
 from vramguard.nvml import NvmlSampler
 from vramguard.pods import FilePodSource
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.fakenvml import STATE_ENV, load_fake_nvml
 from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
-from vramguard.testing.simnode import SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -3,7 +3,7 @@
 # kube-controller-manager) from hack/k8s/go.mod, and installs Debian's etcd when it is missing.
 #
 # Binaries go to ${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/<version>/, outside the repo, keyed by the
-# k8s.io/kubernetes version pinned in hack/k8s/go.mod; vramguard.testing.controlplane.find_binaries() reads
+# k8s.io/kubernetes version pinned in hack/k8s/go.mod; tests/integration/controlplane.py find_binaries() reads
 # the same path. Only missing binaries are built, into a temporary directory beside the cache and renamed
 # into place afterwards, so an interrupted build never leaves a file that looks finished. A second run only
 # checks that the files exist.

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/vramguard demo "$@"
+exec .venv/bin/vramguard-demo "$@"

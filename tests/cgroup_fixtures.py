@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from vramguard.testing.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
+from vramguard_testbed.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
 
 
 class CgroupsFactory:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.simnode import SimulatedNode
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.simnode import SimulatedNode
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Fixtures for tests that run the real pynvml over the fake NVML library (vramguard.testing.fakenvml).
+"""Fixtures for tests that run the real pynvml over the fake NVML library (vramguard_testbed.fakenvml).
 
 A test module opts in with `pytest_plugins = ["nvml_fixtures"]`. The library is built once per session and
 loaded into this process; each test gets its own state file.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vramguard.nvml import NvmlSampler
-from vramguard.testing.fakenvml import (
+from vramguard_testbed.fakenvml import (
     STATE_ENV,
     FakeNvmlBuildError,
     build_fake_nvml,

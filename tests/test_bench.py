@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.testing.cgroups import cgroups_unavailable
+from vramguard_testbed.cgroups import cgroups_unavailable
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 

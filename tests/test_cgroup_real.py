@@ -13,7 +13,7 @@ from cgroup_fixtures import CgroupsFactory, pidfd_exited
 from vramguard.attribute import ProcessAttributor
 from vramguard.model import CgroupIdentity, ProcessRef
 from vramguard.procfs import read_start_time
-from vramguard.testing.cgroups import (
+from vramguard_testbed.cgroups import (
     TEST_UID_PREFIX,
     KubeletCgroups,
     cgroups_unavailable,

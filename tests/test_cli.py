@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from vramguard import __version__
 from vramguard.cli import app
 from vramguard.model import GiB
-from vramguard.testing.simnode import SimulatedNode
+from vramguard_testbed.simnode import SimulatedNode
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "policy.example.yaml"

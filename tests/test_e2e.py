@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from vramguard.model import GiB
-from vramguard.testing.fakenvml import NVML_ERROR_GPU_IS_LOST
-from vramguard.testing.simnode import SimProcess, SimulatedNode, free_port, metric_value, wait_for
+from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value, wait_for
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vramguard.model import GiB, MiB
-from vramguard.testing.simnode import SimPod, SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value, wait_for
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 

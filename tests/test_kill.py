@@ -32,7 +32,7 @@ from vramguard.kill import (
 )
 from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
 from vramguard.procfs import holds_nvidia_device, read_start_time
-from vramguard.testing.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 
 KILL_CHILD = Path(__file__).with_name("kill_child.py")
 

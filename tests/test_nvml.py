@@ -25,7 +25,7 @@ from vramguard.nvml import (
     ProcessApi,
     probe_process_api,
 )
-from vramguard.testing.fakenvml import (
+from vramguard_testbed.fakenvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,

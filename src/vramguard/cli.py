@@ -398,16 +398,5 @@ def version(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         typer.echo(f"vramguard {__version__}")
 
 
-@app.command()
-def demo(
-    poll_interval: Annotated[float, typer.Option("--poll-interval", min=0.05)] = 0.5,
-    keep: Annotated[bool, typer.Option("--keep", help="Leave the simulated node's files in place.")] = False,
-) -> None:
-    """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
-    from vramguard.demo import run_demo
-
-    raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep))
-
-
 def main() -> None:
     app()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.simnode import SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
 
 pytestmark = pytest.mark.gpu
 

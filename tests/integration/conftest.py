@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.controlplane import ControlPlane, binaries_dir, unavailable_reason
+from vramguard_testbed.cgroups import cgroups_unavailable
 
+from .controlplane import ControlPlane, binaries_dir, unavailable_reason
 from .kube_fixtures import KubeNode, deploy_manifest
 
 

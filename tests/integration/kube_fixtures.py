@@ -20,8 +20,9 @@ from kubernetes import client, utils
 
 from vramguard.model import PodInfo
 from vramguard.pods import pod_info_from_manifest
-from vramguard.testing.controlplane import ControlPlane, write_kubeconfig
-from vramguard.testing.simnode import SimPod, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value, wait_for
+
+from .controlplane import ControlPlane, write_kubeconfig
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "daemonset.yaml"
 MERGE = "application/merge-patch+json"

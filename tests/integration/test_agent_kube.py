@@ -19,10 +19,10 @@ from vramguard.backoff import TokenBucket
 from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.controlplane import ControlPlane, kubeconfig_api_client
-from vramguard.testing.simnode import wait_for
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.simnode import wait_for
 
+from .controlplane import ControlPlane, kubeconfig_api_client
 from .kube_fixtures import MERGE, POLL_S, KubeNode, metric, wait_scans
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]

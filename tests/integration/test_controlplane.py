@@ -18,7 +18,7 @@ import pytest
 import urllib3
 from kubernetes import client
 
-from vramguard.testing.controlplane import (
+from .controlplane import (
     _OWNER_FILE,
     _WORKDIR_PREFIX,
     KUBERNETES_VERSION,
@@ -75,7 +75,8 @@ def test_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     starter = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from vramguard.testing.controlplane import Component\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from integration.controlplane import Component\n"
         "c = Component('sleeper', ['/bin/sleep', '300'], Path(sys.argv[1]))\n"
         "c.start()\n"
         "print(c.popen.pid, flush=True)\n"

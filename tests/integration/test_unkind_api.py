@@ -18,9 +18,9 @@ from kubernetes import client
 
 from vramguard.kube import KubePodSource
 from vramguard.model import GiB, MiB
-from vramguard.testing.controlplane import kubeconfig_api_client
-from vramguard.testing.simnode import wait_for
+from vramguard_testbed.simnode import wait_for
 
+from .controlplane import kubeconfig_api_client
 from .kube_fixtures import MERGE, ApiPod, KubeNode, metric, wait_scans
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]

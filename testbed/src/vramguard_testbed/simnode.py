@@ -33,8 +33,8 @@ from typing import Any
 import yaml
 
 from vramguard.model import GiB
-from vramguard.testing.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
-from vramguard.testing.fakenvml import FakeNode, build_fake_nvml, fake_nvml_env
+from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+from vramguard_testbed.fakenvml import FakeNode, build_fake_nvml, fake_nvml_env
 
 
 @dataclass(eq=False)

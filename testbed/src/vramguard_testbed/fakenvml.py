@@ -381,5 +381,5 @@ def _name(value: str) -> str:
     return value.strip()
 
 
-if __name__ == "__main__":  # `python -m vramguard.testing.fakenvml`: build, print the directory for scripts
+if __name__ == "__main__":  # `python -m vramguard_testbed.fakenvml`: build, print the directory for scripts
     sys.stdout.write(f"{build_fake_nvml()}\n")

@@ -1,4 +1,4 @@
-"""`vramguard demo`: the agent at work on a simulated GPU node, narrated.
+"""`vramguard-demo` (`scripts/demo.sh`): the agent at work on a simulated GPU node, narrated.
 
 One simulated 24 GiB GPU, three GPU processes — a trainer with an 8Gi quota, a notebook with a 4Gi pod-wide
 quota, and a host process outside any pod — all real processes in real kubelet-shaped cgroups. The agent runs as
@@ -18,9 +18,11 @@ import time
 from pathlib import Path
 from typing import IO
 
+import typer
+
 from vramguard.model import GiB
-from vramguard.testing.cgroups import cgroups_unavailable
-from vramguard.testing.simnode import SimulatedNode, metric_value, wait_for
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.simnode import SimulatedNode, metric_value, wait_for
 
 
 def _say(text: str = "") -> None:
@@ -46,10 +48,10 @@ def _relay(stream: IO[str], seen: list[dict[str, object]]) -> None:
 def run_demo(poll_interval_s: float = 0.5, keep: bool = False) -> int:
     if os.geteuid() != 0 or (reason := cgroups_unavailable(version=2)) is not None:
         why = "it needs root" if os.geteuid() != 0 else reason
-        _say(f"vramguard demo creates real cgroups under /sys/fs/cgroup and {why}: run it as root.")
+        _say(f"vramguard-demo creates real cgroups under /sys/fs/cgroup and {why}: run it as root.")
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
-    _say("vramguard demo: a simulated GPU node (test NVML library, real processes in real cgroups)\n")
+    _say("vramguard-demo: a simulated GPU node (test NVML library, real processes in real cgroups)\n")
     try:
         with SimulatedNode(workdir, gpu_total_bytes=24 * GiB) as node:
             trainer = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
@@ -122,3 +124,15 @@ def _exists(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _cli(
+    poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, help="The agent's seconds between scans."),
+    keep: bool = typer.Option(False, "--keep", help="Leave the simulated node's files in place."),
+) -> None:
+    """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
+    raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep))
+
+
+def main() -> None:
+    typer.run(_cli)

@@ -10,7 +10,7 @@ removed). A parent without the mark (a real kubelet's) is never removed.
 
 Usage::
 
-    from vramguard.testing.cgroups import KubeletCgroups, cgroups_unavailable, device_holder_argv
+    from vramguard_testbed.cgroups import KubeletCgroups, cgroups_unavailable, device_holder_argv
 
     if (reason := cgroups_unavailable(version=2)) is not None:
         pytest.skip(reason)

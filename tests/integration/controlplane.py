@@ -638,7 +638,7 @@ class ControlPlane:
             "type": "Ready",
             "status": "True",
             "reason": "KubeletReady",
-            "message": "created by vramguard.testing.controlplane",
+            "message": "created by the vramguard tests",
             "lastHeartbeatTime": now,
             "lastTransitionTime": now,
         }

@@ -1,0 +1,48 @@
+"""What the agent's wheel (and so its image) ships: the agent, not the test bench."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The bench lives in testbed/ and tests/integration/: none of it may reach the wheel, by name or by content.
+BENCH_MODULES = ("controlplane", "cgroups", "fakenvml", "simnode", "demo", "vramguard_testbed")
+BENCH_CONTENT = (b"kube-apiserver", b"etcd", b"KubeletCgroups", b"nvmlDeviceGetCount_v2(unsigned")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("vramguard-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def test_wheel_ships_exactly_the_agent_sources(wheel: zipfile.ZipFile) -> None:
+    shipped = {n for n in wheel.namelist() if not n.split("/")[0].endswith(".dist-info")}
+    tracked = subprocess.run(
+        ["git", "ls-files", "src/vramguard"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert shipped == {path.removeprefix("src/") for path in tracked}
+
+
+def test_wheel_carries_no_bench(wheel: zipfile.ZipFile) -> None:
+    for name in wheel.namelist():
+        assert not name.endswith((".c", ".h", ".so")), name
+        assert not any(part in name for part in BENCH_MODULES), name
+        if not name.endswith(".py"):
+            continue
+        data = wheel.read(name)
+        for needle in BENCH_CONTENT:
+            assert needle not in data, f"{name} contains {needle!r}"
