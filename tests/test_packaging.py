@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,9 +19,14 @@ BENCH_CONTENT = (b"kube-apiserver", b"etcd", b"KubeletCgroups", b"nvmlDeviceGetC
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    # From a copy of the tracked files: an in-tree build would reuse whatever an earlier one left in build/.
+    source = tmp_path_factory.mktemp("source")
+    for path in _tracked("pyproject.toml", "README.md", "src"):
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / path, source / path)
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -31,10 +37,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_wheel_ships_exactly_the_agent_sources(wheel: zipfile.ZipFile) -> None:
     shipped = {n for n in wheel.namelist() if not n.split("/")[0].endswith(".dist-info")}
-    tracked = subprocess.run(
-        ["git", "ls-files", "src/vramguard"], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.split()
-    assert shipped == {path.removeprefix("src/") for path in tracked}
+    assert shipped == {path.removeprefix("src/") for path in _tracked("src/vramguard")}
 
 
 def test_wheel_carries_no_bench(wheel: zipfile.ZipFile) -> None:
@@ -46,3 +49,9 @@ def test_wheel_carries_no_bench(wheel: zipfile.ZipFile) -> None:
         data = wheel.read(name)
         for needle in BENCH_CONTENT:
             assert needle not in data, f"{name} contains {needle!r}"
+
+
+def _tracked(*paths: str) -> list[str]:
+    return subprocess.run(
+        ["git", "ls-files", *paths], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split()
