@@ -77,11 +77,10 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
         sampler = NvmlSampler()
         agent = Agent(
             sampler=sampler,
-            attributor=ProcessAttributor(),
+            identifier=ProcessAttributor(),
             pods=pods,
             policy=policy,
             enforcer=Enforcer(killer=PidfdKiller(), evictor=FakeEvictor(), events=events, policy=policy),
-            events=events,
             metrics=Metrics(),
         )
         return agent, sampler

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from prometheus_client import generate_latest
+from structlog.testing import capture_logs
 
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
@@ -59,7 +60,7 @@ class Node:
         self.clock = FakeClock()
         self.agent = Agent(
             sampler=self.sampler,
-            attributor=self.ids,
+            identifier=self.ids,
             pods=self.pods,
             policy=policy,
             enforcer=Enforcer(
@@ -71,7 +72,6 @@ class Node:
                 now=self.clock.now,
                 evictions=Inline(),
             ),
-            events=self.events,
             metrics=self.metrics,
             clock=self.clock,
             agent_pid=1,
@@ -181,8 +181,8 @@ def test_the_agents_own_pod_is_never_acted_on() -> None:
     Node.__init__(n, Policy(mode=Mode.KILL))
     n.ids.add(1, p.uid, p.containers[0].container_id)  # PID 1 is the agent (agent_pid=1)
     n.agent = Agent(
-        sampler=n.sampler, attributor=n.ids, pods=n.pods, policy=Policy(mode=Mode.KILL),
-        enforcer=n.agent.enforcer, events=n.events, metrics=n.metrics, clock=n.clock, agent_pid=1,
+        sampler=n.sampler, identifier=n.ids, pods=n.pods, policy=Policy(mode=Mode.KILL),
+        enforcer=n.agent.enforcer, metrics=n.metrics, clock=n.clock, agent_pid=1,
     )  # fmt: skip
     n.pods.set_pods([p])
     n.run_gpu((1, 4 * GiB))
@@ -200,6 +200,21 @@ def test_invalid_quota_is_reported_once_per_pod() -> None:
     assert n.events.reasons() == ["VRAMQuotaInvalid"]
     (_, _, message, _) = n.events.events[0]
     assert "spec.containers[main].resources.limits[vramguard.io/vram]" in message and "12GB" in message
+
+
+def test_dry_run_sends_no_event_of_any_kind() -> None:
+    """Every Event leaves through the Enforcer, so dry-run holds back all of them, the invalid-quota one too:
+    each goes to the log instead, and the action is reported as `dry-run`."""
+    n = Node(Policy(mode=Mode.KILL), dry_run=True)
+    typo = pod("typo", "ml", containers={"main": {VRAM: "12GB"}})
+    trainer = n.trainer_over_quota()
+    n.pods.set_pods([typo, trainer])
+    with capture_logs() as logs:
+        report = n.agent.scan()
+    assert n.events.events == [] and n.killer.killed == []
+    assert {o.result for o in report.outcomes} == {"dry-run"}
+    held_back = [(e["pod"], e["reason"]) for e in logs if e["event"] == "event"]
+    assert held_back == [("ml/typo", "VRAMQuotaInvalid")]
 
 
 def test_a_failing_scan_does_not_stop_the_loop() -> None:

@@ -24,6 +24,7 @@ from vramguard.quota import (
     MAX_MESSAGE_CHARS,
     REPLICAS_LABEL,
     UNMANAGED,
+    QuotaBook,
     QuotaSource,
     SourceKind,
     invalid_message,
@@ -786,3 +787,49 @@ def test_parse_quota_source_rejects(text: str, message_part: str) -> None:
     """Sources vramguard cannot read are rejected with a reason."""
     with pytest.raises(ValueError, match=message_part):
         parse_quota_source(text)
+
+
+def _book_pod(annotation: str | None, priority: int = 0) -> PodInfo:
+    """A new pod object each call (as the pod cache hands out on every change), annotated as given."""
+    annotations = {LIMIT: annotation} if annotation is not None else {}
+    return PodInfo(
+        uid="uid-1",
+        namespace="default",
+        name="p",
+        containers=(c("main"),),
+        annotations=annotations,
+        priority=priority,
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "reported"),
+    [
+        pytest.param("12GB", None, [], id="same-object-again-reports-nothing"),
+        pytest.param("12GB", "12GB", [], id="changed-pod-with-the-same-errors-reports-nothing"),
+        pytest.param("12GB", "lots", ["lots"], id="changed-pod-with-other-errors-reports-them"),
+        pytest.param("12GB", "4Gi", [], id="fixed-pod-reports-nothing"),
+        pytest.param("4Gi", "12GB", ["12GB"], id="newly-broken-pod-reports"),
+    ],
+)
+def test_quota_book_reports_each_invalid_value_once(first: str, second: str | None, reported: list[str]) -> None:
+    """The book resolves a pod once per pod object and reports its invalid values once: a changed pod (a label
+    edit) with the same errors repeats nothing; different errors are reported."""
+    book = QuotaBook(Policy(quota_sources=(f"annotation:{LIMIT}",)))
+    p1 = _book_pod(first)
+    _, errors = book.resolve({p1.uid: p1}, {})
+    assert [e.value for _, e in errors] == ([first] if first != "4Gi" else [])
+    p2 = p1 if second is None else _book_pod(second, priority=1)
+    quotas, errors = book.resolve({p2.uid: p2}, {})
+    assert [e.value for _, e in errors] == reported
+    assert [p for p, _ in errors] == [p2] * len(reported)
+    assert set(quotas) == {p1.uid}
+
+
+def test_quota_book_forgets_pods_that_left() -> None:
+    """A pod that left the cache leaves the book: if it comes back, its errors are reported again."""
+    book = QuotaBook(Policy(quota_sources=(f"annotation:{LIMIT}",)))
+    p = _book_pod("12GB")
+    assert len(book.resolve({p.uid: p}, {})[1]) == 1
+    assert book.resolve({}, {}) == ({}, [])
+    assert len(book.resolve({p.uid: p}, {})[1]) == 1

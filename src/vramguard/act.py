@@ -1,5 +1,8 @@
 """Carrying out decided actions through the seams: events, eviction, killing. Dry-run turns each into a report.
 
+Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`), so dry-run is decided in
+one place: in dry-run an Event is logged, never sent.
+
 The Enforcer never decides: it does what an `Action` says, in the way the policy says (`on_eviction_refused`),
 and reports a result for each. A failing seam (the API server is down, the process is gone) is a result, not an
 exception: the loop goes on.
@@ -22,9 +25,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from vramguard.model import Action, EvictionRefused, Mode, Policy
+from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError
 from vramguard.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.quantity import format_duration
+from vramguard.quota import invalid_message
 from vramguard.worker import Runner, Worker
 
 # Event reasons, as they appear on the pod (`kubectl describe pod`).
@@ -101,6 +105,19 @@ class Enforcer:
         except Exception as e:  # a seam failed: report it and keep the loop alive
             self.log.error("action_failed", action=action.kind.value, pod=action.pod.key, error=repr(e))
             return Outcome(action, "failed", repr(e))
+
+    def report_invalid(self, pod: PodInfo, error: QuotaError) -> None:
+        """An invalid quota value: a log line and a VRAMQuotaInvalid Event naming the field, the value (bounded)
+        and what applies instead."""
+        self.log.warning(
+            "quota_invalid",
+            pod=pod.key,
+            field=error.field,
+            value=error.value,
+            error=error.message,
+            applies=error.applies,
+        )
+        self._record(pod, EVENT_INVALID, invalid_message(error))
 
     def collect(self) -> list[Outcome]:
         """Outcomes of the evictions answered since the last call, and of those left unanswered too long."""
@@ -204,7 +221,13 @@ class Enforcer:
         return Outcome(action, label, after, kill)
 
     def _event(self, action: Action, reason: str, message: str) -> None:
+        self._record(action.pod, reason, message)
+
+    def _record(self, pod: PodInfo, reason: str, message: str) -> None:
+        if self.dry_run:
+            self.log.warning("event", pod=pod.key, reason=reason, message=message, dry_run=True)
+            return
         try:
-            self.events.record(action.pod, reason, message)
+            self.events.record(pod, reason, message)
         except Exception as e:  # an Event is a report; failing to queue it must not undo the action
-            self.log.warning("event_failed", pod=action.pod.key, reason=reason, error=repr(e))
+            self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))

@@ -10,18 +10,18 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from vramguard.act import EVENT_INVALID, Enforcer, Outcome
+from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.metrics import Metrics
-from vramguard.model import Action, Mode, PodInfo, PodQuota, Policy, Snapshot, Violation
-from vramguard.ports import CapacityPublisher, Clock, EventRecorder, GpuSampler, PodSource, ProcessIdentifier
-from vramguard.quota import invalid_message, resolve_pod_quota
+from vramguard.model import Action, GpuSample, Mode, PodQuota, Policy, Snapshot, Violation
+from vramguard.ports import CapacityPublisher, Clock, GpuSampler, PodSource, ProcessIdentifier
+from vramguard.quota import QuotaBook
 
 
 def settle_heap() -> None:
@@ -52,62 +52,23 @@ class ScanReport:
     duration_s: float
 
 
-class QuotaBook:
-    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes.
-
-    Invalid quota values are reported once per pod object, as a VRAMQuotaInvalid Event and a log line that say
-    the field, the value (bounded) and which quota applies instead.
-    """
-
-    def __init__(self, policy: Policy, events: EventRecorder, log: structlog.typing.FilteringBoundLogger) -> None:
-        self.policy = policy
-        self.events = events
-        self.log = log
-        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
-
-    def resolve(self, pods: Mapping[str, PodInfo], node_labels: Mapping[str, str]) -> dict[str, PodQuota]:
-        book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
-        for uid, pod in pods.items():
-            cached = self._book.get(uid)
-            if cached is not None and cached[0] is pod and cached[1] == node_labels:
-                book[uid] = cached
-                continue
-            pq = resolve_pod_quota(pod, self.policy, node_labels)
-            if pq.errors and (cached is None or cached[2].errors != pq.errors):
-                for err in pq.errors:
-                    self.log.warning(
-                        "quota_invalid",
-                        pod=pod.key,
-                        field=err.field,
-                        value=err.value,
-                        error=err.message,
-                        applies=err.applies,
-                    )
-                    self.events.record(pod, EVENT_INVALID, invalid_message(err))
-            book[uid] = (pod, dict(node_labels), pq)
-        self._book = book  # pods that left the cache leave the book
-        return {uid: entry[2] for uid, entry in book.items()}
-
-
 class Agent:
     def __init__(
         self,
         *,
         sampler: GpuSampler,
-        attributor: ProcessIdentifier,
+        identifier: ProcessIdentifier,
         pods: PodSource,
         policy: Policy,
         enforcer: Enforcer,
-        events: EventRecorder,
         metrics: Metrics,
         clock: Clock | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
-        error_counts: Callable[[], Mapping[str, int]] | None = None,
         capacity: CapacityPublisher | None = None,
     ) -> None:
         self.sampler = sampler
-        self.attributor = attributor
+        self.identifier = identifier
         self.pods = pods
         self.policy = policy
         self.enforcer = enforcer
@@ -117,11 +78,9 @@ class Agent:
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
         # The agent finds its own pod the way it finds everyone else's: through its cgroup.
-        me = self.attributor.identify(self.agent_pid)
+        me = self.identifier.identify(self.agent_pid)
         self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
-        self.quotas = QuotaBook(policy, events, self.log)
-        self._error_counts = error_counts  # the sampler's cumulative error counters, exported as deltas
-        self._errors_seen: dict[str, int] = {}
+        self.quotas = QuotaBook(policy)
         self.state = DecisionState()
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
@@ -129,16 +88,18 @@ class Agent:
     def scan(self) -> ScanReport:
         started = time.perf_counter()
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
-        sample = self.sampler.sample()
+        sample = self._sample()
         if self.capacity is not None:
             self.capacity.publish(sample)  # the node's advertised VRAM: a PATCH only when it changes
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
-        identities = self.attributor.scan(p.pid for p in sample.processes)
+        identities = self.identifier.scan(p.pid for p in sample.processes)
         # 3. Attribute usage to containers and pods, per device.
         pods = self.pods.pods()
         snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
         # 4. Resolve each pod's quota (once per pod version).
-        quotas = self.quotas.resolve(pods, self.pods.node_labels())
+        quotas, invalid = self.quotas.resolve(pods, self.pods.node_labels())
+        for pod, error in invalid:
+            self.enforcer.report_invalid(pod, error)
         # 5. Decide, purely.
         now = self.clock.now()
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
@@ -176,7 +137,7 @@ class Agent:
         container's processes that /proc still shows holding the device (`KillResult.remaining`)."""
         if not any(o.kill is not None and o.kill.killed and not o.kill.remaining for o in outcomes):
             return outcomes
-        after = self.sampler.sample()
+        after = self._sample()
         confirmed = []
         for o in outcomes:
             if o.kill is not None and o.kill.killed and not o.kill.remaining and o.result.endswith(("ok", "killed")):
@@ -193,6 +154,11 @@ class Agent:
             confirmed.append(o)
         return tuple(confirmed)
 
+    def _sample(self) -> GpuSample:
+        sample = self.sampler.sample()
+        self.metrics.count_nvml_errors(sample.errors)
+        return sample
+
     def _evidence_holds(self, action: Action) -> bool:
         """Check the evidence for an eviction or a kill once more, through /proc whatever the cache believes:
         every sampled process of the violation is still the one sampled (PID and start time) and still in the
@@ -200,7 +166,7 @@ class Agent:
         the next one decides afresh."""
         v = action.violation
         for ref in v.processes:
-            found = self.attributor.identify(ref.pid)
+            found = self.identifier.identify(ref.pid)
             if found is None:
                 continue  # gone since the sample: nothing of it left to act on (the killer reports it)
             if found[0] != ref or found[1] is None or found[1].pod_uid != v.pod.uid:
@@ -210,7 +176,7 @@ class Agent:
 
     def _belongs_to(self, pid: int, v: Violation) -> bool:
         """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""
-        found = self.attributor.identify(pid)
+        found = self.identifier.identify(pid)
         cgroup = found[1] if found is not None else None
         if cgroup is None or cgroup.pod_uid != v.pod.uid:
             return False
@@ -225,10 +191,6 @@ class Agent:
         duration_s: float,
     ) -> None:
         self.metrics.observe_scan(snapshot, quotas, decision)
-        if self._error_counts is not None:
-            counts = dict(self._error_counts())
-            self.metrics.count_nvml_errors((k, n - self._errors_seen.get(k, 0)) for k, n in counts.items())
-            self._errors_seen = counts
         self.metrics.scan_duration.observe(duration_s)
         for o in outcomes:
             self.metrics.actions.labels(action=o.action_name, result=o.result).inc()

@@ -128,6 +128,8 @@ class GpuSample:
 
     devices: tuple[GpuDevice, ...]
     processes: tuple[GpuProcess, ...]
+    # NVML errors met while taking this sample, as (kind, count): vramguard_nvml_errors_total{kind} adds them up.
+    errors: tuple[tuple[str, int], ...] = ()
 
     def device(self, uuid: str) -> GpuDevice | None:
         return next((d for d in self.devices if d.uuid == uuid), None)

@@ -334,7 +334,7 @@ class NvmlSampler:
         self._lock = threading.Lock()  # one sample() at a time
         self._closed = False
         self._errors = dict.fromkeys(NvmlErrorKind, 0)
-        self._taken = dict(self._errors)  # what take_errors() already handed out
+        self._taken = dict(self._errors)  # what earlier samples already carried
         self._dropped: tuple[DroppedRow, ...] = ()
         self._memory_v2: bool | None = None  # None: not tried yet
         self._capacity_rows = _INITIAL_CAPACITY
@@ -395,7 +395,7 @@ class NvmlSampler:
                         self._last[index] = healthy
                         self._last_by_uuid.update((d.uuid, d) for d in healthy)
             self._dropped = tuple(dropped)
-            return GpuSample(devices=tuple(devices), processes=tuple(processes))
+            return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=self._new_errors())
 
     def close(self) -> None:
         with self._lock:
@@ -421,13 +421,11 @@ class NvmlSampler:
         """Problems by kind since construction (a snapshot)."""
         return MappingProxyType(dict(self._errors))
 
-    def take_errors(self) -> tuple[tuple[str, int], ...]:
-        """(kind, count) for the problems since the last call, non-zero only: what a Prometheus counter adds."""
-        with self._lock:
-            taken = tuple(
-                (kind.value, n - self._taken[kind]) for kind, n in self._errors.items() if n > self._taken[kind]
-            )
-            self._taken = dict(self._errors)
+    def _new_errors(self) -> tuple[tuple[str, int], ...]:
+        """(kind, count) for the problems since the last sample (start-up's included in the first), non-zero
+        only: what the sample carries to the agent's Prometheus counter."""
+        taken = tuple((kind.value, n - self._taken[kind]) for kind, n in self._errors.items() if n > self._taken[kind])
+        self._taken = dict(self._errors)
         return taken
 
     @property

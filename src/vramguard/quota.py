@@ -159,6 +159,36 @@ def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, st
     return PodQuota(containers=MappingProxyType(containers), pod=pod_quota, errors=errors)
 
 
+class QuotaBook:
+    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes.
+
+    `resolve` also says which invalid quota values are new: each is reported once per pod, again only when a
+    changed pod carries different errors (an edit that fixes nothing does not repeat the report).
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+
+    def resolve(
+        self, pods: Mapping[str, PodInfo], node_labels: Mapping[str, str]
+    ) -> tuple[dict[str, PodQuota], list[tuple[PodInfo, QuotaError]]]:
+        """(quota by pod UID, the invalid values to report now)."""
+        book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+        new_errors: list[tuple[PodInfo, QuotaError]] = []
+        for uid, pod in pods.items():
+            cached = self._book.get(uid)
+            if cached is not None and cached[0] is pod and cached[1] == node_labels:
+                book[uid] = cached
+                continue
+            pq = resolve_pod_quota(pod, self.policy, node_labels)
+            if pq.errors and (cached is None or cached[2].errors != pq.errors):
+                new_errors.extend((pod, err) for err in pq.errors)
+            book[uid] = (pod, dict(node_labels), pq)
+        self._book = book  # pods that left the cache leave the book
+        return {uid: entry[2] for uid, entry in book.items()}, new_errors
+
+
 def invalid_message(err: QuotaError) -> str:
     """The VRAMQuotaInvalid Event and log text of one error: the field, the value as written (bounded), what is
     wrong with it and what applies instead, e.g.

@@ -1,0 +1,296 @@
+"""The composition root: which real part goes behind each seam, and the agent's life from start to stop.
+
+`cli.py` turns flags into a `RunConfig`; everything here builds parts from it and never touches a terminal. A
+configuration the agent cannot run with raises `WiringError` with a message for the user.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+from kubernetes.client import ApiClient
+
+from vramguard import __version__
+from vramguard.act import Enforcer
+from vramguard.agent import Agent
+from vramguard.attribute import ProcessAttributor
+from vramguard.backoff import Backoff
+from vramguard.health import HealthServer
+from vramguard.kill import PidfdKiller
+from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
+from vramguard.metrics import Metrics
+from vramguard.model import Mode, PodInfo, Policy
+from vramguard.nvml import NvmlSampler, NvmlUnavailable
+from vramguard.pods import FilePodSource
+from vramguard.policy import PolicyError, load_policy
+from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
+
+
+class WiringError(Exception):
+    """The agent cannot start with this configuration; the message says why, for the user."""
+
+
+class LogEventRecorder:
+    """Events when there is no API server to write them to (`--pods-file`): they go to the log instead."""
+
+    def __init__(self) -> None:
+        self.log = structlog.get_logger("vramguard.events")
+
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
+        self.log.warning("event", pod=pod.key, reason=reason, message=message)
+
+
+class NoApiEvictor:
+    """Eviction is an API call; with `--pods-file` there is no API server, so every eviction fails, visibly."""
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        return EvictResult(evicted=False, refused=False, message="no API server: eviction needs the Kubernetes API")
+
+
+@dataclass
+class Cluster:
+    """Where pods come from and where Events and evictions go: the API server, or a pods file and the log."""
+
+    pods: FilePodSource | KubePodSource
+    events: EventRecorder
+    evictor: Evictor
+    api: ApiClient | None = None
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the background threads, within `timeout_s` in all (a stuck request is abandoned, not awaited)."""
+        deadline = time.monotonic() + timeout_s
+        self.pods.stop(max(0.05, deadline - time.monotonic()))
+        if isinstance(self.events, KubeEventRecorder):
+            self.events.stop(max(0.05, deadline - time.monotonic()))
+
+
+def policy_for(path: Path | None, mode: Mode | None, agent_namespace: str | None) -> Policy:
+    """The policy file's policy (defaults without one), with `--mode` and the agent's own namespace exempted."""
+    try:
+        policy = load_policy(path) if path is not None else Policy()
+    except PolicyError as e:
+        raise WiringError(str(e)) from None
+    if mode is not None:
+        policy = replace(policy, mode=mode)
+    if agent_namespace:
+        policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {agent_namespace})
+    return policy
+
+
+def connect(pods_file: Path | None, kubeconfig: str | None, node_name: str | None, metrics: Metrics) -> Cluster:
+    """The pods file and the log, or the API server (pods watched in the background, Events on a writer)."""
+    if pods_file is not None:
+        return Cluster(FilePodSource(str(pods_file), node_name=node_name).start(), LogEventRecorder(), NoApiEvictor())
+    if not node_name:
+        raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
+    try:
+        api = load_api_client(kubeconfig)
+    except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
+        where = kubeconfig or "the in-cluster ServiceAccount"
+        raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
+    events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc())
+    return Cluster(KubePodSource(api, node_name).start(), events, KubeEvictor(api), api)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as far as the kernel allows; (before, after).
+
+    Container runtimes often start processes with a soft limit of 1024 under a far higher hard one. The agent's
+    fd use is bounded (no fd per GPU process, a capped number of HTTP connections), but headroom costs nothing
+    and keeps a flood elsewhere from starving the kill path.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:  # NOFILE cannot be unlimited: the kernel's ceiling is fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
+
+
+def build_agent(
+    *,
+    sampler: NvmlSampler,
+    cluster: Cluster,
+    policy: Policy,
+    dry_run: bool,
+    proc_root: str,
+    metrics: Metrics,
+    cgroup_root: str = "/sys/fs/cgroup",
+    device_prefix: str = "/dev/nvidia",
+    capacity: KubeCapacityPublisher | None = None,
+) -> Agent:
+    """The loop with its real parts. Dry-run is the Enforcer's business alone (its Events go to the log)."""
+    enforcer = Enforcer(
+        killer=PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix),
+        evictor=cluster.evictor,
+        events=cluster.events,
+        policy=policy,
+        dry_run=dry_run,
+    )
+    return Agent(
+        sampler=sampler,
+        identifier=ProcessAttributor(proc_root=proc_root),
+        pods=cluster.pods,
+        policy=policy,
+        enforcer=enforcer,
+        metrics=metrics,
+        capacity=capacity if not dry_run else None,
+    )
+
+
+def capacity_publisher(
+    cluster: Cluster, node_name: str | None, reserve_bytes: int, advertise: bool, dry_run: bool
+) -> KubeCapacityPublisher | None:
+    """The publisher; it withdraws what an earlier run may have advertised when not advertising (in the
+    background, like every publish: a failure is logged, never raised, never waited for)."""
+    if cluster.api is None or node_name is None or dry_run:
+        return None
+    publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes)
+    if not advertise:
+        publisher.withdraw()
+    return publisher
+
+
+def open_sampler(
+    proc_root: str, stop: threading.Event, unavailable: Callable[[str | None], None]
+) -> NvmlSampler | None:
+    """NVML, once it loads: it may come up after the agent (a driver container still installing), so retry with
+    back-off until `stop`. `unavailable` hears why it failed, and None once it is up."""
+    backoff = Backoff(1.0, 60.0)
+    while not stop.is_set():
+        try:
+            sampler = NvmlSampler(proc_root=proc_root)
+        except NvmlUnavailable as e:
+            unavailable(str(e))
+            stop.wait(backoff.next())
+            continue
+        unavailable(None)
+        return sampler
+    return None
+
+
+class Probes:
+    """/healthz: the loop is scanning. /readyz: NVML is up, the pod list is current and a scan completed."""
+
+    def __init__(self, pods: PodSource, poll_interval_s: float) -> None:
+        self.pods = pods
+        self.poll_interval_s = poll_interval_s
+        self.agent: Agent | None = None
+        self.nvml_problem: str | None = "NVML not initialised yet"
+
+    def healthz(self) -> tuple[bool, str]:
+        if self.agent is None or self.agent.last_scan_at is None:
+            return True, "starting"
+        age = time.monotonic() - self.agent.last_scan_at
+        return age < max(30.0, 10 * self.poll_interval_s), f"last scan {age:.1f}s ago"
+
+    def readyz(self) -> tuple[bool, str]:
+        problems = [p for p in (self.nvml_problem, self.pods.problem()) if p]
+        if not problems and (self.agent is None or self.agent.last_scan_at is None):
+            problems.append("no scan completed yet")
+        return (not problems), "; ".join(problems) or "ready"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """`vramguard run`'s flags, checked."""
+
+    node_name: str | None
+    policy: Policy
+    dry_run: bool
+    poll_interval_s: float
+    metrics_port: int
+    metrics_bind_address: str
+    proc_root: str
+    cgroup_root: str
+    pods_file: Path | None
+    kubeconfig: str | None
+    advertise_capacity: bool
+    capacity_reserve_bytes: int
+    device_prefix: str
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An Event set by SIGTERM or SIGINT, for the duration of the block."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def serve(config: RunConfig, stop: threading.Event) -> None:
+    """Run the agent until `stop`: connect, serve the probes and metrics, wait for NVML, scan, shut down."""
+    log = structlog.get_logger("vramguard")
+    if config.advertise_capacity and config.pods_file is not None:
+        raise WiringError("--advertise-capacity needs the API server, not --pods-file")
+    open_files = raise_open_file_limit()
+    metrics = Metrics()
+    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics)
+    capacity = capacity_publisher(
+        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run
+    )
+    probes = Probes(cluster.pods, config.poll_interval_s)
+    server = HealthServer(
+        config.metrics_port, metrics.registry, probes.healthz, probes.readyz, host=config.metrics_bind_address
+    )
+    log.info(
+        "starting",
+        version=__version__,
+        node=config.node_name,
+        mode=config.policy.mode.value,
+        dry_run=config.dry_run,
+        address=f"{config.metrics_bind_address or '*'}:{server.port}",
+        open_file_limit=open_files[1],
+    )
+
+    def nvml_unavailable(problem: str | None) -> None:
+        if problem is not None and problem != probes.nvml_problem:
+            log.error("nvml_unavailable", error=problem)
+        probes.nvml_problem = problem
+
+    sampler = open_sampler(config.proc_root, stop, nvml_unavailable)
+    if sampler is not None:
+        probes.agent = build_agent(
+            sampler=sampler,
+            cluster=cluster,
+            policy=config.policy,
+            dry_run=config.dry_run,
+            proc_root=config.proc_root,
+            metrics=metrics,
+            cgroup_root=config.cgroup_root,
+            device_prefix=config.device_prefix,
+            capacity=capacity if config.advertise_capacity else None,
+        )
+        probes.agent.run(config.poll_interval_s, stop)
+    # Shutting down never waits on the API server: every background thread gets a fraction of a second, and
+    # one stuck in a request is abandoned (they are daemons). SIGTERM ends the agent within 2 s.
+    if probes.agent is not None:
+        probes.agent.enforcer.close(0.3)
+    if capacity is not None:
+        capacity.stop(0.2)
+    cluster.close(0.6)
+    if sampler is not None:
+        sampler.close()
+    server.close()
+    log.info("stopped")
