@@ -10,6 +10,7 @@ A test module gets a `make_cgroups` fixture with four lines::
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Callable
@@ -19,6 +20,29 @@ from typing import Any
 import pytest
 
 from vramguard_testbed.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
+
+
+def need_cgroups(version: int = 2) -> None:
+    """Skip, saying why, where real cgroups of `version` cannot be made here; under CI (`CI` set) fail instead.
+
+    CI runs as root on a machine with cgroups: a skip there would hide that a whole layer went untested.
+    """
+    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version)
+    verdict = cgroup_verdict(reason, version, ci=bool(os.environ.get("CI")))
+    if verdict is not None:
+        fail, message = verdict
+        if fail:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def cgroup_verdict(reason: str | None, version: int, *, ci: bool) -> tuple[bool, str] | None:
+    """(fail rather than skip, message) for a cgroup test that cannot run for `reason`; None when it can run."""
+    if reason is None:
+        return None
+    if ci:
+        return True, f"CI must run the cgroup tests (as root, with cgroup v{version}): {reason}"
+    return False, f"real cgroup v{version} unavailable: {reason}"
 
 
 class CgroupsFactory:
@@ -32,9 +56,7 @@ class CgroupsFactory:
         self._made: list[KubeletCgroups] = []
 
     def __call__(self, driver: str = "systemd", version: int = 2, **kwargs: Any) -> KubeletCgroups:
-        reason = cgroups_unavailable(version)
-        if reason is not None:
-            pytest.skip(f"real cgroup v{version} unavailable: {reason}")
+        need_cgroups(version)
         kc = KubeletCgroups(driver, version, **kwargs)
         self._made.append(kc)
         return kc

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cgroup_fixtures import CgroupsFactory
-from vramguard_testbed.cgroups import cgroups_unavailable
+from cgroup_fixtures import CgroupsFactory, need_cgroups
 from vramguard_testbed.simnode import SimulatedNode
 
 
@@ -23,8 +21,6 @@ def make_cgroups() -> Iterator[CgroupsFactory]:
 @pytest.fixture
 def sim_node(tmp_path: Path) -> Iterator[SimulatedNode]:
     """A simulated GPU node (one 24GiB GPU); skips, saying why, where real cgroups cannot be made."""
-    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
-    if reason is not None:
-        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    need_cgroups(2)
     with SimulatedNode(tmp_path / "node") as node:
         yield node

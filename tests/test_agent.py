@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -225,15 +226,20 @@ def test_a_failing_scan_does_not_stop_the_loop() -> None:
     calls_before = n.sampler.calls
 
     def stop_after_three() -> None:
-        while n.sampler.calls < calls_before + 3:
-            threading.Event().wait(0.001)
+        # Bounded: if the loop died or stalled, stop it anyway after 5 s; the assertion below then fails.
+        deadline = time.monotonic() + 5.0
+        while n.sampler.calls < calls_before + 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
         stop.set()
 
-    watcher = threading.Thread(target=stop_after_three)
+    watcher = threading.Thread(target=stop_after_three, daemon=True)
     watcher.start()
-    n.agent.run(poll_interval_s=0.001, stop=stop)
-    watcher.join()
-    assert n.sampler.calls >= 3
+    try:
+        n.agent.run(poll_interval_s=0.001, stop=stop)
+    finally:
+        stop.set()
+        watcher.join(timeout=6.0)
+    assert n.sampler.calls >= calls_before + 3
 
 
 def _action(kind: Mode) -> Action:

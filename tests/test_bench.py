@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from vramguard_testbed.cgroups import cgroups_unavailable
+from cgroup_fixtures import need_cgroups
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 
 def test_quick_benchmark_prints_its_figures() -> None:
     """The scan-cost table (8x64 and 1x1) and the reaction-time table come out of a quick run."""
-    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
-    if reason is not None:
-        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    need_cgroups(2)
     bench = Path(__file__).resolve().parents[1] / "bench" / "scan.py"
     result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from vramguard_testbed.cgroups import cgroups_unavailable
+from cgroup_fixtures import need_cgroups
 
 from .controlplane import ControlPlane, binaries_dir, unavailable_reason
 from .kube_fixtures import KubeNode, deploy_manifest
@@ -67,9 +67,7 @@ def deployed(control_plane: ControlPlane) -> ControlPlane:
 @pytest.fixture
 def node(deployed: ControlPlane, admin_api: client.ApiClient, tmp_path: Path) -> Iterator[KubeNode]:
     """A fresh GPU node (API Node + simulated GPU + real cgroups) with the agent's pod-bound credentials."""
-    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
-    if reason is not None:
-        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    need_cgroups(2)
     kube_node = KubeNode(deployed, admin_api, tmp_path, labels={"nvidia.com/gpu.replicas": "4"})
     try:
         yield kube_node

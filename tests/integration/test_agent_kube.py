@@ -6,7 +6,6 @@ subprocess where the agent acts, real processes in cgroups named by the pods' re
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,11 +14,11 @@ import pytest
 import yaml
 from kubernetes import client
 
+from cgroup_fixtures import need_cgroups
 from vramguard.backoff import TokenBucket
 from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
-from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.simnode import wait_for
 
 from .controlplane import ControlPlane, kubeconfig_api_client
@@ -314,9 +313,7 @@ def test_capacity_advertisement_lets_the_scheduler_fit_three_of_four(
 ) -> None:
     """--advertise-capacity publishes 24Gi; four pods asking 8Gi each: the real kube-scheduler binds three and
     leaves the fourth Pending. Without the flag, the agent withdraws the resource."""
-    reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version=2)
-    if reason is not None:
-        pytest.skip(f"real cgroup v2 unavailable: {reason}")
+    need_cgroups(2)
     kube_node = KubeNode(deployed, admin_api, tmp_path, labels={"vramguard-test": "scheduling"})
     scheduler = deployed.start_scheduler()
     try:
