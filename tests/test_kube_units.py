@@ -9,15 +9,17 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff, TokenBucket
 from vramguard.kube import (
+    EVENT_REPEAT_WINDOW_S,
     KubeCapacityPublisher,
     KubeEventRecorder,
     KubePodSource,
-    _events,
-    _Gone,
+    WatchExpired,
     advertisable_bytes,
+    watch_events,
 )
 from vramguard.model import GiB, GpuDevice, GpuSample
 from vramguard.testing.fakes import pod
@@ -53,25 +55,27 @@ def test_watch_events_update_the_cache(
     s = source()
     rv = "1"
     for kind, obj in events:
-        rv = s._apply({"type": kind, "object": obj}, rv)
+        rv = s.apply_watch_event({"type": kind, "object": obj}, rv)
     assert set(s.pods()) == pods
     assert rv == resource_version
 
 
 def test_watch_410_means_relist() -> None:
     """An ERROR event with code 410 (resourceVersion too old) asks for a relist; other errors are errors."""
-    with pytest.raises(_Gone):
-        source()._apply({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "1")
+    with pytest.raises(WatchExpired):
+        source().apply_watch_event(
+            {"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "1"
+        )
     with pytest.raises(RuntimeError, match="500"):
-        source()._apply({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "1")
+        source().apply_watch_event({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "1")
 
 
 def test_unchanged_pod_keeps_its_object() -> None:
     """A MODIFIED event that changes nothing the agent reads keeps the cached object (quotas stay resolved)."""
     s = source()
-    s._apply({"type": "ADDED", "object": POD}, "1")
+    s.apply_watch_event({"type": "ADDED", "object": POD}, "1")
     first = s.pods()["u1"]
-    s._apply({"type": "MODIFIED", "object": {**POD, "status": {"phase": "Running"}}}, "1")
+    s.apply_watch_event({"type": "MODIFIED", "object": {**POD, "status": {"phase": "Running"}}}, "1")
     assert s.pods()["u1"] is first
 
 
@@ -87,7 +91,7 @@ def test_events_split_across_chunks() -> None:
     """Watch lines cut anywhere by the transport are reassembled into whole events."""
     body = b'{"type": "ADDED", "object": {}}\n{"type": "BOOKMARK", "object": {}}\n'
     chunks = [body[:7], body[7:40], body[40:]]
-    assert [e["type"] for e in _events(ChunkedResponse(chunks))] == ["ADDED", "BOOKMARK"]
+    assert [e["type"] for e in watch_events(ChunkedResponse(chunks))] == ["ADDED", "BOOKMARK"]
 
 
 def test_token_bucket_bounds_bursts_and_rate() -> None:
@@ -184,27 +188,146 @@ def test_backoff_spreads_a_fleet() -> None:
     assert delays[900] - delays[100] > 0.3
 
 
-def _recorder(**kwargs: object) -> tuple[KubeEventRecorder, dict[str, int]]:
+class FakeEventsApi:
+    """The two calls the recorder makes, over a dict of Events; `fail` holds statuses to answer with, in order."""
+
+    def __init__(self, fail: list[int] | None = None) -> None:
+        self.stored: dict[str, int] = {}  # name -> count
+        self.calls: list[tuple[str, str, int]] = []  # (verb, name, count)
+        self.bodies: list[client.CoreV1Event] = []
+        self.fail = list(fail or [])
+
+    def create_namespaced_event(self, namespace: str, body: client.CoreV1Event, **_: object) -> None:
+        name, count = str(body.metadata.name), int(body.count or 0)
+        self.calls.append(("create", name, count))
+        self.bodies.append(body)
+        if self.fail[:1] == [409]:  # an earlier attempt got through, its answer was lost
+            self.stored[name] = count
+        self._maybe_fail()
+        if name in self.stored:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.stored[name] = count
+
+    def patch_namespaced_event(self, name: str, namespace: str, body: dict[str, Any], **_: object) -> None:
+        self.calls.append(("patch", name, body["count"]))
+        self._maybe_fail()
+        if name not in self.stored:
+            raise ApiException(status=404, reason="NotFound")
+        self.stored[name] = body["count"]
+
+    def _maybe_fail(self) -> None:
+        if self.fail:
+            raise ApiException(status=self.fail.pop(0))
+
+
+def _recorder(core: FakeEventsApi | None = None, **kwargs: object) -> tuple[KubeEventRecorder, dict[str, int]]:
     counts: dict[str, int] = {}
     recorder = KubeEventRecorder(
         client.ApiClient(),
         "node-1",
         count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
-        start=False,  # no writer: what record() queues stays queued
+        core=core or FakeEventsApi(),
+        bucket=TokenBucket(burst=1000, per_minute=60_000),
         **kwargs,  # type: ignore[arg-type]
     )
     return recorder, counts
 
 
 def test_event_repeats_fold_into_the_queued_event() -> None:
-    """The same Event recorded again before it is written is one queued Event with a higher count."""
-    recorder, counts = _recorder()
+    """The same Event recorded again before it is written is one Event, created once with the summed count."""
+    core = FakeEventsApi()
+    recorder, counts = _recorder(core)  # not started: what record() queues stays queued
     p = pod("noisy", "ml")
     for _ in range(5):
         recorder.record(p, "VRAMQuotaExceeded", "container main uses 5GiB")
     assert recorder.queued() == 1 and counts == {"aggregated": 4}
-    (item,) = recorder._queue.values()
-    assert item.count == 5
+    recorder.start()
+    try:
+        assert recorder.flush(5)
+    finally:
+        recorder.stop()
+    assert [(verb, count) for verb, _, count in core.calls] == [("create", 5)]
+    assert counts == {"aggregated": 4, "written": 1}
+
+
+R = "VRAMQuotaExceeded"
+M = "container main uses 5GiB"
+
+
+@pytest.mark.parametrize(
+    ("steps", "fail", "calls", "results"),
+    [
+        pytest.param([(0, M)], [], [("create", 1)], {"written": 1}, id="first-time-a-create"),
+        pytest.param(
+            [(0, M), (1, M), (2, M)],
+            [],
+            [("create", 1), ("patch", 2), ("patch", 3)],
+            {"written": 1, "patched": 2},
+            id="repeats-after-the-write-patch-its-count",
+        ),
+        pytest.param(
+            [(0, M), (EVENT_REPEAT_WINDOW_S + 1, M)],
+            [],
+            [("create", 1), ("create", 1)],
+            {"written": 2},
+            id="a-repeat-after-the-window-is-a-new-event",
+        ),
+        pytest.param(
+            [(0, M), (1, "container main uses 6GiB")],
+            [],
+            [("create", 1), ("create", 1)],
+            {"written": 2},
+            id="another-message-is-another-event",
+        ),
+        pytest.param(
+            [(0, M), ("deleted", M), (2, M)],
+            [],
+            [("create", 1), ("patch", 2), ("create", 1), ("patch", 2)],
+            {"written": 2, "patched": 1},
+            id="deleted-on-the-server-a-404-then-written-afresh",
+        ),
+        pytest.param(
+            [(0, M), (1, M)],
+            [409],
+            [("create", 1), ("patch", 2)],
+            {"written": 1, "patched": 1},
+            id="a-409-on-create-means-written-and-a-repeat-patches-it",
+        ),
+        pytest.param(
+            [(0, M), (1, M)],
+            [503],
+            [("create", 1), ("create", 1), ("patch", 2)],
+            {"written": 1, "patched": 1},
+            id="a-503-is-retried-with-the-same-name",
+        ),
+    ],
+)
+def test_event_repeat_patch(
+    steps: list[tuple[float | str, str]], fail: list[int], calls: list[tuple[str, int]], results: dict[str, int]
+) -> None:
+    """Said again within EVENT_REPEAT_WINDOW_S of being written, an Event is a PATCH of its count; otherwise (a
+    new message, the window passed, the Event deleted) it is created afresh. Retries keep the Event's name."""
+    core = FakeEventsApi(fail)
+    t = [0.0]
+    recorder, counts = _recorder(core, now=lambda: t[0])
+    recorder.start()
+    p = pod("noisy", "ml")
+    try:
+        for at, message in steps:
+            if at == "deleted":
+                core.stored.clear()
+            else:
+                assert isinstance(at, float | int)
+                t[0] = float(at)
+            recorder.record(p, R, message)
+            assert recorder.flush(15)
+    finally:
+        recorder.stop()
+    assert [(verb, count) for verb, _, count in core.calls] == calls
+    assert counts == results
+    names = [name for verb, name, _ in core.calls]
+    if fail:  # the retry, and everything after it, speak of the one Event first created
+        assert len(set(names)) == 1
 
 
 def test_one_noisy_pod_cannot_starve_the_others() -> None:
@@ -235,7 +358,13 @@ def test_event_queue_is_bounded() -> None:
 
 def test_event_messages_and_names_are_bounded() -> None:
     """A 10 MB message is cut to 1024 characters; the Event's name fits the 253-character limit."""
-    recorder, _ = _recorder()
+    core = FakeEventsApi()
+    recorder, _ = _recorder(core)
     recorder.record(pod("x" * 250, "ml"), "VRAMQuotaInvalid", "v" * 10_000_000)
-    (item,) = recorder._queue.values()
-    assert len(item.message) == 1024 and len(item.name) <= 253
+    recorder.start()
+    try:
+        assert recorder.flush(5)
+    finally:
+        recorder.stop()
+    (body,) = core.bodies
+    assert len(str(body.message)) == 1024 and len(str(body.metadata.name)) <= 253

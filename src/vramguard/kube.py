@@ -207,7 +207,7 @@ class KubePodSource:
                     resource_version = self._list()
                     backoff.reset()
                 resource_version = self._watch(resource_version)
-            except _Gone:
+            except WatchExpired:
                 self.log.info("pod_watch_expired", detail="410 Gone: relisting")
                 resource_version = None
             except Exception as e:  # the API server is down or refusing: keep the cache, back off, relist
@@ -263,20 +263,22 @@ class KubePodSource:
         try:
             if self._stop.is_set():
                 return resource_version
-            for event in _events(resp):
+            for event in watch_events(resp):
                 if self._stop.is_set():
                     break
-                resource_version = self._apply(event, resource_version)
+                resource_version = self.apply_watch_event(event, resource_version)
         finally:
             self._response = None
             resp.release_conn()
         return resource_version
 
-    def _apply(self, event: Mapping[str, Any], resource_version: str) -> str:
+    def apply_watch_event(self, event: Mapping[str, Any], resource_version: str) -> str:
+        """Apply one watch event to the cache; the resourceVersion to resume from. Raises WatchExpired for a
+        410 (relist), RuntimeError for any other ERROR event."""
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == 410:
-                raise _Gone()
+                raise WatchExpired()
             raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
         rv = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
         if kind == "BOOKMARK":
@@ -347,11 +349,11 @@ class KubePodSource:
         return {str(k): str(v) for k, v in labels.items()}
 
 
-class _Gone(Exception):
+class WatchExpired(Exception):
     """The watch's resourceVersion is too old: relist."""
 
 
-def _events(resp: Any) -> Iterator[dict[str, Any]]:
+def watch_events(resp: Any) -> Iterator[dict[str, Any]]:
     """Watch events, one JSON object per line of a chunked response."""
     pending = b""
     for chunk in resp.stream(amt=65536, decode_content=False):
@@ -413,9 +415,11 @@ class KubeEventRecorder:
         spam_refill_s: float = EVENT_SPAM_REFILL_S,
         now: Callable[[], float] = time.monotonic,
         log: Log | None = None,
-        start: bool = True,
+        core: Any = None,
     ) -> None:
-        self.core = client.CoreV1Api(api)
+        """`core` is what writes: a CoreV1Api over `api` unless given (tests give a fake). Nothing is written
+        before `start()`: until then, what `record` queues stays queued."""
+        self.core = core if core is not None else client.CoreV1Api(api)
         self.node_name = node_name
         self.log = log if log is not None else structlog.get_logger("vramguard.events")
         self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, now)
@@ -432,8 +436,11 @@ class KubeEventRecorder:
         self._last_error: str | None = None
         self._writing = False  # an Event taken off the queue is being written
         self._thread = threading.Thread(target=self._run, name="vramguard-events", daemon=True)
-        if start:
-            self._thread.start()
+
+    def start(self) -> KubeEventRecorder:
+        """Start the writer thread."""
+        self._thread.start()
+        return self
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
         message = cut(message, EVENT_MESSAGE_CHARS)

@@ -96,7 +96,7 @@ def connect(pods_file: Path | None, kubeconfig: str | None, node_name: str | Non
     except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
         where = kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
-    events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc())
+    events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc()).start()
     return Cluster(KubePodSource(api, node_name).start(), events, KubeEvictor(api), api)
 
 

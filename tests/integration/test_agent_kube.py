@@ -185,7 +185,7 @@ def test_events_are_aggregated_spam_filtered_and_written_once(node: KubeNode, na
             count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
             bucket=TokenBucket(burst=100, per_minute=600),
             spam_burst=2,
-        )
+        ).start()
         try:
             info = pod.info
             recorder.record(info, "VRAMQuotaExceeded", "container main uses 5.0GiB")
