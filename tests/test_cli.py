@@ -69,10 +69,17 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
     assert rows["over"]["percent"] == 150.0
     assert rows["-"]["pids"] == [h.pid] and rows["-"]["state"].startswith("unattributed")
     assert b.alive(), "top changes nothing"
+    # Whose process, running what: the user and the command line, as /proc has them.
+    command = Path(f"/proc/{b.pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
+    assert rows["over"]["processes"] == [{"pid": b.pid, "user": "root", "command": command[:80]}]
 
     table = sim_node.run_vramguard("top", "--once").stdout.splitlines()
-    assert table[0].split() == ["GPU", "NAMESPACE", "POD", "CONTAINER", "PIDS", "USED", "QUOTA", "%", "STATE"]
-    assert any(line.split()[2:4] == ["over", "main"] and line.endswith("over-hard") for line in table)
+    assert table[0].split() == [
+        "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "PID", "USER", "COMMAND"
+    ]  # fmt: skip
+    over_line = next(line for line in table if line.split()[2:4] == ["over", "main"])
+    assert over_line.split()[7:10] == ["over-hard", str(b.pid), "root"]
+    assert over_line.rstrip().endswith(command[:80])
 
 
 @pytest.mark.parametrize(

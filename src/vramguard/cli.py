@@ -19,7 +19,7 @@ from vramguard.model import Mode
 from vramguard.nvml import NvmlSampler, NvmlUnavailable
 from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
-from vramguard.top import render_json, render_table, rows_from_report
+from vramguard.top import render_json, render_table, rows_from_report, use_proc_root
 from vramguard.wiring import RunConfig, WiringError, build_agent, connect, policy_for, serve, stop_on_signals
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -134,8 +134,10 @@ def top(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
 ) -> None:
-    """A live table of this node: GPU, pod, container, PIDs, used, quota, % and state. Changes nothing."""
+    """A live table of this node: GPU, pod, container, used, quota, %, state, and each process' PID, user and
+    command. Changes nothing."""
     configure_logging("console", level="error")
+    use_proc_root(proc_root)
     policy = _or_exit(lambda: policy_for(policy_path, None, None))
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics))

@@ -1,13 +1,52 @@
-"""`vramguard top`: one row per (GPU, container) from a scan, as a table or as JSON."""
+"""`vramguard top`: one row per (GPU, container) from a scan, as a table or as JSON.
+
+Like nvitop, it says whose each GPU process is and what it runs: its user and command line, read through psutil
+at display time (`describe_process`). They are for people, never for decisions: a process may have exited, or
+its PID been reused, between the scan and the read.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+import psutil
+
 from vramguard.agent import ScanReport
-from vramguard.model import format_bytes
+from vramguard.model import cut, format_bytes
+
+COMMAND_CHARS = 80  # a command line is cut to this in a row (JSON and table): a tenant controls it
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessDetail:
+    pid: int
+    user: str  # "?" when it cannot be read
+    command: str  # the command line, "(gone)" when the process exited
+
+
+def use_proc_root(proc_root: str) -> None:
+    """Read processes from `proc_root` (`--proc-root /host/proc`), as the agent does."""
+    psutil.PROCFS_PATH = proc_root
+
+
+def describe_process(pid: int) -> ProcessDetail:
+    """The user and command line of `pid` through psutil (`psutil.PROCFS_PATH` says which /proc)."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            argv = proc.cmdline()
+            command = " ".join(argv) if argv else f"[{proc.name()}]"
+            try:
+                user = proc.username()
+            except (psutil.AccessDenied, KeyError):
+                user = str(proc.uids().real)
+    except psutil.NoSuchProcess:
+        return ProcessDetail(pid, "?", "(gone)")
+    except psutil.Error:
+        return ProcessDetail(pid, "?", "?")
+    return ProcessDetail(pid, cut(user, 32), cut(command, COMMAND_CHARS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,17 +55,21 @@ class TopRow:
     namespace: str
     pod: str
     container: str
-    pids: tuple[int, ...]
+    processes: tuple[ProcessDetail, ...]
     used_bytes: int
     quota_bytes: int | None
     state: str  # ok | over-soft | over-hard | unmanaged | unattributed: <why> | gpu-unhealthy: <error>
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.processes)
 
     @property
     def percent(self) -> float | None:
         return 100.0 * self.used_bytes / self.quota_bytes if self.quota_bytes else None
 
 
-def rows_from_report(report: ScanReport) -> list[TopRow]:
+def rows_from_report(report: ScanReport, describe: Callable[[int], ProcessDetail] = describe_process) -> list[TopRow]:
     snap, quotas = report.snapshot, report.quotas
     violated = {(v.pod.uid, v.container, v.device.uuid): v for v in report.decision.violations}
     rows: list[TopRow] = []
@@ -50,7 +93,7 @@ def rows_from_report(report: ScanReport) -> list[TopRow]:
                 namespace=u.pod.namespace,
                 pod=u.pod.name,
                 container=u.container or "?",
-                pids=tuple(p.pid for p in u.processes),
+                processes=tuple(describe(p.pid) for p in u.processes),
                 used_bytes=u.used_bytes,
                 quota_bytes=quota.limit_for(device.total_bytes) if quota is not None else None,
                 state=state,
@@ -64,7 +107,7 @@ def rows_from_report(report: ScanReport) -> list[TopRow]:
                 namespace="-",
                 pod="-",
                 container="-",
-                pids=(p.process.pid,),
+                processes=(describe(p.process.pid),),
                 used_bytes=p.used_bytes,
                 quota_bytes=None,
                 state=f"unattributed: {p.reason}",
@@ -77,23 +120,29 @@ def rows_from_report(report: ScanReport) -> list[TopRow]:
 
 
 def render_table(rows: Sequence[TopRow]) -> str:
-    header = ("GPU", "NAMESPACE", "POD", "CONTAINER", "PIDS", "USED", "QUOTA", "%", "STATE")
-    lines = [header] + [
-        (
-            r.gpu,
-            r.namespace,
-            r.pod,
-            r.container,
-            ",".join(map(str, r.pids)) or "-",
-            format_bytes(r.used_bytes),
-            format_bytes(r.quota_bytes) if r.quota_bytes is not None else "-",
-            f"{r.percent:.0f}" if r.percent is not None else "-",
-            r.state,
+    """One line per container and GPU; a container's further processes on lines of their own below it."""
+    header = ("GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "PID", "USER", "COMMAND")
+    lines = [header]
+    for r in rows:
+        first, *rest = r.processes or (ProcessDetail(0, "", ""),)
+        lines.append(
+            (
+                r.gpu,
+                r.namespace,
+                r.pod,
+                r.container,
+                format_bytes(r.used_bytes),
+                format_bytes(r.quota_bytes) if r.quota_bytes is not None else "-",
+                f"{r.percent:.0f}" if r.percent is not None else "-",
+                r.state,
+                str(first.pid) if r.processes else "-",
+                first.user,
+                first.command,
+            )
         )
-        for r in rows
-    ]
+        lines.extend(("", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
     if not rows:
-        lines.append(("-", "", "", "", "", "", "", "", "no GPU processes"))
+        lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
