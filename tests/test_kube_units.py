@@ -174,11 +174,11 @@ def test_capacity_publisher_backs_off_after_a_refusal() -> None:
 )
 def test_backoff_grows_with_jitter(initial: float, cap: float, draws: list[float], expected: list[float]) -> None:
     """Delays double up to the cap, each stretched by jitter x a random draw (so a fleet spreads out)."""
-    it = iter(draws)
+    it = iter([*draws, 0.0])
     backoff = Backoff(initial, cap, jitter=0.5, rng=lambda: next(it))
     assert [backoff.next() for _ in draws] == expected
     backoff.reset()
-    assert backoff.failures == 0
+    assert backoff.next() == initial, "a reset starts again from the initial delay"
 
 
 def test_backoff_spreads_a_fleet() -> None:

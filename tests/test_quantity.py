@@ -18,8 +18,8 @@ from vramguard.quantity import (
     parse_percentage,
     parse_quantity,
     parse_quota_bytes,
-    parse_resource_bytes,
     show_value,
+    unit_bytes_for,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_format_quantity(n_bytes: int, expected: str) -> None:
 )
 def test_parse_resource_bytes(name: str, value: str, expected: int) -> None:
     """Each known name converts its value with its own unit."""
-    assert parse_resource_bytes(name, value) == expected
+    assert _parse_resource(name, value) == expected
 
 
 @pytest.mark.parametrize(
@@ -184,7 +184,7 @@ def test_parse_resource_bytes(name: str, value: str, expected: int) -> None:
 def test_parse_resource_bytes_rejects(name: str, value: str, reason_part: str) -> None:
     """Invalid counts raise QuantityError that names the unit where it matters."""
     with pytest.raises(QuantityError) as info:
-        parse_resource_bytes(name, value)
+        _parse_resource(name, value)
     assert info.value.value == value
     assert reason_part in info.value.reason
 
@@ -227,10 +227,16 @@ def test_parse_quantity_still_accepts_zero(value: str) -> None:
     assert parse_quantity(value) == 0
 
 
-def test_parse_resource_bytes_unknown_name() -> None:
-    """A name whose unit vramguard does not know is a KeyError, never a guess."""
-    with pytest.raises(KeyError, match=r"example\.com/vram"):
-        parse_resource_bytes("example.com/vram", "1")
+def test_unknown_resource_name_has_no_unit() -> None:
+    """A name whose unit vramguard does not know has none, never a guess."""
+    assert unit_bytes_for("example.com/vram") is None
+
+
+def _parse_resource(name: str, value: str) -> int:
+    """A quota value as the quota resolver reads it: in the unit of its resource or annotation."""
+    unit = unit_bytes_for(name)
+    assert unit is not None
+    return parse_quota_bytes(value, unit, name)
 
 
 # --------------------------------------------------------------------------------------------------------------

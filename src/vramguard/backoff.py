@@ -40,18 +40,15 @@ class Backoff:
         self.jitter = jitter
         self._rng = rng
         self._step_s = initial_s
-        self.failures = 0  # since the last reset, for logs
 
     def next(self) -> float:
         """The delay before the next attempt; the one after it will be longer, up to `max_s` (before jitter)."""
         delay = self._step_s * (1.0 + self.jitter * self._rng())
         self._step_s = min(self._step_s * self.factor, self.max_s)
-        self.failures += 1
         return delay
 
     def reset(self) -> None:
         self._step_s = self.initial_s
-        self.failures = 0
 
 
 class TokenBucket:

@@ -277,21 +277,6 @@ def parse_quota_bytes(value: object, unit_bytes: int = 1, name: str = "the value
     return n_bytes
 
 
-def parse_resource_bytes(name: str, value: str) -> int:
-    """The bytes a quota value means, in the unit of the resource or annotation `name`; at least MIN_QUOTA_BYTES.
-
-    `vramguard.io/vram`, `vramguard.io/vram-limit` and `vramguard.io/vram-burst` are byte quantities;
-    `aliyun.com/gpu-mem` counts GiB, `nvidia.com/gpumem` (HAMi) and the `gpu-memory` annotation (KAI/Run:ai)
-    count MiB, `tencent.com/vcuda-memory` counts 256 MiB units.
-
-    Raises QuantityError for an invalid value, KeyError for a name whose unit vramguard does not know.
-    """
-    unit = unit_bytes_for(name)
-    if unit is None:
-        raise KeyError(f"no known VRAM unit for {name!r}")
-    return parse_quota_bytes(value, unit, name)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Durations and percentages (the policy file)
 
