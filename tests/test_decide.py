@@ -7,8 +7,21 @@ from types import MappingProxyType
 
 import pytest
 
-from vramguard.decide import DecisionState, decide, find_violations, victim_order
-from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota, Reason
+from vramguard.decide import (
+    VICTIM_ORDER,
+    Comparator,
+    DecisionState,
+    by_overage,
+    by_priority,
+    by_uid,
+    by_usage,
+    decide,
+    find_violations,
+    ordered_by,
+    rank,
+    track_pressure,
+)
+from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota, Reason, Violation
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -23,6 +36,7 @@ AGENT = pod("vramguard-abc", "vramguard")
 LEAVING = pod("leaving", "ml", terminating=True)
 GOING = pod("going", "ml", terminating=True)  # quota 4Gi, burst 8Gi
 TEAM_KILL = pod("strict", "team-kill")
+OTHER = pod("other", "ml")  # no quota: unmanaged, but its memory counts toward the GPU's pressure
 
 
 def q(gib: float, burst_gib: float | None = None) -> PodQuota:
@@ -68,6 +82,8 @@ def _policy(**kw: object) -> Policy:
     base.update(kw)
     return Policy(**base)  # type: ignore[arg-type]
 
+
+PRESSURE_KILL, PRESSURE_KILL_B = "kill:notebook/gpu-pressure", "kill:batch/gpu-pressure"
 
 CASES = [
     pytest.param(
@@ -175,6 +191,37 @@ CASES = [
             )
         ],
         id="pressure-is-per-gpu",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB, pressure_transition_s=30),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 6), (OTHER, "main", GPU0, 9)],
+                ["warn:notebook/over-quota", "kill:notebook/gpu-pressure"],
+            ),
+            # 6 GiB free, above the threshold, but for less than the transition period: still under pressure.
+            Step(
+                10,
+                [(BATCH, "main", GPU0, 6), (OTHER, "main", GPU0, 4)],
+                ["warn:batch/over-quota", "kill:batch/gpu-pressure"],
+            ),
+            # 45 s above the threshold: out of pressure; batch (cool-down over) is only over its soft limit.
+            Step(35, [(BATCH, "main", GPU0, 6), (OTHER, "main", GPU0, 4)], []),
+        ],
+        id="pressure-lasts-the-transition-period-after-free-memory-recovers",
+    ),
+    pytest.param(
+        _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB, pressure_transition_s=0),
+        [
+            Step(
+                0,
+                [(NOTEBOOK, "main", GPU0, 6), (OTHER, "main", GPU0, 9)],
+                ["warn:notebook/over-quota", "kill:notebook/gpu-pressure"],
+            ),
+            Step(10, [(BATCH, "main", GPU0, 6), (OTHER, "main", GPU0, 4)], ["warn:batch/over-quota"]),
+        ],
+        id="no-transition-period-pressure-ends-with-the-shortage",
     ),
     pytest.param(
         _policy(max_actions_per_scan=1),
@@ -377,8 +424,95 @@ def test_victim_order_prefers_overage_then_low_priority_then_usage() -> None:
         .use(BATCH, "main", GPU0, 6 * GiB, pid=2)  # overage 2, priority 0
         .use(TEAM_KILL, "main", GPU0, 4 * GiB, pid=3)  # overage 3
     )
-    ranked = sorted(find_violations(b.build(), QUOTAS), key=victim_order)
+    ranked = rank(find_violations(b.build(), QUOTAS))
     assert [v.pod.name for v in ranked] == ["strict", "batch", "notebook"]
+
+
+Spec = tuple[float, float, int, str]  # (quota GiB, used GiB, pod priority, pod UID): overage is used - quota
+
+
+def _violation(name: str, spec: Spec) -> Violation:
+    quota_gib, used_gib, priority, uid = spec
+    p = pod(name, "ml", priority=priority, uid=uid)
+    (v,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, int(used_gib * GiB)).build(), {p.uid: q(quota_gib)})
+    return v
+
+
+@pytest.mark.parametrize(
+    ("comparator", "a", "b", "sign"),
+    [
+        pytest.param(by_overage, (1, 4, 0, "a"), (2, 4, 0, "b"), -1, id="overage-larger-first"),
+        pytest.param(by_overage, (2, 4, 0, "a"), (1, 3, 0, "b"), 0, id="overage-tie"),
+        pytest.param(by_priority, (1, 2, 5, "a"), (1, 2, 9, "b"), -1, id="priority-lower-first"),
+        pytest.param(by_priority, (1, 2, 9, "a"), (1, 2, 5, "b"), 1, id="priority-higher-after"),
+        pytest.param(by_usage, (1, 6, 0, "a"), (4, 5, 0, "b"), -1, id="usage-larger-first"),
+        pytest.param(by_usage, (1, 5, 0, "a"), (4, 5, 0, "b"), 0, id="usage-tie"),
+        pytest.param(by_uid, (1, 2, 0, "a"), (1, 2, 0, "b"), -1, id="uid-order"),
+    ],
+)
+def test_each_comparator(comparator: Comparator, a: Spec, b: Spec, sign: int) -> None:
+    va, vb = _violation("a", a), _violation("b", b)
+    assert comparator(va, vb) == sign
+    assert comparator(vb, va) == -sign
+
+
+# Who goes first when the criteria disagree. Each case has two violators; the expected first one is the one the
+# comparator earlier in VICTIM_ORDER prefers, so any reordering of VICTIM_ORDER's comparators fails a case.
+DISAGREE = [
+    pytest.param((1, 4, 100, "a"), (3, 4, 0, "b"), "a", id="overage-beats-priority"),
+    pytest.param((3, 4, 0, "a"), (1, 4, 100, "b"), "b", id="overage-beats-priority-reversed"),
+    pytest.param((1, 3, 0, "a"), (4, 5, 0, "b"), "a", id="overage-beats-usage"),
+    pytest.param((1, 2, 0, "a"), (4, 5, 100, "b"), "a", id="priority-beats-usage-on-equal-overage"),
+    pytest.param((4, 5, 100, "a"), (1, 2, 0, "b"), "b", id="priority-beats-usage-reversed"),
+    pytest.param((4, 5, 0, "z"), (1, 2, 0, "y"), "a", id="usage-beats-uid"),
+    pytest.param((1, 2, 0, "z"), (1, 2, 0, "y"), "b", id="uid-breaks-a-full-tie"),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "first"), DISAGREE)
+def test_victim_order_when_criteria_disagree(a: Spec, b: Spec, first: str) -> None:
+    va, vb = _violation("a", a), _violation("b", b)
+    assert rank([va, vb])[0].pod.name == first
+    assert rank([vb, va])[0].pod.name == first, "whatever the input order"
+
+
+def test_swapped_comparators_rank_differently() -> None:
+    """The order of the comparators is the policy: with priority before overage, the disagreeing pair flips."""
+    va, vb = _violation("a", (1, 4, 100, "a")), _violation("b", (3, 4, 0, "b"))
+    assert rank([va, vb], VICTIM_ORDER)[0] is va
+    assert rank([va, vb], ordered_by(by_priority, by_overage, by_usage, by_uid))[0] is vb
+
+
+@pytest.mark.parametrize(
+    ("period_s", "steps"),
+    [
+        pytest.param(30, [(0, 15, True), (10, 13, True), (29, 13, True), (30, 13, False)], id="leaves-after-period"),
+        pytest.param(
+            30, [(0, 15, True), (20, 13, True), (25, 15, True), (50, 13, True), (56, 13, False)], id="dip-restarts-it"
+        ),
+        # 16 GiB GPU, 2 GiB threshold: 14 GiB used leaves 2 GiB free, at the threshold, not under it.
+        pytest.param(30, [(0, 13, False), (1, 14, False), (2, 14.5, True)], id="enters-at-once-below-threshold"),
+        pytest.param(0, [(0, 15, True), (1, 13, False)], id="period-0-leaves-at-once"),
+    ],
+)
+def test_pressure_transition_period(period_s: float, steps: list[tuple[float, float, bool]]) -> None:
+    """(time, GiB used, under pressure?) in turn on one GPU: in at once, out after the period above threshold."""
+    policy = _policy(pressure_free_bytes=2 * GiB, pressure_transition_s=period_s)
+    state: dict[str, float] = {}
+    for at, used_gib, expected in steps:
+        used = int(used_gib * GiB)
+        device = gpu(0, total_bytes=16 * GiB, used_bytes=used)
+        state = track_pressure([device], policy, state, at)
+        assert (device.uuid in state) is expected, f"at {at}s with {used_gib} GiB used"
+
+
+def test_an_unhealthy_or_vanished_gpu_leaves_pressure() -> None:
+    policy = _policy(pressure_free_bytes=2 * GiB, pressure_transition_s=30)
+    full = gpu(0, total_bytes=16 * GiB, used_bytes=15 * GiB)
+    state = track_pressure([full], policy, {}, 0.0)
+    assert full.uuid in state
+    assert track_pressure([gpu(0, total_bytes=16 * GiB, used_bytes=15 * GiB, healthy=False)], policy, state, 1.0) == {}
+    assert track_pressure([], policy, state, 1.0) == {}
 
 
 def test_state_is_bounded() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from vramguard.model import (
     NamespacePolicy,
     Policy,
 )
-from vramguard.policy import PolicyError, check_policy_file, load_policy, parse_policy, policy_to_dict
+from vramguard.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "policy.example.yaml"
 
@@ -51,7 +50,7 @@ def test_example_file_parses() -> None:
 def test_example_file_sets_every_field() -> None:
     """The example shows every top-level field, so it documents the whole schema."""
     data = yaml.safe_load(EXAMPLE.read_text())
-    assert set(data) == set(policy_to_dict(Policy()))
+    assert list(data) == list(TOP_LEVEL_FIELDS)
 
 
 def test_empty_mapping_is_the_default_policy() -> None:
@@ -413,21 +412,42 @@ def test_check_policy_file_unreadable(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Back to data
+# Every field at once
+
+
+EVERY_FIELD = """
+mode: evict
+hard_grace: 500ms
+soft_grace: 1m30s
+pressure_threshold: [3G, 2.5%]
+pressure_transition_period: 2m
+max_actions_per_scan: 3
+cooldown: 2h
+on_eviction_refused: kill
+eviction_timeout: 2.5s
+exempt_namespaces: [b, a]
+quota_sources: [annotation:gpu-memory]
+default: {kind: fair-share}
+namespaces:
+  x: {mode: warn}
+  y: {max_quota: 1536Mi}
+"""
 
 
 @pytest.mark.parametrize(
-    "policy",
+    ("text", "policy"),
     [
-        pytest.param(Policy(), id="defaults"),
-        pytest.param(load_policy(EXAMPLE), id="example"),
+        pytest.param("{}", Policy(), id="defaults"),
         pytest.param(
+            EVERY_FIELD,
             Policy(
                 mode=Mode.EVICT,
                 hard_grace_s=0.5,
                 soft_grace_s=90.0,
                 pressure_free_bytes=3 * 10**9,
                 pressure_free_ratio=0.025,
+                pressure_transition_s=120.0,
+                max_actions_per_scan=3,
                 cooldown_s=7200.0,
                 on_eviction_refused=EvictionRefused.KILL,
                 eviction_timeout_s=2.5,
@@ -438,22 +458,20 @@ def test_check_policy_file_unreadable(tmp_path: Path) -> None:
             ),
             id="every-field-set",
         ),
-        pytest.param(Policy(pressure_free_bytes=None, pressure_free_ratio=None), id="pressure-off"),
+        pytest.param(
+            "pressure_threshold: []", Policy(pressure_free_bytes=None, pressure_free_ratio=None), id="no-pressure"
+        ),
+        pytest.param("pressure_transition_period: 0s", Policy(pressure_transition_s=0.0), id="leave-pressure-at-once"),
     ],
 )
-def test_policy_to_dict_round_trips(policy: Policy) -> None:
-    """policy_to_dict gives JSON-ready data in the file's schema that parses back to the same Policy."""
-    data = policy_to_dict(policy)
-    assert parse_policy(json.loads(json.dumps(data))) == policy
-    assert parse_policy(yaml.safe_load(yaml.safe_dump(data))) == policy
+def test_every_field_reads_into_the_policy(text: str, policy: Policy) -> None:
+    """Each field of the schema lands in its Policy attribute, in the unit the agent uses."""
+    assert parse_policy(yaml.safe_load(text)) == policy
 
 
-def test_policy_to_dict_is_readable() -> None:
-    """Durations and sizes print the way an operator writes them."""
-    data = policy_to_dict(load_policy(EXAMPLE))
-    assert data["soft_grace"] == "1m"
-    assert data["eviction_timeout"] == "15s"
-    assert data["pressure_threshold"] == "5%"
-    assert data["namespaces"] == {
-        "team-a": {"mode": "kill", "max_quota": "16Gi", "default": {"kind": "fixed", "bytes": "4Gi"}}
-    }
+@pytest.mark.parametrize("value", ["-5s", "soon", True, [30]])
+def test_pressure_transition_period_must_be_a_duration(value: object) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy({"pressure_transition_period": value})
+    (error,) = info.value.errors
+    assert error.path == "pressure_transition_period" and error.value == value

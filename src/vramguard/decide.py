@@ -10,13 +10,21 @@ Vocabulary:
   It is *hard* when usage is also above the hard limit (the burst when set, else the quota).
 - An *episode* is the unbroken run of scans in which a subject violates. It starts with one warning and ends
   the first scan the subject is back under its limit, so warnings are deduplicated per episode.
+- A GPU is *under pressure* from the scan its free memory drops below the policy's threshold until it has stayed
+  above it for `pressure_transition_s` (the kubelet's pressure transition period), so a GPU hovering around the
+  threshold does not flap.
+- *Who goes first* is a composition of comparators, as in the kubelet's eviction ranking
+  (`orderedBy(exceedMemoryRequests, priority, memory)`): `VICTIM_ORDER` is `ordered_by(by_overage, by_priority,
+  by_usage, by_uid)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 from vramguard.model import (
     Action,
@@ -48,6 +56,8 @@ class DecisionState:
 
     episodes: Mapping[SubjectKey, Episode] = field(default_factory=lambda: MappingProxyType({}))
     last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # by pod UID
+    # The GPUs under pressure (device UUID), each with the last time its free memory was below the threshold.
+    pressure: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +171,76 @@ def due_reason(v: Violation, episode: Episode, policy: Policy, now: float) -> Re
     return None
 
 
-def victim_order(v: Violation) -> tuple[int, int, int, str]:
-    """Sort key for who goes first: largest overage, then lowest priority, then largest usage (kubelet-style)."""
-    return (-v.overage_bytes, v.pod.priority, -v.used_bytes, v.pod.uid)
+Comparator = Callable[[Violation, Violation], int]
+"""Negative when the first violation goes before the second, positive when after, 0 when this one cannot tell."""
 
 
-def pressured(devices: Iterable[GpuDevice], policy: Policy) -> tuple[str, ...]:
-    return tuple(d.uuid for d in devices if d.healthy and policy.under_pressure(d))
+_Key = TypeVar("_Key", int, str)
+
+
+def _compare(a: _Key, b: _Key) -> int:
+    return (a > b) - (a < b)
+
+
+def by_overage(a: Violation, b: Violation) -> int:
+    """The one further over its limit first (the kubelet's exceedMemoryRequests)."""
+    return _compare(b.overage_bytes, a.overage_bytes)
+
+
+def by_priority(a: Violation, b: Violation) -> int:
+    """The pod of lower priority first."""
+    return _compare(a.pod.priority, b.pod.priority)
+
+
+def by_usage(a: Violation, b: Violation) -> int:
+    """The one using more GPU memory first."""
+    return _compare(b.used_bytes, a.used_bytes)
+
+
+def by_uid(a: Violation, b: Violation) -> int:
+    """Pod UID order: the same inputs always rank the same way."""
+    return _compare(a.pod.uid, b.pod.uid)
+
+
+def ordered_by(*comparators: Comparator) -> Comparator:
+    """The first comparator that tells the two apart decides (the kubelet's `orderedBy`)."""
+
+    def compare(a: Violation, b: Violation) -> int:
+        for comparator in comparators:
+            result = comparator(a, b)
+            if result:
+                return result
+        return 0
+
+    return compare
+
+
+VICTIM_ORDER: Comparator = ordered_by(by_overage, by_priority, by_usage, by_uid)
+
+
+def rank(violations: Iterable[Violation], order: Comparator = VICTIM_ORDER) -> list[Violation]:
+    """Violations, who goes first first (stable: ties keep their order)."""
+    return sorted(violations, key=functools.cmp_to_key(order))
+
+
+def track_pressure(
+    devices: Iterable[GpuDevice], policy: Policy, previous: Mapping[str, float], now: float
+) -> dict[str, float]:
+    """The GPUs under pressure now, each with the last time its free memory was below the threshold.
+
+    A healthy GPU enters pressure the scan its free memory is below the threshold, and leaves it once it has been
+    at or above the threshold for `policy.pressure_transition_s`; a dip below restarts that wait. A GPU that is
+    unhealthy or gone is not under pressure (nothing is acted on there anyway).
+    """
+    pressure: dict[str, float] = {}
+    for d in devices:
+        if not d.healthy:
+            continue
+        if policy.under_pressure(d):
+            pressure[d.uuid] = now
+        elif d.uuid in previous and now - previous[d.uuid] < policy.pressure_transition_s:
+            pressure[d.uuid] = previous[d.uuid]
+    return pressure
 
 
 def hold_reason(
@@ -229,11 +302,12 @@ def decide(
     """One scan's decision. Steps, in order:
 
     1. Find violations: subjects above their limit on healthy devices.
-    2. Track episodes: first observed, above the hard limit since, warned.
+    2. Track episodes (first observed, above the hard limit since, warned) and GPU pressure (entered at once, left
+       after the transition period).
     3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
     4. Collect enforcements that are due: hard limit past hard_grace, soft limit past soft_grace, and on each
-       GPU under memory pressure the first victim by `victim_order` among its violators.
-    5. Rank them by `victim_order`, drop the ones blast-radius rules forbid (with the reason), and take at most
+       GPU under memory pressure the first victim by `VICTIM_ORDER` among its violators.
+    5. Rank them by `VICTIM_ORDER`, drop the ones blast-radius rules forbid (with the reason), and take at most
        `max_actions_per_scan`, one per pod.
     6. Act in the namespace's mode, except on a terminating pod: it is acted on only over its hard limit (soft
        limit and pressure are held, "pod is already terminating"), and then killed in evict mode as in kill
@@ -246,6 +320,7 @@ def decide(
     violations = find_violations(snapshot, quotas)
     # 2.
     episodes = track_episodes(violations, state.episodes, now)
+    pressure = track_pressure(snapshot.devices, policy, state.pressure, now)
 
     actions: list[Action] = []
     # 3.
@@ -262,9 +337,9 @@ def decide(
         reason = due_reason(v, episodes[_key(v)], policy, now)
         if reason is not None:
             due[_key(v)] = (v, reason)
-    pressured_devices = pressured(snapshot.devices, policy)
+    pressured_devices = tuple(d.uuid for d in snapshot.devices if d.uuid in pressure)
     for uuid in pressured_devices:
-        on_device = sorted((v for v in violations if v.device.uuid == uuid), key=victim_order)
+        on_device = rank(v for v in violations if v.device.uuid == uuid)
         if on_device and not any(v.device.uuid == uuid for v, _ in due.values()):
             due[_key(on_device[0])] = (on_device[0], Reason.GPU_PRESSURE)
 
@@ -273,7 +348,8 @@ def decide(
     last_action_at = {uid: t for uid, t in state.last_action_at.items() if now - t < policy.cooldown_s}
     acted_pods: set[str] = set()
     taken = 0
-    for v, reason in sorted(due.values(), key=lambda vr: victim_order(vr[0])):
+    ranked = rank(v for v, _ in due.values())
+    for v, reason in ((v, due[_key(v)][1]) for v in ranked):
         why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
         why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now)
         if why is None and taken >= policy.max_actions_per_scan:
@@ -293,4 +369,8 @@ def decide(
         held=tuple(held),
         pressured_devices=pressured_devices,
     )
-    return decision, DecisionState(episodes=MappingProxyType(episodes), last_action_at=MappingProxyType(last_action_at))
+    return decision, DecisionState(
+        episodes=MappingProxyType(episodes),
+        last_action_at=MappingProxyType(last_action_at),
+        pressure=MappingProxyType(pressure),
+    )

@@ -295,6 +295,10 @@ class Policy:
     # A GPU is under pressure when free memory is below either threshold (whichever is set).
     pressure_free_bytes: int | None = None
     pressure_free_ratio: float | None = 0.05
+    # `pressure_transition_period` in the policy file: a GPU leaves pressure only once its free memory has stayed
+    # above the threshold this long (the kubelet's --eviction-pressure-transition-period), so a GPU whose free
+    # memory hovers around the threshold does not flap in and out of pressure with every allocation.
+    pressure_transition_s: float = 30.0
     max_actions_per_scan: int = 1
     cooldown_s: float = 60.0
     on_eviction_refused: EvictionRefused = EvictionRefused.WAIT

@@ -1,4 +1,4 @@
-"""The policy file: YAML → a validated `model.Policy`, and a Policy back to plain data.
+"""The policy file: YAML → a validated `model.Policy`.
 
 Schema. Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error,
 so a typo never passes silently (`config/policy.example.yaml` is the commented copy):
@@ -10,6 +10,8 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
     pressure_threshold: 5%     # a GPU is under pressure when its free memory is below this: a byte quantity
                                # (2Gi), a percentage of the GPU's memory (5%), or a list of one of each
                                # ([2Gi, 5%]: under pressure when below either); [] turns pressure off
+    pressure_transition_period: 30s  # duration a GPU's free memory must stay above the threshold before it
+                               # leaves pressure (0s: at once)
     max_actions_per_scan: 1    # integer >= 1: the most evictions or kills in one scan (warnings, one per
                                # violation episode, are not counted)
     cooldown: 60s              # duration during which a pod is left alone after an action on it
@@ -58,9 +60,6 @@ import yaml
 from vramguard.model import DefaultKind, DefaultQuota, EvictionRefused, Mode, NamespacePolicy, Policy
 from vramguard.quantity import (
     QuantityError,
-    format_duration,
-    format_percentage,
-    format_quantity,
     parse_duration,
     parse_percentage,
     parse_quantity,
@@ -77,6 +76,7 @@ TOP_LEVEL_FIELDS: Final = (
     "hard_grace",
     "soft_grace",
     "pressure_threshold",
+    "pressure_transition_period",
     "max_actions_per_scan",
     "cooldown",
     "on_eviction_refused",
@@ -158,52 +158,6 @@ def check_policy_file(path: str | Path) -> list[str]:
     return []
 
 
-def policy_to_dict(policy: Policy) -> dict[str, object]:
-    """A Policy as plain data in the file's own schema: for printing the effective policy, and for logs.
-
-    `parse_policy(policy_to_dict(p)) == p` for every valid policy.
-    """
-    namespaces: dict[str, object] = {}
-    for name in sorted(policy.namespaces):
-        ns = policy.namespaces[name]
-        entry: dict[str, object] = {}
-        if ns.mode is not None:
-            entry["mode"] = ns.mode.value
-        if ns.max_quota_bytes is not None:
-            entry["max_quota"] = format_quantity(ns.max_quota_bytes)
-        if ns.default is not None:
-            entry["default"] = _default_to_dict(ns.default)
-        namespaces[name] = entry
-    return {
-        "mode": policy.mode.value,
-        "hard_grace": format_duration(policy.hard_grace_s),
-        "soft_grace": format_duration(policy.soft_grace_s),
-        "pressure_threshold": _pressure_to_data(policy.pressure_free_bytes, policy.pressure_free_ratio),
-        "max_actions_per_scan": policy.max_actions_per_scan,
-        "cooldown": format_duration(policy.cooldown_s),
-        "on_eviction_refused": policy.on_eviction_refused.value,
-        "eviction_timeout": format_duration(policy.eviction_timeout_s),
-        "exempt_namespaces": sorted(policy.exempt_namespaces),
-        "quota_sources": list(policy.quota_sources),
-        "default": _default_to_dict(policy.default),
-        "namespaces": namespaces,
-    }
-
-
-def _default_to_dict(default: DefaultQuota) -> dict[str, object]:
-    if default.kind is DefaultKind.FIXED and default.bytes is not None:
-        return {"kind": default.kind.value, "bytes": format_quantity(default.bytes)}
-    return {"kind": default.kind.value}
-
-
-def _pressure_to_data(free_bytes: int | None, free_ratio: float | None) -> object:
-    parts = [
-        *([format_quantity(free_bytes)] if free_bytes is not None else []),
-        *([format_percentage(free_ratio)] if free_ratio is not None else []),
-    ]
-    return parts[0] if len(parts) == 1 else parts
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Parsing
 
@@ -268,6 +222,8 @@ class _Parser:
                 pressure = self.pressure(key, value)
                 if pressure is not None:
                     changes["pressure_free_bytes"], changes["pressure_free_ratio"] = pressure
+            elif key == "pressure_transition_period":
+                changes["pressure_transition_s"] = self.convert(key, value, parse_duration)
             elif key == "max_actions_per_scan":
                 changes["max_actions_per_scan"] = self.convert(key, value, _positive_int)
             elif key == "cooldown":

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from types import MappingProxyType
@@ -337,18 +337,14 @@ def format_duration(seconds: float) -> str:
     millis = seconds * 1000
     if seconds < 1 and millis.is_integer() and float(Fraction(int(millis), 1000)) == seconds:
         return f"{int(millis)}ms"
-    return _shortest_decimal(seconds, parse_duration, "s")
-
-
-def _shortest_decimal(value: float, parse: Callable[[str], float], unit: str, scale: int = 1) -> str:
-    """The shortest fixed-point spelling of `value * scale`, then `unit`, that `parse` reads back as `value`."""
+    # The shortest fixed-point spelling that reads back as exactly these seconds.
     for digits in range(20):
-        text = f"{value * scale:.{digits}f}{unit}"
-        if parse(text) == value:
+        text = f"{seconds:.{digits}f}s"
+        if parse_duration(text) == seconds:
             return text
     with localcontext() as ctx:
         ctx.prec = 2000  # enough to hold any double exactly, so this spelling always reads back
-        return f"{Decimal(value) * scale:f}{unit}"
+        return f"{Decimal(seconds):f}s"
 
 
 def parse_percentage(value: object) -> float:
@@ -362,8 +358,3 @@ def parse_percentage(value: object) -> float:
     if ratio > 1:
         raise QuantityError(value, "must be at most 100%", "percentage")
     return float(ratio)
-
-
-def format_percentage(ratio: float) -> str:
-    """A ratio → the shortest percentage string that `parse_percentage` reads back exactly: 0.05 → "5%"."""
-    return _shortest_decimal(ratio, parse_percentage, "%", scale=100)
