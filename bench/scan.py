@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vramguard.act import Enforcer
 from vramguard.agent import Agent, settle_heap
-from vramguard.attribute import ProcessAttributor
+from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
@@ -77,7 +77,7 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
         sampler = NvmlSampler()
         agent = Agent(
             sampler=sampler,
-            identifier=ProcessAttributor(),
+            identifier=ProcIdentifier(),
             pods=pods,
             policy=policy,
             enforcer=Enforcer(killer=PidfdKiller(), evictor=FakeEvictor(), events=events, policy=policy),

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
-from vramguard.attribute import ProcessAttributor
+from vramguard.identify import ProcIdentifier
 from vramguard.model import CgroupIdentity, ProcessRef
-from vramguard.procfs import read_start_time
+from vramguard.procfs import read_stat
 from vramguard_testbed.cgroups import (
     TEST_UID_PREFIX,
     KubeletCgroups,
@@ -46,12 +46,12 @@ def test_spawned_process_is_attributed_to_its_container(
     ctr = pod.container(runtime=runtime)
     proc = ctr.spawn(["sleep", "60"])
 
-    found = ProcessAttributor(proc_root="/proc").identify(proc.pid)
+    found = ProcIdentifier(proc_root="/proc").identify(proc.pid)
 
     assert found is not None
     ref, identity = found
     assert ref.pid == proc.pid
-    assert ref.start_time == read_start_time(proc.pid)
+    assert ref.start_time == (read_stat(proc.pid) or ("?", None))[1]
     assert identity is not None
     assert (identity.pod_uid, identity.container_id) == (pod.uid, ctr.container_id)
     assert identity == ctr.identity
@@ -114,7 +114,7 @@ def test_pod_cgroup_process_and_conmon_identities(make_cgroups: CgroupsFactory) 
     conmon = pod.conmon(ctr.container_id)
     in_pod = pod.spawn(["sleep", "60"])
     in_conmon = conmon.spawn(["sleep", "60"])
-    attributor = ProcessAttributor()
+    attributor = ProcIdentifier()
 
     pod_found = attributor.identify(in_pod.pid)
     conmon_found = attributor.identify(in_conmon.pid)
@@ -144,7 +144,7 @@ def test_move_puts_a_running_process_in(make_cgroups: CgroupsFactory) -> None:
     other = kc.pod().container()
     proc = other.spawn(["sleep", "60"])
     ctr.move(proc.pid)
-    found = ProcessAttributor().identify(proc.pid)
+    found = ProcIdentifier().identify(proc.pid)
     assert found is not None
     assert found[1] == ctr.identity
     assert other.pids() == []
@@ -252,7 +252,7 @@ def test_pid_reused_through_the_cursor_is_read_again(make_cgroups: CgroupsFactor
     ctr = kc.pod().container()
     old = ctr.spawn(["sleep", "60"])
     pid = old.pid
-    attributor = ProcessAttributor(audit_per_scan=0)
+    attributor = ProcIdentifier(audit_per_scan=0)
     assert attributor.uses_pid_cursor
     first = attributor.scan([pid])[pid]
     assert first[1] == ctr.identity
@@ -266,7 +266,7 @@ def test_pid_reused_through_the_cursor_is_read_again(make_cgroups: CgroupsFactor
         pytest.skip(f"could not get the kernel to hand out PID {pid} again (another process took it)")
     try:
         ref, identity = attributor.scan([pid])[pid]
-        assert ref == ProcessRef(pid, read_start_time(pid) or -1)
+        assert ref == ProcessRef(pid, (read_stat(pid) or ("?", -1))[1])
         assert ref.start_time != first[0].start_time or identity != first[1]
         assert identity is None  # the newcomer is a host process, in no pod
         assert attributor.misses == 2

@@ -31,7 +31,7 @@ from vramguard.kill import (
     ContainerCgroup as KillerCgroup,
 )
 from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
-from vramguard.procfs import holds_nvidia_device, read_start_time
+from vramguard.procfs import holds_device, read_stat
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 
 KILL_CHILD = Path(__file__).with_name("kill_child.py")
@@ -52,7 +52,7 @@ class Proc:
 
     @property
     def ref(self) -> ProcessRef:
-        start = read_start_time(self.pid)
+        start = (read_stat(self.pid) or ("?", None))[1]
         assert start is not None, f"{self.pid} is gone"
         return ProcessRef(self.pid, start)
 
@@ -74,6 +74,9 @@ class World:
         self.device_prefix = str(device.parent / "nvidia")
         self._pidfds: list[int] = []
 
+    def _holds(self, pid: int) -> bool:
+        return bool(holds_device(pid, "/proc", self.device_prefix))
+
     def _watch(self, pid: int, popen: subprocess.Popen[Any] | None) -> Proc:
         fd = os.pidfd_open(pid)
         self._pidfds.append(fd)
@@ -86,7 +89,7 @@ class World:
         child_pids = [int(popen.stdout.readline()) for _ in range(children)]
         procs = [self._watch(popen.pid, popen), *(self._watch(pid, None) for pid in child_pids)]
         for p in procs:
-            wait_until(partial(holds_nvidia_device, p.pid, "/proc", self.device_prefix), what="device opened")
+            wait_until(partial(self._holds, p.pid), what="device opened")
         return procs
 
     def idle(self, target: ContainerCgroup | PodCgroup) -> Proc:
@@ -261,7 +264,7 @@ def test_agent_itself_and_low_pids_are_never_signalled(world: World) -> None:
     ctr = pod.container()
     (agent,) = world.holder(ctr)
     (gpu,) = world.holder(ctr)
-    me = ProcessRef(os.getpid(), read_start_time(os.getpid()) or 0)
+    me = ProcessRef(os.getpid(), _start_time(os.getpid()))
     refs = [ProcessRef(0, 0), ProcessRef(1, 1), agent.ref, gpu.ref, me]
 
     result = killer(world, self_pid=agent.pid).kill(violation(pod, [ctr], refs))
@@ -282,7 +285,7 @@ def test_default_self_pid_is_the_calling_process(world: World) -> None:
     """Without self_pid the killer protects os.getpid()."""
     pod = world.kc.pod()
     ctr = pod.container()
-    me = ProcessRef(os.getpid(), read_start_time(os.getpid()) or 0)
+    me = ProcessRef(os.getpid(), _start_time(os.getpid()))
 
     result = killer(world).kill(violation(pod, [ctr], [me]))
 
@@ -330,7 +333,7 @@ FORKER = 'exec 3<"$1"; while :; do sleep 600 & sleep 0.002; done'
 
 
 def device_holders(world: World, ctr: ContainerCgroup) -> list[int]:
-    return [pid for pid in ctr.pids() if holds_nvidia_device(pid, "/proc", world.device_prefix)]
+    return [pid for pid in ctr.pids() if holds_device(pid, "/proc", world.device_prefix)]
 
 
 def freeze_state(ctr: ContainerCgroup, version: int) -> str:
@@ -661,3 +664,9 @@ def test_find_container_cgroup(
         assert found is None
     else:
         assert found == KillerCgroup(CID, str(tmp_path / expected), v2)
+
+
+def _start_time(pid: int) -> int:
+    stat = read_stat(pid)
+    assert stat is not None
+    return stat[1]

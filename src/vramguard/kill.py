@@ -71,18 +71,7 @@ from typing import TypeVar
 from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
-from vramguard.procfs import (
-    holds_device_strict,
-    holds_nvidia_device,
-    list_pids,
-    list_pids_strict,
-    read_cgroup_strict,
-    read_cgroup_text_tolerant,
-    read_small,
-    read_stat_strict,
-    read_state_and_start_time,
-    same_pid_namespace,
-)
+from vramguard.procfs import holds_device, list_pids, read_cgroup, read_small, read_stat, same_pid_namespace
 
 # Why a candidate was not signalled (KillResult.skipped reasons).
 SKIP_INVALID_PID = "pid 0 or 1 is never signalled"
@@ -279,7 +268,7 @@ class PidfdKiller:
         for ref in sampled:
             container_id = None
             try:
-                text = self._io(run, read_cgroup_strict, ref.pid, self._proc_root) if ref.pid > 1 else None
+                text = self._io(run, read_cgroup, ref.pid, self._proc_root) if ref.pid > 1 else None
             except OSError:
                 text = None  # the check before signalling will say why
             if text is not None and run.belongs(text):
@@ -329,7 +318,7 @@ class PidfdKiller:
     ) -> None:
         """Every process of `container_ids` found by walking /proc; locates their cgroups for the next round."""
         try:
-            pids = self._io(run, list_pids_strict, self._proc_root)
+            pids = self._io(run, list_pids, self._proc_root)
         except OSError:
             sweep.complete = False
             return
@@ -337,7 +326,7 @@ class PidfdKiller:
         needles = (run.pod_uid, run.pod_uid.replace("-", "_"))
         for pid in pids:
             try:
-                text = self._io(run, read_cgroup_strict, pid, self._proc_root)
+                text = self._io(run, read_cgroup, pid, self._proc_root)
             except OSError:
                 sweep.complete = False  # it might be one of them
                 continue
@@ -354,8 +343,8 @@ class PidfdKiller:
         """A process listed in a violating container: signal it if it holds the device."""
         killed = run.last_killed.get(pid)
         try:
-            holds = self._io(run, holds_device_strict, pid, self._proc_root, self._device_prefix)
-            state = self._io(run, read_stat_strict, pid, self._proc_root) if holds else None
+            holds = self._io(run, holds_device, pid, self._proc_root, self._device_prefix)
+            state = self._io(run, read_stat, pid, self._proc_root) if holds else None
         except OSError as e:
             # It may hold the GPU: it counts as left unless it is one already signalled.
             ref = ProcessRef(pid, killed.start_time if killed is not None else UNKNOWN_START_TIME)
@@ -397,15 +386,24 @@ class PidfdKiller:
         """Device holders of the violation, read from a /proc of another namespace (only to report them)."""
         container_ids = frozenset(violation.container_ids)
         found = []
-        for pid in list_pids(self._proc_root):
-            text = read_cgroup_text_tolerant(pid, self._proc_root)
-            identity = parse_cgroup(text) if text is not None else None
-            if identity is None or identity.pod_uid != violation.pod.uid or identity.container_id not in container_ids:
+        try:
+            pids = list_pids(self._proc_root)
+        except OSError:
+            return []
+        for pid in pids:
+            try:  # this list only reports: an unreadable process is left out of it
+                text = read_cgroup(pid, self._proc_root)
+                identity = parse_cgroup(text) if text is not None else None
+                if identity is None or identity.pod_uid != violation.pod.uid:
+                    continue
+                if identity.container_id not in container_ids:
+                    continue
+                if holds_device(pid, self._proc_root, self._device_prefix):
+                    state = read_stat(pid, self._proc_root)
+                    if state is not None:
+                        found.append(ProcessRef(pid, state[1]))
+            except OSError:
                 continue
-            if holds_nvidia_device(pid, self._proc_root, self._device_prefix):
-                state = read_state_and_start_time(pid, self._proc_root)
-                if state is not None:
-                    found.append(ProcessRef(pid, state[1]))
         return sorted(found)
 
     # ------------------------------------------------------------------------------------------------------
@@ -515,7 +513,7 @@ class PidfdKiller:
     def _verify(self, run: _Run, ref: ProcessRef) -> str | None:
         """Why the process now at ref.pid must not be signalled, or None. Called with its pidfd open."""
         try:
-            state = self._io(run, read_stat_strict, ref.pid, self._proc_root)
+            state = self._io(run, read_stat, ref.pid, self._proc_root)
         except OSError as e:
             return f"{SKIP_UNREADABLE}: stat: {e.strerror or e}"
         if state is None:
@@ -527,7 +525,7 @@ class PidfdKiller:
         if letter in ("Z", "X", "x"):
             return SKIP_EXITED
         try:
-            text = self._io(run, read_cgroup_strict, ref.pid, self._proc_root)
+            text = self._io(run, read_cgroup, ref.pid, self._proc_root)
         except OSError as e:
             return f"{SKIP_UNREADABLE}: cgroup: {e.strerror or e}"
         if text is None:
@@ -545,7 +543,7 @@ class PidfdKiller:
             still = []
             for ref in run.pending:
                 try:
-                    state = read_stat_strict(ref.pid, self._proc_root)
+                    state = read_stat(ref.pid, self._proc_root)
                 except OSError:
                     still.append(ref)  # unreadable is not exited
                     continue
@@ -586,7 +584,7 @@ def _dedupe(refs: tuple[ProcessRef, ...]) -> list[ProcessRef]:
 
 def _may_be_alive(ref: ProcessRef, proc_root: str) -> bool:
     try:
-        state = read_stat_strict(ref.pid, proc_root)
+        state = read_stat(ref.pid, proc_root)
     except OSError:
         return True
     return state is not None and state[0] not in ("Z", "X", "x")

@@ -157,6 +157,10 @@ class CgroupIdentity:
     qos: str | None = None  # "guaranteed", "burstable", "besteffort"
 
 
+Identity = tuple[ProcessRef, CgroupIdentity | None]
+"""A process's reuse-proof reference and where it lives (the identify stage's answer); None outside any pod."""
+
+
 # --------------------------------------------------------------------------------------------------------------
 # What the API server tells us (the kube adapter converts V1Pod into these)
 

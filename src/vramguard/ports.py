@@ -1,7 +1,7 @@
 """The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
 
-Real implementations live next to the thing they wrap (`nvml.py`, `kill.py`, the kube adapter); honest fakes
-live in `vramguard.testing`. The decision core sees none of them.
+Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, `kube.py`, `pods.py`);
+honest fakes live in `vramguard.testing.fakes`. The decision core sees none of them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from vramguard.model import CgroupIdentity, GpuSample, PodInfo, ProcessRef, Violation
+from vramguard.model import GpuSample, Identity, PodInfo, ProcessRef, Violation
 
 
 class GpuSampler(Protocol):
@@ -24,11 +24,11 @@ class GpuSampler(Protocol):
 class ProcessIdentifier(Protocol):
     """Finds a process' identity (PID + start time) and its pod cgroup; caches by that identity."""
 
-    def identify(self, pid: int) -> tuple[ProcessRef, CgroupIdentity | None] | None:
+    def identify(self, pid: int) -> Identity | None:
         """None when the process is gone."""
         ...
 
-    def scan(self, pids: Iterable[int]) -> Mapping[int, tuple[ProcessRef, CgroupIdentity | None]]:
+    def scan(self, pids: Iterable[int]) -> Mapping[int, Identity]:
         """Identify every PID of one scan (the gone ones are absent) and forget cached PIDs not among them."""
         ...
 

@@ -1,4 +1,11 @@
-"""Small readers for /proc, with the proc root as a parameter so tests and `--proc-root /host/proc` both work."""
+"""Small readers for /proc, with the proc root as a parameter so tests and `--proc-root /host/proc` both work.
+
+Each reader comes in one version that tells "gone" from "cannot read": it returns None only for ENOENT/ESRCH
+(the process is gone) and raises OSError for everything else. An EMFILE (the agent out of fds) or an EACCES
+says nothing about the process, and reading it as "gone" once made a kill report "nothing to kill" while the
+offender lived on. Observers that may treat both alike catch OSError themselves. One parser reads
+/proc/<pid>/stat for all of them: `parse_stat`.
+"""
 
 from __future__ import annotations
 
@@ -6,66 +13,36 @@ import errno
 import os
 from dataclasses import dataclass
 
+_GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
 
-def parse_start_time(stat_text: str) -> int:
-    """Field 22 of /proc/<pid>/stat: the start time in clock ticks since boot.
 
-    The command name (field 2) may contain spaces and parentheses, so split after the *last* ')'.
+def is_gone_error(error: OSError) -> bool:
+    """True when `error` means the process (or its /proc entry) no longer exists."""
+    return error.errno in _GONE_ERRNOS
+
+
+def parse_stat(data: bytes) -> tuple[bytes, bytes] | None:
+    """(state, start time) from the contents of /proc/<pid>/stat, both as the kernel wrote them; None when the
+    contents do not parse (truncated, empty, a start time that is not a number).
+
+    Field 2, the command name, may contain spaces and ")", so the fields are split after the *last* ")": field 3
+    (the state letter, "Z" for a zombie) comes two bytes after it, and field 22 (the start time, clock ticks
+    since boot) is the 20th from there. The start time stays bytes: comparing the raw token with a cached one
+    is all the identifier's warm path needs.
     """
-    rest = stat_text[stat_text.rindex(")") + 2 :].split()
-    # rest[0] is field 3 (state); field 22 is therefore rest[19].
-    return int(rest[19])
-
-
-def read_start_time(pid: int, proc_root: str = "/proc") -> int | None:
-    """The start time of `pid`, or None when the process is gone or unreadable."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "stat")) as f:
-            return parse_start_time(f.read())
-    except (OSError, ValueError, IndexError):
+    end = data.rfind(b")")
+    if end < 0:
         return None
-
-
-def read_cgroup_text(pid: int, proc_root: str = "/proc") -> str | None:
-    try:
-        with open(os.path.join(proc_root, str(pid), "cgroup")) as f:
-            return f.read()
-    except OSError:
+    fields = data[end + 2 :].split(None, 20)
+    if len(fields) < 20 or not fields[19].isdigit():
         return None
-
-
-def list_pids(proc_root: str = "/proc") -> list[int]:
-    try:
-        return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
-    except OSError:
-        return []
-
-
-def holds_nvidia_device(pid: int, proc_root: str = "/proc", device_prefix: str = "/dev/nvidia") -> bool:
-    """True when the process has an open file descriptor on /dev/nvidia* (it can hold GPU memory).
-
-    `device_prefix` lets tests on machines without a GPU stand a temporary file in for the device.
-    """
-    fd_dir = os.path.join(proc_root, str(pid), "fd")
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return False
-    for name in names:
-        try:
-            target = os.readlink(os.path.join(fd_dir, name))
-        except OSError:
-            continue
-        if target.startswith(device_prefix):
-            return True
-    return False
+    return fields[0], fields[19]
 
 
 def read_stat_start_token(stat_path: str) -> bytes | None:
-    """Field 22 (start time) of the stat file at `stat_path`, unparsed; None when the process is gone.
+    """Field 22 (start time) of the stat file at `stat_path`, unparsed; None when it cannot be read or parsed.
 
-    The warm path of attribution calls this once per GPU process per scan, so it avoids the text layer and
-    int(): comparing the raw token with the cached one is enough to tell the same process from a new one.
+    The identifier's hot path: one open and one read, no text layer, no int().
     """
     try:
         fd = os.open(stat_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -77,51 +54,11 @@ def read_stat_start_token(stat_path: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
-    # The command name may contain spaces and ")"; fields 3.. start two bytes after the last ")".
-    end = data.rfind(b")")
-    if end < 0:
-        return None
-    fields = data[end + 2 :].split(None, 20)
-    return fields[19] if len(fields) > 19 else None
+    parsed = parse_stat(data)
+    return parsed[1] if parsed is not None else None
 
 
-def read_state_and_start_time(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
-    """(state letter, start time) from /proc/<pid>/stat; "Z" is a zombie. None when gone or unreadable."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
-            data = f.read()
-        rest = data[data.rindex(b")") + 2 :].split()
-        return rest[0].decode("ascii", "replace"), int(rest[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def read_cgroup_text_tolerant(pid: int, proc_root: str = "/proc") -> str | None:
-    """Like read_cgroup_text, but cgroup names with bytes that are not UTF-8 never raise."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "cgroup"), "rb") as f:
-            return f.read().decode("utf-8", "surrogateescape")
-    except OSError:
-        return None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Readers that tell "gone" from "cannot read"
-#
-# The readers above answer None both when the process is gone and when its file could not be read. That is fine
-# for observing, and wrong for the killer: an EMFILE (the agent out of fds) or an EACCES says nothing about the
-# process, and reading it as "gone" once made a kill report "nothing to kill" while the offender lived on. The
-# readers below return None only for ENOENT/ESRCH (the process is gone) and raise OSError for everything else.
-
-_GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
-
-
-def is_gone_error(error: OSError) -> bool:
-    """True when `error` means the process (or its /proc entry) no longer exists."""
-    return error.errno in _GONE_ERRNOS
-
-
-def read_stat_strict(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
+def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
     """(state letter, start time) of `pid`; None when the process is gone.
 
     Raises OSError when the file cannot be read for another reason (EMFILE, EACCES, ...), and for contents that
@@ -143,14 +80,13 @@ def read_stat_strict(pid: int, proc_root: str = "/proc") -> tuple[str, int] | No
         os.close(fd)
     if not data:
         return None  # the task was released between open and read
-    try:
-        rest = data[data.rindex(b")") + 2 :].split()
-        return rest[0].decode("ascii", "replace"), int(rest[19])
-    except (ValueError, IndexError):
-        raise OSError(errno.EIO, f"unparsable {proc_root}/{pid}/stat") from None
+    parsed = parse_stat(data)
+    if parsed is None:
+        raise OSError(errno.EIO, f"unparsable {proc_root}/{pid}/stat")
+    return parsed[0].decode("ascii", "replace"), int(parsed[1])
 
 
-def read_cgroup_strict(pid: int, proc_root: str = "/proc") -> str | None:
+def read_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
     """The text of /proc/<pid>/cgroup (undecodable bytes escaped); None when the process is gone; else raises."""
     try:
         with open(f"{proc_root}/{pid}/cgroup", "rb") as f:
@@ -161,12 +97,12 @@ def read_cgroup_strict(pid: int, proc_root: str = "/proc") -> str | None:
         raise
 
 
-def holds_device_strict(pid: int, proc_root: str = "/proc", device_prefix: str = "/dev/nvidia") -> bool | None:
+def holds_device(pid: int, proc_root: str = "/proc", device_prefix: str = "/dev/nvidia") -> bool | None:
     """Whether `pid` has a file descriptor open on a path starting with `device_prefix`; None when it is gone.
 
-    Raises OSError when its fd directory cannot be listed for another reason (EMFILE, EACCES without
-    CAP_SYS_PTRACE, ...). An fd closed while it is being looked at is skipped. Holds at most one fd (the
-    directory listing) while it runs.
+    `device_prefix` lets tests on machines without a GPU stand a temporary file in for the device. Raises
+    OSError when its fd directory cannot be listed for another reason (EMFILE, EACCES without CAP_SYS_PTRACE,
+    ...). An fd closed while it is being looked at is skipped. Holds at most one fd (the directory listing).
     """
     fd_dir = f"{proc_root}/{pid}/fd"
     try:
@@ -187,14 +123,14 @@ def holds_device_strict(pid: int, proc_root: str = "/proc", device_prefix: str =
     return False
 
 
-def list_pids_strict(proc_root: str = "/proc") -> list[int]:
+def list_pids(proc_root: str = "/proc") -> list[int]:
     """Every PID listed in `proc_root`; raises OSError when the directory cannot be listed (an empty list would
     say "no processes", which is never true of a real /proc)."""
     return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The kernel's PID allocation cursor (see attribute.ProcessAttributor)
+# The kernel's PID allocation cursor (see identify.ProcIdentifier)
 
 
 @dataclass(frozen=True, slots=True)

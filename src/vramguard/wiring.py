@@ -21,9 +21,9 @@ from kubernetes.client import ApiClient
 from vramguard import __version__
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
-from vramguard.attribute import ProcessAttributor
 from vramguard.backoff import Backoff
 from vramguard.health import HealthServer
+from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
 from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
 from vramguard.metrics import Metrics
@@ -146,7 +146,7 @@ def build_agent(
     )
     return Agent(
         sampler=sampler,
-        identifier=ProcessAttributor(proc_root=proc_root),
+        identifier=ProcIdentifier(proc_root=proc_root),
         pods=cluster.pods,
         policy=policy,
         enforcer=enforcer,
