@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
-from cgroup_fixtures import CgroupsFactory, pidfd_exited
+from cgroup_fixtures import CgroupsFactory, need_cgroups, pidfd_exited
 from vramguard.identify import ProcIdentifier
 from vramguard.model import CgroupIdentity, ProcessRef
 from vramguard.procfs import read_stat
 from vramguard_testbed.cgroups import (
     TEST_UID_PREFIX,
     KubeletCgroups,
-    cgroups_unavailable,
     pod_cgroup_path,
     remove_stale_test_cgroups,
 )
@@ -61,9 +60,7 @@ def test_spawned_process_is_attributed_to_its_container(
 @pytest.mark.parametrize(("driver", "version", "qos", "runtime", "kind"), LAYOUTS)
 def test_cgroups_are_gone_after_close(driver: str, version: int, qos: str, runtime: str, kind: bool) -> None:
     """Closing kills the processes inside and removes every pod and container directory it created."""
-    reason = cgroups_unavailable(version)
-    if reason is not None:
-        pytest.skip(reason)
+    need_cgroups(version)
     with KubeletCgroups(driver, version, kind=kind) as kc:
         pod = kc.pod(qos=qos)
         ctr = pod.container(runtime=runtime)
@@ -77,9 +74,7 @@ def test_cgroups_are_gone_after_close(driver: str, version: int, qos: str, runti
 
 def test_cleanup_runs_when_the_body_raises() -> None:
     """An exception inside the with-block still kills the processes and removes the cgroups."""
-    reason = cgroups_unavailable(2)
-    if reason is not None:
-        pytest.skip(reason)
+    need_cgroups(2)
     with pytest.raises(ZeroDivisionError), KubeletCgroups("systemd", 2) as kc:
         ctr = kc.pod().container()
         proc = ctr.spawn(["sleep", "60"])
@@ -161,9 +156,7 @@ def test_spawn_of_a_missing_command_fails_like_popen(make_cgroups: CgroupsFactor
 
 def test_stale_test_cgroups_are_swept() -> None:
     """remove_stale_test_cgroups removes empty test-pod cgroups a crashed run left, and nothing else."""
-    reason = cgroups_unavailable(2)
-    if reason is not None:
-        pytest.skip(reason)
+    need_cgroups(2)
     kc = KubeletCgroups("systemd", 2)
     try:
         pod = kc.pod()
@@ -184,9 +177,7 @@ def test_stale_test_cgroups_are_swept() -> None:
 
 def test_shared_parent_is_removed_by_the_last_run_to_finish() -> None:
     """A test-made kubepods parent outlives the run that made it while another run uses it, then goes."""
-    reason = cgroups_unavailable(2)
-    if reason is not None:
-        pytest.skip(reason)
+    need_cgroups(2)
     first = KubeletCgroups("cgroupfs", 2, kind=True)
     second = KubeletCgroups("cgroupfs", 2, kind=True)
     try:
@@ -205,9 +196,7 @@ def test_shared_parent_is_removed_by_the_last_run_to_finish() -> None:
 
 def test_unmarked_parent_is_never_removed_by_a_run_that_did_not_create_it() -> None:
     """A kubepods parent without the test mark (as a real kubelet's would be) survives every run that used it."""
-    reason = cgroups_unavailable(1)
-    if reason is not None:
-        pytest.skip(reason)
+    need_cgroups(1)
     maker = KubeletCgroups("cgroupfs", 1, kind=True, v1_hierarchies=("pids",))
     user = KubeletCgroups("cgroupfs", 1, kind=True, v1_hierarchies=("pids",))
     qos_dir = ""
