@@ -1,4 +1,4 @@
-"""The NVML adapter: every GPU and MIG instance, its memory and its processes, read under a deadline.
+"""The sampler: every GPU and MIG instance, its memory and its processes, read under a deadline.
 
 Narrow on purpose, like dcgm-exporter's nvmlprovider: `NvmlSampler.sample()` returns plain `GpuSample` data and
 hides NVML's quirks behind it.
@@ -13,12 +13,10 @@ hides NVML's quirks behind it.
   "no processes"; `NVML_VALUE_NOT_AVAILABLE` stays `None`.
 - Memory: `nvmlDeviceGetMemoryInfo_v2` (v1 counts the driver's reservation as used since R510), falling back to
   v1 for good once a driver says v2 is not there.
-- The R535 trap: R535.43-535.86 drivers write 32-byte rows from the `_v3` process functions while declaring the
-  24-byte struct, which shifts every field from the second row on. The process lists are therefore read with our
-  own buffer: the expected row size comes from probing the driver's symbols (as nvitop does), and when rows
-  decoded with it are not sane (PID alive under `proc_root`, usage within the device) the other known row sizes
-  are tried and the one with the most sane rows wins, and is remembered.
-- Sanity: every row is checked; insane rows are dropped, counted in `errors` and listed in `dropped_rows`.
+- Rows: decoded by `nvml.rows` (the R535 row-size trap is explained there); the row size the rows confirm is
+  remembered for every list.
+- Sanity: every row is checked; insane rows are dropped, counted in the sample's `errors` and listed in
+  `dropped_rows`.
 - Deadlines: a GPU's calls for one scan run as one unit of work on a persistent worker thread, under
   `call_timeout_s`. A unit that errors or runs late marks that GPU unhealthy (no processes: never acted on).
   A late call's thread cannot be stopped, so a new thread takes the remaining GPUs, and the GPU with the stuck
@@ -29,254 +27,36 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import enum
 import functools
 import os
-import struct
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from vramguard.model import GpuDevice, GpuProcess, GpuSample, ProcessKind
+from vramguard.nvml.deadline import DeadlineRunner, Job
+from vramguard.nvml.errors import (
+    ARGUMENT_VERSION_MISMATCH,
+    FUNCTION_NOT_FOUND,
+    INSUFFICIENT_SIZE,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    SUCCESS,
+    DroppedRow,
+    NvmlErrorKind,
+    NvmlUnavailable,
+    describe,
+    init_failure,
+)
+from vramguard.nvml.rows import MAX_STRIDE_BYTES, STRIDE_V2_BYTES, Row, decode_rows, probe_process_api
 
 DEFAULT_CALL_TIMEOUT_S = 2.0
-
-# Row sizes of the process-info structs: v1 (pid, used), v2 (+ GPU and compute instance IDs), and what R535.43-
-# 535.86 really wrote from the _v3 functions (+ confidential-compute protected memory).
-STRIDE_V1_BYTES = 16
-STRIDE_V2_BYTES = 24
-STRIDE_R535_BYTES = 32
-_STRIDES = (STRIDE_V2_BYTES, STRIDE_R535_BYTES, STRIDE_V1_BYTES)
-_MAX_STRIDE = max(_STRIDES)
-_ROW_FORMATS = {stride: struct.Struct(f"=I4xQ{stride - 16}x") for stride in _STRIDES}
-_NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
-_PID_MAX = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux: no PID is ever larger
 _INITIAL_CAPACITY = 32  # rows; grows to twice the largest list seen, so a warm scan needs one call per list
-
-# NVML return codes (nvml.h); the ones the adapter branches on.
-_SUCCESS = 0
-_NOT_SUPPORTED = 3
-_NO_PERMISSION = 4
-_NOT_FOUND = 6
-_INSUFFICIENT_SIZE = 7
-_DRIVER_NOT_LOADED = 9
-_LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
-_LIB_RM_VERSION_MISMATCH = 18
-_ARGUMENT_VERSION_MISMATCH = 25
-_V2_MISSING = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
+_V2_MISSING = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH})
 _MIG_ENABLED = 1
-
-
-class NvmlUnavailable(RuntimeError):
-    """NVML cannot be used on this node at all (no library, or nvmlInit failed). The message says what to do."""
-
-
-class NvmlErrorKind(str, enum.Enum):
-    """What went wrong, for `NvmlSampler.errors` (the agent's `vramguard_nvml_errors_total{kind}`)."""
-
-    CALL_FAILED = "call-failed"  # an NVML call on a device returned an error: the device is unhealthy
-    TIMEOUT = "timeout"  # a device's calls ran past call_timeout_s: the device is unhealthy
-    STUCK = "stuck"  # a device was skipped because an earlier call on it has not returned
-    INVALID_PID = "invalid-pid"  # row dropped: PID 0 or above the kernel's limit
-    DEAD_PID = "dead-pid"  # row dropped: no such process under proc_root
-    USED_EXCEEDS_TOTAL = "used-exceeds-total"  # row dropped: more memory than the device has
-    LAYOUT_MISMATCH = "layout-mismatch"  # process rows came with another row size than expected (R535)
-
-
-@dataclass(frozen=True, slots=True)
-class DroppedRow:
-    """A process row that failed the sanity checks, with why."""
-
-    device_uuid: str
-    pid: int
-    used_bytes: int | None
-    kind: ProcessKind
-    reason: NvmlErrorKind
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessApi:
-    """Which process-list functions a driver has, and the row size it is expected to write."""
-
-    suffix: str  # "_v3", "_v2", or "" for the unversioned v1 functions
-    stride_bytes: int
-
-
-def probe_process_api(has_symbol: Callable[[str], bool]) -> ProcessApi:
-    """Chooses the process-list functions and the row size to expect from the symbols the driver exports.
-
-    nvitop's rule: a driver that exports the confidential-computing API but not yet
-    `nvmlDeviceGetRunningProcessDetailList` is of the R535 branch that wrote 32-byte rows from `_v3`; later
-    drivers moved the wide rows to the new function and went back to 24 bytes. Only a first guess: the sampler
-    checks it against the rows themselves, so exact version boundaries do not matter.
-    """
-    if has_symbol("nvmlDeviceGetComputeRunningProcesses_v3"):
-        r535 = has_symbol("nvmlDeviceGetConfComputeMemSizeInfo") and not has_symbol(
-            "nvmlDeviceGetRunningProcessDetailList"
-        )
-        return ProcessApi("_v3", STRIDE_R535_BYTES if r535 else STRIDE_V2_BYTES)
-    if has_symbol("nvmlDeviceGetComputeRunningProcesses_v2"):
-        return ProcessApi("_v2", STRIDE_V2_BYTES)
-    return ProcessApi("", STRIDE_V1_BYTES)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Running calls under a deadline
-
-
-class _Job:
-    """One unit of work: all of one GPU's calls for one scan."""
-
-    __slots__ = ("current_call", "done", "error", "fn", "key", "result", "started_at", "timed_out", "worker")
-
-    def __init__(self, key: Hashable, fn: Callable[[_Job], Any]) -> None:
-        self.key = key
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.started_at: float | None = None
-        self.current_call = ""  # the NVML function running now, for the message when it runs late
-        self.done = False
-        self.timed_out = False
-        self.worker: _Worker | None = None
-
-    def begin(self, name: str) -> None:
-        """Notes the NVML call about to run; stops an abandoned job at its next call once a late one returned."""
-        if self.timed_out:
-            raise _Abandoned
-        self.current_call = name
-
-    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self.begin(name)
-        return fn(*args, **kwargs)
-
-
-class _Abandoned(Exception):
-    """Raised inside a job whose caller gave up on it: its results would be stale, its calls wasted."""
-
-
-class _Worker:
-    __slots__ = ("abandoned", "thread")
-
-    def __init__(self) -> None:
-        self.abandoned = False
-        self.thread: threading.Thread | None = None
-
-
-class _DeadlineRunner:
-    """Runs jobs one after another on a persistent worker thread, each under a deadline.
-
-    One thread rather than a thread per call, and one job per GPU rather than one per call, keep a warm scan to
-    a single hand-off. A job past its deadline is abandoned together with its thread (Python cannot stop a
-    thread blocked in C); a fresh thread takes the jobs still queued, and the job's key stays in `stuck` until
-    the abandoned call returns, so that the caller does not queue more work behind a hung device.
-    """
-
-    def __init__(self, timeout_s: float, name: str) -> None:
-        self._timeout_s = timeout_s
-        self._name = name
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # workers wait here for jobs
-        self._done = threading.Condition(self._lock)  # the caller waits here for results
-        self._queue: deque[_Job] = deque()
-        self._worker: _Worker | None = None
-        self._stuck: dict[Hashable, _Job] = {}
-        self._closed = False
-        self._threads_started = 0
-
-    def stuck(self, key: Hashable) -> _Job | None:
-        with self._lock:
-            return self._stuck.get(key)
-
-    @property
-    def threads_started(self) -> int:
-        return self._threads_started
-
-    def run(self, jobs: Sequence[_Job]) -> None:
-        """Returns once every job finished or was abandoned (`timed_out`)."""
-        if not jobs:
-            return
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the NVML worker is closed")
-            self._queue.extend(jobs)
-            self._ensure_worker()
-            self._work.notify()
-            while True:
-                now = time.monotonic()
-                wait_s = self._timeout_s
-                for job in jobs:
-                    if job.done or job.started_at is None:
-                        continue
-                    left_s = job.started_at + self._timeout_s - now
-                    if left_s <= 0:
-                        self._abandon(job)
-                    else:
-                        wait_s = min(wait_s, left_s)
-                if all(job.done for job in jobs):
-                    return
-                self._done.wait(wait_s)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._queue.clear()
-            self._work.notify_all()
-
-    def _ensure_worker(self) -> None:
-        if self._worker is None:
-            worker = _Worker()
-            self._threads_started += 1
-            worker.thread = threading.Thread(
-                target=self._loop, args=(worker,), name=f"{self._name}-{self._threads_started}", daemon=True
-            )
-            self._worker = worker
-            worker.thread.start()
-
-    def _abandon(self, job: _Job) -> None:
-        job.done = job.timed_out = True
-        self._stuck[job.key] = job
-        worker = job.worker
-        if worker is not None:
-            worker.abandoned = True
-            if self._worker is worker:
-                self._worker = None
-        if self._queue:
-            self._ensure_worker()
-            self._work.notify()
-
-    def _loop(self, me: _Worker) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closed and not me.abandoned:
-                    self._work.wait()
-                if self._closed or me.abandoned:
-                    return
-                job = self._queue.popleft()
-                job.worker = me
-                job.started_at = time.monotonic()
-            try:
-                job.result = job.fn(job)
-            except Exception as e:  # handed to the caller, which reports the GPU unhealthy
-                job.error = e
-            with self._lock:
-                if me.abandoned:
-                    # The late call returned: the device may be tried again. Its result is stale; a fresh thread
-                    # already serves the queue.
-                    self._stuck.pop(job.key, None)
-                    return
-                job.done = True
-                if not self._queue:
-                    self._done.notify_all()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The sampler
 
 
 @dataclass(slots=True)
@@ -330,7 +110,7 @@ class NvmlSampler:
             for name, value in vars(self._nv).items()
             if name.startswith("NVML_ERROR_") and isinstance(value, int)
         }
-        self._runner = _DeadlineRunner(call_timeout_s, "vramguard-nvml")
+        self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml")
         self._lock = threading.Lock()  # one sample() at a time
         self._closed = False
         self._errors = dict.fromkeys(NvmlErrorKind, 0)
@@ -354,7 +134,7 @@ class NvmlSampler:
             if self._closed:
                 raise RuntimeError("NvmlSampler is closed")
             alive: dict[int, bool] = {}
-            jobs: dict[int, _Job] = {}
+            jobs: dict[int, Job] = {}
             skipped: dict[int, str] = {}
             for index in range(self.gpu_count):
                 stuck = self._runner.stuck(index)
@@ -365,7 +145,7 @@ class NvmlSampler:
                         f"for {since_s:.1f}s"
                     )
                 else:
-                    jobs[index] = _Job(index, functools.partial(self._scan_gpu, index=index, alive=alive))
+                    jobs[index] = Job(index, functools.partial(self._scan_gpu, index=index, alive=alive))
             self._runner.run(list(jobs.values()))
 
             devices: list[GpuDevice] = []
@@ -382,7 +162,8 @@ class NvmlSampler:
                     devices.extend(self._unhealthy(index, f"{call} did not return within {self._timeout_s:g}s"))
                 elif job.error is not None:
                     self._count(NvmlErrorKind.CALL_FAILED)
-                    devices.extend(self._unhealthy(index, self._describe(job.current_call, job.error)))
+                    error = describe(self._nv, self._error_names, job.current_call, job.error)
+                    devices.extend(self._unhealthy(index, error))
                 else:
                     scan: _GpuScan = job.result
                     for kind in scan.errors:
@@ -402,7 +183,7 @@ class NvmlSampler:
             if self._closed:
                 return
             self._closed = True
-            shutdown = _Job("shutdown", lambda job: job.call("nvmlShutdown", self._nv.nvmlShutdown))
+            shutdown = Job("shutdown", lambda job: job.call("nvmlShutdown", self._nv.nvmlShutdown))
             try:
                 self._runner.run([shutdown])
             finally:
@@ -446,7 +227,7 @@ class NvmlSampler:
     # -- start-up ------------------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        job = _Job("init", self._init_nvml)
+        job = Job("init", self._init_nvml)
         self._runner.run([job])
         if job.timed_out:
             self._runner.close()
@@ -459,9 +240,9 @@ class NvmlSampler:
             self._runner.close()
             if isinstance(job.error, NvmlUnavailable):
                 raise job.error
-            raise NvmlUnavailable(self._init_failure(job.current_call, job.error)) from None
+            raise NvmlUnavailable(init_failure(self._nv, self._error_names, job.current_call, job.error)) from None
 
-    def _init_nvml(self, job: _Job) -> None:
+    def _init_nvml(self, job: Job) -> None:
         nv = self._nv
         job.call("nvmlInit", nv.nvmlInit)
         try:
@@ -494,27 +275,9 @@ class NvmlSampler:
                 nv.nvmlShutdown()
             raise
 
-    def _init_failure(self, call: str, error: BaseException) -> str:
-        code = getattr(error, "value", None)
-        if code == _LIBRARY_NOT_FOUND:
-            return (
-                "NVML is not available: libnvidia-ml.so.1 was not found. Install the NVIDIA driver on the node and "
-                "give the agent its libraries: in a pod, the NVIDIA container toolkit mounts them (runtimeClassName: "
-                "nvidia, or NVIDIA_VISIBLE_DEVICES=all with NVIDIA_DRIVER_CAPABILITIES=utility); elsewhere, put "
-                "the library's directory on LD_LIBRARY_PATH."
-            )
-        hint = {
-            _DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded; check `nvidia-smi` on the node",
-            _NO_PERMISSION: "no permission to use the GPU devices; run the agent privileged (or as root with "
-            "/dev/nvidiactl and /dev/nvidia* available)",
-            _LIB_RM_VERSION_MISMATCH: "the NVML library and the kernel driver differ in version (the driver was "
-            "upgraded without a reboot, or the container carries other libraries than the host)",
-        }.get(code if isinstance(code, int) else -1, "see the NVIDIA driver's state on the node (`nvidia-smi`)")
-        return f"NVML is not available: {self._describe(call or 'nvmlInit', error)}: {hint}"
-
     # -- one GPU's unit of work (runs on the worker thread) -------------------------------------------------
 
-    def _scan_gpu(self, job: _Job, index: int, alive: dict[int, bool]) -> _GpuScan:
+    def _scan_gpu(self, job: Job, index: int, alive: dict[int, bool]) -> _GpuScan:
         nv = self._nv
         scan = _GpuScan()
         gpu = self._gpus.get(index)
@@ -540,7 +303,7 @@ class NvmlSampler:
                     "nvmlDeviceGetMigDeviceHandleByIndex", nv.nvmlDeviceGetMigDeviceHandleByIndex, gpu.handle, slot
                 )
             except nv.NVMLError as e:
-                if e.value == _NOT_FOUND:  # no instance in this slot
+                if e.value == NOT_FOUND:  # no instance in this slot
                     continue
                 raise
             uuid = str(job.call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig_handle))
@@ -565,7 +328,7 @@ class NvmlSampler:
                 # One broken instance does not hide its siblings; it is reported unhealthy on its own.
                 scan.errors.append(NvmlErrorKind.CALL_FAILED)
                 last = self._last_by_uuid.get(uuid)
-                error = self._describe(job.current_call, e)
+                error = describe(self._nv, self._error_names, job.current_call, e)
                 scan.devices.append(
                     replace(last, healthy=False, error=error)
                     if last is not None
@@ -584,7 +347,7 @@ class NvmlSampler:
                 )
         return scan
 
-    def _memory(self, job: _Job, handle: Any) -> tuple[int, int, int]:
+    def _memory(self, job: Job, handle: Any) -> tuple[int, int, int]:
         nv = self._nv
         if self._memory_v2 is not False:
             try:
@@ -599,14 +362,14 @@ class NvmlSampler:
         m = job.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
         return int(m.total), int(m.used), int(m.free)
 
-    def _mig_enabled(self, job: _Job, gpu: _GpuInfo) -> bool:
+    def _mig_enabled(self, job: Job, gpu: _GpuInfo) -> bool:
         nv = self._nv
         if gpu.mig_capable is False:
             return False
         try:
             current, _pending = job.call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, gpu.handle)
         except nv.NVMLError as e:
-            if e.value != _NOT_SUPPORTED:
+            if e.value != NOT_SUPPORTED:
                 raise
             gpu.mig_capable = False  # a GPU without MIG never gains it: stop asking
             return False
@@ -617,7 +380,7 @@ class NvmlSampler:
             gpu.mig_capable = True
         return bool(current == _MIG_ENABLED)
 
-    def _processes(self, job: _Job, handle: Any, device: GpuDevice, alive: dict[int, bool], scan: _GpuScan) -> None:
+    def _processes(self, job: Job, handle: Any, device: GpuDevice, alive: dict[int, bool], scan: _GpuScan) -> None:
         merged: dict[int, tuple[ProcessKind, int | None]] = {}
         for plist in self._lists:
             count, raw = self._read_list(job, plist, handle)
@@ -637,7 +400,7 @@ class NvmlSampler:
         uuid = device.uuid
         scan.processes.extend(GpuProcess(pid, uuid, used, kind) for pid, (kind, used) in merged.items())
 
-    def _read_list(self, job: _Job, plist: _ProcessList, handle: Any) -> tuple[int, bytes]:
+    def _read_list(self, job: Job, plist: _ProcessList, handle: Any) -> tuple[int, bytes]:
         """Calls one process-list function into our own buffer: (row count, raw bytes).
 
         The buffer has room for the widest known row, so a driver writing wider rows than it declares cannot
@@ -646,68 +409,30 @@ class NvmlSampler:
         job.begin(plist.function)
         for _ in range(4):
             capacity = self._capacity_rows
-            buffer = ctypes.create_string_buffer(capacity * _MAX_STRIDE)
+            buffer = ctypes.create_string_buffer(capacity * MAX_STRIDE_BYTES)
             count = ctypes.c_uint(capacity)
             ret = plist.fn(handle, ctypes.byref(count), buffer)
-            if ret == _SUCCESS:
+            if ret == SUCCESS:
                 return count.value, buffer.raw
-            if ret == _INSUFFICIENT_SIZE:
+            if ret == INSUFFICIENT_SIZE:
                 self._capacity_rows = max(capacity * 2, count.value * 2 + 5)
                 continue
-            if ret == _NOT_SUPPORTED:  # as dcgm-exporter: this device has no such processes to report
+            if ret == NOT_SUPPORTED:  # as dcgm-exporter: this device has no such processes to report
                 return 0, b""
             raise self._nv.NVMLError(ret)
-        raise self._nv.NVMLError(_INSUFFICIENT_SIZE)
+        raise self._nv.NVMLError(INSUFFICIENT_SIZE)
 
     def _decode(
         self, plist: _ProcessList, raw: bytes, count: int, total_bytes: int, alive: dict[int, bool], scan: _GpuScan
-    ) -> list[tuple[int, int | None, NvmlErrorKind | None]]:
-        """Rows with each one's problem (None: sane), decoded with the row size the rows themselves confirm."""
-        rows, sane = self._check(raw, count, plist.stride_bytes, total_bytes, alive)
-        if sane == count or count < 2:  # a single row reads the same under every layout
-            return rows
-        best_stride = plist.stride_bytes
-        for stride in _STRIDES:
-            if stride != plist.stride_bytes:
-                candidate, candidate_sane = self._check(raw, count, stride, total_bytes, alive)
-                if candidate_sane > sane:
-                    rows, sane, best_stride = candidate, candidate_sane, stride
-        if best_stride != plist.stride_bytes:
+    ) -> list[Row]:
+        rows, stride = decode_rows(raw, count, plist.stride_bytes, total_bytes, alive, self._proc_root)
+        if stride != plist.stride_bytes:
             # A driver lays out all its process lists alike, and does not change while loaded: decode them all
             # so from now on.
             scan.errors.append(NvmlErrorKind.LAYOUT_MISMATCH)
             for other in self._lists:
-                other.stride_bytes = best_stride
+                other.stride_bytes = stride
         return rows
-
-    def _check(
-        self, raw: bytes, count: int, stride_bytes: int, total_bytes: int, alive: dict[int, bool]
-    ) -> tuple[list[tuple[int, int | None, NvmlErrorKind | None]], int]:
-        """Decodes rows and checks each: (rows with their problem or None, how many are sane).
-
-        The hot loop of a scan, hence written out: a warm 8-GPU node with 64 processes each runs it 512 times.
-        """
-        checked: list[tuple[int, int | None, NvmlErrorKind | None]] = []
-        sane = 0
-        proc = self._proc_root + "/"
-        access, f_ok = os.access, os.F_OK
-        for pid, raw_used in _ROW_FORMATS[stride_bytes].iter_unpack(raw[: count * stride_bytes]):
-            used = None if raw_used == _NOT_AVAILABLE else raw_used
-            problem = None
-            if not 0 < pid <= _PID_MAX:
-                problem = NvmlErrorKind.INVALID_PID
-            elif used is not None and used > total_bytes:
-                problem = NvmlErrorKind.USED_EXCEEDS_TOTAL
-            else:
-                exists = alive.get(pid)
-                if exists is None:
-                    exists = alive[pid] = access(proc + str(pid), f_ok)
-                if exists:
-                    sane += 1
-                else:
-                    problem = NvmlErrorKind.DEAD_PID
-            checked.append((pid, used, problem))
-        return checked, sane
 
     # -- helpers -------------------------------------------------------------------------------------------
 
@@ -728,12 +453,6 @@ class NvmlSampler:
                 error=error,
             )
         ]
-
-    def _describe(self, call: str, error: BaseException) -> str:
-        code = getattr(error, "value", None)
-        if isinstance(error, self._nv.NVMLError) and isinstance(code, int):
-            return f"{call}: {error} ({self._error_names.get(code, 'NVML error')} = {code})"
-        return f"{call or 'NVML'}: {type(error).__name__}: {error}"
 
     def _count(self, kind: NvmlErrorKind) -> None:
         self._errors[kind] += 1

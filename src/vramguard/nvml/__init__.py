@@ -1,0 +1,24 @@
+"""The NVML adapter, in the order a sample flows through it:
+
+- `sampler`: `NvmlSampler`, the `GpuSampler` seam: devices, MIG instances, memory and processes per scan;
+- `deadline`: runs each GPU's calls on a worker thread under a deadline, abandoning a hung one;
+- `rows`: which process-list functions the driver has, and decoding their rows (the R535 row-size trap);
+- `errors`: the error kinds the agent counts, dropped rows, and messages that say what to do.
+"""
+
+from vramguard.nvml.errors import DroppedRow, NvmlErrorKind, NvmlUnavailable
+from vramguard.nvml.rows import STRIDE_R535_BYTES, STRIDE_V1_BYTES, STRIDE_V2_BYTES, ProcessApi, probe_process_api
+from vramguard.nvml.sampler import DEFAULT_CALL_TIMEOUT_S, NvmlSampler
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "STRIDE_R535_BYTES",
+    "STRIDE_V1_BYTES",
+    "STRIDE_V2_BYTES",
+    "DroppedRow",
+    "NvmlErrorKind",
+    "NvmlSampler",
+    "NvmlUnavailable",
+    "ProcessApi",
+    "probe_process_api",
+]

@@ -1,0 +1,142 @@
+"""The NVML adapter's parts on their own: the deadline runner (no NVML at all) and row decoding (bytes in, rows
+out). The sampler over the test NVML library is tested in test_nvml.py."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+
+from vramguard.nvml.deadline import DeadlineRunner, Job
+from vramguard.nvml.errors import NvmlErrorKind
+from vramguard.nvml.rows import (
+    MAX_STRIDE_BYTES,
+    STRIDE_R535_BYTES,
+    STRIDE_V1_BYTES,
+    STRIDE_V2_BYTES,
+    check_rows,
+    decode_rows,
+)
+
+# ----------------------------------------------------------------------------------------------------------
+# DeadlineRunner
+
+
+def test_a_job_returns_its_result() -> None:
+    runner = DeadlineRunner(1.0, "test")
+    job = Job("gpu0", lambda j: j.call("answer", lambda: 42))
+    runner.run([job])
+    assert (job.done, job.timed_out, job.result, job.error, job.current_call) == (True, False, 42, None, "answer")
+    runner.close()
+
+
+def test_a_job_that_raises_hands_the_error_back() -> None:
+    runner = DeadlineRunner(1.0, "test")
+
+    def fail(job: Job) -> None:
+        job.call("boom", lambda: 1 / 0)
+
+    job = Job("gpu0", fail)
+    runner.run([job])
+    assert job.done and isinstance(job.error, ZeroDivisionError) and job.current_call == "boom"
+    runner.close()
+
+
+def test_a_hung_job_is_abandoned_and_the_next_run_gets_a_fresh_thread() -> None:
+    """Past the deadline: the job is timed out and its key stuck until the late call returns; the other jobs
+    run on a new thread meanwhile."""
+    release = threading.Event()
+    runner = DeadlineRunner(0.2, "test")
+    hung = Job("gpu0", lambda j: j.call("nvmlHang", release.wait, 10))
+    other = Job("gpu1", lambda j: j.call("fine", lambda: "ok"))
+    started = time.monotonic()
+    runner.run([hung, other])
+    assert time.monotonic() - started < 2.0
+    assert hung.timed_out and hung.current_call == "nvmlHang"
+    assert other.done and not other.timed_out and other.result == "ok"
+    assert runner.stuck("gpu0") is hung and runner.stuck("gpu1") is None
+    assert runner.threads_started == 2
+    release.set()
+    deadline = time.monotonic() + 5
+    while runner.stuck("gpu0") is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.stuck("gpu0") is None, "once the late call returned, the device may be tried again"
+    again = Job("gpu0", lambda j: j.call("fine", lambda: "back"))
+    runner.run([again])
+    assert again.result == "back"
+    runner.close()
+
+
+def test_a_closed_runner_refuses_work() -> None:
+    runner = DeadlineRunner(1.0, "test")
+    runner.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.run([Job("x", lambda j: None)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rows
+
+GIB = 1 << 30
+NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _rows(stride: int, *rows: tuple[int, int]) -> bytes:
+    """Rows as a driver writes them (pid u32, padding, used bytes u64, the rest of the row) into a buffer with
+    room for the widest row, as the sampler allocates it."""
+    data = b"".join(struct.pack("=I4xQ", pid, used) + bytes(stride - 16) for pid, used in rows)
+    return data.ljust(len(rows) * MAX_STRIDE_BYTES, b"\0")
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    child = subprocess.Popen(["/bin/true"])
+    child.wait()
+    return child.pid
+
+
+ME, PARENT = os.getpid(), os.getppid()
+
+
+@pytest.mark.parametrize(
+    ("written", "expected", "decoded"),
+    [
+        pytest.param(STRIDE_V2_BYTES, STRIDE_V2_BYTES, STRIDE_V2_BYTES, id="v2-as-declared"),
+        pytest.param(STRIDE_R535_BYTES, STRIDE_V2_BYTES, STRIDE_R535_BYTES, id="r535-wider-than-declared"),
+        pytest.param(STRIDE_V2_BYTES, STRIDE_R535_BYTES, STRIDE_V2_BYTES, id="guessed-r535-but-v2"),
+        pytest.param(STRIDE_V1_BYTES, STRIDE_V2_BYTES, STRIDE_V1_BYTES, id="v1-rows"),
+    ],
+)
+def test_decode_rows_finds_the_row_size_the_rows_confirm(written: int, expected: int, decoded: int) -> None:
+    raw = _rows(written, (ME, 2 * GIB), (PARENT, 3 * GIB))
+    rows, stride = decode_rows(raw, 2, expected, 80 * GIB, {}, "/proc")
+    assert stride == decoded
+    assert rows == [(ME, 2 * GIB, None), (PARENT, 3 * GIB, None)]
+
+
+def test_a_single_row_reads_the_same_under_every_layout() -> None:
+    raw = _rows(STRIDE_R535_BYTES, (ME, GIB))
+    assert decode_rows(raw, 1, STRIDE_V2_BYTES, 80 * GIB, {}, "/proc") == ([(ME, GIB, None)], STRIDE_V2_BYTES)
+
+
+def test_check_rows_names_each_problem(dead_pid: int) -> None:
+    raw = _rows(STRIDE_V2_BYTES, (ME, GIB), (0, GIB), (PARENT, 81 * GIB), (dead_pid, GIB), (ME, NOT_AVAILABLE))
+    rows, sane = check_rows(raw, 5, STRIDE_V2_BYTES, 80 * GIB, {}, "/proc")
+    assert rows == [
+        (ME, GIB, None),
+        (0, GIB, NvmlErrorKind.INVALID_PID),
+        (PARENT, 81 * GIB, NvmlErrorKind.USED_EXCEEDS_TOTAL),
+        (dead_pid, GIB, NvmlErrorKind.DEAD_PID),
+        (ME, None, None),  # NVML_VALUE_NOT_AVAILABLE: the amount is unknown, the process is there
+    ]
+    assert sane == 2
+
+
+def test_liveness_is_looked_up_once_per_pid() -> None:
+    alive = {ME: False}  # what an earlier list of this scan found
+    rows, sane = check_rows(_rows(STRIDE_V2_BYTES, (ME, GIB)), 1, STRIDE_V2_BYTES, 80 * GIB, alive, "/proc")
+    assert rows == [(ME, GIB, NvmlErrorKind.DEAD_PID)] and sane == 0
