@@ -7,6 +7,7 @@ import time
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from vramguard.act import Enforcer
@@ -316,7 +317,8 @@ def test_metrics_exposition_names_carry_units() -> None:
     n.trainer_over_quota()
     n.agent.scan()
     text = generate_latest(n.metrics.registry).decode()
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE vramguard_")}
+    names = {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(text)}
+    names = {name for name in names if name.startswith("vramguard_")}
     assert {
         "vramguard_container_gpu_memory_used_bytes",
         "vramguard_container_gpu_memory_quota_bytes",

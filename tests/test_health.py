@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import select
 import socket
@@ -16,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from vramguard.health import HealthServer, Probe
@@ -156,7 +160,7 @@ def _connect_many(stack: ExitStack, port: int, count: int) -> list[socket.socket
     return [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5)) for _ in range(count)]
 
 
-# The request line decides the answer; headers are skipped.
+# The request line decides the answer; of the headers, only Accept and Accept-Encoding are read (for /metrics).
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +182,7 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
             b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
             200,
             generate_latest(_gauge_registry()),
-            {"content-type": CONTENT_TYPE_LATEST},
+            {"content-type": choose_encoder("*/*")[1]},
             id="metrics-with-query-is-the-registry",
         ),
         pytest.param(b"GET /readyz HTTP/1.1\r\n\r\n", 503, b"pod cache not synced\n", {}, id="failing-probe-is-503"),
@@ -223,6 +227,44 @@ def test_request_line_decides_the_answer(
     assert got_headers["connection"] == "close"
     if not request_bytes.startswith(b"HEAD"):
         assert got_headers["content-length"] == str(len(body))
+
+
+BOTH = {"vramguard_test_bytes", "vramguard_other_bytes"}
+
+
+def _two_metrics() -> CollectorRegistry:
+    registry = _gauge_registry()
+    Gauge("vramguard_other_bytes", "another gauge", registry=registry).set(5)
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "encoding", "content_type", "names"),
+    [
+        pytest.param(b"", "", None, "text/plain; version=0.0.4", BOTH, id="text"),
+        pytest.param(b"Accept-Encoding: gzip\r\n", "", "gzip", "text/plain; version=0.0.4", BOTH, id="gzip"),
+        pytest.param(b"accept-encoding: br, GZIP;q=0.8\r\n", "", "gzip", "text/plain", BOTH, id="gzip-any-case"),
+        pytest.param(b"Accept: " + OPENMETRICS.encode() + b"\r\n", "", None, OPENMETRICS, BOTH, id="openmetrics"),
+        pytest.param(
+            b"", "?name[]=vramguard_other_bytes", None, "text/plain", {"vramguard_other_bytes"}, id="name-filter"
+        ),
+    ],
+)
+def test_metrics_speak_what_prometheus_asks_for(
+    headers: bytes, query: str, encoding: str | None, content_type: str, names: set[str]
+) -> None:
+    """/metrics is client_python's WSGI app: gzip when asked, OpenMetrics when asked, `name[]` selects."""
+    with _serving(_two_metrics()) as server:
+        request = f"GET /metrics{query} HTTP/1.1\r\nHost: t\r\n".encode() + headers + b"\r\n"
+        status, got_headers, body = _exchange(server.port, request)
+    assert status == 200 and got_headers["connection"] == "close"
+    assert got_headers["content-length"] == str(len(body))
+    assert got_headers.get("content-encoding") == encoding
+    assert got_headers["content-type"].startswith(content_type)
+    text = (gzip.decompress(body) if encoding else body).decode()
+    assert {family.name for family in text_string_to_metric_families(text)} == names
+    if content_type.startswith("application/openmetrics-text"):
+        assert text.endswith("# EOF\n")
 
 
 class _BrokenCollector(Collector):

@@ -19,9 +19,12 @@ Contract: nothing that can reach the port can blind the endpoint or starve the a
   connection and retries; with nothing left to close, the listening socket goes unpolled for `_ACCEPT_PAUSE_S`
   instead of being polled again while it stays readable (the 100 % CPU spin of a thread-per-connection server).
 
-Only the request line is parsed; headers are skipped and request bytes never reach the log. The callbacks
-(the probes, `generate_latest`) run on the loop thread, so they must be quick and must not block; one that
-raises answers 500 and the loop goes on.
+/metrics is client_python's own WSGI app (`make_wsgi_app`), called with an environ built from the request: so
+the endpoint speaks what Prometheus asks for, as the library does — gzip for `Accept-Encoding: gzip`, the
+OpenMetrics format for `Accept: application/openmetrics-text`, `?name[]=` to select metrics. Of the request
+only the request line and those two headers are read, within the bounded head, and request bytes never reach
+the log. The callbacks (the probes, the metrics app) run on the loop thread, so they must be quick and must not
+block; one that raises answers 500 and the loop goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import io
 import re
 import select
 import selectors
@@ -36,17 +40,18 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 # Returns (ok, explanation) — the explanation is the response body, so `curl /readyz` says what is missing.
 Probe = Callable[[], tuple[bool, str]]
-_Answer = tuple[int, str, bytes]  # (status, content type, body)
+_Answer = tuple[int, list[tuple[str, str]], bytes]  # (status, headers, body)
+Route = Callable[[str, Mapping[str, str]], _Answer]  # (query string, the request headers read) → answer
 
 _TEXT = "text/plain; charset=utf-8"
 # The loop checks for close() this often when nothing else wakes it; that bounds how long close() waits.
@@ -79,6 +84,8 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 # Origin-form only (`/path?query`): probes and scrapes never send another form. Methods are case-sensitive.
 _REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (/[\x21-\x7e]*) HTTP/1\.[0-9]")
+# The request headers read, as their WSGI environ keys; every other header is skipped.
+_READ_HEADERS = {b"accept": "HTTP_ACCEPT", b"accept-encoding": "HTTP_ACCEPT_ENCODING"}
 
 
 class _Phase(enum.Enum):
@@ -122,10 +129,10 @@ class HealthServer:
     ) -> None:
         if max_connections < 1 or request_timeout_s <= 0 or max_request_bytes < 64:
             raise ValueError("need max_connections >= 1, request_timeout_s > 0 and max_request_bytes >= 64")
-        self._routes: dict[str, Callable[[], _Answer]] = {
-            "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
-            "/healthz": lambda: _probe(healthz),
-            "/readyz": lambda: _probe(readyz),
+        self._routes: dict[str, Route] = {
+            "/metrics": _wsgi_route(make_wsgi_app(registry)),
+            "/healthz": lambda query, headers: _probe(healthz),
+            "/readyz": lambda query, headers: _probe(readyz),
         }
         self._max_connections = max_connections
         self._request_timeout_s = request_timeout_s
@@ -295,30 +302,30 @@ class HealthServer:
         if end is not None:
             self._respond(conn, self._answer(head[: end.start()]))
         elif len(conn.received) > self._max_request_bytes:
-            self._respond(conn, _render(431, _TEXT, b"request head too large\n"))
+            self._respond(conn, _render(431, _text(), b"request head too large\n"))
 
     def _answer(self, head: bytes) -> bytes:
         match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
         if match is None:
-            return _render(400, _TEXT, b"malformed request line\n")
+            return _render(400, _text(), b"malformed request line\n")
         method, target = match.group(1), match.group(2)
         if method not in (b"GET", b"HEAD"):
-            return _render(405, _TEXT, b"only GET and HEAD\n")
-        path = target.split(b"?", 1)[0].decode("ascii")
+            return _render(405, [*_text(), ("Allow", "GET, HEAD")], b"only GET and HEAD\n")
+        path, _, query = target.decode("ascii").partition("?")
         route = self._routes.get(path)
         if route is None:
-            return _render(404, _TEXT, b"not found\n", head_only=method == b"HEAD")
+            return _render(404, _text(), b"not found\n", head_only=method == b"HEAD")
         try:
-            status, content_type, body = route()
+            status, headers, body = route(query, _headers(head))
         except Exception as e:
             # Logged when a route starts failing, not on every scrape while it keeps failing.
             if path not in self._failing_paths:
                 self._failing_paths.add(path)
                 self.log.error("http_route_failed", path=path, error=repr(e))
-            status, content_type, body = 500, _TEXT, f"{path[1:]} failed: {type(e).__name__}\n".encode()
+            status, headers, body = 500, _text(), f"{path[1:]} failed: {type(e).__name__}\n".encode()
         else:
             self._failing_paths.discard(path)
-        return _render(status, content_type, body, head_only=method == b"HEAD")
+        return _render(status, headers, body, head_only=method == b"HEAD")
 
     def _respond(self, conn: _Conn, response: bytes) -> None:
         conn.phase = _Phase.WRITE
@@ -364,19 +371,67 @@ class HealthServer:
 
 def _probe(probe: Probe) -> _Answer:
     ok, why = probe()
-    return (200 if ok else 503), _TEXT, (why + "\n").encode()
+    return (200 if ok else 503), _text(), (why + "\n").encode()
 
 
-def _render(status: int, content_type: str, body: bytes, *, head_only: bool = False) -> bytes:
-    """A complete HTTP/1.1 response; HEAD gets the headers (Content-Length included) without the body."""
+def _text() -> list[tuple[str, str]]:
+    return [("Content-Type", _TEXT)]
+
+
+def _headers(head: bytes) -> dict[str, str]:
+    """The request headers the routes read (`_READ_HEADERS`), as WSGI environ entries; the rest is skipped."""
+    found: dict[str, str] = {}
+    for line in head.split(b"\n")[1:]:
+        name, colon, value = line.partition(b":")
+        key = _READ_HEADERS.get(name.strip().lower()) if colon else None
+        if key is not None:
+            found[key] = value.strip().decode("latin-1")
+    return found
+
+
+def _wsgi_route(app: Callable[[dict[str, object], Callable[..., object]], Iterable[bytes]]) -> Route:
+    """A route that answers through a WSGI app (client_python's metrics app), called on the loop thread."""
+
+    def route(query: str, headers: Mapping[str, str]) -> _Answer:
+        environ: dict[str, object] = {
+            "REQUEST_METHOD": "GET",  # HEAD as well: the body is dropped when the response is rendered
+            "SCRIPT_NAME": "",
+            "PATH_INFO": "/metrics",
+            "QUERY_STRING": query,
+            "SERVER_NAME": "vramguard",
+            "SERVER_PORT": "0",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(),
+            "wsgi.errors": io.StringIO(),
+            "wsgi.multithread": False,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+            **headers,
+        }
+        started: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: object = None) -> None:
+            started.append((status, response_headers))
+
+        body = b"".join(app(environ, start_response))
+        status, response_headers = started[-1]
+        return int(status.split(" ", 1)[0]), list(response_headers), body
+
+    return route
+
+
+def _render(status: int, headers: list[tuple[str, str]], body: bytes, *, head_only: bool = False) -> bytes:
+    """A complete HTTP/1.1 response; HEAD gets the headers (Content-Length included) without the body. The
+    framing headers (Date, Content-Length, Connection) are this server's, whatever a route says."""
+    framing = {"date", "content-length", "connection", "transfer-encoding"}
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
         f"Date: {formatdate(usegmt=True)}",
-        f"Content-Type: {content_type}",
+        *(f"{name}: {value}" for name, value in headers if name.lower() not in framing),
         f"Content-Length: {len(body)}",
         "Connection: close",
     ]
-    if status == 405:
-        lines.append("Allow: GET, HEAD")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + body

@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.model import GiB
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
@@ -311,16 +312,16 @@ def free_port() -> int:
 
 
 def metric_value(metrics_text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
-    """The value of one sample in Prometheus text format, or None when absent."""
-    for line in metrics_text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{", 1)[0] != name:
-            continue
-        if all(f'{k}="{v}"' in head for k, v in (labels or {}).items()):
-            return float(value)
-    return None
+    """The summed value of the samples named `name` whose labels include `labels`, read with client_python's
+    own parser from the Prometheus text format; None when there is none."""
+    wanted = dict(labels or {})
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == name and wanted.items() <= sample.labels.items()
+    ]
+    return sum(values) if values else None
 
 
 def wait_for(predicate: Any, timeout_s: float, interval_s: float = 0.01) -> bool:
