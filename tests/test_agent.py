@@ -241,6 +241,7 @@ def test_a_failing_scan_does_not_stop_the_loop() -> None:
         stop.set()
         watcher.join(timeout=6.0)
     assert n.sampler.calls >= calls_before + 3
+    assert n.metric("vramguard_scans_failed_total") == n.sampler.calls - calls_before, "each failed scan counted"
 
 
 def _action(kind: Mode) -> Action:
@@ -329,6 +330,7 @@ def test_metrics_exposition_names_carry_units() -> None:
         "vramguard_violations_total",
         "vramguard_actions_total",
         "vramguard_scan_duration_seconds",
+        "vramguard_scans_failed_total",
         "vramguard_nvml_errors_total",
     } <= names
     for name in names - {"vramguard_gpu_healthy"}:  # a 0/1 state has no unit

@@ -124,6 +124,7 @@ class Agent:
             try:
                 self.scan()
             except Exception as e:  # degrade, don't die: the next scan may well succeed
+                self.metrics.scans_failed.inc()
                 self.log.exception("scan_failed", error=repr(e))
             if not settled:
                 settle_heap()

@@ -123,6 +123,11 @@ class Metrics:
             buckets=SCAN_BUCKETS_S,
             registry=self.registry,
         )
+        self.scans_failed = Counter(
+            "vramguard_scans_failed_total",
+            "Scans that raised (logged as scan_failed); the loop goes on with the next one.",
+            registry=self.registry,
+        )
         self.events = Counter(
             "vramguard_events_total",
             "Kubernetes Events by result: written, patched (a repeat of a written one), aggregated (a repeat of a "

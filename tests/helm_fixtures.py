@@ -1,0 +1,47 @@
+"""helm for the tests: the binary scripts/helm.sh builds into the tool cache, and rendering the chart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "vramguard"
+HELM_VERSION = "v3.22.0"  # as scripts/helm.sh builds it
+CACHE = Path(os.environ.get("VRAMGUARD_CACHE", Path.home() / ".cache" / "vramguard"))
+HELM = CACHE / "tools" / f"helm-{HELM_VERSION}" / "helm"
+KUBE_VERSION = "v1.33.0"
+
+
+def need_helm() -> Path:
+    """The helm binary; skips when it is not built, or fails under CI (scripts/test.sh builds it first)."""
+    if not HELM.exists():
+        message = f"helm {HELM_VERSION} is not built at {HELM}: run bash scripts/helm.sh"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must build helm first: {message}", pytrace=False)
+        pytest.skip(message)
+    return HELM
+
+
+def render(helm: Path, *sets: str, release: str = "vramguard", namespace: str = "vramguard") -> list[dict[str, Any]]:
+    """`helm template` of the chart with `--set` values: the objects, in helm's install order."""
+    args = [str(helm), "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert isinstance(c, dict)
+    return c

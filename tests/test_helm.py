@@ -1,0 +1,187 @@
+"""The Helm chart deploy/helm/vramguard: lint, what its values render to, and the plain manifest generated from it.
+
+helm is built from the Go module proxy by scripts/helm.sh (scripts/test.sh runs it first) into the tool cache;
+without it these tests skip, or fail under CI. The API server's own validation of the rendered objects is in
+tests/integration/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helm_fixtures import CHART, KUBE_VERSION, container, need_helm, one, render
+from vramguard.decide import Decision
+from vramguard.metrics import Metrics
+from vramguard.model import GiB, Mode
+from vramguard.policy import parse_policy
+from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return need_helm()
+
+
+EVERYTHING = (
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "hardened=true",
+    "advertiseCapacity=true",
+    "runtimeClassName=nvidia",
+    "imagePullSecrets[0].name=registry",
+)
+
+
+@pytest.mark.parametrize("sets", [pytest.param((), id="defaults"), pytest.param(EVERYTHING, id="everything-on")])
+def test_chart_lints_strictly(helm: Path, sets: tuple[str, ...]) -> None:
+    args = [str(helm), "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_plain_manifest_is_the_rendered_chart(helm: Path, tmp_path: Path) -> None:
+    """deploy/daemonset.yaml is generated from the chart: edit the chart, then run scripts/render-manifest.sh."""
+    out = tmp_path / "daemonset.yaml"
+    subprocess.run(["bash", str(REPO / "scripts" / "render-manifest.sh"), str(out)], check=True, timeout=300)
+    assert out.read_text() == (REPO / "deploy" / "daemonset.yaml").read_text(), "run bash scripts/render-manifest.sh"
+
+
+@pytest.mark.parametrize(
+    ("sets", "check"),
+    [
+        pytest.param((), lambda p: p.mode is Mode.WARN and p.pressure_transition_s == 30.0, id="defaults"),
+        pytest.param(("policy.mode=kill",), lambda p: p.mode is Mode.KILL, id="set-mode"),
+        pytest.param(("policy.cooldown=5m",), lambda p: p.cooldown_s == 300.0, id="set-a-duration"),
+        pytest.param(
+            ("policy.namespaces.team-a.max_quota=16Gi",),
+            lambda p: p.cap_for("team-a") == 16 * 2**30,
+            id="add-a-namespace",
+        ),
+    ],
+)
+def test_policy_values_are_the_policy_file(helm: Path, sets: tuple[str, ...], check: Any) -> None:
+    """`policy` is the whole policy file as a map; what it renders is a policy the agent accepts."""
+    data = one(render(helm, *sets), "ConfigMap")["data"]["policy.yaml"]
+    assert check(parse_policy(yaml.safe_load(data)))
+
+
+def test_a_policy_value_the_agent_would_refuse_is_refused_at_install(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "x", str(CHART), "--kube-version", KUBE_VERSION, "--set", "policy.mode=explode"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "/policy/mode" in result.stderr
+
+
+def test_defaults_are_a_gpu_node_agent(helm: Path) -> None:
+    objects = render(helm)
+    spec = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["priorityClassName"] == "system-node-critical" and spec["hostPID"] is True
+    assert "runtimeClassName" not in spec
+    c = container(objects)
+    assert c["image"] == "ghcr.io/vramguard/vramguard:0.1.0"
+    assert c["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert "--advertise-capacity" not in c["args"]
+    assert {o["kind"] for o in objects}.isdisjoint({"Service", "ServiceMonitor", "PrometheusRule"})
+
+
+def test_values_reach_the_pod(helm: Path) -> None:
+    objects = render(
+        helm,
+        *EVERYTHING,
+        "image.repository=registry.local/vramguard",
+        "image.tag=dev",
+        "extraArgs={--dry-run,--poll-interval=0.5}",
+        "capacityReserve=2Gi",
+        "metrics.port=9500",
+        "podAnnotations.team=gpu",
+    )
+    spec = one(objects, "DaemonSet")["spec"]["template"]
+    c = container(objects)
+    assert c["image"] == "registry.local/vramguard:dev"
+    assert c["args"][-4:] == ["--advertise-capacity", "--capacity-reserve=2Gi", "--dry-run", "--poll-interval=0.5"]
+    assert "--metrics-port=9500" in c["args"] and c["ports"] == [{"name": "metrics", "containerPort": 9500}]
+    assert spec["spec"]["runtimeClassName"] == "nvidia"
+    assert spec["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["metadata"]["annotations"]["team"] == "gpu"
+    assert spec["metadata"]["annotations"]["prometheus.io/port"] == "9500"
+    assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
+
+
+def test_args_replace_the_defaults(helm: Path) -> None:
+    c = container(render(helm, "args={run,--mode=warn}", "extraArgs={--dry-run}"))
+    assert c["args"] == ["run", "--mode=warn", "--dry-run"]
+
+
+def test_hardened_is_the_hardened_patch(helm: Path) -> None:
+    """`hardened: true` gives the pod exactly the security context deploy/hardened-patch.yaml documents."""
+    patch = yaml.safe_load((REPO / "deploy" / "hardened-patch.yaml").read_text())
+    (patched,) = patch["spec"]["template"]["spec"]["containers"]
+    assert container(render(helm, "hardened=true"))["securityContext"] == patched["securityContext"]
+
+
+def test_admission_policy_names_the_releases_service_account(helm: Path) -> None:
+    objects = render(helm, release="gpu-guard", namespace="ops")
+    condition = one(objects, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+    assert "system:serviceaccount:ops:gpu-guard" in condition
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-guard", "namespace": "ops"}]
+    assert one(objects, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-guard"
+
+
+def _exported_metric_names() -> set[str]:
+    """Every series name the agent's registry can expose, after one scan (the per-GPU gauges appear with it)."""
+    metrics = Metrics()
+    p = pod("trainer", "ml")
+    snapshot = SnapshotBuilder().use(p, "main", gpu(0), GiB).build()
+    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()))
+    names = set()
+    for family in metrics.registry.collect():
+        names.add(family.name)
+        if family.type == "counter":
+            names.add(family.name + "_total")
+        if family.type == "histogram":
+            names.update(family.name + suffix for suffix in ("_bucket", "_count", "_sum"))
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Path) -> None:
+    objects = render(
+        helm, "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom", "prometheusRule.enabled=true"
+    )
+    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    pod_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    rules = one(objects, "PrometheusRule")["spec"]["groups"][0]["rules"]
+    alerts = {r["alert"] for r in rules}
+    assert {
+        "VramguardAgentDown",
+        "VramguardAgentNotReady",
+        "VramguardScansFailing",
+        "VramguardScansSlow",
+        "VramguardGpuUnhealthy",
+        "VramguardActionsFailing",
+        "VramguardEventsDropped",
+        "VramguardUnattributedMemoryGrowing",
+    } <= alerts
+    exported = _exported_metric_names()
+    for rule in rules:
+        used = set(re.findall(r"\bvramguard_[a-z_]+", rule["expr"]))
+        assert used <= exported, f"{rule['alert']} uses metrics the agent does not export: {used - exported}"
