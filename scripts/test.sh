@@ -12,4 +12,5 @@ bash scripts/setup.sh
 bash scripts/controlplane.sh
 bash scripts/helm.sh
 bash scripts/image.sh
+bash scripts/node.sh
 .venv/bin/pytest "$@"
