@@ -113,8 +113,7 @@ class NvmlSampler:
         self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml")
         self._lock = threading.Lock()  # one sample() at a time
         self._closed = False
-        self._errors = dict.fromkeys(NvmlErrorKind, 0)
-        self._taken = dict(self._errors)  # what earlier samples already carried
+        self._errors = dict.fromkeys(NvmlErrorKind, 0)  # since construction, for `errors`
         self._dropped: tuple[DroppedRow, ...] = ()
         self._memory_v2: bool | None = None  # None: not tried yet
         self._capacity_rows = _INITIAL_CAPACITY
@@ -151,23 +150,24 @@ class NvmlSampler:
             devices: list[GpuDevice] = []
             processes: list[GpuProcess] = []
             dropped: list[DroppedRow] = []
+            found = dict.fromkeys(NvmlErrorKind, 0)  # this sample's problems, for GpuSample.errors
             for index in range(self.gpu_count):
                 job = jobs.get(index)
                 if job is None:
-                    self._count(NvmlErrorKind.STUCK)
+                    found[NvmlErrorKind.STUCK] += 1
                     devices.extend(self._unhealthy(index, skipped[index]))
                 elif job.timed_out:
-                    self._count(NvmlErrorKind.TIMEOUT)
+                    found[NvmlErrorKind.TIMEOUT] += 1
                     call = job.current_call or "NVML"
                     devices.extend(self._unhealthy(index, f"{call} did not return within {self._timeout_s:g}s"))
                 elif job.error is not None:
-                    self._count(NvmlErrorKind.CALL_FAILED)
+                    found[NvmlErrorKind.CALL_FAILED] += 1
                     error = describe(self._nv, self._error_names, job.current_call, job.error)
                     devices.extend(self._unhealthy(index, error))
                 else:
                     scan: _GpuScan = job.result
                     for kind in scan.errors:
-                        self._count(kind)
+                        found[kind] += 1
                     devices.extend(scan.devices)
                     processes.extend(scan.processes)
                     dropped.extend(scan.dropped)
@@ -176,7 +176,10 @@ class NvmlSampler:
                         self._last[index] = healthy
                         self._last_by_uuid.update((d.uuid, d) for d in healthy)
             self._dropped = tuple(dropped)
-            return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=self._new_errors())
+            for kind, n in found.items():
+                self._errors[kind] += n
+            errors = tuple((kind.value, n) for kind, n in found.items() if n)
+            return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=errors)
 
     def close(self) -> None:
         with self._lock:
@@ -201,13 +204,6 @@ class NvmlSampler:
     def errors(self) -> Mapping[NvmlErrorKind, int]:
         """Problems by kind since construction (a snapshot)."""
         return MappingProxyType(dict(self._errors))
-
-    def _new_errors(self) -> tuple[tuple[str, int], ...]:
-        """(kind, count) for the problems since the last sample (start-up's included in the first), non-zero
-        only: what the sample carries to the agent's Prometheus counter."""
-        taken = tuple((kind.value, n - self._taken[kind]) for kind, n in self._errors.items() if n > self._taken[kind])
-        self._taken = dict(self._errors)
-        return taken
 
     @property
     def dropped_rows(self) -> tuple[DroppedRow, ...]:
@@ -453,9 +449,6 @@ class NvmlSampler:
                 error=error,
             )
         ]
-
-    def _count(self, kind: NvmlErrorKind) -> None:
-        self._errors[kind] += 1
 
 
 def _import_pynvml() -> Any:
