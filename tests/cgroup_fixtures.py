@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from real_parts import need
 from vramguard_testbed.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
 
 
@@ -28,21 +29,15 @@ def need_cgroups(version: int = 2) -> None:
     CI runs as root on a machine with cgroups: a skip there would hide that a whole layer went untested.
     """
     reason = "needs root" if os.geteuid() != 0 else cgroups_unavailable(version)
-    verdict = cgroup_verdict(reason, version, ci=bool(os.environ.get("CI")))
-    if verdict is not None:
-        fail, message = verdict
-        if fail:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    need(reason, **cgroup_messages(version))
 
 
-def cgroup_verdict(reason: str | None, version: int, *, ci: bool) -> tuple[bool, str] | None:
-    """(fail rather than skip, message) for a cgroup test that cannot run for `reason`; None when it can run."""
-    if reason is None:
-        return None
-    if ci:
-        return True, f"CI must run the cgroup tests (as root, with cgroup v{version}): {reason}"
-    return False, f"real cgroup v{version} unavailable: {reason}"
+def cgroup_messages(version: int) -> dict[str, str]:
+    """What a cgroup test says when it cannot run (`real_parts.need`)."""
+    return {
+        "skip": f"real cgroup v{version} unavailable",
+        "ci": f"run the cgroup tests (as root, with cgroup v{version})",
+    }
 
 
 class CgroupsFactory:

@@ -7,8 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from real_parts import need
 
 CHART = Path(__file__).resolve().parents[1] / "deploy" / "helm" / "vramguard"
 HELM_VERSION = "v3.22.0"  # as scripts/helm.sh builds it
@@ -19,11 +20,8 @@ KUBE_VERSION = "v1.33.0"
 
 def need_helm() -> Path:
     """The helm binary; skips when it is not built, or fails under CI (scripts/test.sh builds it first)."""
-    if not HELM.exists():
-        message = f"helm {HELM_VERSION} is not built at {HELM}: run bash scripts/helm.sh"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must build helm first: {message}", pytrace=False)
-        pytest.skip(message)
+    reason = None if HELM.exists() else f"helm {HELM_VERSION} is not built at {HELM}"
+    need(reason, skip="no helm (bash scripts/helm.sh builds it)", ci="build helm first")
     return HELM
 
 

@@ -4,7 +4,6 @@ first): it runs the agent, as the Dockerfile says, and holds nothing of the test
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from real_parts import need
 from vramguard import __version__
 
 IMAGE = f"localhost/vramguard:{__version__}"
@@ -30,10 +30,7 @@ def image() -> dict[str, Any]:
         reason = "buildah is not installed"
     elif subprocess.run(["buildah", "inspect", "--type", "image", IMAGE], capture_output=True).returncode != 0:
         reason = f"{IMAGE} is not built"
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must build the image first (bash scripts/image.sh): {reason}", pytrace=False)
-        pytest.skip(f"{reason}: run bash scripts/image.sh")
+    need(reason, skip="no agent image (bash scripts/image.sh builds it)", ci="build the image first")
     inspected: dict[str, Any] = json.loads(_buildah("inspect", "--type", "image", IMAGE))
     return inspected
 

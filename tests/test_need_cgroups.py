@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from cgroup_fixtures import cgroup_verdict
+from cgroup_fixtures import cgroup_messages
+from real_parts import verdict
 
 
 @pytest.mark.parametrize(
-    ("reason", "ci", "verdict"),
+    ("reason", "ci", "expected"),
     [
         pytest.param(None, False, None, id="runs"),
         pytest.param(None, True, None, id="runs-under-ci"),
@@ -22,5 +23,5 @@ from cgroup_fixtures import cgroup_verdict
         ),
     ],
 )
-def test_cgroup_verdict(reason: str | None, ci: bool, verdict: tuple[bool, str] | None) -> None:
-    assert cgroup_verdict(reason, 2, ci=ci) == verdict
+def test_cgroup_verdict(reason: str | None, ci: bool, expected: tuple[bool, str] | None) -> None:
+    assert verdict(reason, under_ci=ci, **cgroup_messages(2)) == expected

@@ -6,7 +6,6 @@ because CI runs scripts/controlplane.sh first.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
+from real_parts import need
 
 from .controlplane import ControlPlane, binaries_dir, unavailable_reason
 from .kube_fixtures import KubeNode, deploy_manifest
@@ -23,11 +23,7 @@ from .kube_fixtures import KubeNode, deploy_manifest
 @pytest.fixture(scope="session")
 def control_plane_binaries() -> Path:
     """The directory of the built binaries (with etcd on PATH); skips, or fails under CI, when they are missing."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must build the Kubernetes control plane first: {reason}", pytrace=False)
-        pytest.skip(f"no Kubernetes control plane: {reason}")
+    need(unavailable_reason(), skip="no Kubernetes control plane", ci="build the Kubernetes control plane first")
     return binaries_dir()
 
 

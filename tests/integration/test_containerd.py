@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from real_parts import need
 from vramguard import __version__
 
 from .containerd import IMAGES, PAUSE_IMAGE, Containerd, unavailable_reason
@@ -24,10 +25,7 @@ def containerd(tmp_path: Path) -> Iterator[Containerd]:
     reason = unavailable_reason()
     if reason is None and not (IMAGES / "pause-1.tar").exists():
         reason = f"no pause image in {IMAGES} (bash scripts/node.sh builds it)"
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must prepare the test node first: {reason}", pytrace=False)
-        pytest.skip(reason)
+    need(reason, skip="no test node", ci="prepare the test node first (bash scripts/node.sh)")
     # A short path: the socket's must fit in sun_path.
     workdir = Path(f"/tmp/vg-ctrd-{os.getpid()}-{time.monotonic_ns() % 10**6}")
     try:
