@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 module_dir=hack/k8s
+source scripts/apt.sh
 
 version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 }' \
   "$module_dir/go.mod" | head -n1)
@@ -26,19 +27,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 # etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd 3.5 client fine.
-if ! command -v etcd >/dev/null; then
-  apt=(apt-get)
-  if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null || { echo "controlplane: etcd is missing and installing it needs root" >&2; exit 1; }
-    apt=(sudo apt-get)
-  fi
-  echo "controlplane: installing etcd-server with apt-get"
-  if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q etcd-server; then
-    # A fresh machine has no package lists yet.
-    "${apt[@]}" update -q
-    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -q etcd-server
-  fi
-fi
+command -v etcd >/dev/null || apt_install controlplane etcd-server
 echo "controlplane: $(etcd --version | head -n1)"
 
 missing=()

@@ -10,6 +10,7 @@
 # name and size as its last lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/apt.sh
 version=$(awk -F'"' '/^version = / { print $2; exit }' pyproject.toml)
 cache="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/images"
 recipe=1  # bump when the base recipe below changes
@@ -20,14 +21,7 @@ mirror=${VRAMGUARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 missing=()
 command -v buildah >/dev/null || missing+=(buildah)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
-if [ ${#missing[@]} -gt 0 ]; then
-  [ "$(id -u)" = 0 ] || { echo "image: ${missing[*]} missing, and installing needs root" >&2; exit 1; }
-  echo "image: installing ${missing[*]} with apt-get"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; then
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
-  fi
-fi
+[ ${#missing[@]} -eq 0 ] || apt_install image "${missing[@]}"
 
 if [ -z "${BASE:-}" ] && ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   start=$(date +%s)

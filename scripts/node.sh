@@ -5,6 +5,7 @@
 # Run as root. Prints the image cache directory as its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/apt.sh
 cache="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/images"
 pause_version=1  # bump when pause.c changes
 
@@ -14,14 +15,7 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v busybox >/dev/null || missing+=(busybox-static)
 command -v buildah >/dev/null || missing+=(buildah)
-if [ ${#missing[@]} -gt 0 ]; then
-  [ "$(id -u)" = 0 ] || { echo "node: ${missing[*]} missing, and installing needs root" >&2; exit 1; }
-  echo "node: installing ${missing[*]} with apt-get"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; then
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
-  fi
-fi
+[ ${#missing[@]} -eq 0 ] || apt_install node "${missing[@]}"
 echo "node: $(containerd --version | cut -d' ' -f2-3), $(runc --version | head -n1)"
 
 archive="$cache/pause-$pause_version.tar"
