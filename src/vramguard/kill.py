@@ -71,7 +71,15 @@ from typing import TypeVar
 from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
-from vramguard.procfs import holds_device, list_pids, read_cgroup, read_small, read_stat, same_pid_namespace
+from vramguard.procfs import (
+    EXITED_STATES,
+    holds_device,
+    list_pids,
+    read_cgroup,
+    read_small,
+    read_stat,
+    same_pid_namespace,
+)
 
 # Why a candidate was not signalled (KillResult.skipped reasons).
 SKIP_INVALID_PID = "pid 0 or 1 is never signalled"
@@ -352,7 +360,7 @@ class PidfdKiller:
                 run.skipped[ref] = f"{SKIP_UNREADABLE}: {e.strerror or e}"
                 sweep.left[pid] = ref
             return
-        if not holds or state is None or state[0] in ("Z", "X", "x"):
+        if not holds or state is None or state[0] in EXITED_STATES:
             return
         ref = ProcessRef(pid, state[1])
         if killed is not None and killed == ref:
@@ -522,7 +530,7 @@ class PidfdKiller:
         if start_time != ref.start_time:
             return SKIP_PID_REUSED
         # A zombie holds no memory any more, and v1 already shows it at the root: report it, don't "kill" it.
-        if letter in ("Z", "X", "x"):
+        if letter in EXITED_STATES:
             return SKIP_EXITED
         try:
             text = self._io(run, read_cgroup, ref.pid, self._proc_root)
@@ -547,7 +555,7 @@ class PidfdKiller:
                 except OSError:
                     still.append(ref)  # unreadable is not exited
                     continue
-                if state is not None and state[1] == ref.start_time and state[0] not in ("Z", "X", "x"):
+                if state is not None and state[1] == ref.start_time and state[0] not in EXITED_STATES:
                     still.append(ref)
             run.pending = still
             if not still or time.monotonic() >= run.deadline:
@@ -587,7 +595,7 @@ def _may_be_alive(ref: ProcessRef, proc_root: str) -> bool:
         state = read_stat(ref.pid, proc_root)
     except OSError:
         return True
-    return state is not None and state[0] not in ("Z", "X", "x")
+    return state is not None and state[0] not in EXITED_STATES
 
 
 def _read_procs(directory: str) -> list[int]:

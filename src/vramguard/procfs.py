@@ -21,6 +21,11 @@ def is_gone_error(error: OSError) -> bool:
     return error.errno in _GONE_ERRNOS
 
 
+# States of a process that has exited: a zombie ("Z") or one being torn down ("X", "x"). It holds no memory any
+# more and must not be signalled.
+EXITED_STATES = frozenset({"Z", "X", "x"})
+
+
 def parse_stat(data: bytes) -> tuple[bytes, bytes] | None:
     """(state, start time) from the contents of /proc/<pid>/stat, both as the kernel wrote them; None when the
     contents do not parse (truncated, empty, a start time that is not a number).

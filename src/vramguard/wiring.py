@@ -151,7 +151,7 @@ def build_agent(
         policy=policy,
         enforcer=enforcer,
         metrics=metrics,
-        capacity=capacity if not dry_run else None,
+        capacity=capacity,  # None in dry-run: capacity_publisher makes none
     )
 
 
