@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes control plane the integration tests run (kube-apiserver, kube-scheduler,
-# kube-controller-manager) from hack/k8s/go.mod, and installs Debian's etcd when it is missing.
+# Builds the Kubernetes the integration tests run from hack/k8s/go.mod: the control plane (kube-apiserver,
+# kube-scheduler, kube-controller-manager), the test node's kubelet and kubectl, all of one version; and installs
+# Debian's etcd when it is missing.
 #
 # Binaries go to ${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/<version>/, outside the repo, keyed by the
 # k8s.io/kubernetes version pinned in hack/k8s/go.mod; tests/integration/controlplane.py find_binaries() reads
@@ -21,7 +22,7 @@ if [ -z "$version" ]; then
   exit 1
 fi
 bin_dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/$version"
-binaries=(kube-apiserver kube-scheduler kube-controller-manager)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -71,6 +72,10 @@ else
 fi
 
 for name in "${binaries[@]}"; do
-  echo "controlplane: $("$bin_dir/$name" --version 2>&1 | head -n1) ($name)"
+  if [ "$name" = kubectl ]; then
+    echo "controlplane: kubectl $("$bin_dir/$name" version --client 2>&1 | head -n1)"
+  else
+    echo "controlplane: $("$bin_dir/$name" --version 2>&1 | head -n1) ($name)"
+  fi
 done
 echo "$bin_dir"

@@ -58,6 +58,7 @@ from kubernetes import client, config
 # Must match hack/k8s/go.mod (a test checks it): the build script keys the cache by that version.
 KUBERNETES_VERSION = "v1.33.13"
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+NODE_BINARIES = ("kubelet", "kubectl")  # the test node's; built by the same script from the same go.mod
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -275,6 +276,13 @@ class _Pki:
         self.sa_key = directory / "sa.key"
         self.sa_pub = directory / "sa.pub"
 
+    def issue_client(self, name: str, subject: str) -> tuple[Path, Path]:
+        """A client certificate and key for `subject` (``/O=<group>/CN=<user>``), signed by the CA."""
+        cert, key = self.directory / f"{name}.crt", self.directory / f"{name}.key"
+        if not cert.exists():
+            self._leaf("client", subject, cert, key, self.directory / "openssl.cnf")
+        return cert, key
+
     def create(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "openssl.cnf"
@@ -340,6 +348,11 @@ class ControlPlane:
     `etcd` defaults to the one on PATH; `workdir` (certificates, etcd data, kubeconfigs, logs) defaults to a
     fresh temporary directory, removed by `stop()` unless `keep_workdir`. `apiserver_args` are appended to the
     apiserver's flags (a later flag wins).
+
+    With `kubelets`, real kubelets can join (tests/integration/node.py): the ServiceAccount admission plugin is on
+    (pods get their token volume; kube-controller-manager's serviceaccount controller must then make each
+    namespace's ``default`` ServiceAccount), and the apiserver reaches kubelets at their InternalIP with the
+    admin client certificate, for ``kubectl exec`` and ``logs``.
     """
 
     binaries_dir: Path
@@ -348,6 +361,7 @@ class ControlPlane:
     keep_workdir: bool = False
     start_timeout_s: float = 90.0
     apiserver_args: Sequence[str] = ()
+    kubelets: bool = False
     components: dict[str, Component] = field(default_factory=dict, init=False)
     _owns_workdir: bool = field(default=False, init=False)
     _apiserver_port: int = field(default=0, init=False)
@@ -427,9 +441,7 @@ class ControlPlane:
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
-                # Without it every pod would need a "default" ServiceAccount, which only kube-controller-manager
-                # creates.
-                "--disable-admission-plugins=ServiceAccount",
+                *self._admission_and_kubelet_args(pki),
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 # No Endpoints for the kubernetes Service: nothing in the tests routes through it.
                 "--endpoint-reconciler-type=none",
@@ -439,6 +451,18 @@ class ControlPlane:
             ],
         )
         self.start_apiserver()
+
+    def _admission_and_kubelet_args(self, pki: _Pki) -> list[str]:
+        if not self.kubelets:
+            # Without it every pod would need a "default" ServiceAccount, which only kube-controller-manager
+            # creates.
+            return ["--disable-admission-plugins=ServiceAccount"]
+        return [
+            # Else exec and logs look the node's name up in DNS.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.admin_cert}",
+            f"--kubelet-client-key={pki.admin_key}",
+        ]
 
     def stop(self) -> None:
         """Stop every component (the last started first) and remove the workdir unless kept. Idempotent."""
@@ -507,6 +531,9 @@ class ControlPlane:
                 # One client for all controllers: no per-controller ServiceAccounts to create.
                 "--use-service-account-credentials=false",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                # The CA that root-ca-certificate-publisher puts in every namespace's kube-root-ca.crt, which pods'
+                # token volumes mount.
+                f"--root-ca-file={self._keys.ca_cert}",
             ],
         )
 
@@ -575,6 +602,16 @@ class ControlPlane:
             keys = self._keys
             user = {"client-certificate-data": _b64(keys.admin_cert), "client-key-data": _b64(keys.admin_key)}
             write_kubeconfig(path, self.host, keys.ca_cert, "admin", user)
+        return path
+
+    def node_kubeconfig(self, node_name: str) -> Path:
+        """A kubeconfig for the kubelet of `node_name`: ``system:node:<name>`` in ``system:nodes``, which the Node
+        authorizer and the NodeRestriction admission plugin limit to that node and its pods."""
+        path = self._dir / "kubeconfigs" / f"node-{node_name}.yaml"
+        if not path.exists():
+            cert, key = self._keys.issue_client(f"node-{node_name}", f"/O=system:nodes/CN=system:node:{node_name}")
+            user = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+            write_kubeconfig(path, self.host, self._keys.ca_cert, f"node-{node_name}", user)
         return path
 
     def _admin_ssl_context(self) -> ssl.SSLContext:

@@ -1,0 +1,341 @@
+"""A real Kubernetes node for tests: a kubelet built from the same go.mod as the control plane, on a private
+containerd (tests/integration/containerd.py), joined to a `ControlPlane(kubelets=True)`.
+
+    plane = ControlPlane(find_binaries(), kubelets=True).start()
+    plane.start_controller_manager(controllers=NODE_CONTROLLERS)
+    plane.start_scheduler()
+    with RealNode(plane, Path("/tmp/vg-node-1"), labels={"nvidia.com/gpu.present": "true"}) as node:
+        node.import_images(IMAGES / "pause-1.tar", IMAGES / "workload-1.tar")
+        node.kubectl("get", "nodes")
+
+What is real: the kubelet registers the Node and keeps its status; it runs pods through containerd's CRI and runc
+in the cgroups it makes (cgroupfs driver, ``/kubepods/<qos>/pod<uid>/<container id>`` in every v1 hierarchy and in
+the v2 ``unified`` one); it mounts ServiceAccount tokens, runs probes, restarts killed containers, carries out
+evictions and serves ``kubectl exec`` and ``logs``. Pods get addresses from a bridge on a private /24 that has no
+gateway, masquerade or forwarding (a node without a CNI network stays NotReady); nothing leaves the machine.
+
+The kubelet changes the host beyond its own directories (shared/DESIGN.md, "A real node in tests"): a few
+sysctls, hard-coded paths (``/var/lib/kubelet/device-plugins``, ``/var/log/containers``), cgroups, and the node's
+address and bridge. `HostChanges` records what was there before and `stop()` puts it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from .containerd import Containerd
+from .containerd import unavailable_reason as containerd_unavailable
+from .controlplane import NODE_BINARIES, Component, ControlPlane, ControlPlaneError, binaries_dir, free_port
+
+# A private address for the node (the kubelet refuses loopback), on `lo`: this kernel has no dummy driver.
+NODE_IP = "10.254.254.1"
+POD_SUBNET = "10.254.0.0/24"
+BRIDGE = "vgbr0"
+# What the node needs from kube-controller-manager: the not-ready taint lifted, each namespace's "default"
+# ServiceAccount and kube-root-ca.crt (for token volumes), DaemonSet pods, PodDisruptionBudget status (for
+# evictions), and the garbage collector (helm uninstall deletes a DaemonSet's pods through it).
+NODE_CONTROLLERS = ",".join(
+    (
+        "node-lifecycle-controller",
+        "serviceaccount-controller",
+        "root-ca-certificate-publisher-controller",
+        "daemonset-controller",
+        "disruption-controller",
+        "garbage-collector-controller",
+    )
+)
+# The kubelet's setupKernelTunables (protectKernelDefaults: false) writes these.
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+# Paths the kubelet, containerd or the CNI plugins create whatever their configured directories are.
+HARD_CODED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/containerd")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_POLL_S = 0.2
+
+
+def unavailable_reason() -> str | None:
+    """Why a real node cannot start here (and which script provides what is missing), or None."""
+    missing = [name for name in NODE_BINARIES if not os.access(binaries_dir() / name, os.X_OK)]
+    if missing:
+        return f"{', '.join(missing)} not built in {binaries_dir()} (run scripts/controlplane.sh)"
+    if shutil.which("ip") is None:
+        return "the ip command is missing (iproute2)"
+    return containerd_unavailable()
+
+
+@dataclass
+class HostChanges:
+    """What the node changes on the host outside its work directory, recorded before it starts."""
+
+    sysctls: dict[str, str] = field(default_factory=dict)
+    absent_paths: list[str] = field(default_factory=list)
+
+    @classmethod
+    def record(cls) -> HostChanges:
+        sysctls = {}
+        for name in KUBELET_SYSCTLS:
+            with contextlib.suppress(OSError):
+                sysctls[name] = Path("/proc/sys", name).read_text().strip()
+        return cls(sysctls, [p for p in HARD_CODED_PATHS if not os.path.lexists(p)])
+
+    def restore(self) -> None:
+        for name, value in self.sysctls.items():
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", name).write_text(value)
+        for path in self.absent_paths:
+            _unmount_under(Path(path))
+            shutil.rmtree(path, ignore_errors=True)
+        _remove_cgroup_trees("kubepods")
+
+
+class RealNode:
+    """`with RealNode(plane, workdir) as node:` starts containerd and a kubelet registered as `name`, and waits
+    until the Node is Ready and untainted; leaving deletes the node's pods, stops both and restores the host.
+
+    `workdir` must be short (containerd's socket path must fit in sun_path) and is removed at the end.
+    """
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        workdir: Path,
+        *,
+        name: str = "vg-node-1",
+        labels: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 90.0,
+    ) -> None:
+        if not plane.kubelets:
+            raise ControlPlaneError("a real node needs ControlPlane(kubelets=True)")
+        self.plane = plane
+        self.workdir = workdir
+        self.name = name
+        self.labels = dict(labels or {})
+        self.ready_timeout_s = ready_timeout_s
+        self.containerd = Containerd(workdir / "containerd")
+        self.kubelet: Component | None = None
+        self._host: HostChanges | None = None
+        self._stack = contextlib.ExitStack()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> RealNode:
+        self._host = HostChanges.record()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _ip("addr", "add", f"{NODE_IP}/32", "dev", "lo")
+        self._stack.callback(_ip_quiet, "addr", "del", f"{NODE_IP}/32", "dev", "lo")
+        cni_dir = self.workdir / "containerd" / "cni"
+        cni_dir.mkdir(parents=True, exist_ok=True)
+        (cni_dir / "10-vramguard-test.conflist").write_text(json.dumps(self._cni_config(), indent=2))
+        self._stack.callback(_ip_quiet, "link", "del", BRIDGE)
+        self._stack.enter_context(self.containerd)
+
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
+        argv = [
+            str(binaries_dir() / "kubelet"),
+            f"--config={config}",
+            f"--kubeconfig={self.plane.node_kubeconfig(self.name)}",
+            f"--root-dir={self.workdir / 'kubelet'}",
+            f"--cert-dir={self.workdir / 'kubelet-pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={NODE_IP}",
+            "--v=2",
+        ]
+        if self.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in self.labels.items()))
+        self.kubelet = Component("kubelet", argv, self.workdir / "logs" / "kubelet.log")
+        self.kubelet.start()
+        self.kubelet.wait_until(self._ready, self.ready_timeout_s, "Ready and untainted")
+
+    def stop(self) -> None:
+        """Delete the node's pods and wait (briefly) for the kubelet to tear them down, then stop the kubelet and
+        containerd, unmount what they left, and restore the host. Idempotent."""
+        if self.kubelet is not None and self.kubelet.running():
+            with contextlib.suppress(Exception):
+                self._drain()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        self._stack.close()
+        _unmount_under(self.workdir)
+        if self._host is not None:
+            self._host.restore()
+            self._host = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _drain(self, timeout_s: float = 60.0) -> None:
+        with self.plane.api_client() as api:
+            core = client.CoreV1Api(api)
+            selector = f"spec.nodeName={self.name}"
+            for pod in raw(api, core.list_pod_for_all_namespaces(field_selector=selector))["items"]:
+                meta = pod["metadata"]
+                with contextlib.suppress(client.ApiException):
+                    core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
+            deadline = time.monotonic() + timeout_s
+            while self.containerd.ctr("containers", "ls", "-q").split() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+
+    def _ready(self) -> bool:
+        with self.plane.api_client() as api:
+            try:
+                node = raw(api, client.CoreV1Api(api).read_node(self.name))
+            except client.ApiException:
+                return False
+        conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        return conditions.get("Ready") == "True" and not node["spec"].get("taints")
+
+    def _cni_config(self) -> dict[str, object]:
+        return {
+            "cniVersion": "1.0.0",
+            "name": "vramguard-test",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    # No address on the bridge, no default route in pods, no NAT, no forwarding: pods reach each
+                    # other on the bridge and nothing else.
+                    "isGateway": False,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "dataDir": str(self.workdir / "cni-ipam"),
+                    },
+                }
+            ],
+        }
+
+    def _kubelet_config(self) -> dict[str, object]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cgroupDriver": "cgroupfs",  # PID 1 is not systemd
+            "cgroupsPerQOS": True,
+            "cgroupRoot": "/",
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
+            "address": NODE_IP,
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.plane.ca_path)},
+            },
+            "authorization": {"mode": "Webhook"},
+            "podLogsDir": str(self.workdir / "pod-logs"),
+            # This machine's disk and memory are what they are: evict only when truly out, and never collect the
+            # images the tests imported (no registry could bring them back).
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "makeIPTablesUtilChains": False,
+            "syncFrequency": "10s",
+        }
+
+    # -- access --------------------------------------------------------------------------------------------------
+
+    def import_images(self, *archives: Path) -> None:
+        """Load OCI archives into the node's containerd (the CRI's namespace), as a registry pull would."""
+        for archive in archives:
+            self.containerd.import_image(archive)
+
+    def kubectl(self, *args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The built kubectl as the cluster's admin."""
+        argv = [str(binaries_dir() / "kubectl"), f"--kubeconfig={self.plane.kubeconfig_path}", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=check)
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a running container's first process (`container_id` as in the pod's status, with or
+        without its ``containerd://`` prefix), from containerd's own task list."""
+        wanted = container_id.removeprefix("containerd://")
+        for line in self.containerd.ctr("task", "ls").splitlines()[1:]:
+            task, pid, status = line.split()[:3]
+            if task == wanted and status == "RUNNING":
+                return int(pid)
+        raise LookupError(f"no running task {wanted} in the node's containerd")
+
+
+def raw(api: client.ApiClient, obj: object) -> dict[str, Any]:
+    """An API object as the API server wrote it (camelCase keys, absent fields left out): easier to read in tests
+    than the client's models, whose every field is optional."""
+    serialized: dict[str, Any] = api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+    return serialized
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _ip_quiet(*args: str) -> None:
+    subprocess.run(["ip", *args], check=False, capture_output=True, timeout=30)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root).rstrip("/") + "/"
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            target = line.split()[4].replace("\\040", " ")
+            if target.startswith(prefix) or target == str(root):
+                found.append(target)
+    return found
+
+
+def _unmount_under(root: Path) -> None:
+    """Lazily unmount everything mounted at or below `root`, deepest first (token tmpfs, netns, rootfs)."""
+    for target in sorted(_mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True, timeout=30)
+
+
+def _cgroup_mounts() -> Iterable[Path]:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            fstype = fields[fields.index("-") + 1]
+            if fstype in ("cgroup", "cgroup2"):
+                yield Path(fields[4])
+
+
+def _remove_cgroup_trees(name: str) -> None:
+    """rmdir `name` and everything below it in every cgroup hierarchy, deepest first (empty cgroups only)."""
+    for mount in set(_cgroup_mounts()):
+        top = mount / name
+        if not top.is_dir():
+            continue
+        for directory, _subdirs, _files in sorted(os.walk(top), key=lambda entry: len(entry[0]), reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
