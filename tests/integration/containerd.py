@@ -17,6 +17,8 @@ from types import TracebackType
 NAMESPACE = "k8s.io"  # the CRI's namespace: what the kubelet will see
 IMAGES = Path(os.environ.get("VRAMGUARD_CACHE", Path.home() / ".cache" / "vramguard")) / "images"
 PAUSE_IMAGE = "localhost/vramguard-pause:1"
+# Where containerd 1.6's shims put their sockets and runc its state, whatever containerd's own state directory.
+SHIM_DIR = Path("/run/containerd")
 
 CONFIG = """\
 version = 2
@@ -53,15 +55,17 @@ def unavailable_reason() -> str | None:
 
 class Containerd:
     """`with Containerd(workdir) as c:` starts containerd and waits for its socket; leaving stops every task it
-    ran and containerd itself."""
+    ran and containerd itself, and removes the shims' directory if it was not there before."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.socket = workdir / "containerd.sock"
         self.log_path = workdir / "containerd.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self._made_shim_dir = False
 
     def __enter__(self) -> Containerd:
+        self._made_shim_dir = not SHIM_DIR.exists()
         root, state, cni = self.workdir / "root", self.workdir / "state", self.workdir / "cni"
         for d in (root, state, cni):
             d.mkdir(parents=True, exist_ok=True)
@@ -94,6 +98,8 @@ class Containerd:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        if self._made_shim_dir:
+            shutil.rmtree(SHIM_DIR, ignore_errors=True)
 
     def ctr(self, *args: str, timeout_s: float = 120) -> str:
         return subprocess.run(self._argv(args), capture_output=True, text=True, check=True, timeout=timeout_s).stdout

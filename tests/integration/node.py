@@ -66,8 +66,9 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
-# Paths the kubelet, containerd or the CNI plugins create whatever their configured directories are.
-HARD_CODED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/containerd")
+# Paths the kubelet or the CNI plugins create whatever their configured directories are (containerd's own are
+# Containerd's to clean).
+HARD_CODED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _POLL_S = 0.2
 

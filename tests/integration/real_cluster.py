@@ -1,0 +1,225 @@
+"""A one-node cluster with the agent installed from its Helm chart, for the end-to-end tests and the agent-pod
+benchmark: a `ControlPlane(kubelets=True)` with the scheduler and the controllers a node needs, a `RealNode`
+(kubelet + containerd) labelled as a GPU node, the project's images imported, and the test NVML library on the
+host for the agent's pod to mount.
+
+    with real_cluster(HELM) as cluster:
+        cluster.helm_install(mode="kill")                 # waits until the agent's pod is Ready
+        pod = cluster.workload("ml", "trainer", "4Gi")     # a running pod with a 4Gi VRAM limit
+        cluster.gpu({cluster.pid(pod): 9 * GiB})           # the test NVML now reports 9GiB for its process
+
+The only test-only chart values are those a node without NVIDIA's runtime needs: the test NVML library and its
+state directory mounted from the host (`extraEnv`, `extraVolumes`), and the API server's address, since no
+kube-proxy makes the `kubernetes` Service routable here. The workload pods' processes live in the cgroups that the
+kubelet and containerd made; the test only tells the test NVML how much GPU memory each host PID holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from helm_fixtures import CHART
+from vramguard import __version__
+from vramguard.model import GiB
+from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, build_fake_nvml
+
+from .containerd import IMAGES
+from .controlplane import ControlPlane, binaries_dir, free_port
+from .controlplane import unavailable_reason as control_plane_unavailable
+from .node import NODE_CONTROLLERS, RealNode, raw
+from .node import unavailable_reason as node_unavailable
+
+AGENT_NS = "vramguard"
+WORKLOAD_IMAGE = "localhost/vramguard-workload:1"
+GPU_TOTAL = 24 * GiB
+QUOTA = "vramguard.io/vram"
+IMAGE_ARCHIVES = (IMAGES / "pause-1.tar", IMAGES / "workload-1.tar", IMAGES / f"vramguard-{__version__}.tar")
+
+
+def unavailable_reason() -> str | None:
+    """Why the cluster cannot start here (what is missing, and which script makes it), or None."""
+    reason = control_plane_unavailable() or node_unavailable()
+    if reason is None:
+        absent = [str(p) for p in IMAGE_ARCHIVES if not p.exists()]
+        reason = f"images missing: {', '.join(absent)} (scripts/node.sh, scripts/image.sh)" if absent else None
+    return reason
+
+
+@dataclass
+class Cluster:
+    plane: ControlPlane
+    node: RealNode
+    api: client.ApiClient
+    core: client.CoreV1Api
+    helm: Path
+    gpu_state: Path
+    values: dict[str, Any]
+    workdir: Path
+
+    def gpu(self, used: dict[int, int]) -> None:
+        """Make the test NVML report `used` (host PID -> bytes) on GPU 0."""
+        state = FakeNode.gpus(1, total_bytes=GPU_TOTAL, name="NVIDIA L4 (test NVML)")
+        state.drop_dead_pids = True  # a killed process leaves the driver's list, as on a real GPU
+        for pid, used_bytes in used.items():
+            state.gpu(0).add_process(pid, used_bytes)
+        state.write(self.gpu_state)
+
+    def helm_install(self, **policy: Any) -> None:
+        """Install (or upgrade to) the chart with the test values and `policy`; wait for the agent to be Ready."""
+        values = {**self.values, "policy": {**self.values["policy"], **policy}}
+        path = self.workdir / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        subprocess.run(
+            [str(self.helm), "upgrade", "--install", "vramguard", str(CHART), "--namespace", AGENT_NS,
+             "--create-namespace", "--kubeconfig", str(self.plane.kubeconfig_path), "-f", str(path)],
+            check=True, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        wait(lambda: self.agent_pod() is not None, 120, f"the agent pod with policy {values['policy']} Ready")
+
+    def agent_pod(self) -> dict[str, Any] | None:
+        """The agent's pod when it is Ready, alone and of the DaemonSet's current template (a rollout finished)."""
+        apps = client.AppsV1Api(self.api)
+        template = raw(self.api, apps.read_namespaced_daemon_set("vramguard", AGENT_NS))["spec"]["template"]
+        pods: list[dict[str, Any]] = raw(self.api, self.core.list_namespaced_pod(AGENT_NS))["items"]
+        if len(pods) != 1 or "deletionTimestamp" in pods[0]["metadata"] or not _ready(pods[0]):
+            return None
+        if pods[0]["metadata"]["annotations"] != template["metadata"]["annotations"]:
+            return None
+        return pods[0]
+
+    def workload(self, namespace: str, name: str, quota: str) -> dict[str, Any]:
+        """A running pod of the workload image with `quota` as its VRAM limit, placed by the scheduler."""
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
+            spec=client.V1PodSpec(
+                termination_grace_period_seconds=2,
+                containers=[
+                    client.V1Container(
+                        name="main",
+                        image=WORKLOAD_IMAGE,
+                        image_pull_policy="Never",
+                        resources=client.V1ResourceRequirements(limits={QUOTA: quota}),
+                    )
+                ],
+            ),
+        )
+        self.core.create_namespaced_pod(namespace, pod)
+        wait(lambda: self.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
+        found = self.pod(namespace, name)
+        assert found is not None
+        return found
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return raw(self.api, self.core.read_namespaced_pod(name, namespace))
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def phase(self, namespace: str, name: str) -> str | None:
+        pod = self.pod(namespace, name)
+        return None if pod is None else str(pod["status"]["phase"])
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        """The status of the pod's one container."""
+        pod = self.pod(namespace, name)
+        assert pod is not None, f"{namespace}/{name} is gone"
+        (status,) = pod["status"]["containerStatuses"]
+        return dict(status)
+
+    def pid(self, pod: dict[str, Any]) -> int:
+        (status,) = pod["status"]["containerStatuses"]
+        return self.node.container_pid(status["containerID"])
+
+    def reasons(self, namespace: str, name: str) -> list[str]:
+        events = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+        return sorted({e["reason"] for e in raw(self.api, events)["items"]})
+
+    def namespace(self, name: str) -> str:
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        # Pods need the namespace's "default" ServiceAccount, which kube-controller-manager creates.
+        wait(lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)), 30, "default SA")
+        return name
+
+
+def wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout_s:.0f}s")
+        time.sleep(0.25)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+    return conditions.get("Ready") == "True"
+
+
+def _exists(read: Callable[[], object]) -> bool:
+    try:
+        read()
+    except client.ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+@contextlib.contextmanager
+def real_cluster(helm: Path, *, poll_interval_s: float = 0.5) -> Iterator[Cluster]:
+    """The cluster, ready for `helm_install`; everything stopped and the host restored on leaving."""
+    workdir = Path(f"/tmp/vg-node-{os.getpid()}")
+    plane = ControlPlane(binaries_dir(), kubelets=True).start()
+    try:
+        plane.start_controller_manager(controllers=NODE_CONTROLLERS)
+        plane.start_scheduler()
+        with RealNode(plane, workdir / "node", labels={"nvidia.com/gpu.present": "true"}) as node:
+            node.import_images(*IMAGE_ARCHIVES)
+            gpu_dir = workdir / "gpu"
+            gpu_dir.mkdir(parents=True)
+            values = _test_values(plane, build_fake_nvml(), gpu_dir, poll_interval_s)
+            with plane.api_client() as api:
+                cluster = Cluster(plane, node, api, client.CoreV1Api(api), helm, gpu_dir / "state", values, workdir)
+                cluster.gpu({})
+                yield cluster
+    finally:
+        plane.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interval_s: float) -> dict[str, Any]:
+    return {
+        "image": {"repository": "localhost/vramguard", "tag": __version__, "pullPolicy": "Never"},
+        "hostNetwork": True,
+        "metrics": {"port": free_port()},
+        "advertiseCapacity": True,
+        "extraArgs": [f"--poll-interval={poll_interval_s}"],
+        "policy": {"mode": "kill", "cooldown": "1s"},
+        "extraEnv": [
+            {"name": "LD_LIBRARY_PATH", "value": "/opt/test-nvml"},
+            {"name": STATE_ENV, "value": "/run/test-nvml/state"},
+            # No kube-proxy here: point in-cluster config at the API server itself (on the host's loopback).
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": plane.host.rsplit(":", 1)[1]},
+        ],
+        "extraVolumes": [
+            {"name": "test-nvml", "hostPath": {"path": str(lib_dir), "type": "Directory"}},
+            {"name": "test-nvml-state", "hostPath": {"path": str(gpu_dir), "type": "Directory"}},
+        ],
+        "extraVolumeMounts": [
+            {"name": "test-nvml", "mountPath": "/opt/test-nvml", "readOnly": True},
+            {"name": "test-nvml-state", "mountPath": "/run/test-nvml", "readOnly": True},
+        ],
+    }
