@@ -37,6 +37,7 @@ EVERYTHING = (
     "advertiseCapacity=true",
     "runtimeClassName=nvidia",
     "imagePullSecrets[0].name=registry",
+    "hostNetwork=true",
 )
 
 
@@ -116,10 +117,16 @@ def test_values_reach_the_pod(helm: Path) -> None:
     assert c["args"][-4:] == ["--advertise-capacity", "--capacity-reserve=2Gi", "--dry-run", "--poll-interval=0.5"]
     assert "--metrics-port=9500" in c["args"] and c["ports"] == [{"name": "metrics", "containerPort": 9500}]
     assert spec["spec"]["runtimeClassName"] == "nvidia"
+    assert spec["spec"]["hostNetwork"] is True and spec["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert spec["spec"]["imagePullSecrets"] == [{"name": "registry"}]
     assert spec["metadata"]["annotations"]["team"] == "gpu"
     assert spec["metadata"]["annotations"]["prometheus.io/port"] == "9500"
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
+
+
+def test_pod_network_by_default(helm: Path) -> None:
+    spec = one(render(helm), "DaemonSet")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in spec and "dnsPolicy" not in spec
 
 
 def test_args_replace_the_defaults(helm: Path) -> None:

@@ -154,7 +154,7 @@ class RealNode:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        _ip("addr", "add", f"{NODE_IP}/32", "dev", "lo")
+        _ip("addr", "replace", f"{NODE_IP}/32", "dev", "lo")  # replace: a crashed run may have left it
         self._stack.callback(_ip_quiet, "addr", "del", f"{NODE_IP}/32", "dev", "lo")
         cni_dir = self.workdir / "containerd" / "cni"
         cni_dir.mkdir(parents=True, exist_ok=True)
