@@ -35,6 +35,12 @@
  *   proc <device> <compute|graphics|mps> <pid> <used|na>
  *                                         <device>: N (GPU N) or N/M (MIG slot M of GPU N); na reports
  *                                         NVML_VALUE_NOT_AVAILABLE
+ *   memory_limits <0|1>                   1: the driver supports per-cgroup memory limits (R615+):
+ *                                         nvmlDeviceSetMemoryLimits_v1 and nvmlDeviceGetMemoryLimits_v1 work on
+ *                                         whole GPUs; 0: both return NVML_ERROR_NOT_SUPPORTED (default 0). A build
+ *                                         with -DFAKE_NO_MEMORY_LIMITS lacks both symbols, as drivers before R615
+ *   allocations <0|1>                     1: processes that called vgFakeAllocate hold that memory: process lists
+ *                                         and memory info count it (default 0)
  *   error <function|*> <device|*> <code>  the function returns <code>
  *   hang <function|*> <device|*> <seconds>
  *                                         the function sleeps, then proceeds; the sleep ends early once the
@@ -42,6 +48,19 @@
  *
  * A fault's <device> N matches GPU N and its MIG instances, N/M only MIG slot M of GPU N, and * every call,
  * including those with no device (nvmlInit, nvmlDeviceGetCount). Memory figures are bytes.
+ *
+ * Beside the state file, shared by every process that uses the library (the agent, the test, the simulated
+ * workloads), the driver's own mutable state lives in files next to it, each line one record, updated under
+ * flock(2):
+ *   <state>.limits   <gpu> <soft> <hard> <cgroup path>   the limits set (a cleared limit has no line)
+ *   <state>.alloc    <gpu> <pid> <bytes>                 what vgFakeAllocate granted (a dead PID's is freed)
+ *   <state>.calls    one line per limits call: "set|get <gpu> <soft> <hard> <return code> <cgroup path>"
+ *
+ * Memory limits follow nvml.h and NVIDIA's dmem documentation: the cgroup path is a cgroup v2 directory (its full
+ * sysfs path as this process sees it); a process is in it when its "0::" cgroup is the directory or below it; an
+ * allocation that would take a limited cgroup over its hard limit fails (NVML_ERROR_MEMORY, standing for CUDA's
+ * out-of-memory) in that process only; and inside a limited cgroup nvmlDeviceGetMemoryInfo reports the limit
+ * as the device's total.
  */
 
 #define _GNU_SOURCE
@@ -55,7 +74,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -120,7 +142,7 @@ typedef struct {
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
     int cuda_driver_version;
-    int memory_v2, r535_layout, drop_dead_pids;
+    int memory_v2, r535_layout, drop_dead_pids, memory_limits, allocations;
     unsigned int gpu_count;
     fake_gpu gpus[FAKE_MAX_GPUS];
     fake_proc *procs;
@@ -370,6 +392,10 @@ static int parse_line(fake_state *s, char *line, char *why, size_t why_len)
         return 0;
     if (strcmp(word, "drop_dead_pids") == 0 && !parse_flag(f[1], &s->drop_dead_pids))
         return 0;
+    if (strcmp(word, "memory_limits") == 0 && !parse_flag(f[1], &s->memory_limits))
+        return 0;
+    if (strcmp(word, "allocations") == 0 && !parse_flag(f[1], &s->allocations))
+        return 0;
 bad:
     snprintf(why, why_len, "cannot parse the '%s' line", word);
     return -1;
@@ -599,6 +625,272 @@ static const fake_memory *memory_of(int gpu, int mig)
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
+/* The driver's mutable state: memory limits per cgroup, and simulated allocations */
+
+#define FAKE_MAX_RECORDS 4096
+#ifndef CGROUP2_SUPER_MAGIC
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#endif
+
+static int pid_is_dead(unsigned int pid);
+
+typedef struct {
+    int gpu;
+    unsigned long long soft, hard;
+    char path[PATH_MAX];
+} fake_limit;
+
+typedef struct {
+    int gpu;
+    unsigned int pid;
+    unsigned long long bytes;
+} fake_alloc;
+
+/* "<state file>.<suffix>" (g_path is the state file; called with g_lock held). */
+static void side_path(char *out, size_t cap, const char *suffix)
+{
+    snprintf(out, cap, "%s.%s", g_path, suffix);
+}
+
+/* Opens a side file locked (LOCK_SH or LOCK_EX), creating it for writers. -1 when it cannot. */
+static int side_open(const char *suffix, int lock)
+{
+    char path[PATH_MAX + 16];
+    int fd;
+    side_path(path, sizeof path, suffix);
+    fd = open(path, lock == LOCK_EX ? O_RDWR | O_CREAT | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, lock) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static FILE *side_stream(int fd)
+{
+    int copy = dup(fd);
+    FILE *fp = copy < 0 ? NULL : fdopen(copy, "r");
+    if (!fp && copy >= 0)
+        close(copy);
+    return fp;
+}
+
+/* Reads up to `cap` limits from the locked file; returns how many. */
+static size_t limits_read(int fd, fake_limit *out, size_t cap)
+{
+    char line[PATH_MAX + 128];
+    size_t n = 0;
+    FILE *fp;
+    if (fd < 0 || lseek(fd, 0, SEEK_SET) < 0 || !(fp = side_stream(fd)))
+        return 0;
+    while (n < cap && fgets(line, sizeof line, fp)) {
+        fake_limit *l = &out[n];
+        int used = 0;
+        line[strcspn(line, "\n")] = '\0';
+        if (sscanf(line, "%d %llu %llu %n", &l->gpu, &l->soft, &l->hard, &used) == 3 && used > 0)
+            n++, copy_text(l->path, sizeof l->path, line + used);
+    }
+    fclose(fp);
+    return n;
+}
+
+static size_t allocs_read(int fd, fake_alloc *out, size_t cap)
+{
+    char line[128];
+    size_t n = 0;
+    FILE *fp;
+    if (fd < 0 || lseek(fd, 0, SEEK_SET) < 0 || !(fp = side_stream(fd)))
+        return 0;
+    while (n < cap && fgets(line, sizeof line, fp))
+        if (sscanf(line, "%d %u %llu", &out[n].gpu, &out[n].pid, &out[n].bytes) == 3 && !pid_is_dead(out[n].pid))
+            n++;
+    fclose(fp);
+    return n;
+}
+
+/* Where this process sees the cgroup v2 hierarchy mounted ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"). */
+static int cgroup2_mount(char *out, size_t cap)
+{
+    char line[4096];
+    int found = -1;
+    FILE *fp = fopen("/proc/self/mountinfo", "r");
+    if (!fp)
+        return -1;
+    while (found && fgets(line, sizeof line, fp)) {
+        char mount_point[PATH_MAX], *sep = strstr(line, " - ");
+        if (sep && strncmp(sep + 3, "cgroup2 ", 8) == 0 &&
+            sscanf(line, "%*s %*s %*s %*s %4095s", mount_point) == 1) {
+            copy_text(out, cap, mount_point);
+            found = 0;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+/* A limit's path relative to the v2 hierarchy ("/kubepods/..."), as /proc/<pid>/cgroup writes it. */
+static int relative_cgroup(const char *path, char *out, size_t cap)
+{
+    char mount_point[PATH_MAX];
+    size_t len;
+    if (cgroup2_mount(mount_point, sizeof mount_point))
+        return -1;
+    len = strlen(mount_point);
+    if (strncmp(path, mount_point, len) != 0 || (path[len] != '/' && path[len] != '\0'))
+        return -1;
+    copy_text(out, cap, path[len] ? path + len : "/");
+    return 0;
+}
+
+/* The "0::" cgroup of a process ("/kubepods/besteffort/pod.../<id>"); -1 when gone. */
+static int pid_cgroup2(unsigned int pid, char *out, size_t cap)
+{
+    char path[64], line[PATH_MAX];
+    int found = -1;
+    FILE *fp;
+    snprintf(path, sizeof path, "/proc/%u/cgroup", pid);
+    if (!(fp = fopen(path, "r")))
+        return -1;
+    while (found && fgets(line, sizeof line, fp)) {
+        if (strncmp(line, "0::", 3) == 0) {
+            line[strcspn(line, "\n")] = '\0';
+            copy_text(out, cap, line + 3);
+            found = 0;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+/* Whether cgroup `inner` is `outer` or below it (both relative to the v2 root). */
+static int cgroup_within(const char *inner, const char *outer)
+{
+    size_t len = strlen(outer);
+    if (strcmp(outer, "/") == 0)
+        return 1;
+    return strncmp(inner, outer, len) == 0 && (inner[len] == '\0' || inner[len] == '/');
+}
+
+static int pid_within(unsigned int pid, const char *relative)
+{
+    char cgroup[PATH_MAX];
+    return pid_cgroup2(pid, cgroup, sizeof cgroup) == 0 && cgroup_within(cgroup, relative);
+}
+
+/* Live allocations (g_lock held; none unless the state asks for them). */
+static size_t live_allocations(fake_alloc *out, size_t cap)
+{
+    size_t n;
+    int fd;
+    if (!g_state->allocations || (fd = side_open("alloc", LOCK_SH)) < 0)
+        return 0;
+    n = allocs_read(fd, out, cap);
+    close(fd);
+    return n;
+}
+
+/* Memory the processes of cgroup `relative` (and below) hold on whole GPU `gpu`: listed processes that are
+ * alive plus live allocations. */
+static unsigned long long cgroup_used(int gpu, const char *relative, const fake_alloc *allocs, size_t nallocs)
+{
+    unsigned long long used = 0;
+    size_t i;
+    for (i = 0; i < g_state->nprocs; i++) {
+        const fake_proc *p = &g_state->procs[i];
+        if (p->gpu == gpu && p->mig < 0 && p->used != (unsigned long long)NVML_VALUE_NOT_AVAILABLE &&
+            !pid_is_dead(p->pid) && pid_within(p->pid, relative))
+            used += p->used;
+    }
+    for (i = 0; i < nallocs; i++)
+        if (allocs[i].gpu == gpu && pid_within(allocs[i].pid, relative))
+            used += allocs[i].bytes;
+    return used;
+}
+
+/* The tightest hard limit on GPU `gpu` over the cgroup of `pid` (or any parent of it): 0 and *relative
+ * untouched when none. */
+static unsigned long long limit_over(int gpu, unsigned int pid, char *relative, size_t cap)
+{
+    static fake_limit limits[FAKE_MAX_RECORDS]; /* g_lock held */
+    unsigned long long tightest = 0;
+    size_t i, n;
+    int fd;
+    if (!g_state->memory_limits || (fd = side_open("limits", LOCK_SH)) < 0)
+        return 0;
+    n = limits_read(fd, limits, FAKE_MAX_RECORDS);
+    close(fd);
+    for (i = 0; i < n; i++) {
+        char rel[PATH_MAX];
+        if (limits[i].gpu == gpu && relative_cgroup(limits[i].path, rel, sizeof rel) == 0 && pid_within(pid, rel) &&
+            (tightest == 0 || limits[i].hard < tightest)) {
+            tightest = limits[i].hard;
+            copy_text(relative, cap, rel);
+        }
+    }
+    return tightest;
+}
+
+/* The memory a caller sees: the state's figures plus live allocations; inside a limited cgroup, the limit as
+ * the total and the cgroup's own usage as used (g_lock held). */
+static fake_memory effective_memory(int gpu, int mig)
+{
+    static fake_alloc allocs[FAKE_MAX_RECORDS];
+    fake_memory m = *memory_of(gpu, mig);
+    size_t i, n;
+    char relative[PATH_MAX];
+    unsigned long long hard;
+    if (mig >= 0)
+        return m;
+    n = live_allocations(allocs, FAKE_MAX_RECORDS);
+    for (i = 0; i < n; i++)
+        if (allocs[i].gpu == gpu)
+            m.used += allocs[i].bytes, m.free = m.free > allocs[i].bytes ? m.free - allocs[i].bytes : 0;
+    hard = limit_over(gpu, (unsigned int)getpid(), relative, sizeof relative);
+    if (hard && hard < m.total) {
+        unsigned long long used = cgroup_used(gpu, relative, allocs, n);
+        m.total = hard;
+        m.reserved = 0;
+        m.used = used;
+        m.free = used < hard ? hard - used : 0;
+    }
+    return m;
+}
+
+/* Test-only entry point: the calling process allocates `bytes` on GPU `index`, as cudaMalloc would. Fails with
+ * NVML_ERROR_MEMORY (CUDA_ERROR_OUT_OF_MEMORY) when the GPU has not that much free, or when it would take a
+ * cgroup the caller is in over its hard limit; the memory stays allocated until the process exits. */
+FAKE_EXPORT nvmlReturn_t vgFakeAllocate(unsigned int index, unsigned long long bytes)
+{
+    static fake_alloc allocs[FAKE_MAX_RECORDS];
+    char relative[PATH_MAX], line[96];
+    unsigned long long hard, free_bytes;
+    size_t i, n;
+    int fd;
+    nvmlReturn_t ret = enter("vgFakeAllocate", (int)index, -1, 1);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (index >= g_state->gpu_count || !g_state->allocations)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    free_bytes = g_state->gpus[index].memory.free;
+    n = live_allocations(allocs, FAKE_MAX_RECORDS);
+    for (i = 0; i < n; i++)
+        if (allocs[i].gpu == (int)index)
+            free_bytes = free_bytes > allocs[i].bytes ? free_bytes - allocs[i].bytes : 0;
+    hard = limit_over((int)index, (unsigned int)getpid(), relative, sizeof relative);
+    if (bytes > free_bytes || (hard && cgroup_used((int)index, relative, allocs, n) + bytes > hard))
+        return leave(NVML_ERROR_MEMORY);
+    if ((fd = side_open("alloc", LOCK_EX)) < 0)
+        return leave(NVML_ERROR_UNKNOWN);
+    snprintf(line, sizeof line, "%u %d %llu\n", index, (int)getpid(), bytes);
+    ret = (lseek(fd, 0, SEEK_END) >= 0 && write(fd, line, strlen(line)) == (ssize_t)strlen(line))
+              ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+    close(fd);
+    return leave(ret);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Init, shutdown, errors, system */
 
 static nvmlReturn_t do_init(const char *function)
@@ -792,12 +1084,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 {
     int gpu, mig;
     const fake_memory *m;
+    fake_memory em;
     nvmlReturn_t ret = enter_device("nvmlDeviceGetMemoryInfo", device, &gpu, &mig);
     if (ret != NVML_SUCCESS)
         return ret;
     if (!memory)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    m = memory_of(gpu, mig);
+    em = effective_memory(gpu, mig);
+    m = &em;
     /* v1 counts the driver's reservation as used, which is why callers prefer v2 */
     memory->total = m->total;
     memory->free = m->free;
@@ -809,6 +1103,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
 {
     int gpu, mig;
     const fake_memory *m;
+    fake_memory em;
     nvmlReturn_t ret = enter_device("nvmlDeviceGetMemoryInfo_v2", device, &gpu, &mig);
     if (ret != NVML_SUCCESS)
         return ret;
@@ -818,7 +1113,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2)
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    m = memory_of(gpu, mig);
+    em = effective_memory(gpu, mig);
+    m = &em;
     memory->total = m->total;
     memory->reserved = m->reserved;
     memory->free = m->free;
@@ -852,11 +1148,31 @@ static int pid_is_dead(unsigned int pid)
  * while the header still declared the 24-byte nvmlProcessInfo_t. */
 typedef nvmlProcessDetail_v1_t fake_r535_process_info;
 
+/* Whether a listed process shows in a (gpu, mig, kind) list now. */
+static int proc_listed(const fake_proc *p, int gpu, int mig, enum fake_kind kind)
+{
+    return p->gpu == gpu && p->mig == mig && p->kind == kind && !(g_state->drop_dead_pids && pid_is_dead(p->pid));
+}
+
+/* Whether allocation `i` starts a row of its own: no listed process and no earlier allocation has its PID. */
+static int alloc_is_new_row(const fake_alloc *allocs, size_t i, int gpu, int mig, enum fake_kind kind)
+{
+    size_t j;
+    for (j = 0; j < g_state->nprocs; j++)
+        if (g_state->procs[j].pid == allocs[i].pid && proc_listed(&g_state->procs[j], gpu, mig, kind))
+            return 0;
+    for (j = 0; j < i; j++)
+        if (allocs[j].gpu == gpu && allocs[j].pid == allocs[i].pid)
+            return 0;
+    return 1;
+}
+
 static nvmlReturn_t running_processes(const char *function, enum fake_kind kind, size_t stride_v, nvmlDevice_t device,
                                       unsigned int *info_count, void *infos)
 {
+    static fake_alloc allocs[FAKE_MAX_RECORDS]; /* g_lock held */
     int gpu, mig;
-    size_t i, n = 0, stride = stride_v;
+    size_t i, j, n = 0, nallocs, stride = stride_v;
     unsigned char *out = infos;
     nvmlReturn_t ret = enter_device(function, device, &gpu, &mig);
     if (ret != NVML_SUCCESS)
@@ -866,11 +1182,14 @@ static nvmlReturn_t running_processes(const char *function, enum fake_kind kind,
     if (stride == 0) /* the _v3 functions: the trap, when the state asks for it */
         stride = g_state->r535_layout ? sizeof(fake_r535_process_info) : sizeof(nvmlProcessInfo_t);
 
-    for (i = 0; i < g_state->nprocs; i++) {
-        const fake_proc *p = &g_state->procs[i];
-        if (p->gpu == gpu && p->mig == mig && p->kind == kind && !(g_state->drop_dead_pids && pid_is_dead(p->pid)))
+    /* Allocations are compute memory on whole GPUs: they add to a listed process's row, or make their own. */
+    nallocs = (mig < 0 && kind == KIND_COMPUTE) ? live_allocations(allocs, FAKE_MAX_RECORDS) : 0;
+    for (i = 0; i < g_state->nprocs; i++)
+        if (proc_listed(&g_state->procs[i], gpu, mig, kind))
             n++;
-    }
+    for (i = 0; i < nallocs; i++)
+        if (allocs[i].gpu == gpu && alloc_is_new_row(allocs, i, gpu, mig, kind))
+            n++;
     if (n == 0) {
         *info_count = 0;
         return leave(NVML_SUCCESS);
@@ -880,15 +1199,31 @@ static nvmlReturn_t running_processes(const char *function, enum fake_kind kind,
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     n = 0;
-    for (i = 0; i < g_state->nprocs; i++) {
-        const fake_proc *p = &g_state->procs[i];
+    for (i = 0; i < g_state->nprocs + nallocs; i++) {
         fake_r535_process_info row;
-        if (!(p->gpu == gpu && p->mig == mig && p->kind == kind && !(g_state->drop_dead_pids && pid_is_dead(p->pid))))
-            continue;
+        unsigned long long used;
+        unsigned int pid;
+        if (i < g_state->nprocs) {
+            const fake_proc *p = &g_state->procs[i];
+            if (!proc_listed(p, gpu, mig, kind))
+                continue;
+            pid = p->pid;
+            used = p->used;
+        } else {
+            const fake_alloc *a = &allocs[i - g_state->nprocs];
+            if (a->gpu != gpu || !alloc_is_new_row(allocs, i - g_state->nprocs, gpu, mig, kind))
+                continue;
+            pid = a->pid;
+            used = 0;
+        }
+        if (used != (unsigned long long)NVML_VALUE_NOT_AVAILABLE)
+            for (j = 0; j < nallocs; j++)
+                if (allocs[j].gpu == gpu && allocs[j].pid == pid)
+                    used += allocs[j].bytes;
         /* Build the widest row, then copy the prefix the stride asks for: v1, v2 and the R535 row share it. */
         memset(&row, 0, sizeof row);
-        row.pid = p->pid;
-        row.usedGpuMemory = p->used;
+        row.pid = pid;
+        row.usedGpuMemory = used;
         row.gpuInstanceId = mig < 0 ? 0xFFFFFFFFu : g_state->gpus[gpu].migs[mig].gi;
         row.computeInstanceId = mig < 0 ? 0xFFFFFFFFu : g_state->gpus[gpu].migs[mig].ci;
         memcpy(out + n * stride, &row, stride);
@@ -1019,3 +1354,144 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, uns
 {
     return instance_id("nvmlDeviceGetComputeInstanceId", device, id, 1);
 }
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Memory limits per cgroup (R615+). A build with -DFAKE_NO_MEMORY_LIMITS stands for an older driver: the
+ * symbols are absent and pynvml reports NVML_ERROR_FUNCTION_NOT_FOUND. */
+
+#ifndef FAKE_NO_MEMORY_LIMITS
+
+static void log_limit_call(const char *verb, int gpu, unsigned long long soft, unsigned long long hard,
+                           nvmlReturn_t ret, const char *path)
+{
+    char line[PATH_MAX + 128];
+    int fd = side_open("calls", LOCK_EX);
+    if (fd < 0)
+        return;
+    snprintf(line, sizeof line, "%s %d %llu %llu %d %s\n", verb, gpu, soft, hard, (int)ret, path ? path : "-");
+    if (lseek(fd, 0, SEEK_END) >= 0 && write(fd, line, strlen(line)) < 0)
+        fprintf(stderr, "fake NVML: cannot log a limits call: %s\n", strerror(errno));
+    close(fd);
+}
+
+/* What both calls check first, with g_lock held: NVML_SUCCESS or the error nvml.h documents. */
+static nvmlReturn_t limits_prologue(int gpu, int mig, const char *path)
+{
+    struct statfs fs;
+    int fd;
+    if (!path)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig >= 0 || !g_state->memory_limits) /* "MIG handles are not supported" */
+        return NVML_ERROR_NOT_SUPPORTED;
+    (void)gpu;
+    /* "NVML_ERROR_OPERATING_SYSTEM if the cgroup path cannot be opened": a directory of the v2 hierarchy. */
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return NVML_ERROR_OPERATING_SYSTEM;
+    if (fstatfs(fd, &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) {
+        close(fd);
+        return NVML_ERROR_OPERATING_SYSTEM;
+    }
+    close(fd);
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, nvmlSetMemoryLimits_v1_t *limits)
+{
+    static fake_limit all[FAKE_MAX_RECORDS]; /* g_lock held */
+    const char *path = limits ? limits->nameSpace : NULL;
+    unsigned long long soft = limits ? limits->softLimit : 0, hard = limits ? limits->hardLimit : 0, total;
+    int gpu, mig, fd, clear;
+    size_t i, n, kept = 0;
+    FILE *fp;
+    nvmlReturn_t ret = enter_device("nvmlDeviceSetMemoryLimits_v1", device, &gpu, &mig);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (!limits) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((ret = limits_prologue(gpu, mig, path)) != NVML_SUCCESS)
+        goto out;
+    if (geteuid() != 0) { /* "Requires root/admin permissions" */
+        ret = NVML_ERROR_NO_PERMISSION;
+        goto out;
+    }
+    total = g_state->gpus[gpu].memory.total;
+    clear = soft == 0 && hard == NVML_DEVICE_MEMORY_LIMIT_MAX;
+    /* "the softLimit exceeds the hardLimit, or a limit exceeds total device memory" */
+    if (!clear && (soft > hard || soft > total || hard > total)) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((fd = side_open("limits", LOCK_EX)) < 0) {
+        ret = NVML_ERROR_UNKNOWN;
+        goto out;
+    }
+    n = limits_read(fd, all, FAKE_MAX_RECORDS);
+    for (i = 0; i < n; i++)
+        if (!(all[i].gpu == gpu && strcmp(all[i].path, path) == 0))
+            all[kept++] = all[i];
+    if (!clear && kept < FAKE_MAX_RECORDS) {
+        all[kept].gpu = gpu;
+        all[kept].soft = soft;
+        all[kept].hard = hard;
+        copy_text(all[kept].path, sizeof all[kept].path, path);
+        kept++;
+    }
+    ret = NVML_ERROR_UNKNOWN;
+    if (ftruncate(fd, 0) == 0 && lseek(fd, 0, SEEK_SET) == 0) {
+        int copy = dup(fd);
+        if (copy >= 0 && (fp = fdopen(copy, "w")) != NULL) {
+            for (i = 0; i < kept; i++)
+                fprintf(fp, "%d %llu %llu %s\n", all[i].gpu, all[i].soft, all[i].hard, all[i].path);
+            ret = fclose(fp) == 0 ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+        } else if (copy >= 0) {
+            close(copy);
+        }
+    }
+    close(fd);
+out:
+    log_limit_call("set", gpu, soft, hard, ret, path);
+    return leave(ret);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, nvmlGetMemoryLimits_v1_t *limits)
+{
+    static fake_limit all[FAKE_MAX_RECORDS];
+    static fake_alloc allocs[FAKE_MAX_RECORDS];
+    const char *path = limits ? limits->nameSpace : NULL;
+    int gpu, mig, fd;
+    size_t i, n;
+    nvmlReturn_t ret = enter_device("nvmlDeviceGetMemoryLimits_v1", device, &gpu, &mig);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (!limits) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((ret = limits_prologue(gpu, mig, path)) != NVML_SUCCESS)
+        goto out;
+    ret = NVML_ERROR_NOT_FOUND; /* "if the limits were not found for this device and cgroup" */
+    if ((fd = side_open("limits", LOCK_SH)) >= 0) {
+        n = limits_read(fd, all, FAKE_MAX_RECORDS);
+        close(fd);
+        for (i = 0; i < n; i++) {
+            char relative[PATH_MAX];
+            if (all[i].gpu != gpu || strcmp(all[i].path, path) != 0)
+                continue;
+            limits->softLimit = all[i].soft;
+            limits->hardLimit = all[i].hard;
+            limits->currentUsed = relative_cgroup(path, relative, sizeof relative) == 0
+                ? cgroup_used(gpu, relative, allocs, live_allocations(allocs, FAKE_MAX_RECORDS)) : 0;
+            ret = NVML_SUCCESS;
+            break;
+        }
+    }
+out:
+    log_limit_call("get", gpu, limits && ret == NVML_SUCCESS ? limits->softLimit : 0,
+                   limits && ret == NVML_SUCCESS ? limits->hardLimit : 0, ret, path);
+    return leave(ret);
+}
+
+#endif /* FAKE_NO_MEMORY_LIMITS */

@@ -51,6 +51,8 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_MEMORY = 20  # the fake's stand-in for CUDA_ERROR_OUT_OF_MEMORY from an allocation
+NVML_ERROR_OPERATING_SYSTEM = 17
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_UNKNOWN = 999
 
@@ -80,20 +82,24 @@ _NO_HEADER = (
 )
 
 
-def build_fake_nvml(cache_dir: Path | None = None, *, header: Path | None = None) -> Path:
-    """Compiles the fake NVML once per (source, header) pair; returns the directory holding libnvidia-ml.so.1.
+def build_fake_nvml(
+    cache_dir: Path | None = None, *, header: Path | None = None, memory_limits: bool = True
+) -> Path:
+    """Compiles the fake NVML once per (source, header, flags); returns the directory holding libnvidia-ml.so.1.
 
     The library is cached under `cache_dir` (default `~/.cache/vramguard/fake-nvml`) in a directory named by a
     hash of the C source, the header and the flags, so a changed source rebuilds and parallel builds never
-    see a half-written file (each compiles to a temporary name, then renames).
+    see a half-written file (each compiles to a temporary name, then renames). `memory_limits=False` builds a
+    driver before R615: without nvmlDeviceSetMemoryLimits_v1 and nvmlDeviceGetMemoryLimits_v1.
     """
+    flags = _CFLAGS if memory_limits else (*_CFLAGS, "-DFAKE_NO_MEMORY_LIMITS")
     header = header if header is not None else find_nvml_header()
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise FakeNvmlBuildError("no C compiler: install one (`apt-get install gcc`) or set CC")
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256()
-    for part in (source, header.read_bytes(), " ".join(_CFLAGS).encode()):
+    for part in (source, header.read_bytes(), " ".join(flags).encode()):
         digest.update(hashlib.sha256(part).digest())
     root = cache_dir if cache_dir is not None else Path.home() / ".cache" / "vramguard" / "fake-nvml"
     lib_dir = root / digest.hexdigest()[:16]
@@ -105,7 +111,7 @@ def build_fake_nvml(cache_dir: Path | None = None, *, header: Path | None = None
     os.close(fd)
     command = [
         compiler,
-        *_CFLAGS,
+        *flags,
         f"-I{header.parent}",
         f"-Wl,-soname,{LIBRARY_NAME}",
         "-o",
@@ -262,6 +268,8 @@ class FakeNode:
     memory_v2: bool = True  # False: nvmlDeviceGetMemoryInfo_v2 returns NVML_ERROR_FUNCTION_NOT_FOUND
     r535_layout: bool = False  # the _v3 process functions write 32-byte rows into 24-byte slots
     drop_dead_pids: bool = False  # process lists leave out PIDs that exited, as the real driver does
+    memory_limits: bool = False  # R615+: per-cgroup limits work on whole GPUs (else NVML_ERROR_NOT_SUPPORTED)
+    allocations: bool = False  # processes may call vgFakeAllocate (`Allocator`), and hold what they got
     faults: list[_Fault] = field(default_factory=list)
 
     @classmethod
@@ -311,6 +319,8 @@ class FakeNode:
             f"memory_v2 {int(self.memory_v2)}",
             f"r535_layout {int(self.r535_layout)}",
             f"drop_dead_pids {int(self.drop_dead_pids)}",
+            f"memory_limits {int(self.memory_limits)}",
+            f"allocations {int(self.allocations)}",
         ]
         if self.init_error is not None:
             lines.append(f"init_error {int(self.init_error)}")
@@ -353,6 +363,106 @@ def write_state(path: Path, text: str) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class DriverLimit:
+    """A memory limit the fake driver holds for one cgroup on one GPU (a line of ``<state>.limits``)."""
+
+    gpu: int
+    soft_bytes: int
+    hard_bytes: int
+    cgroup: str
+
+
+@dataclass(frozen=True)
+class LimitCall:
+    """One call of nvmlDevice{Set,Get}MemoryLimits_v1, as the fake recorded it (a line of ``<state>.calls``)."""
+
+    verb: str  # "set" or "get"
+    gpu: int
+    soft_bytes: int  # what was set, or what get returned (0 when it failed)
+    hard_bytes: int
+    result: int  # the nvmlReturn_t
+    cgroup: str
+
+
+def driver_limits(state_path: Path) -> list[DriverLimit]:
+    """The limits the fake driver holds now."""
+    return [
+        DriverLimit(int(gpu), int(soft), int(hard), cgroup)
+        for gpu, soft, hard, cgroup in _side_records(state_path, "limits", 4)
+    ]
+
+
+def limit_calls(state_path: Path) -> list[LimitCall]:
+    """Every limits call since the state's side files were last cleared, oldest first."""
+    return [
+        LimitCall(verb, int(gpu), int(soft), int(hard), int(result), cgroup)
+        for verb, gpu, soft, hard, result, cgroup in _side_records(state_path, "calls", 6)
+    ]
+
+
+def clear_driver_state(state_path: Path) -> None:
+    """Forget every limit, allocation and recorded call: the driver as after a reboot."""
+    for suffix in ("limits", "alloc", "calls"):
+        Path(f"{state_path}.{suffix}").unlink(missing_ok=True)
+
+
+def _side_records(state_path: Path, suffix: str, fields: int) -> list[list[str]]:
+    try:
+        text = Path(f"{state_path}.{suffix}").read_text()
+    except FileNotFoundError:
+        return []
+    return [line.split(maxsplit=fields - 1) for line in text.splitlines() if line.strip()]
+
+
+class Allocator:
+    """A simulated CUDA process: allocates GPU memory through the fake driver (vgFakeAllocate), which refuses
+    what the GPU has not free or what would take a limited cgroup over its hard limit, and holds what it got
+    until it exits. Start it where the process should live, e.g. in a container's cgroup::
+
+        proc = ctr.spawn(Allocator.argv(lib_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=fake_nvml_env(lib_dir, state_path))
+        trainer = Allocator(proc)
+        trainer.allocate(0, 4 * GiB)    # True: granted; False: out of memory
+    """
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    @staticmethod
+    def argv(lib_dir: Path) -> list[str]:
+        return [sys.executable, "-m", "vramguard_testbed.fakenvml", "allocator", str(lib_dir / LIBRARY_NAME)]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def allocate(self, gpu: int, nbytes: int) -> bool:
+        """True when the driver granted it, False when it said out of memory; raises on anything else."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{gpu} {nbytes}\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().strip()
+        if answer not in ("ok", "oom"):
+            raise RuntimeError(f"allocator {self.pid}: {answer or 'exited'}")
+        return answer == "ok"
+
+
+def _serve_allocations(library: str) -> None:
+    """The allocator process: one "<gpu> <bytes>" request per line on stdin, "ok" or "oom" on stdout."""
+    lib = ctypes.CDLL(library)
+    if lib.nvmlInit_v2() != 0:
+        sys.exit("allocator: nvmlInit_v2 failed")
+    allocate = lib.vgFakeAllocate
+    allocate.argtypes = (ctypes.c_uint, ctypes.c_ulonglong)
+    for line in sys.stdin:
+        gpu, nbytes = (int(x) for x in line.split())
+        code = allocate(gpu, nbytes)
+        answer = "ok" if code == 0 else "oom" if code == NVML_ERROR_MEMORY else f"error {code}"
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+
+
 def _used(processes: Iterable[FakeProcess]) -> int:
     return sum(p.used_bytes or 0 for p in processes)
 
@@ -381,5 +491,8 @@ def _name(value: str) -> str:
     return value.strip()
 
 
-if __name__ == "__main__":  # `python -m vramguard_testbed.fakenvml`: build, print the directory for scripts
-    sys.stdout.write(f"{build_fake_nvml()}\n")
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["allocator"]:  # Allocator's process
+        _serve_allocations(sys.argv[2])
+    else:  # `python -m vramguard_testbed.fakenvml`: build, print the directory for scripts
+        sys.stdout.write(f"{build_fake_nvml()}\n")
