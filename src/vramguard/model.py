@@ -71,6 +71,14 @@ class EvictionRefused(str, enum.Enum):
     KILL = "kill"
 
 
+class DriverLimits(str, enum.Enum):
+    """Whether the agent programs the driver's per-cgroup memory limits (R615+) from quotas, in evict/kill."""
+
+    AUTO = "auto"  # where the driver, the GPU and the host support them; reactive enforcement everywhere else
+    OFF = "off"  # never call them
+    REQUIRE = "require"  # as auto, and /readyz fails on a node where they cannot be applied
+
+
 class Reason(str, enum.Enum):
     """Why an action was decided."""
 
@@ -310,6 +318,7 @@ class Policy:
     # before it counts the eviction as refused (then on_eviction_refused applies): a frozen or unreachable API
     # server must not protect an offender from `on_eviction_refused: kill`.
     eviction_timeout_s: float = 15.0
+    driver_limits: DriverLimits = DriverLimits.AUTO
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
     quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
     default: DefaultQuota = DefaultQuota()

@@ -18,6 +18,8 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
     on_eviction_refused: wait  # wait | kill: when PodDisruptionBudgets keep refusing an eviction
     eviction_timeout: 15s      # duration > 0: how long the agent tries to evict a pod, retries included, before
                                # it counts the eviction as refused (then on_eviction_refused applies)
+    driver_limits: auto        # auto | off | require: program the driver's per-cgroup memory limits (R615+) from
+                               # quotas in evict and kill modes; require makes /readyz fail where they cannot
     exempt_namespaces: [kube-system]  # never acted on; replaces the default list, so keep kube-system in it.
                                       # The agent adds its own namespace at runtime.
     quota_sources:             # precedence order; resource:<name> reads a container limit, annotation:<name> a
@@ -57,7 +59,15 @@ from typing import Any, Final, TypeVar
 
 import yaml
 
-from vramguard.model import DefaultKind, DefaultQuota, EvictionRefused, Mode, NamespacePolicy, Policy
+from vramguard.model import (
+    DefaultKind,
+    DefaultQuota,
+    DriverLimits,
+    EvictionRefused,
+    Mode,
+    NamespacePolicy,
+    Policy,
+)
 from vramguard.quantity import (
     QuantityError,
     parse_duration,
@@ -81,6 +91,7 @@ TOP_LEVEL_FIELDS: Final = (
     "cooldown",
     "on_eviction_refused",
     "eviction_timeout",
+    "driver_limits",
     "exempt_namespaces",
     "quota_sources",
     "default",
@@ -232,6 +243,8 @@ class _Parser:
                 changes["on_eviction_refused"] = self.convert(key, value, _choice(EvictionRefused))
             elif key == "eviction_timeout":
                 changes["eviction_timeout_s"] = self.convert(key, value, _positive_duration)
+            elif key == "driver_limits":
+                changes["driver_limits"] = self.convert(key, value, _choice(DriverLimits))
             elif key == "exempt_namespaces":
                 names = self.namespace_names(key, value)
                 changes["exempt_namespaces"] = frozenset(names) if names is not None else None

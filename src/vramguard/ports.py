@@ -121,3 +121,42 @@ class CapacityPublisher(Protocol):
     def withdraw(self) -> None:
         """Remove the advertised resource (the agent runs without --advertise-capacity)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class DriverLimit:
+    """The memory limits the driver holds for one cgroup on one GPU (nvmlGetMemoryLimits_v1_t)."""
+
+    soft_bytes: int
+    hard_bytes: int
+    used_bytes: int  # what the cgroup's processes hold on that GPU, every context counted
+
+
+class LimitsUnavailable(Exception):
+    """The driver cannot hold limits: not at all (`whole_driver`: a driver before R615, no symbol), or not on
+    this GPU (NVML_ERROR_NOT_SUPPORTED)."""
+
+    def __init__(self, message: str, *, whole_driver: bool) -> None:
+        super().__init__(message)
+        self.whole_driver = whole_driver
+
+
+class LimitFailed(Exception):
+    """A limits call failed for this cgroup (the path cannot be opened, no permission, an NVML error)."""
+
+
+class MemoryLimiter(Protocol):
+    """The driver's per-cgroup GPU memory limits (NVIDIA R615+). `cgroup` is the full path of a cgroup v2
+    directory as this process sees it. May block (an NVML call): only `limiter.DriverLimiter`'s worker calls it.
+    Raises `LimitsUnavailable` or `LimitFailed`."""
+
+    def get(self, gpu_index: int, cgroup: str) -> DriverLimit | None:
+        """The limits held for `cgroup` on the GPU, or None when none are set."""
+        ...
+
+    def set(self, gpu_index: int, cgroup: str, soft_bytes: int, hard_bytes: int) -> None:
+        """Set the limits; soft 0 and hard `LIMIT_MAX` clear them."""
+        ...
+
+
+LIMIT_MAX = 0xFFFFFFFFFFFFFFFF  # NVML_DEVICE_MEMORY_LIMIT_MAX: "no hard limit"

@@ -3,10 +3,12 @@
 - `sampler`: `NvmlSampler`, the `GpuSampler` seam: devices, MIG instances, memory and processes per scan;
 - `deadline`: runs each GPU's calls on a worker thread under a deadline, abandoning a hung one;
 - `rows`: which process-list functions the driver has, and decoding their rows (the R535 row-size trap);
-- `errors`: the error kinds the agent counts, dropped rows, and messages that say what to do.
+- `errors`: the error kinds the agent counts, dropped rows, and messages that say what to do;
+- `limits`: `NvmlMemoryLimiter`, the `MemoryLimiter` seam: the driver's per-cgroup memory limits (R615+).
 """
 
 from vramguard.nvml.errors import DroppedRow, NvmlErrorKind, NvmlUnavailable
+from vramguard.nvml.limits import NvmlMemoryLimiter
 from vramguard.nvml.rows import STRIDE_R535_BYTES, STRIDE_V1_BYTES, STRIDE_V2_BYTES, ProcessApi, probe_process_api
 from vramguard.nvml.sampler import DEFAULT_CALL_TIMEOUT_S, NvmlSampler
 
@@ -17,6 +19,7 @@ __all__ = [
     "STRIDE_V2_BYTES",
     "DroppedRow",
     "NvmlErrorKind",
+    "NvmlMemoryLimiter",
     "NvmlSampler",
     "NvmlUnavailable",
     "ProcessApi",

@@ -1,0 +1,253 @@
+"""Programs the driver's per-cgroup memory limits (`limits.LimitTarget`s) on a worker thread.
+
+The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
+(`collect`, for Events, metrics and the log); everything that touches the file system or NVML runs on the
+worker: finding each container's cgroup v2 directory (a walk of the kubelet's tree under `--cgroup-root`, by pod
+UID and container ID), comparing with what the driver holds (Get), setting what differs (Set: soft 0, hard = the
+quota's hard limit), clearing limits no longer wanted, and reading back each limited cgroup's usage as the
+driver counts it (every context, which per-process rows can miss).
+
+Idempotent: a limit the driver already holds is left alone (an agent restart sets nothing), a changed quota is
+set again, a container whose cgroup is not there yet is retried every `retry_s`, and everything is compared
+again every `resync_s`. Where the node cannot hold limits at all (no cgroup v2 hierarchy, a driver before R615)
+the limiter says so once (`unavailable`) and stops; a GPU that answers NOT_SUPPORTED is left out. The reactive
+loop enforces every quota either way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from vramguard.cgroup import parse_cgroup_path
+from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
+from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
+from vramguard.worker import Runner, Worker
+
+# How deep below the v2 root a container's directory may sit: kind nests kubelet.slice/kubelet-kubepods.slice/
+# kubelet-kubepods-burstable.slice/<pod>/<container>, and a container may have sub-cgroups of its own.
+_MAX_DEPTH = 7
+
+
+def v2_root(cgroup_root: str) -> str | None:
+    """The cgroup v2 hierarchy under `cgroup_root`: itself on a pure v2 host, ``unified`` on a hybrid one."""
+    for candidate in (cgroup_root, os.path.join(cgroup_root, "unified")):
+        if os.path.exists(os.path.join(candidate, "cgroup.controllers")):
+            return candidate
+    return None
+
+
+def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | None], str]:
+    """(pod UID, container ID or None for the pod's own cgroup) → directory, for the pods in `pod_uids`, from a
+    walk of the kubelet's directories under the v2 `root` (other directories are not entered)."""
+    wanted = set(pod_uids)
+    found: dict[tuple[str, str | None], str] = {}
+    if not wanted:
+        return found
+
+    def walk(directory: str, relative: str, depth: int) -> None:
+        try:
+            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return  # removed while walking, or unreadable: the next walk sees it again
+        for entry in entries:
+            path = f"{relative}/{entry.name}"
+            identity = parse_cgroup_path(path)
+            if identity is not None:
+                if identity.pod_uid not in wanted:
+                    continue
+                key = (identity.pod_uid, identity.container_id)
+                # The first (shallowest) directory of a container is its own; deeper ones are its sub-cgroups.
+                found.setdefault(key, entry.path)
+                if identity.container_id is not None:
+                    continue
+            elif not entry.name.startswith(("kubepods", "kubelet", "besteffort", "burstable")):
+                continue
+            if depth < _MAX_DEPTH:
+                walk(entry.path, path, depth + 1)
+
+    walk(root, "", 1)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class DriverUsage:
+    """A limited cgroup's memory on one GPU as the driver counts it, and when it was read (monotonic seconds)."""
+
+    used_bytes: int
+    read_at: float
+
+
+class DriverLimiter:
+    def __init__(
+        self,
+        memory: MemoryLimiter,
+        cgroup_root: str = "/sys/fs/cgroup",
+        *,
+        runner: Runner | None = None,
+        resync_s: float = 30.0,
+        retry_s: float = 2.0,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self.memory = memory
+        self.cgroup_root = cgroup_root
+        self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1)
+        self.resync_s = resync_s
+        self.retry_s = retry_s
+        self.log = log if log is not None else structlog.get_logger("vramguard.limits")
+        self._lock = threading.Lock()
+        self._outcomes: list[LimitOutcome] = []
+        self._held: dict[LimitKey, int] = {}
+        self._usage: dict[LimitKey, DriverUsage] = {}
+        self._unavailable: str | None = None
+        self._unsupported_gpus: dict[int, str] = {}
+        # Worker-only: what this agent knows the driver holds, by (cgroup directory, GPU index).
+        self._programmed: dict[tuple[str, int], LimitTarget] = {}
+        self._incomplete = False
+        # Loop-only: the targets last handed to the worker, and when.
+        self._submitted: tuple[LimitTarget, ...] | None = None
+        self._submitted_at = -math.inf
+
+    # -- the loop's side ---------------------------------------------------------------------------------------
+
+    def update(self, targets: tuple[LimitTarget, ...], now: float) -> None:
+        """Hand the limits wanted now to the worker: when they changed, for a retry, or for the periodic resync
+        (and in every other scan just a refresh of the limited cgroups' usage). Never blocks."""
+        if self._unavailable is not None:
+            return
+        due = self.retry_s if self._incomplete else self.resync_s
+        if targets == self._submitted and now - self._submitted_at < due:
+            self.runner.submit(self._refresh_usage)  # dropped when the worker is still busy: fine
+            return
+        if self.runner.submit(lambda: self._reconcile(targets)):
+            self._submitted, self._submitted_at = targets, now
+
+    def collect(self) -> list[LimitOutcome]:
+        """The outcomes since the last call (for Events, metrics, the log)."""
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
+        return outcomes
+
+    def held(self) -> Mapping[LimitKey, int]:
+        """The hard limit the driver holds for each target, as of the last reconcile."""
+        with self._lock:
+            return dict(self._held)
+
+    def usage(self) -> Mapping[LimitKey, DriverUsage]:
+        """Each limited container's memory per GPU as the driver counts it, with when it was read."""
+        with self._lock:
+            return dict(self._usage)
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why this node cannot hold driver limits at all, or None (as far as the limiter has found out)."""
+        return self._unavailable
+
+    def unsupported_gpus(self) -> Mapping[int, str]:
+        with self._lock:
+            return dict(self._unsupported_gpus)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop the worker. The limits stay: they protect the neighbours while the agent is away."""
+        self.runner.stop(timeout_s)
+
+    # -- the worker's side -------------------------------------------------------------------------------------
+
+    def _reconcile(self, targets: tuple[LimitTarget, ...]) -> None:
+        root = v2_root(self.cgroup_root)
+        if root is None:
+            self._give_up(f"no cgroup v2 hierarchy under {self.cgroup_root} (the driver's limits need cgroup v2)")
+            return
+        located = locate_cgroups(root, {t.pod.uid for t in targets})
+        wanted: dict[tuple[str, int], LimitTarget] = {}
+        incomplete = False
+        for t in targets:
+            if t.gpu_index in self._unsupported_gpus:
+                continue
+            path = located.get((t.pod.uid, t.container_id))
+            if path is None:
+                incomplete = True  # the container's cgroup is not there yet (or is gone): try again soon
+                continue
+            wanted[(path, t.gpu_index)] = t
+        outcomes: list[LimitOutcome] = []
+        usage: dict[LimitKey, DriverUsage] = {}
+        for (path, gpu), t in wanted.items():
+            try:
+                outcome = self._program(path, gpu, t, usage)
+            except LimitsUnavailable as e:
+                if e.whole_driver:
+                    self._give_up(str(e))
+                    return
+                with self._lock:
+                    self._unsupported_gpus[gpu] = str(e)
+                outcomes.append(LimitOutcome(t, "unsupported", str(e)))
+                continue
+            except LimitFailed as e:
+                outcomes.append(LimitOutcome(t, "failed", str(e)))
+                incomplete = True
+                continue
+            if outcome is not None:
+                outcomes.append(outcome)
+        outcomes += self._clear_unwanted(wanted)
+        self._incomplete = incomplete
+        with self._lock:
+            self._outcomes += outcomes
+            self._held = {t.key: t.hard_bytes for t in self._programmed.values()}
+            self._usage = usage
+
+    def _program(self, path: str, gpu: int, t: LimitTarget, usage: dict[LimitKey, DriverUsage]) -> LimitOutcome | None:
+        """Make the driver hold `t` on `path`; the outcome to report, or None when nothing new happened."""
+        current = self.memory.get(gpu, path)
+        known = self._programmed.get((path, gpu))
+        if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
+            usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+            self._programmed[(path, gpu)] = t
+            return None if known is not None else LimitOutcome(t, "unchanged", "the driver already holds it")
+        self.memory.set(gpu, path, 0, t.hard_bytes)
+        self._programmed[(path, gpu)] = t
+        if current is not None:
+            usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+        was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
+        return LimitOutcome(t, "applied", f"{t.describe()}{was}")
+
+    def _clear_unwanted(self, wanted: Mapping[tuple[str, int], LimitTarget]) -> list[LimitOutcome]:
+        outcomes = []
+        for (path, gpu), old in list(self._programmed.items()):
+            if (path, gpu) in wanted:
+                continue
+            del self._programmed[(path, gpu)]
+            if not os.path.isdir(path):
+                continue  # removed with its cgroup, and its limits with it
+            try:
+                self.memory.set(gpu, path, 0, LIMIT_MAX)
+            except (LimitsUnavailable, LimitFailed) as e:
+                outcomes.append(LimitOutcome(old, "failed", f"clearing: {e}"))
+                continue
+            outcomes.append(LimitOutcome(old, "cleared"))
+        return outcomes
+
+    def _refresh_usage(self) -> None:
+        usage: dict[LimitKey, DriverUsage] = {}
+        for (path, gpu), t in list(self._programmed.items()):
+            try:
+                current = self.memory.get(gpu, path)
+            except (LimitsUnavailable, LimitFailed):
+                continue  # the next reconcile reports it
+            if current is not None:
+                usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+        with self._lock:
+            self._usage = usage
+
+    def _give_up(self, reason: str) -> None:
+        if self._unavailable is None:
+            self.log.warning("driver_limits_unavailable", reason=reason, fallback="reactive enforcement")
+        self._unavailable = reason
+        with self._lock:
+            self._held = {}
+            self._usage = {}
