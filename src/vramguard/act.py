@@ -20,12 +20,13 @@ from __future__ import annotations
 import itertools
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
 
-from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError
+from vramguard.limits import LimitOutcome
+from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError, cut, format_bytes
 from vramguard.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.quantity import format_duration
 from vramguard.quota import invalid_message
@@ -38,6 +39,8 @@ EVENT_EVICTION_REFUSED = "VRAMEvictionRefused"  # a PodDisruptionBudget said no
 EVENT_EVICTION_FAILED = "VRAMEvictionFailed"  # no answer, or an error from the API server
 EVENT_KILLED = "VRAMKilled"
 EVENT_INVALID = "VRAMQuotaInvalid"
+EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
+EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,11 +226,34 @@ class Enforcer:
     def _event(self, action: Action, reason: str, message: str) -> None:
         self._record(action.pod, reason, message)
 
-    def _record(self, pod: PodInfo, reason: str, message: str) -> None:
+    def report_limits(self, outcomes: Iterable[LimitOutcome]) -> None:
+        """One Event per container (or pod-wide quota) for the driver limits just applied, and a Warning for
+        those that failed, naming the GPUs."""
+        grouped: dict[tuple[str, str | None, str], list[LimitOutcome]] = {}
+        for o in outcomes:
+            if o.result in ("applied", "failed"):
+                grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
+        for (_, _, result), group in grouped.items():
+            t = group[0].target
+            gpus = ", ".join(str(o.target.gpu_index) for o in group)
+            if result == "applied":
+                message = (
+                    f"the driver now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
+                    "an allocation beyond it fails in this container only"
+                )
+                self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
+            else:
+                message = (
+                    f"could not set the driver's memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "
+                    "vramguard enforces the quota itself"
+                )
+                self._record(t.pod, EVENT_LIMIT_FAILED, cut(message, 1024))
+
+    def _record(self, pod: PodInfo, reason: str, message: str, *, warning: bool = True) -> None:
         if self.dry_run:
             self.log.warning("event", pod=pod.key, reason=reason, message=message, dry_run=True)
             return
         try:
-            self.events.record(pod, reason, message)
+            self.events.record(pod, reason, message, warning=warning)
         except Exception as e:  # an Event is a report; failing to queue it must not undo the action
             self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))

@@ -1,4 +1,4 @@
-"""The agent's loop: sample → identify → attribute → resolve quotas → decide → act → report.
+"""The agent's loop: sample → identify → attribute → resolve quotas → (driver limits) → decide → act → report.
 
 This is the only stateful piece, and it is short on purpose: every step is a call into a module that can be read
 and tested alone. Side effects come in through the constructor (kubelet eviction manager style).
@@ -18,6 +18,8 @@ import structlog
 from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
+from vramguard.limiter import DriverLimiter
+from vramguard.limits import LimitOutcome, wanted_limits, whole_gpus
 from vramguard.metrics import Metrics
 from vramguard.model import Action, GpuSample, Mode, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, GpuSampler, PodSource, ProcessIdentifier
@@ -66,6 +68,7 @@ class Agent:
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
         capacity: CapacityPublisher | None = None,
+        limiter: DriverLimiter | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -74,6 +77,7 @@ class Agent:
         self.enforcer = enforcer
         self.metrics = metrics
         self.capacity = capacity
+        self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
         self.clock = clock if clock is not None else MonotonicClock()
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
@@ -100,8 +104,13 @@ class Agent:
         quotas, invalid = self.quotas.resolve(pods, self.pods.node_labels())
         for pod, error in invalid:
             self.enforcer.report_invalid(pod, error)
-        # 5. Decide, purely.
         now = self.clock.now()
+        # 4b. Driver limits (R615+): hand the limits the quotas call for to the limiter's worker, which programs
+        #     them into the driver; the decision below enforces every quota either way.
+        if self.limiter is not None:
+            targets = wanted_limits(pods, quotas, sample.devices, self.policy, agent_pod_uid=self.agent_pod_uid)
+            self.limiter.update(targets, [d.index for d in whole_gpus(sample.devices)], now)
+        # 5. Decide, purely.
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
         #    processes let go of their memory.
@@ -175,6 +184,22 @@ class Agent:
                 return False
         return True
 
+    def _report_limits(self, outcomes: list[LimitOutcome]) -> None:
+        self.enforcer.report_limits(outcomes)
+        for o in outcomes:
+            self.metrics.driver_limit_results.labels(outcome=o.result).inc()
+            t = o.target
+            log = self.log.warning if o.result == "failed" else self.log.info
+            log(
+                "driver_limit",
+                result=o.result,
+                pod=t.pod.key,
+                container=t.container,
+                gpu=t.gpu_index,
+                hard_bytes=t.hard_bytes,
+                detail=o.detail or None,
+            )
+
     def _belongs_to(self, pid: int, v: Violation) -> bool:
         """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""
         found = self.identifier.identify(pid)
@@ -191,8 +216,11 @@ class Agent:
         outcomes: tuple[Outcome, ...],
         duration_s: float,
     ) -> None:
-        self.metrics.observe_scan(snapshot, quotas, decision)
+        held = self.limiter.held().values() if self.limiter is not None else ()
+        self.metrics.observe_scan(snapshot, quotas, decision, held)
         self.metrics.scan_duration.observe(duration_s)
+        if self.limiter is not None:
+            self._report_limits(self.limiter.collect())
         for o in outcomes:
             self.metrics.actions.labels(action=o.action_name, result=o.result).inc()
             v = o.action.violation

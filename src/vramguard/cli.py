@@ -15,7 +15,7 @@ import typer
 from vramguard import __version__
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
-from vramguard.model import Mode
+from vramguard.model import DriverLimits, Mode
 from vramguard.nvml import NvmlSampler, NvmlUnavailable
 from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
@@ -97,6 +97,14 @@ def run(
     device_prefix: Annotated[
         str, typer.Option("--gpu-device-prefix", hidden=True, help="Device files that hold GPU memory (tests).")
     ] = "/dev/nvidia",
+    driver_limits: Annotated[
+        DriverLimits | None,
+        typer.Option(
+            "--driver-limits",
+            help="The driver's per-cgroup memory limits (R615+) in evict/kill: auto, off or require "
+            "(overrides the policy's driver_limits).",
+        ),
+    ] = None,
 ) -> None:
     """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
     configure_logging(log_format)
@@ -106,7 +114,7 @@ def run(
         _fail(f"--capacity-reserve: {e}")
     config = RunConfig(
         node_name=node_name,
-        policy=_or_exit(lambda: policy_for(policy_path, mode, agent_namespace)),
+        policy=_or_exit(lambda: policy_for(policy_path, mode, agent_namespace, driver_limits)),
         dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,

@@ -103,24 +103,30 @@ class DriverLimiter:
         self.log = log if log is not None else structlog.get_logger("vramguard.limits")
         self._lock = threading.Lock()
         self._outcomes: list[LimitOutcome] = []
-        self._held: dict[LimitKey, int] = {}
+        self._held: dict[LimitKey, LimitTarget] = {}
         self._usage: dict[LimitKey, DriverUsage] = {}
         self._unavailable: str | None = None
         self._unsupported_gpus: dict[int, str] = {}
         # Worker-only: what this agent knows the driver holds, by (cgroup directory, GPU index).
         self._programmed: dict[tuple[str, int], LimitTarget] = {}
         self._incomplete = False
+        self._probed = False
         # Loop-only: the targets last handed to the worker, and when.
         self._submitted: tuple[LimitTarget, ...] | None = None
         self._submitted_at = -math.inf
 
     # -- the loop's side ---------------------------------------------------------------------------------------
 
-    def update(self, targets: tuple[LimitTarget, ...], now: float) -> None:
+    def update(self, targets: tuple[LimitTarget, ...], gpus: Iterable[int], now: float) -> None:
         """Hand the limits wanted now to the worker: when they changed, for a retry, or for the periodic resync
-        (and in every other scan just a refresh of the limited cgroups' usage). Never blocks."""
+        (and in every other scan just a refresh of the limited cgroups' usage). The first call also asks the
+        driver whether it can hold limits on `gpus` at all, so `unavailable` is known before any pod has a
+        quota. Never blocks."""
         if self._unavailable is not None:
             return
+        if not self._probed:
+            gpu_list = tuple(gpus)
+            self._probed = self.runner.submit(lambda: self._probe(gpu_list))
         due = self.retry_s if self._incomplete else self.resync_s
         if targets == self._submitted and now - self._submitted_at < due:
             self.runner.submit(self._refresh_usage)  # dropped when the worker is still busy: fine
@@ -134,8 +140,8 @@ class DriverLimiter:
             outcomes, self._outcomes = self._outcomes, []
         return outcomes
 
-    def held(self) -> Mapping[LimitKey, int]:
-        """The hard limit the driver holds for each target, as of the last reconcile."""
+    def held(self) -> Mapping[LimitKey, LimitTarget]:
+        """The limits the driver holds, as of the last reconcile."""
         with self._lock:
             return dict(self._held)
 
@@ -158,6 +164,24 @@ class DriverLimiter:
         self.runner.stop(timeout_s)
 
     # -- the worker's side -------------------------------------------------------------------------------------
+
+    def _probe(self, gpus: tuple[int, ...]) -> None:
+        root = v2_root(self.cgroup_root)
+        if root is None:
+            self._give_up(f"no cgroup v2 hierarchy under {self.cgroup_root} (the driver's limits need cgroup v2)")
+            return
+        for gpu in gpus:
+            try:
+                self.memory.get(gpu, root)  # no limit on the root: NOT_FOUND, i.e. None, where supported
+            except LimitsUnavailable as e:
+                if e.whole_driver:
+                    self._give_up(str(e))
+                    return
+                self.log.warning("driver_limits_unsupported", gpu=gpu, reason=str(e), fallback="reactive enforcement")
+                with self._lock:
+                    self._unsupported_gpus[gpu] = str(e)
+            except LimitFailed:
+                pass  # this cgroup only; the containers' own are what matter
 
     def _reconcile(self, targets: tuple[LimitTarget, ...]) -> None:
         root = v2_root(self.cgroup_root)
@@ -198,7 +222,7 @@ class DriverLimiter:
         self._incomplete = incomplete
         with self._lock:
             self._outcomes += outcomes
-            self._held = {t.key: t.hard_bytes for t in self._programmed.values()}
+            self._held = {t.key: t for t in self._programmed.values()}
             self._usage = usage
 
     def _program(self, path: str, gpu: int, t: LimitTarget, usage: dict[LimitKey, DriverUsage]) -> LimitOutcome | None:

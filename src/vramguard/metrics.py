@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vramguard.decide import Decision
+from vramguard.limits import LimitTarget
 from vramguard.model import Mode, PodQuota, Reason, Snapshot
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -24,6 +25,7 @@ class _ScanCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: Snapshot | None = None
         self.quotas: Mapping[str, PodQuota] = {}
+        self.driver_limits: Iterable[LimitTarget] = ()
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -92,6 +94,18 @@ class _ScanCollector(Collector):
         yield healthy
         yield unattributed
 
+        limits = GaugeMetricFamily(
+            "vramguard_driver_limit_bytes",
+            "The hard GPU memory limit the driver holds for a container's cgroup on one GPU (container is empty for "
+            "a pod's own cgroup): allocations beyond it fail in that container.",
+            labels=labels,
+        )
+        for t in self.driver_limits:
+            device = devices.get(t.gpu_uuid)
+            label = device.label if device is not None else str(t.gpu_index)
+            limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
+        yield limits
+
 
 class Metrics:
     """Every metric the agent exports, on one registry."""
@@ -135,6 +149,13 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.driver_limit_results = Counter(
+            "vramguard_driver_limits_total",
+            "Driver memory limits programmed, by outcome: applied, unchanged (already held), cleared, unsupported "
+            "(the reactive modes hold that quota), failed.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.nvml_errors = Counter(
             "vramguard_nvml_errors_total",
             "NVML failures and rows dropped by sanity checks, by kind.",
@@ -142,9 +163,16 @@ class Metrics:
             registry=self.registry,
         )
 
-    def observe_scan(self, snapshot: Snapshot, quotas: Mapping[str, PodQuota], decision: Decision) -> None:
+    def observe_scan(
+        self,
+        snapshot: Snapshot,
+        quotas: Mapping[str, PodQuota],
+        decision: Decision,
+        driver_limits: Iterable[LimitTarget] = (),
+    ) -> None:
         self._scan.snapshot = snapshot
         self._scan.quotas = quotas
+        self._scan.driver_limits = driver_limits
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:

@@ -26,9 +26,11 @@ from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
 from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
+from vramguard.limiter import DriverLimiter
+from vramguard.limits import limits_enabled
 from vramguard.metrics import Metrics
-from vramguard.model import Mode, PodInfo, Policy
-from vramguard.nvml import NvmlSampler, NvmlUnavailable
+from vramguard.model import DriverLimits, Mode, PodInfo, Policy
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, load_policy
 from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
@@ -72,14 +74,19 @@ class Cluster:
             self.events.stop(max(0.05, deadline - time.monotonic()))
 
 
-def policy_for(path: Path | None, mode: Mode | None, agent_namespace: str | None) -> Policy:
-    """The policy file's policy (defaults without one), with `--mode` and the agent's own namespace exempted."""
+def policy_for(
+    path: Path | None, mode: Mode | None, agent_namespace: str | None, driver_limits: DriverLimits | None = None
+) -> Policy:
+    """The policy file's policy (defaults without one), with `--mode`, `--driver-limits` and the agent's own
+    namespace exempted."""
     try:
         policy = load_policy(path) if path is not None else Policy()
     except PolicyError as e:
         raise WiringError(str(e)) from None
     if mode is not None:
         policy = replace(policy, mode=mode)
+    if driver_limits is not None:
+        policy = replace(policy, driver_limits=driver_limits)
     if agent_namespace:
         policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {agent_namespace})
     return policy
@@ -135,6 +142,7 @@ def build_agent(
     cgroup_root: str = "/sys/fs/cgroup",
     device_prefix: str = "/dev/nvidia",
     capacity: KubeCapacityPublisher | None = None,
+    limiter: DriverLimiter | None = None,
 ) -> Agent:
     """The loop with its real parts. Dry-run is the Enforcer's business alone (its Events go to the log)."""
     enforcer = Enforcer(
@@ -152,7 +160,19 @@ def build_agent(
         enforcer=enforcer,
         metrics=metrics,
         capacity=capacity,  # None in dry-run: capacity_publisher makes none
+        limiter=limiter,  # None in dry-run: driver_limiter makes none
     )
+
+
+def driver_limiter(policy: Policy, dry_run: bool, cgroup_root: str) -> DriverLimiter | None:
+    """The driver-limits programmer, where the policy enforces anywhere (evict or kill) and allows them; None in
+    --dry-run, with `driver_limits: off`, or with a warn-only policy. Call once NVML is up."""
+    enforcing = policy.mode is not Mode.WARN or any(
+        ns.mode is not None and ns.mode is not Mode.WARN for ns in policy.namespaces.values()
+    )
+    if not enforcing or not limits_enabled(policy, dry_run):
+        return None
+    return DriverLimiter(NvmlMemoryLimiter(), cgroup_root)
 
 
 def capacity_publisher(
@@ -189,9 +209,10 @@ def open_sampler(
 class Probes:
     """/healthz: the loop is scanning. /readyz: NVML is up, the pod list is current and a scan completed."""
 
-    def __init__(self, pods: PodSource, poll_interval_s: float) -> None:
+    def __init__(self, pods: PodSource, poll_interval_s: float, require_limits: bool = False) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
+        self.require_limits = require_limits  # driver_limits: require
         self.agent: Agent | None = None
         self.nvml_problem: str | None = "NVML not initialised yet"
 
@@ -202,10 +223,24 @@ class Probes:
         return age < max(30.0, 10 * self.poll_interval_s), f"last scan {age:.1f}s ago"
 
     def readyz(self) -> tuple[bool, str]:
-        problems = [p for p in (self.nvml_problem, self.pods.problem()) if p]
+        problems = [p for p in (self.nvml_problem, self.pods.problem(), self.limits_problem()) if p]
         if not problems and (self.agent is None or self.agent.last_scan_at is None):
             problems.append("no scan completed yet")
         return (not problems), "; ".join(problems) or "ready"
+
+    def limits_problem(self) -> str | None:
+        """With `driver_limits: require`, why the driver cannot hold this node's quotas, or None."""
+        if not self.require_limits or self.agent is None:
+            return None
+        limiter = self.agent.limiter
+        if limiter is None:
+            return "driver limits required, but never applied in warn mode or with --dry-run"
+        if limiter.unavailable is not None:
+            return f"driver limits required: {limiter.unavailable}"
+        unsupported = limiter.unsupported_gpus()
+        if unsupported:
+            return "driver limits required: " + "; ".join(unsupported[g] for g in sorted(unsupported))
+        return None
 
 
 @dataclass(frozen=True)
@@ -250,7 +285,9 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
     capacity = capacity_publisher(
         cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run
     )
-    probes = Probes(cluster.pods, config.poll_interval_s)
+    probes = Probes(
+        cluster.pods, config.poll_interval_s, require_limits=config.policy.driver_limits is DriverLimits.REQUIRE
+    )
     server = HealthServer(
         config.metrics_port, metrics.registry, probes.healthz, probes.readyz, host=config.metrics_bind_address
     )
@@ -281,12 +318,15 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
             cgroup_root=config.cgroup_root,
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
+            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root),
         )
         probes.agent.run(config.poll_interval_s, stop)
     # Shutting down never waits on the API server: every background thread gets a fraction of a second, and
     # one stuck in a request is abandoned (they are daemons). SIGTERM ends the agent within 2 s.
     if probes.agent is not None:
         probes.agent.enforcer.close(0.3)
+        if probes.agent.limiter is not None:
+            probes.agent.limiter.close(0.2)
     if capacity is not None:
         capacity.stop(0.2)
     cluster.close(0.6)

@@ -24,7 +24,7 @@ from vramguard.model import (
     Snapshot,
     Violation,
 )
-from vramguard.ports import EvictResult, KillResult
+from vramguard.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, LimitFailed, LimitsUnavailable
 
 
 class FakeClock:
@@ -218,6 +218,45 @@ def gpu(index: int = 0, total_bytes: int = 16 * GiB, used_bytes: int = 0, *, hea
         healthy=healthy,
         error=None if healthy else "injected",
     )
+
+
+class FakeMemoryLimiter:
+    """The driver's per-cgroup memory limits as a dict: `limits[(gpu, cgroup)] = (soft, hard)`; `calls` lists
+    every ("get"|"set", gpu, cgroup, soft, hard). `older_driver` raises as a driver before R615 does,
+    `unsupported_gpus` as a GPU that answers NOT_SUPPORTED, and `failing` cgroups as one that cannot be opened."""
+
+    def __init__(self) -> None:
+        self.limits: dict[tuple[int, str], tuple[int, int]] = {}
+        self.used: dict[tuple[int, str], int] = {}
+        self.calls: list[tuple[str, int, str, int, int]] = []
+        self.older_driver = False
+        self.unsupported_gpus: set[int] = set()
+        self.failing: set[str] = set()
+
+    def get(self, gpu_index: int, cgroup: str) -> DriverLimit | None:
+        self.calls.append(("get", gpu_index, cgroup, 0, 0))
+        self._check(gpu_index, cgroup)
+        held = self.limits.get((gpu_index, cgroup))
+        return None if held is None else DriverLimit(held[0], held[1], self.used.get((gpu_index, cgroup), 0))
+
+    def set(self, gpu_index: int, cgroup: str, soft_bytes: int, hard_bytes: int) -> None:
+        self.calls.append(("set", gpu_index, cgroup, soft_bytes, hard_bytes))
+        self._check(gpu_index, cgroup)
+        if soft_bytes == 0 and hard_bytes == LIMIT_MAX:
+            self.limits.pop((gpu_index, cgroup), None)
+        else:
+            self.limits[(gpu_index, cgroup)] = (soft_bytes, hard_bytes)
+
+    def sets(self) -> list[tuple[int, str, int, int]]:
+        return [(gpu, cgroup, soft, hard) for verb, gpu, cgroup, soft, hard in self.calls if verb == "set"]
+
+    def _check(self, gpu_index: int, cgroup: str) -> None:
+        if self.older_driver:
+            raise LimitsUnavailable("the driver has no nvmlDeviceGetMemoryLimits_v1", whole_driver=True)
+        if gpu_index in self.unsupported_gpus:
+            raise LimitsUnavailable(f"GPU {gpu_index} does not support memory limits", whole_driver=False)
+        if cgroup in self.failing:
+            raise LimitFailed(f"cannot open {cgroup}")
 
 
 @dataclass

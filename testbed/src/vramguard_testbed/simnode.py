@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.model import GiB
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
-from vramguard_testbed.fakenvml import FakeNode, build_fake_nvml, fake_nvml_env
+from vramguard_testbed.fakenvml import Allocator, FakeNode, build_fake_nvml, fake_nvml_env
 
 
 @dataclass(eq=False)
@@ -93,8 +93,14 @@ class SimulatedNode:
         node_name: str = "gpu-node-1",
         node_labels: Mapping[str, str] | None = None,
         real_gpu: bool = False,
+        driver_limits: bool | None = None,
     ) -> None:
-        """With `real_gpu`, NVML is the machine's driver: no test library, and processes use real memory."""
+        """With `real_gpu`, NVML is the machine's driver: no test library, and processes use real memory.
+
+        `driver_limits`: None, a driver without per-cgroup memory limits support on its GPUs (the default, like
+        R550); True, an R615+ driver that holds them; False, a driver before R615 (the library lacks the
+        functions). Either way processes may allocate through `spawn_allocator`.
+        """
         self.real_gpu = real_gpu
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,9 +110,12 @@ class SimulatedNode:
         self.pods_path = workdir / "pods.yaml"
         self.device_path = workdir / "nvidia0"  # held open by GPU processes, like /dev/nvidia0
         self.device_path.touch()
-        self.lib_dir = build_fake_nvml() if not real_gpu else None
+        self.lib_dir = build_fake_nvml(memory_limits=driver_limits is not False) if not real_gpu else None
         self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
         self.nvml.drop_dead_pids = True  # the driver frees a process' memory when it exits
+        if driver_limits:
+            self.nvml.memory_limits = True
+            self.nvml.driver_version, self.nvml.nvml_version = "615.40.02", "13.615.40.02"
         self.cgroups = KubeletCgroups(driver=driver, version=cgroup_version)
         self.pods: list[SimPod] = []
         self.processes: list[SimProcess] = []
@@ -166,6 +175,17 @@ class SimulatedNode:
         proc = SimProcess(popen=pod.containers[container].spawn(argv, **popen_kwargs), gpu=0, used_bytes=0)
         proc.pod, proc.container = pod, container
         return proc
+
+    def spawn_allocator(self, pod: SimPod, container: str) -> Allocator:
+        """A simulated CUDA process in the container's cgroup that allocates through the driver (see Allocator):
+        the driver refuses what the GPU has not free or what is over a hard limit of its cgroup."""
+        if self.lib_dir is None:
+            raise RuntimeError("allocators need the test NVML library")
+        if not self.nvml.allocations:
+            self.nvml.allocations = True  # only now: the library then reads its allocations file on every call
+            self.sync()
+        io: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "env": self.env}
+        return Allocator(pod.containers[container].spawn(Allocator.argv(self.lib_dir), **io))
 
     def spawn_host(self, used_bytes: int, *, gpu: int = 0) -> SimProcess:
         """A GPU process outside any pod (a node daemon, an SSH session): never to be touched."""
