@@ -1,0 +1,117 @@
+"""Driver-level limits end to end: `vramguard run` over the test NVML (an R615 driver, or an older one), real
+processes in real cgroup v2 directories that allocate through the driver, and the pods file.
+
+On an R615 node the agent programs each container's hard limit; an allocation beyond it fails in the offender,
+its neighbour keeps its memory, and nobody is killed. On an older driver the same scene ends with the reactive
+kill. Never in warn mode or with --dry-run; `driver_limits: require` fails readiness where limits cannot apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cgroup_fixtures import need_cgroups, wait_until
+from vramguard.model import GiB
+from vramguard_testbed.fakenvml import driver_limits, limit_calls
+from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
+
+QUOTA = {"main": {"vramguard.io/vram": "8Gi"}}
+
+
+def simulated(tmp_path: Path, driver_limits: bool | None) -> Iterator[SimulatedNode]:
+    need_cgroups(2)
+    with SimulatedNode(tmp_path / "node", driver_limits=driver_limits, driver="cgroupfs") as node:
+        yield node
+
+
+@pytest.fixture
+def r615(tmp_path: Path) -> Iterator[SimulatedNode]:
+    yield from simulated(tmp_path, True)
+
+
+@pytest.fixture
+def older(tmp_path: Path) -> Iterator[SimulatedNode]:
+    yield from simulated(tmp_path, False)
+
+
+def held_for(node: SimulatedNode, pod: SimPod) -> list[int]:
+    directory = pod.containers["main"].dirs[0]
+    return [d.hard_bytes for d in driver_limits(node.state_path) if d.cgroup == directory]
+
+
+def metric(node: SimulatedNode, name: str, **labels: str) -> float | None:
+    return metric_value(node.http_get("/metrics")[1], name, labels)
+
+
+def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: SimulatedNode) -> None:
+    trainer_pod = r615.add_pod("trainer", "ml", containers=QUOTA)
+    notebook_pod = r615.add_pod("notebook", "ml", containers=QUOTA)
+    trainer, notebook = r615.spawn_allocator(trainer_pod, "main"), r615.spawn_allocator(notebook_pod, "main")
+    r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
+    r615.wait_ready()
+    wait_until(lambda: held_for(r615, trainer_pod) == [8 * GiB] and held_for(r615, notebook_pod) == [8 * GiB],
+               what="both containers' limits in the driver")  # fmt: skip
+
+    assert trainer.allocate(0, 6 * GiB)
+    assert not trainer.allocate(0, 4 * GiB), "6 + 4 GiB is over the trainer's 8 GiB: the driver refuses it"
+    assert notebook.allocate(0, 8 * GiB), "the neighbour gets all of its quota"
+    wait_until(lambda: (metric(r615, "vramguard_container_gpu_memory_used_bytes", pod="trainer") or 0) == 6 * GiB)
+    assert trainer.process.poll() is None and notebook.process.poll() is None, "nobody was killed"
+    assert metric(r615, "vramguard_actions_total", action="kill") is None
+    assert metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB
+    assert metric(r615, "vramguard_driver_limits_total", outcome="applied") == 2
+
+
+def test_an_older_driver_ends_with_the_reactive_kill(older: SimulatedNode) -> None:
+    trainer_pod = older.add_pod("trainer", "ml", containers=QUOTA)
+    trainer = older.spawn_allocator(trainer_pod, "main")
+    older.start_agent("--mode", "kill", "--poll-interval", "0.1")
+    older.wait_ready()
+    assert trainer.allocate(0, 6 * GiB)
+    assert trainer.allocate(0, 4 * GiB), "no driver limit: the allocation succeeds"
+    wait_until(lambda: trainer.process.poll() is not None, timeout_s=10, what="the reactive kill")
+    wait_until(lambda: metric(older, "vramguard_actions_total", action="kill", result="ok") == 1)
+    assert driver_limits(older.state_path) == [] and limit_calls(older.state_path) == []
+
+
+@pytest.mark.parametrize("args", [("--mode", "warn"), ("--mode", "kill", "--dry-run"),
+                                  ("--mode", "kill", "--driver-limits", "off")])  # fmt: skip
+def test_no_limits_in_warn_mode_dry_run_or_when_off(r615: SimulatedNode, args: tuple[str, ...]) -> None:
+    trainer_pod = r615.add_pod("trainer", "ml", containers=QUOTA)
+    r615.spawn_allocator(trainer_pod, "main")
+    r615.start_agent(*args, "--poll-interval", "0.1")
+    r615.wait_ready()
+    scans = metric(r615, "vramguard_scan_duration_seconds_count") or 0
+    wait_until(lambda: (metric(r615, "vramguard_scan_duration_seconds_count") or 0) >= scans + 10)
+    assert limit_calls(r615.state_path) == []
+
+
+def test_an_agent_restart_sets_nothing_again(r615: SimulatedNode) -> None:
+    trainer_pod = r615.add_pod("trainer", "ml", containers=QUOTA)
+    r615.spawn_allocator(trainer_pod, "main")
+    r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
+    r615.wait_ready()
+    wait_until(lambda: held_for(r615, trainer_pod) == [8 * GiB])
+    r615.stop_agents()
+    sets = [c for c in limit_calls(r615.state_path) if c.verb == "set"]
+    r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
+    r615.wait_ready()
+    wait_until(lambda: metric(r615, "vramguard_driver_limits_total", outcome="unchanged") == 1)
+    assert [c for c in limit_calls(r615.state_path) if c.verb == "set"] == sets
+    assert held_for(r615, trainer_pod) == [8 * GiB], "the limit outlived the agent, protecting the neighbours"
+
+
+def test_require_fails_readiness_on_an_older_driver(older: SimulatedNode) -> None:
+    older.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.1")
+    wait_until(lambda: "driver limits required" in older.http_get("/readyz")[1], timeout_s=15)
+    status, body = older.http_get("/readyz")
+    assert status == 503
+    assert "driver limits required: the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)" in body
+
+
+def test_require_is_ready_where_the_driver_holds_limits(r615: SimulatedNode) -> None:
+    r615.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.1")
+    r615.wait_ready()
