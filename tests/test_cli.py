@@ -67,6 +67,7 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
     assert rows["ok"]["pids"] == [a.pid] and rows["ok"]["state"] == "ok" and rows["ok"]["quota_bytes"] == 4 * GiB
     assert rows["over"]["pids"] == [b.pid] and rows["over"]["state"] == "over-hard"
     assert rows["over"]["percent"] == 150.0
+    assert rows["ok"]["held_by"] == "agent" and rows["-"]["held_by"] == "-"  # a driver without limits support
     assert rows["-"]["pids"] == [h.pid] and rows["-"]["state"].startswith("unattributed")
     assert b.alive(), "top changes nothing"
     # Whose process, running what: the user and the command line, as /proc has them.
@@ -75,10 +76,10 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
 
     table = sim_node.run_vramguard("top", "--once").stdout.splitlines()
     assert table[0].split() == [
-        "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "PID", "USER", "COMMAND"
+        "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "HELD-BY", "PID", "USER", "COMMAND"
     ]  # fmt: skip
     over_line = next(line for line in table if line.split()[2:4] == ["over", "main"])
-    assert over_line.split()[7:10] == ["over-hard", str(b.pid), "root"]
+    assert over_line.split()[7:11] == ["over-hard", "agent", str(b.pid), "root"]
     assert over_line.rstrip().endswith(command[:80])
 
 

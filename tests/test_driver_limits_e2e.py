@@ -8,6 +8,7 @@ kill. Never in warn mode or with --dry-run; `driver_limits: require` fails readi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: 
     assert metric(r615, "vramguard_actions_total", action="kill") is None
     assert metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB
     assert metric(r615, "vramguard_driver_limits_total", outcome="applied") == 2
+    # `top` says who holds each quota.
+    top = r615.run_vramguard("top", "--once", "--json")
+    assert {r["pod"]: r["held_by"] for r in json.loads(top.stdout)} == {"trainer": "driver", "notebook": "driver"}
 
 
 def test_an_older_driver_ends_with_the_reactive_kill(older: SimulatedNode) -> None:

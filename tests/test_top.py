@@ -40,6 +40,7 @@ def test_table_lists_each_process_of_a_container() -> None:
         used_bytes=3 * GiB,
         quota_bytes=4 * GiB,
         state="ok",
+        held_by="driver",
     )
     header, first, second = render_table([row]).splitlines()
     assert header.split()[-3:] == ["PID", "USER", "COMMAND"]
@@ -52,6 +53,7 @@ def test_table_lists_each_process_of_a_container() -> None:
         "4.0GiB",
         "75",
         "ok",
+        "driver",
         "10",
         "alice",
         "python",

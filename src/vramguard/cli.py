@@ -13,10 +13,11 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 
 from vramguard import __version__
+from vramguard.limiter import read_held_limits
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
 from vramguard.model import DriverLimits, Mode
-from vramguard.nvml import NvmlSampler, NvmlUnavailable
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
 from vramguard.top import render_json, render_table, rows_from_report, use_proc_root
@@ -45,6 +46,15 @@ def _or_exit(build: Callable[[], _T]) -> _T:
 ModeOpt = Annotated[Mode | None, typer.Option("--mode", help="warn, evict or kill; overrides the policy's mode.")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).", exists=True, dir_okay=False)]
 ProcRootOpt = Annotated[str, typer.Option("--proc-root", help="Where the host's /proc is mounted.")]
+CgroupRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--cgroup-root",
+        envvar="VRAMGUARD_CGROUP_ROOT",
+        help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there, and "
+        "driver limits name its v2 directories.",
+    ),
+]
 PodsFileOpt = Annotated[
     Path | None,
     typer.Option("--pods-file", help="Pods from a file (`kubectl get pods -o yaml` shape) instead of the API server."),
@@ -72,13 +82,7 @@ def run(
         ),
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
-    cgroup_root: Annotated[
-        str,
-        typer.Option(
-            "--cgroup-root",
-            help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there.",
-        ),
-    ] = "/sys/fs/cgroup",
+    cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
@@ -136,14 +140,15 @@ def top(
     node_name: NodeOpt = None,
     policy_path: PolicyOpt = None,
     proc_root: ProcRootOpt = "/proc",
+    cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
 ) -> None:
-    """A live table of this node: GPU, pod, container, used, quota, %, state, and each process' PID, user and
-    command. Changes nothing."""
+    """A live table of this node: GPU, pod, container, used, quota, %, state, who holds the quota (the driver's
+    limit or the agent), and each process' PID, user and command. Changes nothing."""
     configure_logging("console", level="error")
     use_proc_root(proc_root)
     policy = _or_exit(lambda: policy_for(policy_path, None, None))
@@ -158,9 +163,12 @@ def top(
     agent = build_agent(
         sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
     )
+    memory = NvmlMemoryLimiter()
     try:
         while True:
-            rows = rows_from_report(agent.scan())
+            report = agent.scan()
+            held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
+            rows = rows_from_report(report, driver_limits=held)
             if as_json:
                 typer.echo(render_json(rows))
             else:
@@ -173,6 +181,7 @@ def top(
     except KeyboardInterrupt:
         pass
     finally:
+        memory.close()
         sampler.close()
 
 

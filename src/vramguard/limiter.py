@@ -27,6 +27,7 @@ import structlog
 
 from vramguard.cgroup import parse_cgroup_path
 from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
+from vramguard.model import ContainerUsage, GpuDevice
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
 from vramguard.worker import Runner, Worker
 
@@ -74,6 +75,39 @@ def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | 
 
     walk(root, "", 1)
     return found
+
+
+def read_held_limits(
+    memory: MemoryLimiter, cgroup_root: str, containers: Iterable[ContainerUsage], devices: Iterable[GpuDevice]
+) -> dict[LimitKey, int]:
+    """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key: what
+    `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop."""
+    root = v2_root(cgroup_root)
+    rows = [u for u in containers if u.container_id]
+    if root is None or not rows:
+        return {}
+    index = {d.uuid: d.index for d in devices if d.mig_index is None}
+    located = locate_cgroups(root, {u.pod.uid for u in rows})
+    held: dict[LimitKey, int] = {}
+    for u in rows:
+        gpu = index.get(u.device_uuid)
+        if gpu is None:
+            continue
+        for name, container_id in ((u.container, u.container_id), (None, None)):
+            path = located.get((u.pod.uid, container_id))
+            if path is None or (u.pod.uid, name, u.device_uuid) in held:
+                continue
+            try:
+                found = memory.get(gpu, path)
+            except LimitsUnavailable as e:
+                if e.whole_driver:
+                    return held
+                break
+            except LimitFailed:
+                continue
+            if found is not None and found.hard_bytes != LIMIT_MAX:
+                held[(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
+    return held
 
 
 @dataclass(frozen=True, slots=True)

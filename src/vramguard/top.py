@@ -8,12 +8,13 @@ its PID been reused, between the scan and the read.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import psutil
 
 from vramguard.agent import ScanReport
+from vramguard.limits import LimitKey
 from vramguard.model import cut, format_bytes
 
 COMMAND_CHARS = 80  # a command line is cut to this in a row (JSON and table): a tenant controls it
@@ -59,6 +60,9 @@ class TopRow:
     used_bytes: int
     quota_bytes: int | None
     state: str  # ok | over-soft | over-hard | unmanaged | unattributed: <why> | gpu-unhealthy: <error>
+    # Who holds the quota: "driver" (its hard limit on the cgroup, R615+: an allocation beyond it fails), "agent"
+    # (the reactive modes alone), "-" without a quota.
+    held_by: str = "-"
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -69,8 +73,14 @@ class TopRow:
         return 100.0 * self.used_bytes / self.quota_bytes if self.quota_bytes else None
 
 
-def rows_from_report(report: ScanReport, describe: Callable[[int], ProcessDetail] = describe_process) -> list[TopRow]:
+def rows_from_report(
+    report: ScanReport,
+    describe: Callable[[int], ProcessDetail] = describe_process,
+    driver_limits: Mapping[LimitKey, int] | None = None,
+) -> list[TopRow]:
+    """The rows of one scan; `driver_limits` (`limiter.read_held_limits`) says which quotas the driver holds."""
     snap, quotas = report.snapshot, report.quotas
+    held = driver_limits or {}
     violated = {(v.pod.uid, v.container, v.device.uuid): v for v in report.decision.violations}
     rows: list[TopRow] = []
     for u in snap.containers:
@@ -87,6 +97,8 @@ def rows_from_report(report: ScanReport, describe: Callable[[int], ProcessDetail
             state = "ok"
         else:
             state = "over-hard" if v.hard else "over-soft"
+        key = (u.pod.uid, u.container if own is not None else None, u.device_uuid)
+        held_by = "-" if quota is None else "driver" if key in held else "agent"
         rows.append(
             TopRow(
                 gpu=device.label,
@@ -97,6 +109,7 @@ def rows_from_report(report: ScanReport, describe: Callable[[int], ProcessDetail
                 used_bytes=u.used_bytes,
                 quota_bytes=quota.limit_for(device.total_bytes) if quota is not None else None,
                 state=state,
+                held_by=held_by,
             )
         )
     for p in snap.unattributed:
@@ -121,7 +134,20 @@ def rows_from_report(report: ScanReport, describe: Callable[[int], ProcessDetail
 
 def render_table(rows: Sequence[TopRow]) -> str:
     """One line per container and GPU; a container's further processes on lines of their own below it."""
-    header = ("GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "PID", "USER", "COMMAND")
+    header = (
+        "GPU",
+        "NAMESPACE",
+        "POD",
+        "CONTAINER",
+        "USED",
+        "QUOTA",
+        "%",
+        "STATE",
+        "HELD-BY",
+        "PID",
+        "USER",
+        "COMMAND",
+    )
     lines = [header]
     for r in rows:
         first, *rest = r.processes or (ProcessDetail(0, "", ""),)
@@ -135,14 +161,15 @@ def render_table(rows: Sequence[TopRow]) -> str:
                 format_bytes(r.quota_bytes) if r.quota_bytes is not None else "-",
                 f"{r.percent:.0f}" if r.percent is not None else "-",
                 r.state,
+                r.held_by,
                 str(first.pid) if r.processes else "-",
                 first.user,
                 first.command,
             )
         )
-        lines.extend(("", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
+        lines.extend(("", "", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
     if not rows:
-        lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", ""))
+        lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", "", ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
