@@ -82,9 +82,7 @@ _NO_HEADER = (
 )
 
 
-def build_fake_nvml(
-    cache_dir: Path | None = None, *, header: Path | None = None, memory_limits: bool = True
-) -> Path:
+def build_fake_nvml(cache_dir: Path | None = None, *, header: Path | None = None, memory_limits: bool = True) -> Path:
     """Compiles the fake NVML once per (source, header, flags); returns the directory holding libnvidia-ml.so.1.
 
     The library is cached under `cache_dir` (default `~/.cache/vramguard/fake-nvml`) in a directory named by a
