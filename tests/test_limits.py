@@ -10,11 +10,11 @@ import pytest
 
 from cgroup_fixtures import CgroupsFactory
 from vramguard.limiter import DriverLimiter, locate_cgroups, v2_root
-from vramguard.limits import LimitTarget, limits_enabled, wanted_limits
+from vramguard.limits import LimitKey, LimitTarget, limits_enabled, wanted_limits, with_driver_usage
 from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy
 from vramguard.ports import LIMIT_MAX
 from vramguard.quota import QuotaBook
-from vramguard.testing.fakes import FakeMemoryLimiter, gpu, pod
+from vramguard.testing.fakes import FakeMemoryLimiter, SnapshotBuilder, gpu, pod
 from vramguard.worker import Inline
 from vramguard_testbed.cgroups import KubeletCgroups
 
@@ -211,3 +211,48 @@ def test_locate_finds_containers_and_pods_by_uid(node: Node) -> None:
     assert found[(node.trainer.uid, node.trainer_ctr.container_id)] == node.trainer_ctr.dirs[0]
     assert found[(node.shared.uid, None)] == node.shared_cg.dirs[0]
     assert locate_cgroups(root, []) == {}
+
+
+# -- the driver's count of a limited container's memory ------------------------------------------------------------
+
+
+def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> None:
+    gpu0 = gpu(0, 24 * GiB)
+    other = pod("other", "ml", containers={"main": {QUOTA: "8Gi"}})
+    quiet = pod("quiet", "ml", containers={"main": {QUOTA: "8Gi"}})
+    snapshot = SnapshotBuilder().use(TRAINER, "main", gpu0, 3 * GiB).use(other, "main", gpu0, 2 * GiB).build()
+    by_uid = {p.uid: p for p in (TRAINER, other, quiet)}
+    quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
+    held = {t.key: t for t in wanted_limits(by_uid, quotas, [gpu0], KILL)}
+    usage: dict[LimitKey, int] = {
+        (TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
+        (other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
+        (quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
+    }
+    merged, disagreements = with_driver_usage(snapshot, held, usage)
+    used = {(u.pod.name, u.container): (u.used_bytes, len(u.processes)) for u in merged.containers}
+    assert used == {("trainer", "main"): (5 * GiB, 1), ("other", "main"): (2 * GiB, 1), ("quiet", "main"): (1 * GiB, 0)}
+    assert [(d.target.pod.name, d.rows_bytes, d.driver_bytes) for d in disagreements] == [
+        ("trainer", 3 * GiB, 5 * GiB), ("quiet", 0, 1 * GiB)
+    ]  # fmt: skip
+    assert with_driver_usage(snapshot, held, {}) == (snapshot, ())
+
+
+def test_usage_counts_only_when_read_since_the_last_update(node: Node) -> None:
+    targets = node.targets(node.trainer)
+    node.update(targets, now=0)
+    key = (node.trainer.uid, "main", node.devices[0].uuid)
+    node.driver.used[(0, node.trainer_ctr.dirs[0])] = 3 * GiB
+    assert key not in node.limiter.fresh_usage()  # just set: nothing read back yet
+    node.update(targets, now=1)  # a usage refresh
+    assert node.limiter.fresh_usage()[key] == 3 * GiB
+    busy = DriverLimiter(node.driver, runner=_Busy(), resync_s=30)
+    busy.update(targets, [0, 1], 0)
+    assert busy.fresh_usage() == {}, "a task that has not run yet leaves no figure to use"
+
+
+class _Busy(Inline):
+    """A worker that accepts tasks and never gets to them."""
+
+    def submit(self, task: object) -> bool:
+        return True

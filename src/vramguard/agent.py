@@ -19,7 +19,7 @@ from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.limiter import DriverLimiter
-from vramguard.limits import LimitOutcome, wanted_limits, whole_gpus
+from vramguard.limits import LimitKey, LimitOutcome, UsageDisagreement, wanted_limits, whole_gpus, with_driver_usage
 from vramguard.metrics import Metrics
 from vramguard.model import Action, GpuSample, Mode, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, GpuSampler, PodSource, ProcessIdentifier
@@ -88,6 +88,7 @@ class Agent:
         self.state = DecisionState()
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
+        self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()
@@ -100,6 +101,9 @@ class Agent:
         # 3. Attribute usage to containers and pods, per device.
         pods = self.pods.pods()
         snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
+        if self.limiter is not None:  # where the driver holds a limit, its count of the cgroup's memory
+            snapshot, disagreements = with_driver_usage(snapshot, self.limiter.held(), self.limiter.fresh_usage())
+            self._log_disagreements(disagreements)
         # 4. Resolve each pod's quota (once per pod version).
         quotas, invalid = self.quotas.resolve(pods, self.pods.node_labels())
         for pod, error in invalid:
@@ -183,6 +187,22 @@ class Agent:
                 self.log.warning("evidence_changed", pod=v.pod.key, pid=ref.pid, action=action.kind.value)
                 return False
         return True
+
+    def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
+        """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""
+        now = {d.target.key for d in disagreements}
+        for d in disagreements:
+            if d.target.key not in self._disagreeing:
+                self.log.info(
+                    "usage_disagrees",
+                    pod=d.target.pod.key,
+                    container=d.target.container,
+                    gpu=d.target.gpu_index,
+                    process_rows_bytes=d.rows_bytes,
+                    driver_bytes=d.driver_bytes,
+                    using="driver",
+                )
+        self._disagreeing = now
 
     def _report_limits(self, outcomes: list[LimitOutcome]) -> None:
         self.enforcer.report_limits(outcomes)

@@ -19,9 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 import structlog
 
@@ -110,14 +108,6 @@ def read_held_limits(
     return held
 
 
-@dataclass(frozen=True, slots=True)
-class DriverUsage:
-    """A limited cgroup's memory on one GPU as the driver counts it, and when it was read (monotonic seconds)."""
-
-    used_bytes: int
-    read_at: float
-
-
 class DriverLimiter:
     def __init__(
         self,
@@ -138,7 +128,10 @@ class DriverLimiter:
         self._lock = threading.Lock()
         self._outcomes: list[LimitOutcome] = []
         self._held: dict[LimitKey, LimitTarget] = {}
-        self._usage: dict[LimitKey, DriverUsage] = {}
+        self._usage: dict[LimitKey, int] = {}
+        # Each task handed to the worker gets a ticket; usage counts as fresh only when read by the latest one.
+        self._ticket = 0
+        self._usage_ticket = -1
         self._unavailable: str | None = None
         self._unsupported_gpus: dict[int, str] = {}
         # Worker-only: what this agent knows the driver holds, by (cgroup directory, GPU index).
@@ -162,11 +155,13 @@ class DriverLimiter:
             gpu_list = tuple(gpus)
             self._probed = self.runner.submit(lambda: self._probe(gpu_list))
         due = self.retry_s if self._incomplete else self.resync_s
+        ticket = self._ticket + 1
         if targets == self._submitted and now - self._submitted_at < due:
-            self.runner.submit(self._refresh_usage)  # dropped when the worker is still busy: fine
+            if self.runner.submit(lambda: self._refresh_usage(ticket)):
+                self._ticket = ticket  # else the worker is still busy: the next scan asks again
             return
-        if self.runner.submit(lambda: self._reconcile(targets)):
-            self._submitted, self._submitted_at = targets, now
+        if self.runner.submit(lambda: self._reconcile(targets, ticket)):
+            self._submitted, self._submitted_at, self._ticket = targets, now, ticket
 
     def collect(self) -> list[LimitOutcome]:
         """The outcomes since the last call (for Events, metrics, the log)."""
@@ -179,10 +174,11 @@ class DriverLimiter:
         with self._lock:
             return dict(self._held)
 
-    def usage(self) -> Mapping[LimitKey, DriverUsage]:
-        """Each limited container's memory per GPU as the driver counts it, with when it was read."""
+    def fresh_usage(self) -> Mapping[LimitKey, int]:
+        """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (by
+        the task it handed over); empty when that task has not finished, so a scan never takes an old figure."""
         with self._lock:
-            return dict(self._usage)
+            return dict(self._usage) if self._usage_ticket == self._ticket else {}
 
     @property
     def unavailable(self) -> str | None:
@@ -217,7 +213,7 @@ class DriverLimiter:
             except LimitFailed:
                 pass  # this cgroup only; the containers' own are what matter
 
-    def _reconcile(self, targets: tuple[LimitTarget, ...]) -> None:
+    def _reconcile(self, targets: tuple[LimitTarget, ...], ticket: int) -> None:
         root = v2_root(self.cgroup_root)
         if root is None:
             self._give_up(f"no cgroup v2 hierarchy under {self.cgroup_root} (the driver's limits need cgroup v2)")
@@ -234,7 +230,7 @@ class DriverLimiter:
                 continue
             wanted[(path, t.gpu_index)] = t
         outcomes: list[LimitOutcome] = []
-        usage: dict[LimitKey, DriverUsage] = {}
+        usage: dict[LimitKey, int] = {}
         for (path, gpu), t in wanted.items():
             try:
                 outcome = self._program(path, gpu, t, usage)
@@ -257,20 +253,20 @@ class DriverLimiter:
         with self._lock:
             self._outcomes += outcomes
             self._held = {t.key: t for t in self._programmed.values()}
-            self._usage = usage
+            self._usage, self._usage_ticket = usage, ticket
 
-    def _program(self, path: str, gpu: int, t: LimitTarget, usage: dict[LimitKey, DriverUsage]) -> LimitOutcome | None:
+    def _program(self, path: str, gpu: int, t: LimitTarget, usage: dict[LimitKey, int]) -> LimitOutcome | None:
         """Make the driver hold `t` on `path`; the outcome to report, or None when nothing new happened."""
         current = self.memory.get(gpu, path)
         known = self._programmed.get((path, gpu))
         if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
-            usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+            usage[t.key] = current.used_bytes
             self._programmed[(path, gpu)] = t
             return None if known is not None else LimitOutcome(t, "unchanged", "the driver already holds it")
         self.memory.set(gpu, path, 0, t.hard_bytes)
         self._programmed[(path, gpu)] = t
         if current is not None:
-            usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+            usage[t.key] = current.used_bytes
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
         return LimitOutcome(t, "applied", f"{t.describe()}{was}")
 
@@ -290,17 +286,17 @@ class DriverLimiter:
             outcomes.append(LimitOutcome(old, "cleared"))
         return outcomes
 
-    def _refresh_usage(self) -> None:
-        usage: dict[LimitKey, DriverUsage] = {}
+    def _refresh_usage(self, ticket: int) -> None:
+        usage: dict[LimitKey, int] = {}
         for (path, gpu), t in list(self._programmed.items()):
             try:
                 current = self.memory.get(gpu, path)
             except (LimitsUnavailable, LimitFailed):
                 continue  # the next reconcile reports it
             if current is not None:
-                usage[t.key] = DriverUsage(current.used_bytes, time.monotonic())
+                usage[t.key] = current.used_bytes
         with self._lock:
-            self._usage = usage
+            self._usage, self._usage_ticket = usage, ticket
 
     def _give_up(self, reason: str) -> None:
         if self._unavailable is None:

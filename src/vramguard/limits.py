@@ -19,9 +19,20 @@ memory, MIG, cgroup v1 hosts, drivers before R615).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from vramguard.model import DriverLimits, GpuDevice, Mode, PodInfo, PodQuota, Policy, Quota, format_bytes
+from vramguard.model import (
+    ContainerUsage,
+    DriverLimits,
+    GpuDevice,
+    Mode,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Quota,
+    Snapshot,
+    format_bytes,
+)
 
 LimitKey = tuple[str, str | None, str]
 """(pod UID, container name or None for the pod's own cgroup, GPU UUID): one limit's identity."""
@@ -101,6 +112,44 @@ def wanted_limits(
             if quota is not None and container.container_id:
                 targets += _per_gpu(pod, container.name, container.container_id, quota, gpus)
     return tuple(targets)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDisagreement:
+    """A limited container whose usage on one GPU the driver counts differently from NVML's process rows."""
+
+    target: LimitTarget
+    rows_bytes: int  # the sum of its processes' rows
+    driver_bytes: int  # nvmlDeviceGetMemoryLimits_v1's currentUsed for its cgroup
+
+
+def with_driver_usage(
+    snapshot: Snapshot, held: Mapping[LimitKey, LimitTarget], usage: Mapping[LimitKey, int]
+) -> tuple[Snapshot, tuple[UsageDisagreement, ...]]:
+    """The snapshot with each limited container's usage as the driver counts it for its cgroup (every context,
+    which per-process rows can miss), and where the two disagree. `usage` must be fresh (read since the last
+    scan: `DriverLimiter.fresh_usage`). A container the driver counts memory for but NVML lists no process of
+    gets a row without processes: the killer then finds its holders through the cgroup."""
+    if not usage:
+        return snapshot, ()
+    rows = list(snapshot.containers)
+    index: dict[LimitKey, int] = {(u.pod.uid, u.container, u.device_uuid): i for i, u in enumerate(rows)}
+    disagreements = []
+    for key, driver_bytes in usage.items():
+        target = held.get(key)
+        if target is None or target.container is None:
+            continue  # a pod's own cgroup: its containers' rows carry the usage
+        at = index.get(key)
+        rows_bytes = rows[at].used_bytes if at is not None else 0
+        if rows_bytes == driver_bytes:
+            continue
+        disagreements.append(UsageDisagreement(target, rows_bytes, driver_bytes))
+        if at is not None:
+            rows[at] = rows[at]._replace(used_bytes=driver_bytes)
+        elif driver_bytes > 0:
+            t = target
+            rows.append(ContainerUsage(t.pod, t.container or "", t.container_id, t.gpu_uuid, driver_bytes, ()))
+    return replace(snapshot, containers=tuple(rows)), tuple(disagreements)
 
 
 def _per_gpu(
