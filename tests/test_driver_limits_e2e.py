@@ -16,6 +16,7 @@ import pytest
 
 from cgroup_fixtures import need_cgroups, wait_until
 from vramguard.model import GiB
+from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import driver_limits, limit_calls
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 
@@ -119,3 +120,12 @@ def test_require_fails_readiness_on_an_older_driver(older: SimulatedNode) -> Non
 def test_require_is_ready_where_the_driver_holds_limits(r615: SimulatedNode) -> None:
     r615.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.1")
     r615.wait_ready()
+
+
+def test_the_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    need_cgroups(2)
+    assert run_demo(poll_interval_s=0.2, scene="driver-limits") == 0
+    out = capsys.readouterr().out
+    assert "trainer allocates 4GiB more, 10GiB in all: OUT OF MEMORY" in out
+    assert "trainer allocates 4GiB more, 10GiB in all: granted" in out
+    assert "FAILED" not in out

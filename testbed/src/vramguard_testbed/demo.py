@@ -4,6 +4,11 @@ One simulated 24 GiB GPU, three GPU processes — a trainer with an 8Gi quota, a
 quota, and a host process outside any pod — all real processes in real kubelet-shaped cgroups. The agent runs as
 `vramguard run --mode kill`; the trainer then grows past its quota. The demo prints what the agent saw (`vramguard
 top`), what it did (its own log lines), and checks the outcome: the trainer dead, everyone else untouched.
+
+A second scene (`--scene driver-limits`) prevents instead of punishing: on a simulated R615 driver the agent
+programs each container's hard limit into the driver, and the trainer's allocation beyond its quota fails in the
+trainer alone while its neighbour gets all of its own; on an older driver the same allocation succeeds and the
+scene ends with the reactive kill.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
+_SHOWN = ("action", "quota_invalid", "gpu_unhealthy", "nvml_unavailable", "driver_limit", "driver_limits_unavailable")
+_FIELDS = ("action", "reason", "result", "pod", "container", "gpu", "hard_bytes", "pids")
+
+
 def _relay(stream: IO[str], seen: list[dict[str, object]]) -> None:
     """Print the agent's actions and events as they happen; keep every log line for the checks."""
     for line in stream:
@@ -38,18 +47,29 @@ def _relay(stream: IO[str], seen: list[dict[str, object]]) -> None:
             _say(f"  agent | {line.rstrip()}")
             continue
         seen.append(entry)
-        if entry.get("event") in ("action", "quota_invalid", "gpu_unhealthy", "nvml_unavailable"):
-            fields = " ".join(f"{k}={entry[k]}" for k in ("action", "reason", "result", "pod", "pids") if k in entry)
+        if entry.get("event") in _SHOWN:
+            fields = " ".join(f"{k}={entry[k]}" for k in _FIELDS if k in entry)
             _say(f"  agent | {entry['event']:<7} {fields}")
             if "message" in entry:
                 _say(f"        |         {entry['message']}")
 
 
-def run_demo(poll_interval_s: float = 0.5, keep: bool = False) -> int:
+def run_demo(poll_interval_s: float = 0.5, keep: bool = False, scene: str = "all") -> int:
     if os.geteuid() != 0 or (reason := cgroups_unavailable(version=2)) is not None:
         why = "it needs root" if os.geteuid() != 0 else reason
         _say(f"vramguard-demo creates real cgroups under /sys/fs/cgroup and {why}: run it as root.")
         return 2
+    status = 0
+    if scene in ("all", "kill"):
+        status = max(status, _kill_scene(poll_interval_s, keep))
+    if scene in ("all", "driver-limits"):
+        if scene == "all":
+            _say("\n" + "-" * 100 + "\n")
+        status = max(status, _driver_limits_scene(poll_interval_s, keep))
+    return status
+
+
+def _kill_scene(poll_interval_s: float, keep: bool) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
     _say("vramguard-demo: a simulated GPU node (test NVML library, real processes in real cgroups)\n")
     try:
@@ -114,6 +134,70 @@ def run_demo(poll_interval_s: float = 0.5, keep: bool = False) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _driver_limits_scene(poll_interval_s: float, keep: bool) -> int:
+    _say("vramguard-demo, driver limits: a quota held by the driver itself (NVIDIA R615+), then by the agent alone")
+    checks = _one_driver(True, poll_interval_s, keep) + _one_driver(False, poll_interval_s, keep)
+    _say("\nChecks:")
+    for ok, text in checks:
+        _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
+    return 0 if all(ok for ok, _ in checks) else 1
+
+
+def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bool, str]]:
+    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
+    driver = "an R615 driver (per-cgroup memory limits)" if r615 else "a driver before R615 (no such limits)"
+    _say(f"\n{'A' if r615 else 'B'}. A simulated 24GiB GPU on {driver}; two pods with an 8Gi quota each.")
+    try:
+        with SimulatedNode(workdir, gpu_total_bytes=24 * GiB, driver_limits=r615) as node:
+            trainer_pod = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
+            notebook_pod = node.add_pod("notebook", "ml", containers={"main": {"vramguard.io/vram": "8Gi"}})
+            trainer = node.spawn_allocator(trainer_pod, "pytorch")
+            notebook = node.spawn_allocator(notebook_pod, "main")
+            seen: list[dict[str, object]] = []
+            _say(f"   Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
+            agent = node.start_agent(
+                "--mode", "kill", "--poll-interval", str(poll_interval_s), stderr=subprocess.PIPE, text=True
+            )
+            assert agent.stderr is not None
+            relay = threading.Thread(target=_relay, args=(agent.stderr, seen), daemon=True)
+            relay.start()
+            node.wait_ready()
+            if r615:  # the agent has programmed both containers' limits (and said so)
+                wait_for(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10)
+            else:
+                time.sleep(2 * poll_interval_s)
+            first = trainer.allocate(0, 6 * GiB)
+            _say(f"   trainer allocates 6GiB: {'granted' if first else 'out of memory'}")
+            second = trainer.allocate(0, 4 * GiB)
+            _say(f"   trainer allocates 4GiB more, 10GiB in all: {'granted' if second else 'OUT OF MEMORY'}")
+            neighbour = notebook.allocate(0, 8 * GiB)
+            _say(f"   notebook allocates its whole 8GiB: {'granted' if neighbour else 'out of memory'}")
+            if r615:
+                time.sleep(3 * poll_interval_s)  # a few scans: nothing to act on
+                checks = [
+                    (first and not second, "R615: the trainer's allocation beyond its quota failed in the trainer"),
+                    (neighbour and notebook.process.poll() is None, "R615: the notebook got all of its memory"),
+                    (trainer.process.poll() is None, "R615: nobody was killed: the driver held the quota"),
+                ]
+            else:
+                killed = wait_for(lambda: trainer.process.poll() is not None, 10 * poll_interval_s + 5)
+                time.sleep(poll_interval_s)  # one more scan sees the freed memory
+                checks = [
+                    (first and second and killed, "older driver: the allocation went through; the agent killed it"),
+                    (notebook.process.poll() is None, "older driver: the notebook untouched"),
+                ]
+            _say("   vramguard top --once:")
+            _say(_indent(node.run_vramguard("top", "--once").stdout))
+            node.stop_agents()
+            relay.join(timeout=5)
+            return checks
+    finally:
+        if keep:
+            _say(f"   files kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _indent(text: str) -> str:
     return "\n".join("   " + line for line in text.rstrip().splitlines()) + "\n"
 
@@ -129,9 +213,12 @@ def _exists(pid: int) -> bool:
 def _cli(
     poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, help="The agent's seconds between scans."),
     keep: bool = typer.Option(False, "--keep", help="Leave the simulated node's files in place."),
+    scene: str = typer.Option("all", "--scene", help="kill, driver-limits or all."),
 ) -> None:
     """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
-    raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep))
+    if scene not in ("all", "kill", "driver-limits"):
+        raise typer.BadParameter(f"{scene!r} is not one of kill, driver-limits, all", param_hint="--scene")
+    raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep, scene=scene))
 
 
 def main() -> None:
