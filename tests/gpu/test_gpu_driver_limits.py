@@ -1,0 +1,114 @@
+"""On a real GPU with an R615+ driver and cgroup v2: the driver's hard limit, programmed by the agent from a pod's
+quota, makes a real PyTorch process get `torch.cuda.OutOfMemoryError` at the limit while its neighbour, in another
+pod, allocates what it needs.
+
+Everywhere else it skips and says which requirement is missing: PyTorch, a CUDA GPU, root, cgroup v2, a driver
+with nvmlDeviceSetMemoryLimits_v1 (R615+), a GPU that supports it (not MIG).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from cgroup_fixtures import wait_until
+from vramguard.limiter import v2_root
+from vramguard.nvml import NvmlMemoryLimiter
+from vramguard.ports import LimitFailed, LimitsUnavailable
+from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.simnode import SimulatedNode
+
+pytestmark = pytest.mark.gpu
+
+# Allocates 1 GiB at a time until told to stop or CUDA refuses; prints "ok <GiB held>" or "oom <GiB held>".
+GROWER = r"""
+import sys, torch
+held = []
+for line in sys.stdin:
+    try:
+        held.append(torch.empty(2**30, dtype=torch.uint8, device="cuda:0"))
+        torch.cuda.synchronize()
+        print("ok", len(held), flush=True)
+    except torch.cuda.OutOfMemoryError:
+        print("oom", len(held), flush=True)
+"""
+
+
+def _missing() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    if os.geteuid() != 0:
+        return "setting the driver's limits needs root"
+    if (reason := cgroups_unavailable(version=2)) is not None:
+        return f"cgroup v2: {reason}"
+    if v2_root("/sys/fs/cgroup") is None:
+        return "no cgroup v2 hierarchy (the driver's limits need cgroup v2)"
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        limiter = NvmlMemoryLimiter()
+        try:
+            limiter.get(0, v2_root("/sys/fs/cgroup") or "/sys/fs/cgroup")
+        except LimitsUnavailable as e:
+            return f"driver {driver}: {e}"
+        except LimitFailed:
+            pass  # the root cgroup itself: what matters is that the function exists and the GPU supports it
+        finally:
+            limiter.close()
+    finally:
+        pynvml.nvmlShutdown()
+    return None
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> Iterator[SimulatedNode]:
+    reason = _missing()
+    if reason is not None:
+        pytest.skip(f"GPU driver-limits test: {reason}")
+    with SimulatedNode(tmp_path / "node", real_gpu=True, driver="cgroupfs") as node:
+        yield node
+
+
+def _grower(node: SimulatedNode, name: str, quota: str) -> subprocess.Popen[str]:
+    pod = node.add_pod(name, "ml", containers={"main": {"vramguard.io/vram": quota}})
+    proc = node.spawn_command(
+        pod, "main", [sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    return proc.popen
+
+
+def _grow(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("1\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def test_pytorch_hits_oom_at_the_driver_limit_and_the_neighbour_is_untouched(gpu_node: SimulatedNode) -> None:
+    offender = _grower(gpu_node, "offender", "3Gi")
+    neighbour = _grower(gpu_node, "neighbour", "6Gi")
+    gpu_node.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.2")
+    gpu_node.wait_ready()  # with `require`, ready means the driver can hold limits on this GPU
+    wait_until(lambda: 'container="main"' in _limit_lines(gpu_node), timeout_s=15, what="the limits programmed")
+    answers = [_grow(offender) for _ in range(5)]
+    # The CUDA context counts against the limit too, so the refusal may come one GiB early, never late.
+    refused = next((i for i, a in enumerate(answers) if a.startswith("oom")), None)
+    assert refused is not None and refused <= 3, f"no OutOfMemoryError within the 3Gi limit: {answers}"
+    assert offender.poll() is None, "refused, not killed: the driver held the quota"
+    assert [_grow(neighbour) for _ in range(5)] == [f"ok {i}" for i in range(1, 6)], "the neighbour never ran short"
+
+
+def _limit_lines(node: SimulatedNode) -> str:
+    return "\n".join(
+        line for line in node.http_get("/metrics")[1].splitlines() if line.startswith("vramguard_driver_limit_bytes")
+    )
