@@ -67,10 +67,12 @@ class Cluster:
     values: dict[str, Any]
     workdir: Path
 
-    def gpu(self, used: dict[int, int]) -> None:
-        """Make the test NVML report `used` (host PID -> bytes) on GPU 0."""
+    def gpu(self, used: dict[int, int], *, memory_limits: bool = False) -> None:
+        """Make the test NVML report `used` (host PID -> bytes) on GPU 0; with `memory_limits`, as an R615 driver
+        that holds per-cgroup limits."""
         state = FakeNode.gpus(1, total_bytes=GPU_TOTAL, name="NVIDIA L4 (test NVML)")
         state.drop_dead_pids = True  # a killed process leaves the driver's list, as on a real GPU
+        state.memory_limits = memory_limits
         for pid, used_bytes in used.items():
             state.gpu(0).add_process(pid, used_bytes)
         state.write(self.gpu_state)
@@ -220,6 +222,7 @@ def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interva
         ],
         "extraVolumeMounts": [
             {"name": "test-nvml", "mountPath": "/opt/test-nvml", "readOnly": True},
-            {"name": "test-nvml-state", "mountPath": "/run/test-nvml", "readOnly": True},
+            # Writable: the test driver keeps the limits it is given in files beside its state.
+            {"name": "test-nvml-state", "mountPath": "/run/test-nvml"},
         ],
     }

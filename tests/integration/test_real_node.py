@@ -14,7 +14,9 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
+from vramguard.limiter import v2_root
 from vramguard.model import GiB
+from vramguard_testbed.fakenvml import DriverLimit, driver_limits
 
 from .node import raw
 from .real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason, wait
@@ -121,3 +123,25 @@ def test_evict_mode_on_real_containers(cluster: Cluster) -> None:
     wait(lambda: "VRAMEvictionRefused" in cluster.reasons(ns, "guarded"), 30, "the refusal Event on the guarded pod")
     assert cluster.phase(ns, "guarded") == "Running"
     assert cluster.status(ns, "guarded")["restartCount"] == 0
+
+
+def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None:
+    """On an R615 driver the agent, in its pod, programs each container's limit on the cgroup v2 directory the
+    kubelet and containerd made, through the host's cgroup filesystem the chart mounts."""
+    cluster.gpu({}, memory_limits=True)
+    cluster.helm_install(mode="kill")
+    ns = cluster.namespace("ml-limits")
+    trainer = cluster.workload(ns, "trainer", "6Gi")
+    container_id = trainer["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    leaf = f"/kubepods/besteffort/pod{trainer['metadata']['uid']}/{container_id}"
+
+    def held() -> list[DriverLimit]:
+        return [d for d in driver_limits(cluster.gpu_state) if d.cgroup.endswith(leaf)]
+
+    wait(lambda: held(), 60, "the trainer's limit in the driver")
+    (limit,) = held()
+    assert (limit.soft_bytes, limit.hard_bytes) == (0, 6 * GiB)
+    assert limit.cgroup == f"/host{v2_root('/sys/fs/cgroup')}{leaf}", "the agent's view of the host's v2 hierarchy"
+    wait(lambda: "VRAMLimitApplied" in cluster.reasons(ns, "trainer"), 30, "the VRAMLimitApplied Event")
+    described = cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout
+    assert "the driver now holds container main to 6.0GiB on GPU 0" in described, described
