@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from vramguard_testbed.cgroups import cgroups_unavailable
+
 
 def need(reason: str | None, *, skip: str, ci: str) -> None:
     """Nothing when `reason` is None; else skip with `<skip>: <reason>`, or under CI fail with `CI must <ci>:
@@ -19,6 +21,19 @@ def need(reason: str | None, *, skip: str, ci: str) -> None:
         if fail:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+def why_no_cuda() -> str | None:
+    """Why the GPU tests cannot run here (no PyTorch, no CUDA GPU, not root, no cgroup v2), or None."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    if os.geteuid() != 0:
+        return "needs root for real pod cgroups"
+    return cgroups_unavailable(version=2)
 
 
 def verdict(reason: str | None, *, skip: str, ci: str, under_ci: bool) -> tuple[bool, str] | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard_testbed.cgroups import cgroups_unavailable
+from real_parts import why_no_cuda
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
 
 pytestmark = pytest.mark.gpu
@@ -35,21 +35,9 @@ for line in sys.stdin:
 """
 
 
-def _why_no_gpu() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
-    if os.geteuid() != 0:
-        return "needs root for real pod cgroups"
-    return cgroups_unavailable(version=2)
-
-
 @pytest.fixture
 def gpu_node(tmp_path: Path) -> Iterator[SimulatedNode]:
-    reason = _why_no_gpu()
+    reason = why_no_cuda()
     if reason is not None:
         pytest.skip(f"GPU test: {reason}")
     with SimulatedNode(tmp_path / "node", real_gpu=True) as node:

@@ -8,7 +8,6 @@ with nvmlDeviceSetMemoryLimits_v1 (R615+), a GPU that supports it (not MIG).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ import pynvml
 import pytest
 
 from cgroup_fixtures import wait_until
+from real_parts import why_no_cuda
 from vramguard.limiter import v2_root
 from vramguard.nvml import NvmlMemoryLimiter
 from vramguard.ports import LimitFailed, LimitsUnavailable
-from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.simnode import SimulatedNode
 
 pytestmark = pytest.mark.gpu
@@ -41,16 +40,8 @@ for line in sys.stdin:
 
 
 def _missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
-    if os.geteuid() != 0:
-        return "setting the driver's limits needs root"
-    if (reason := cgroups_unavailable(version=2)) is not None:
-        return f"cgroup v2: {reason}"
+    if (reason := why_no_cuda()) is not None:
+        return reason
     if v2_root("/sys/fs/cgroup") is None:
         return "no cgroup v2 hierarchy (the driver's limits need cgroup v2)"
     pynvml.nvmlInit()

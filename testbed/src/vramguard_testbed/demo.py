@@ -88,13 +88,7 @@ def _kill_scene(poll_interval_s: float, keep: bool) -> int:
 
             _say(f"2. Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
             seen: list[dict[str, object]] = []
-            agent = node.start_agent(
-                "--mode", "kill", "--poll-interval", str(poll_interval_s), stderr=subprocess.PIPE, text=True
-            )
-            assert agent.stderr is not None
-            relay = threading.Thread(target=_relay, args=(agent.stderr, seen), daemon=True)
-            relay.start()
-            node.wait_ready()
+            relay = _start_agent(node, poll_interval_s, seen)
             _say(f"   ready: {node.http_get('/readyz')[1].strip()}; metrics on :{node.metrics_port}\n")
 
             _say("3. The trainer allocates 11GiB: 3GiB over its quota.")
@@ -155,13 +149,7 @@ def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bo
             notebook = node.spawn_allocator(notebook_pod, "main")
             seen: list[dict[str, object]] = []
             _say(f"   Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
-            agent = node.start_agent(
-                "--mode", "kill", "--poll-interval", str(poll_interval_s), stderr=subprocess.PIPE, text=True
-            )
-            assert agent.stderr is not None
-            relay = threading.Thread(target=_relay, args=(agent.stderr, seen), daemon=True)
-            relay.start()
-            node.wait_ready()
+            relay = _start_agent(node, poll_interval_s, seen)
             if r615:  # the agent has programmed both containers' limits (and said so)
                 wait_for(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10)
             else:
@@ -196,6 +184,18 @@ def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bo
             _say(f"   files kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_agent(node: SimulatedNode, poll_interval_s: float, seen: list[dict[str, object]]) -> threading.Thread:
+    """`vramguard run --mode kill` on the node, its log relayed (and kept in `seen`); returns once it is ready."""
+    agent = node.start_agent(
+        "--mode", "kill", "--poll-interval", str(poll_interval_s), stderr=subprocess.PIPE, text=True
+    )
+    assert agent.stderr is not None
+    relay = threading.Thread(target=_relay, args=(agent.stderr, seen), daemon=True)
+    relay.start()
+    node.wait_ready()
+    return relay
 
 
 def _indent(text: str) -> str:

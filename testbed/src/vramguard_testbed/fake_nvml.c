@@ -1375,11 +1375,11 @@ static void log_limit_call(const char *verb, int gpu, unsigned long long soft, u
 }
 
 /* What both calls check first, with g_lock held: NVML_SUCCESS or the error nvml.h documents. */
-static nvmlReturn_t limits_prologue(int gpu, int mig, const char *path)
+static nvmlReturn_t limits_prologue(const void *limits, int gpu, int mig, const char *path)
 {
     struct statfs fs;
     int fd;
-    if (!path)
+    if (!limits || !path)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (mig >= 0 || !g_state->memory_limits) /* "MIG handles are not supported" */
         return NVML_ERROR_NOT_SUPPORTED;
@@ -1407,11 +1407,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, nvmlS
     nvmlReturn_t ret = enter_device("nvmlDeviceSetMemoryLimits_v1", device, &gpu, &mig);
     if (ret != NVML_SUCCESS)
         return ret;
-    if (!limits) {
-        ret = NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
-    if ((ret = limits_prologue(gpu, mig, path)) != NVML_SUCCESS)
+    if ((ret = limits_prologue(limits, gpu, mig, path)) != NVML_SUCCESS)
         goto out;
     if (geteuid() != 0) { /* "Requires root/admin permissions" */
         ret = NVML_ERROR_NO_PERMISSION;
@@ -1466,11 +1462,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, nvmlG
     nvmlReturn_t ret = enter_device("nvmlDeviceGetMemoryLimits_v1", device, &gpu, &mig);
     if (ret != NVML_SUCCESS)
         return ret;
-    if (!limits) {
-        ret = NVML_ERROR_INVALID_ARGUMENT;
-        goto out;
-    }
-    if ((ret = limits_prologue(gpu, mig, path)) != NVML_SUCCESS)
+    if ((ret = limits_prologue(limits, gpu, mig, path)) != NVML_SUCCESS)
         goto out;
     ret = NVML_ERROR_NOT_FOUND; /* "if the limits were not found for this device and cgroup" */
     if ((fd = side_open("limits", LOCK_SH)) >= 0) {
