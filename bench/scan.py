@@ -31,12 +31,14 @@ from vramguard.act import Enforcer
 from vramguard.agent import Agent, settle_heap
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
+from vramguard.limiter import DriverLimiter
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
-from vramguard.model import GiB, MiB, Policy
+from vramguard.model import GiB, MiB, Mode, Policy
 from vramguard.nvml import NvmlSampler
 from vramguard.pods import FilePodSource
-from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
+from vramguard.testing.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEventRecorder
+from vramguard.worker import Inline
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
@@ -64,10 +66,15 @@ def build_node(workdir: Path, gpus: int, per_gpu: int) -> SimulatedNode:
     return node
 
 
-def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
-    """CPU and wall time of a cold scan and of warm scans, in milliseconds, and the NVML share of a warm one."""
+def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -> dict[str, float]:
+    """CPU and wall time of a cold scan and of warm scans, in milliseconds, and the NVML share of a warm one.
+
+    With `driver_limits`, in kill mode with a `DriverLimiter` over an in-memory driver (`FakeMemoryLimiter`) run
+    inline: what the agent itself adds per scan for a limit on every container and GPU (computing the wanted
+    limits, handing them over, reading back each limited cgroup's usage), without the test library's cost of
+    answering, which says nothing about a real driver's."""
     os.environ[STATE_ENV] = str(node.state_path)
-    policy = Policy()
+    policy = Policy(mode=Mode.KILL) if driver_limits else Policy()
     events = RecordingEventRecorder()
 
     pods = FilePodSource(str(node.pods_path), node.node_name).start()
@@ -82,6 +89,7 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
             policy=policy,
             enforcer=Enforcer(killer=PidfdKiller(), evictor=FakeEvictor(), events=events, policy=policy),
             metrics=Metrics(),
+            limiter=DriverLimiter(FakeMemoryLimiter(), runner=Inline()) if driver_limits else None,
         )
         return agent, sampler
 
@@ -89,6 +97,11 @@ def scan_cost(node: SimulatedNode, scans: int) -> dict[str, float]:
     c0, w0 = time.process_time(), time.perf_counter()
     report = agent.scan()
     cold_cpu, cold_wall = time.process_time() - c0, time.perf_counter() - w0
+    if agent.limiter is not None:  # the in-memory driver counts what NVML's rows say: no disagreement to report
+        driver = agent.limiter.memory
+        assert isinstance(driver, FakeMemoryLimiter) and len(driver.limits) == len(report.snapshot.containers)
+        for key in driver.limits:
+            driver.used[key] = 64 * MiB
     settle_heap()  # as Agent.run does after its first scan
     attributed = sum(len(u.processes) for u in report.snapshot.containers)
     assert attributed == len(node.processes), f"attributed {attributed} of {len(node.processes)} processes"
@@ -188,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(row.format("shape", "procs", "cold cpu", "warm cpu p50", "warm cpu p99", "warm wall p50", "of it NVML"))
         costs = {}
         try:
-            for shape, node in nodes.items():
-                c = costs[shape] = scan_cost(node, args.scans)
+            for shape, node in (*nodes.items(), ("8x64+L", nodes["8x64"])):
+                c = costs[shape] = scan_cost(node, args.scans, driver_limits=shape.endswith("+L"))
                 keys = ("cold_cpu", "warm_cpu_median", "warm_cpu_p99", "warm_wall_median", "warm_nvml_cpu_median")
                 print(row.format(shape, f"{c['processes']:.0f}", *(f"{c[k]:.3f}" for k in keys)))
         finally:
@@ -201,6 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"warm/cold (8x64): {big['warm_cpu_median'] / big['cold_cpu']:.3f}   "
             f"8x64/1x1 (warm): {big['warm_cpu_median'] / small['warm_cpu_median']:.1f}x   "
             f"target <= 2 ms warm 8x64: {verdict}"
+        )
+        limited = costs["8x64+L"]
+        print(
+            f"8x64+L: in kill mode with a driver limit on each of its 64 containers on each of the 8 GPUs (512): "
+            f"{limited['warm_cpu_median'] / big['warm_cpu_median']:.2f}x the warm scan without"
         )
 
         print(f"\nreaction time: quota crossed -> process dead ({args.trials} trials per poll; milliseconds)")

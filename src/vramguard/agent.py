@@ -19,9 +19,17 @@ from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.decide import Decision, DecisionState, decide
 from vramguard.limiter import DriverLimiter
-from vramguard.limits import LimitKey, LimitOutcome, UsageDisagreement, wanted_limits, whole_gpus, with_driver_usage
+from vramguard.limits import (
+    LimitKey,
+    LimitOutcome,
+    LimitTarget,
+    UsageDisagreement,
+    wanted_limits,
+    whole_gpus,
+    with_driver_usage,
+)
 from vramguard.metrics import Metrics
-from vramguard.model import Action, GpuSample, Mode, PodQuota, Policy, Snapshot, Violation
+from vramguard.model import Action, GpuSample, Mode, PodInfo, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, Clock, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook
 
@@ -89,6 +97,9 @@ class Agent:
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
+        self._limits_memo: tuple[object, object, tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None = (
+            None
+        )
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()
@@ -105,15 +116,15 @@ class Agent:
             snapshot, disagreements = with_driver_usage(snapshot, self.limiter.held(), self.limiter.fresh_usage())
             self._log_disagreements(disagreements)
         # 4. Resolve each pod's quota (once per pod version).
-        quotas, invalid = self.quotas.resolve(pods, self.pods.node_labels())
+        labels = self.pods.node_labels()
+        quotas, invalid = self.quotas.resolve(pods, labels)
         for pod, error in invalid:
             self.enforcer.report_invalid(pod, error)
         now = self.clock.now()
         # 4b. Driver limits (R615+): hand the limits the quotas call for to the limiter's worker, which programs
         #     them into the driver; the decision below enforces every quota either way.
         if self.limiter is not None:
-            targets = wanted_limits(pods, quotas, sample.devices, self.policy, agent_pod_uid=self.agent_pod_uid)
-            self.limiter.update(targets, [d.index for d in whole_gpus(sample.devices)], now)
+            self.limiter.update(*self._wanted_limits(pods, labels, quotas, sample), now)
         # 5. Decide, purely.
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
@@ -187,6 +198,19 @@ class Agent:
                 self.log.warning("evidence_changed", pod=v.pod.key, pid=ref.pid, action=action.kind.value)
                 return False
         return True
+
+    def _wanted_limits(
+        self, pods: Mapping[str, PodInfo], labels: Mapping[str, str], quotas: Mapping[str, PodQuota], sample: GpuSample
+    ) -> tuple[tuple[LimitTarget, ...], list[int]]:
+        """The driver limits the quotas call for, and the GPUs that can hold them; recomputed only when the pods,
+        the node's labels or the GPUs change (the pod cache and the labels are replaced, never mutated)."""
+        gpus = whole_gpus(sample.devices)
+        shape = tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
+        memo = self._limits_memo
+        if memo is None or memo[0] is not pods or memo[1] is not labels or memo[2] != shape:
+            targets = wanted_limits(pods, quotas, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
+            memo = self._limits_memo = (pods, labels, shape, targets)
+        return memo[3], [d.index for d in gpus]
 
     def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
         """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""
