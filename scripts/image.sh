@@ -52,6 +52,9 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
 fi
 start=$(date +%s)
 buildah bud -q --isolation chroot "${mounts[@]}" --build-arg "PYTHON=$base" -t "$image" . >/dev/null
+# The previous build of the same tag is left untagged: remove it (and any other dangling image) so that the
+# storage does not grow by an image per run.
+buildah rmi --prune >/dev/null 2>&1 || true
 mkdir -p "$cache"
 rm -f "$cache/vramguard-$version.tar"
 buildah push -q "$image" "oci-archive:$cache/vramguard-$version.tar:$image" >/dev/null
