@@ -11,6 +11,7 @@ from vramguard.model import (
     DEFAULT_QUOTA_SOURCES,
     DefaultKind,
     DefaultQuota,
+    DriverLimits,
     EvictionRefused,
     GiB,
     Mode,
@@ -99,6 +100,8 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
         pytest.param(
             {"on_eviction_refused": "kill"}, Policy(on_eviction_refused=EvictionRefused.KILL), id="eviction-refused"
         ),
+        pytest.param({"driver_limits": "require"}, Policy(driver_limits=DriverLimits.REQUIRE), id="driver-limits"),
+        pytest.param({"driver_limits": "off"}, Policy(driver_limits=DriverLimits.OFF), id="driver-limits-off"),
         pytest.param(
             {"exempt_namespaces": ["monitoring"]},
             Policy(exempt_namespaces=frozenset({"monitoring"})),
@@ -200,6 +203,11 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
             {"on_eviction_refused": "retry"},
             'on_eviction_refused: "retry" must be one of wait, kill',
             id="eviction-refused-unknown",
+        ),
+        pytest.param(
+            {"driver_limits": "sometimes"},
+            'driver_limits: "sometimes" must be one of auto, off, require',
+            id="driver-limits-unknown",
         ),
         pytest.param(
             {"exempt_namespaces": "kube-system"},
