@@ -1,81 +1,96 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes the integration tests run from hack/k8s/go.mod: the control plane (kube-apiserver,
-# kube-scheduler, kube-controller-manager), the test node's kubelet and kubectl, all of one version; and installs
-# Debian's etcd when it is missing.
+# Builds the Kubernetes versions the integration tests run, one per hack/k8s/<version>/go.mod (the newest and the
+# oldest the README claims): the control plane (kube-apiserver, kube-scheduler, kube-controller-manager), the test
+# node's kubelet and kubectl, each set of one version; and installs Debian's etcd when it is missing.
+#
+#   bash scripts/controlplane.sh            # every version under hack/k8s/
+#   bash scripts/controlplane.sh v1.37      # one
 #
 # Binaries go to ${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/<version>/, outside the repo, keyed by the
-# k8s.io/kubernetes version pinned in hack/k8s/go.mod; tests/integration/controlplane.py find_binaries() reads
-# the same path. Only missing binaries are built, into a temporary directory beside the cache and renamed
-# into place afterwards, so an interrupted build never leaves a file that looks finished. A second run only
-# checks that the files exist.
+# k8s.io/kubernetes version pinned in the go.mod; tests/integration/controlplane.py find_binaries() reads the
+# same path. Only missing binaries are built, into a temporary directory beside the cache and renamed into place
+# afterwards, so an interrupted build never leaves a file that looks finished. A second run only checks that the
+# files exist.
 #
-# Prints the binaries directory as its last line.
+# Prints each binaries directory on a line of its own, last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-module_dir=hack/k8s
 source scripts/apt.sh
 
-version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 }' \
-  "$module_dir/go.mod" | head -n1)
-if [ -z "$version" ]; then
-  echo "controlplane: no k8s.io/kubernetes version in $module_dir/go.mod" >&2
-  exit 1
-fi
-bin_dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/$version"
-binaries=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
+# etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd clients (3.5, 3.6) fine.
+command -v etcd >/dev/null || apt_install controlplane etcd-server
+echo "controlplane: $(etcd --version | head -n1)"
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-# etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd 3.5 client fine.
-command -v etcd >/dev/null || apt_install controlplane etcd-server
-echo "controlplane: $(etcd --version | head -n1)"
-
-missing=()
-for name in "${binaries[@]}"; do
-  [ -x "$bin_dir/$name" ] || missing+=("$name")
-done
-
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "controlplane: kubernetes $version binaries present, nothing to build"
-else
-  command -v go >/dev/null || { echo "controlplane: Go is needed to build ${missing[*]}" >&2; exit 1; }
-  mkdir -p "$bin_dir"
-  tmp_dir=$(mktemp -d "$bin_dir/.build.XXXXXX")
-  trap 'rm -rf "$tmp_dir"' EXIT
-  trap 'exit 130' INT TERM  # so that the EXIT trap runs when interrupted
-
-  minor=${version#v1.}
-  minor=${minor%%.*}
-  # Without these the binaries report v0.0.0, which clients and discovery treat as a broken server.
-  # The build date is the tag's publication time, so two builds of one version are identical.
-  build_date=$(cd "$module_dir" && go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-  done
-
-  pkgs=()
-  for name in "${missing[@]}"; do
-    pkgs+=("k8s.io/kubernetes/cmd/$name")
-  done
-  echo "controlplane: building ${missing[*]} (kubernetes $version) with $(go version | cut -d' ' -f3)"
-  start=$(now)
-  # One invocation for all of them: the packages they share (most of the apiserver stack) compile once.
-  (cd "$module_dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$tmp_dir/" "${pkgs[@]}")
-  end=$(now)
-  for name in "${missing[@]}"; do
-    mv -f "$tmp_dir/$name" "$bin_dir/$name"
-  done
-  echo "controlplane: built ${missing[*]} in $(elapsed "$start" "$end")s"
-fi
-
-for name in "${binaries[@]}"; do
-  if [ "$name" = kubectl ]; then
-    echo "controlplane: kubectl $("$bin_dir/$name" version --client 2>&1 | head -n1)"
-  else
-    echo "controlplane: $("$bin_dir/$name" --version 2>&1 | head -n1) ($name)"
+build_version() {
+  local module_dir=$1 version bin_dir tmp_dir minor build_date ldflags start end name
+  local binaries=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl) missing=() pkgs=()
+  version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 } $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 }' \
+    "$module_dir/go.mod" | head -n1)
+  if [ -z "$version" ]; then
+    echo "controlplane: no k8s.io/kubernetes version in $module_dir/go.mod" >&2
+    exit 1
   fi
+  bin_dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/$version"
+  for name in "${binaries[@]}"; do
+    [ -x "$bin_dir/$name" ] || missing+=("$name")
+  done
+
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "controlplane: kubernetes $version binaries present, nothing to build"
+  else
+    command -v go >/dev/null || { echo "controlplane: Go is needed to build ${missing[*]}" >&2; exit 1; }
+    mkdir -p "$bin_dir"
+    tmp_dir=$(mktemp -d "$bin_dir/.build.XXXXXX")
+    trap 'rm -rf "$tmp_dir"' EXIT
+    trap 'exit 130' INT TERM  # so that the EXIT trap runs when interrupted
+
+    minor=${version#v1.}
+    minor=${minor%%.*}
+    # Without these the binaries report v0.0.0, which clients and discovery treat as a broken server.
+    # The build date is the tag's publication time, so two builds of one version are identical.
+    build_date=$(cd "$module_dir" && go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+    done
+
+    for name in "${missing[@]}"; do
+      pkgs+=("k8s.io/kubernetes/cmd/$name")
+    done
+    echo "controlplane: building ${missing[*]} (kubernetes $version) with $(go version | cut -d' ' -f3)"
+    start=$(now)
+    # One invocation for all of them: the packages they share (most of the apiserver stack) compile once.
+    (cd "$module_dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$tmp_dir/" "${pkgs[@]}")
+    end=$(now)
+    for name in "${missing[@]}"; do
+      mv -f "$tmp_dir/$name" "$bin_dir/$name"
+    done
+    rm -rf "$tmp_dir"
+    trap - EXIT INT TERM
+    echo "controlplane: built ${missing[*]} in $(elapsed "$start" "$end")s"
+  fi
+
+  for name in "${binaries[@]}"; do
+    if [ "$name" = kubectl ]; then
+      echo "controlplane: kubectl $("$bin_dir/$name" version --client 2>&1 | head -n1)"
+    else
+      echo "controlplane: $("$bin_dir/$name" --version 2>&1 | head -n1) ($name)"
+    fi
+  done
+  built_dirs+=("$bin_dir")
+}
+
+built_dirs=()
+if [ $# -eq 0 ]; then
+  set -- hack/k8s/*/
+else
+  set -- "${@/#/hack/k8s/}"
+fi
+for module_dir in "$@"; do
+  build_version "${module_dir%/}"
 done
-echo "$bin_dir"
+printf '%s\n' "${built_dirs[@]}"

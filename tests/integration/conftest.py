@@ -16,15 +16,24 @@ from kubernetes import client
 from cgroup_fixtures import need_cgroups
 from real_parts import need
 
-from .controlplane import ControlPlane, binaries_dir, unavailable_reason
+from .controlplane import KUBERNETES_VERSIONS, ControlPlane, binaries_dir, unavailable_reason
 from .kube_fixtures import KubeNode, deploy_manifest
 
 
+@pytest.fixture(scope="session", params=KUBERNETES_VERSIONS)
+def kubernetes_version(request: pytest.FixtureRequest) -> str:
+    """Each Kubernetes version the integration tests run on: every test that uses the control plane runs on
+    each (pytest runs all of one version's tests, then the other's)."""
+    version: str = request.param
+    return version
+
+
 @pytest.fixture(scope="session")
-def control_plane_binaries() -> Path:
+def control_plane_binaries(kubernetes_version: str) -> Path:
     """The directory of the built binaries (with etcd on PATH); skips, or fails under CI, when they are missing."""
-    need(unavailable_reason(), skip="no Kubernetes control plane", ci="build the Kubernetes control plane first")
-    return binaries_dir()
+    reason = unavailable_reason(kubernetes_version)
+    need(reason, skip="no Kubernetes control plane", ci="build the Kubernetes control plane first")
+    return binaries_dir(kubernetes_version)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """A real Kubernetes control plane for tests: etcd and kube-apiserver on loopback with throwaway certificates,
 started envtest-style, plus kube-scheduler and kube-controller-manager on demand.
 
-The binaries come from ``scripts/controlplane.sh``, which builds them from ``hack/k8s/go.mod`` into a cache
+The binaries come from ``scripts/controlplane.sh``, which builds them from ``hack/k8s/<version>/go.mod`` into a cache
 outside the repo (``find_binaries()`` reads the same path) and installs Debian's ``etcd-server``.
 
     plane = ControlPlane(find_binaries()).start()
@@ -55,8 +55,13 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-# Must match hack/k8s/go.mod (a test checks it): the build script keys the cache by that version.
-KUBERNETES_VERSION = "v1.33.13"
+# Must match hack/k8s/<minor>/go.mod (a test checks it): the build script keys the cache by that version. The
+# integration tests run on both: the newest release, and the oldest the README claims (the own-node admission
+# policy needs 1.32's node name in ServiceAccount tokens; 1.33 is the oldest built).
+NEWEST = "v1.37.2"
+OLDEST = "v1.33.13"
+KUBERNETES_VERSIONS = (NEWEST, OLDEST)
+KUBERNETES_VERSION = NEWEST
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 NODE_BINARIES = ("kubelet", "kubectl")  # the test node's; built by the same script from the same go.mod
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"

@@ -245,6 +245,9 @@ class RealNode:
             "cgroupsPerQOS": True,
             "cgroupRoot": "/",
             "failSwapOn": False,
+            # This host's cgroups are hybrid (v1 controllers, the v2 hierarchy at unified/): kubelets from 1.35 on
+            # refuse to run on it unless told to. Pods' cgroups are still made in the v2 hierarchy too.
+            "failCgroupV1": False,
             "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
             "address": NODE_IP,
             "port": free_port(),

@@ -21,7 +21,7 @@ from kubernetes import client
 from .controlplane import (
     _OWNER_FILE,
     _WORKDIR_PREFIX,
-    KUBERNETES_VERSION,
+    KUBERNETES_VERSIONS,
     ControlPlane,
     ControlPlaneError,
     _process_identity,
@@ -60,14 +60,19 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def test_go_mod_pins_the_version_the_package_expects() -> None:
-    """hack/k8s/go.mod builds the Kubernetes version whose cache directory find_binaries() reads."""
-    go_mod = (REPO / "hack" / "k8s" / "go.mod").read_text()
-    pinned = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", go_mod, re.MULTILINE)
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_go_mod_pins_the_version_the_package_expects(version: str) -> None:
+    """hack/k8s/<minor>/go.mod builds the Kubernetes version whose cache directory find_binaries() reads."""
+    minor = ".".join(version.split(".")[:2])
+    go_mod = (REPO / "hack" / "k8s" / minor / "go.mod").read_text()
+    pinned = re.search(r"^\s*(?:require )?k8s\.io/kubernetes (v\S+)", go_mod, re.MULTILINE)
     assert pinned is not None
-    assert pinned.group(1) == KUBERNETES_VERSION
+    assert pinned.group(1) == version
     staging = re.findall(r"^\s*k8s\.io/\S+ => k8s\.io/\S+ (v\S+)$", go_mod, re.MULTILINE)
-    assert staging and set(staging) == {"v0." + KUBERNETES_VERSION.removeprefix("v1.")}
+    assert staging and set(staging) == {"v0." + version.removeprefix("v1.")}
+    assert sorted(p.name for p in (REPO / "hack" / "k8s").iterdir()) == sorted(
+        ".".join(v.split(".")[:2]) for v in KUBERNETES_VERSIONS
+    ), "every version under hack/k8s is one the tests run"
 
 
 def test_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
@@ -129,11 +134,11 @@ def test_start_failure_names_the_component_and_shows_its_log(control_plane_binar
     assert plane.workdir is not None and not plane.workdir.exists()
 
 
-def test_apiserver_reports_the_pinned_version(admin_api: client.ApiClient) -> None:
+def test_apiserver_reports_the_pinned_version(admin_api: client.ApiClient, kubernetes_version: str) -> None:
     """The admin client reaches the apiserver, which reports the version it was built as (not v0.0.0)."""
     info = client.VersionApi(admin_api).get_code()
-    assert info.git_version == KUBERNETES_VERSION
-    assert (info.major, info.minor) == ("1", "33")
+    assert info.git_version == kubernetes_version
+    assert (info.major, info.minor) == ("1", kubernetes_version.split(".")[1])
 
 
 def test_pod_bound_to_a_node_is_listed_by_node_field_selector(admin_api: client.ApiClient, namespace: str) -> None:

@@ -1,11 +1,12 @@
-// Pins the Kubernetes control-plane binaries the integration tests run against.
-// scripts/controlplane.sh builds them from here into a cache outside the repo.
+// Pins the oldest Kubernetes the README claims (1.32+ for the own-node admission policy; 1.33 is the oldest the
+// tests build), run beside the newest (../v1.37). scripts/controlplane.sh builds the binaries from here into a
+// cache outside the repo.
 //
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and points them at ./staging
 // in its own go.mod; replace directives of a dependency are ignored, so they are restated
 // here against the published v0.33.x tags. sample-cli-plugin and sample-controller are left
 // out: k8s.io/kubernetes does not require them.
-module vramguard/hack/k8s
+module vramguard/hack/k8s/v1.33
 
 go 1.24.0
 
@@ -13,6 +14,8 @@ tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/cmd/kubectl
 )
 
 require (
