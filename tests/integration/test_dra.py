@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, utils
 
 from .controlplane import NEWEST, ControlPlane, binaries_dir
 from .node import raw
@@ -44,6 +44,11 @@ def dra_plane(kubernetes_version: str) -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+
+
+def create(api: client.ApiClient, doc: dict[str, Any], namespace: str | None = None) -> None:
+    """Create an object from its manifest (any kind the client knows, resource.k8s.io/v1 included)."""
+    utils.create_from_dict(api, doc, namespace=namespace)  # type: ignore[no-untyped-call]  # untyped in the client
 
 
 def gpu_slice() -> dict[str, Any]:
@@ -94,19 +99,20 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
     dra_plane.add_node(NODE, labels={"kubernetes.io/hostname": NODE})
     with dra_plane.api_client() as api:
         core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-        resource.create_device_class(
+        create(
+            api,
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "DeviceClass",
                 "metadata": {"name": "gpu.vramguard.test"},
                 "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-            }
+            },
         )
-        resource.create_resource_slice(gpu_slice())
+        create(api, gpu_slice())
         ns = "dra"
-        core.create_namespace({"metadata": {"name": ns}})
-        resource.create_namespaced_resource_claim_template(
-            ns,
+        create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        create(
+            api,
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaimTemplate",
@@ -127,9 +133,10 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
                     }
                 },
             },
+            ns,
         )
         for i in range(2 * GPUS):
-            core.create_namespaced_pod(ns, share_pod(f"share-{i}"))
+            create(api, share_pod(f"share-{i}"), ns)
 
         def claims() -> list[dict[str, Any]]:
             items: list[dict[str, Any]] = raw(api, resource.list_namespaced_resource_claim(ns))["items"]
@@ -145,7 +152,7 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
         assert bound == [NODE] * (2 * GPUS)
 
         # 16Gi left on the node, 4Gi on each GPU: a 10Gi share fits the node's total but no single GPU.
-        core.create_namespaced_pod(ns, share_pod("one-too-many"))
+        create(api, share_pod("one-too-many"), ns)
 
         def unschedulable() -> dict[str, Any] | None:
             status = raw(api, core.read_namespaced_pod("one-too-many", ns)).get("status", {})
