@@ -776,8 +776,11 @@ def test_parse_quota_source(text: str, expected: QuotaSource) -> None:
 @pytest.mark.parametrize(
     ("text", "message_part"),
     [
-        pytest.param(VRAM, "must be resource:<name> or annotation:<name>", id="missing-kind"),
-        pytest.param(f"label:{VRAM}", "must be resource:<name> or annotation:<name>", id="unknown-kind"),
+        pytest.param(VRAM, "must be resource:<name>, annotation:<name> or claim:<", id="missing-kind"),
+        pytest.param(f"label:{VRAM}", "must be resource:<name>, annotation:<name> or claim:<", id="unknown-kind"),
+        pytest.param("claim:Gpu.Nvidia.com", "is not a DRA driver or device class name", id="claim-uppercase"),
+        pytest.param("claim:", "is not a DRA driver or device class name", id="claim-empty"),
+        pytest.param("claim:" + "a" * 254, "is not a DRA driver or device class name", id="claim-too-long"),
         pytest.param("resource:example.com/vram", "knows the unit of no resource", id="unknown-resource"),
         pytest.param(f"annotation:{VRAM}", "knows the unit of no annotation", id="resource-name-as-annotation"),
         pytest.param(f"annotation:{BURST_ANNOTATION}", "no annotation", id="burst-is-not-a-quota-source"),

@@ -30,7 +30,7 @@ from vramguard.limits import (
 )
 from vramguard.metrics import Metrics
 from vramguard.model import Action, GpuSample, Mode, PodInfo, PodQuota, Policy, Snapshot, Violation
-from vramguard.ports import CapacityPublisher, Clock, GpuSampler, PodSource, ProcessIdentifier
+from vramguard.ports import CapacityPublisher, ClaimSource, Clock, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook
 
 
@@ -77,6 +77,7 @@ class Agent:
         agent_pid: int | None = None,
         capacity: CapacityPublisher | None = None,
         limiter: DriverLimiter | None = None,
+        claims: ClaimSource | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -86,6 +87,7 @@ class Agent:
         self.metrics = metrics
         self.capacity = capacity
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
+        self.claims = claims  # None: no claim quota source in the policy
         self.clock = clock if clock is not None else MonotonicClock()
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
@@ -97,9 +99,9 @@ class Agent:
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
-        self._limits_memo: tuple[object, object, tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None = (
-            None
-        )
+        self._limits_memo: (
+            tuple[tuple[object, ...], tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None
+        ) = None
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()
@@ -115,16 +117,17 @@ class Agent:
         if self.limiter is not None:  # where the driver holds a limit, its count of the cgroup's memory
             snapshot, disagreements = with_driver_usage(snapshot, self.limiter.held(), self.limiter.fresh_usage())
             self._log_disagreements(disagreements)
-        # 4. Resolve each pod's quota (once per pod version).
+        # 4. Resolve each pod's quota (once per pod version, and per version of the DRA shares it holds).
         labels = self.pods.node_labels()
-        quotas, invalid = self.quotas.resolve(pods, labels)
+        shares = self.claims.shares() if self.claims is not None else None
+        quotas, invalid = self.quotas.resolve(pods, labels, shares)
         for pod, error in invalid:
             self.enforcer.report_invalid(pod, error)
         now = self.clock.now()
         # 4b. Driver limits (R615+): hand the limits the quotas call for to the limiter's worker, which programs
         #     them into the driver; the decision below enforces every quota either way.
         if self.limiter is not None:
-            self.limiter.update(*self._wanted_limits(pods, labels, quotas, sample), now)
+            self.limiter.update(*self._wanted_limits(pods, labels, shares, quotas, sample), now)
         # 5. Decide, purely.
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
@@ -200,17 +203,23 @@ class Agent:
         return True
 
     def _wanted_limits(
-        self, pods: Mapping[str, PodInfo], labels: Mapping[str, str], quotas: Mapping[str, PodQuota], sample: GpuSample
+        self,
+        pods: Mapping[str, PodInfo],
+        labels: Mapping[str, str],
+        shares: object,
+        quotas: Mapping[str, PodQuota],
+        sample: GpuSample,
     ) -> tuple[tuple[LimitTarget, ...], list[int]]:
         """The driver limits the quotas call for, and the GPUs that can hold them; recomputed only when the pods,
-        the node's labels or the GPUs change (the pod cache and the labels are replaced, never mutated)."""
+        the node's labels, the DRA shares or the GPUs change (each source replaces what it hands out, never
+        mutates it)."""
         gpus = whole_gpus(sample.devices)
         shape = tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
         memo = self._limits_memo
-        if memo is None or memo[0] is not pods or memo[1] is not labels or memo[2] != shape:
+        if memo is None or memo[0] != (pods, labels, shares) or memo[1] != shape:
             targets = wanted_limits(pods, quotas, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
-            memo = self._limits_memo = (pods, labels, shape, targets)
-        return memo[3], [d.index for d in gpus]
+            memo = self._limits_memo = ((pods, labels, shares), shape, targets)
+        return memo[2], [d.index for d in gpus]
 
     def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
         """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""

@@ -153,9 +153,11 @@ def top(
     use_proc_root(proc_root)
     policy = _or_exit(lambda: policy_for(policy_path, None, None))
     metrics = Metrics()
-    cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics))
+    cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
     if not cluster.pods.wait_synced(timeout_s=15):
         _fail(f"could not read this node's pods within 15s: {cluster.pods.problem()}", 1)
+    if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
+        typer.echo(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}", err=True)
     try:
         sampler = NvmlSampler(proc_root=proc_root)
     except NvmlUnavailable as e:

@@ -84,18 +84,20 @@ class Decision:
 def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
     """Every subject above its limit on a healthy device, in a deterministic order.
 
-    Containers with their own quota are checked alone; containers covered by a pod-wide quota are summed per
-    device first. Containers with neither are unmanaged and never violate.
+    Containers with their own quota are checked alone, on each GPU against their quota there (a DRA share is
+    per GPU); containers covered by a pod-wide quota are summed per device first, and so are the containers of
+    a pod that hold the same DRA share. Containers with neither are unmanaged and never violate.
     """
-    # Pod-wide subjects accumulate across containers before they can be judged.
-    pod_wide: dict[tuple[str, str], list[ContainerUsage]] = {}
+    # Subjects of several containers accumulate before they can be judged: (pod UID, device, share or None for
+    # the pod-wide quota) → the quota and the rows.
+    together: dict[tuple[str, str, str | None], tuple[Quota, list[ContainerUsage]]] = {}
     violations: list[Violation] = []
     for usage in snapshot.containers:
         pod_quota = quotas.get(usage.pod.uid)
         if pod_quota is None:
             continue
-        own = pod_quota.containers.get(usage.container) if usage.container else None
-        if own is not None:
+        own = pod_quota.own(usage.container, usage.device_uuid) if usage.container else None
+        if own is not None and own.share is None:
             # Most rows are within quota: rule them out before building anything (this loop runs per row).
             device = snapshot.device(usage.device_uuid)
             if device is None or usage.used_bytes <= own.limit_for(device.total_bytes):
@@ -103,12 +105,14 @@ def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple
             v = _judge(snapshot, [usage], own, usage.container)
             if v is not None:
                 violations.append(v)
-        elif pod_quota.pod is not None:
-            pod_wide.setdefault((usage.pod.uid, usage.device_uuid), []).append(usage)
-    for (pod_uid, _), usages in pod_wide.items():
-        pod_quota_wide = quotas[pod_uid].pod
-        assert pod_quota_wide is not None
-        v = _judge(snapshot, usages, pod_quota_wide, None)
+        elif own is not None or pod_quota.pod is not None:
+            quota = own if own is not None else pod_quota.pod
+            assert quota is not None
+            group = together.setdefault((usage.pod.uid, usage.device_uuid, quota.share), (quota, []))
+            group[1].append(usage)
+    for (_, _, share), (quota, usages) in together.items():
+        names = sorted({u.container for u in usages})
+        v = _judge(snapshot, usages, quota, None if share is None else ", ".join(names))
         if v is not None:
             violations.append(v)
     return tuple(sorted(violations, key=lambda v: (v.pod.namespace, v.pod.name, v.container or "", v.device.uuid)))

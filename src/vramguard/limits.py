@@ -4,7 +4,7 @@ NVIDIA's driver R615 added a hard GPU memory limit per cgroup (`nvmlDeviceSetMem
 that would take the cgroup over it fails with CUDA out-of-memory *in that cgroup only*, so a neighbour never
 runs short while the agent's poll comes round. In the enforcing modes (evict, kill; never warn or dry-run) the
 agent asks for one limit per container that has a quota, on every whole GPU of the node, or one on the pod's
-cgroup for a pod-wide quota:
+cgroup for a pod-wide quota; a DRA share (a `claim:` quota source) goes on its own GPU only:
 
 - the hard limit is the quota's hard limit (its burst where one is set, else the quota itself), capped at the
   GPU's memory, as the driver refuses more; the soft limit is always 0 (a soft limit reserves memory in every
@@ -108,8 +108,16 @@ def wanted_limits(
         if pod_quota.pod is not None:
             targets += _per_gpu(pod, None, None, pod_quota.pod, gpus)
         for container in pod.containers:
+            if not container.container_id:
+                continue
+            shares = pod_quota.shares.get(container.name)
+            if shares is not None:  # DRA shares: each on its own GPU, none elsewhere
+                on = [gpu for gpu in gpus if gpu.uuid in shares]
+                for gpu in on:
+                    targets += _per_gpu(pod, container.name, container.container_id, shares[gpu.uuid], [gpu])
+                continue
             quota = pod_quota.containers.get(container.name)
-            if quota is not None and container.container_id:
+            if quota is not None:
                 targets += _per_gpu(pod, container.name, container.container_id, quota, gpus)
     return tuple(targets)
 

@@ -40,6 +40,11 @@ class _ScanCollector(Collector):
             "VRAM quota of a container on one GPU (container is empty for a pod-wide quota).",
             labels=labels,
         )
+        share = GaugeMetricFamily(
+            "vramguard_claim_share_bytes",
+            "GPU memory a container holds on one GPU through DRA claims (a claim quota source), by claim name.",
+            labels=[*labels, "claim"],
+        )
         devices = {d.uuid: d for d in snap.devices}
         quota_seen: set[tuple[str, ...]] = set()
         for u in snap.containers:
@@ -50,7 +55,7 @@ class _ScanCollector(Collector):
             pq = self.quotas.get(u.pod.uid)
             if pq is None:
                 continue
-            own = pq.containers.get(u.container)
+            own = pq.own(u.container, u.device_uuid) if u.container else None
             q, who = (own, u.container) if own is not None else (pq.pod, "")
             key = (u.pod.uid, who, device.uuid)
             if q is not None and key not in quota_seen:
@@ -58,8 +63,12 @@ class _ScanCollector(Collector):
                 quota.add_metric(
                     [u.pod.namespace, u.pod.name, who, device.label, device.uuid], q.limit_for(device.total_bytes)
                 )
+                if q.claim is not None:
+                    claim_labels = [u.pod.namespace, u.pod.name, who, device.label, device.uuid, q.claim]
+                    share.add_metric(claim_labels, q.limit_for(device.total_bytes))
         yield used
         yield quota
+        yield share
 
         gpu_labels = ["gpu", "gpu_uuid", "name"]
         families = {

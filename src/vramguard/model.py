@@ -174,11 +174,20 @@ Identity = tuple[ProcessRef, CgroupIdentity | None]
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimUse:
+    """A container's `resources.claims[]` entry: the pod's claim it uses, and which of its requests ("" for all)."""
+
+    name: str  # an entry of the pod's spec.resourceClaims[].name
+    request: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerInfo:
     name: str
     container_id: str | None = None  # runtime ID without the "containerd://" scheme
     # Raw resources.limits, e.g. {"vramguard.io/vram": "12Gi"}.
     limits: Mapping[str, str] = field(default_factory=_frozen_map)
+    claims: tuple[ClaimUse, ...] = ()  # the DRA claims the container uses (resources.claims)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +201,9 @@ class PodInfo:
     qos: str = "BestEffort"
     owner: str | None = None  # "ReplicaSet/web-7d9f" etc.
     terminating: bool = False  # metadata.deletionTimestamp is set
+    # The pod's DRA claims: spec.resourceClaims[].name → the ResourceClaim object's name (resourceClaimName, or
+    # for a template the name status.resourceClaimStatuses gives it; None until the claim controller made it).
+    claims: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
     # Derived index: attribution looks containers up by runtime ID once per GPU process per scan.
     _by_id: Mapping[str, ContainerInfo] = field(init=False, repr=False, compare=False)
 
@@ -223,6 +235,10 @@ class Quota:
     share_divisor: int | None = None
     source: str = ""  # where it came from, for messages: "limits[vramguard.io/vram]", "annotation ...", "default"
     cap_bytes: int | None = None  # the namespace max: bounds a fair share, whose bytes depend on the device
+    # For a DRA share (`claim:` source): which allocation it is, e.g. "<claim UID>/0"; the containers of a pod
+    # holding the same share on a GPU are judged together against it, as the share is one amount of memory.
+    share: str | None = None
+    claim: str | None = None  # the ResourceClaim(s) the share comes from, by name ("a+b" for two on one GPU)
 
     def limit_for(self, device_total_bytes: int) -> int:
         if self.share_divisor is not None:
@@ -272,6 +288,26 @@ class PodQuota:
     containers: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
     pod: Quota | None = None
     errors: tuple[QuotaError, ...] = ()
+    # Per-GPU quotas from DRA claims: container → GPU UUID → its share there. A container listed here is held to
+    # its share on each GPU where it holds one and to nothing (NO_SHARE) on any other: a claim is all the GPU
+    # memory the pod was given, so memory on a GPU it was not allocated is over its quota.
+    shares: Mapping[str, Mapping[str, Quota]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def own(self, container: str, device_uuid: str) -> Quota | None:
+        """The container's own quota on one GPU (its share there, or its quota on every GPU), or None when it
+        has none (it is then covered by `pod`, or unmanaged)."""
+        shares = self.shares.get(container)
+        if shares is not None:
+            return shares.get(device_uuid, NO_SHARE)
+        return self.containers.get(container)
+
+    def on(self, container: str, device_uuid: str) -> Quota | None:
+        """Whichever quota holds the container on that GPU: its own, else the pod-wide one, else None."""
+        own = self.own(container, device_uuid) if container else None
+        return own if own is not None else self.pod
+
+
+NO_SHARE = Quota(limit_bytes=0, source="no DRA claim share on this GPU")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import Any, Final
 import structlog
 import yaml
 
-from vramguard.model import MAX_TEXT_CHARS, ContainerInfo, MiB, PodInfo, cut
+from vramguard.model import MAX_TEXT_CHARS, ClaimUse, ContainerInfo, MiB, PodInfo, cut
 from vramguard.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 
 Log = structlog.typing.FilteringBoundLogger
@@ -43,6 +43,8 @@ MAX_DEPTH: Final = 64
 # events, and the file is built from events either way.
 _YAML_LOADER: Final[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _KiB: Final = 1024
+# The API server allows 32 resourceClaims per pod; a pods file is not validated, so the same bound applies here.
+MAX_CLAIMS: Final = 32
 
 
 class PodSourceError(Exception):
@@ -87,6 +89,7 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
             name=_cut(c.get("name", "")),
             container_id=ids.get(c.get("name")),
             limits=_kept((c.get("resources") or {}).get("limits") or {}, RESOURCE_UNIT_BYTES),
+            claims=_claim_uses((c.get("resources") or {}).get("claims")),
         )
         for key in ("initContainers", "containers", "ephemeralContainers")
         for c in (spec.get(key) or [])
@@ -106,7 +109,31 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
         qos=_cut(status.get("qosClass") or "BestEffort"),
         owner=owner,
         terminating=meta.get("deletionTimestamp") is not None,
+        claims=_pod_claims(spec.get("resourceClaims"), status.get("resourceClaimStatuses")),
     )
+
+
+def _entries(value: object) -> list[Mapping[str, Any]]:
+    """The first MAX_CLAIMS mappings of a list field (anything else in it is skipped)."""
+    if not isinstance(value, list):
+        return []
+    return [v for v in value[:MAX_CLAIMS] if isinstance(v, Mapping)]
+
+
+def _claim_uses(value: object) -> tuple[ClaimUse, ...]:
+    return tuple(ClaimUse(name=_cut(c.get("name", "")), request=_cut(c.get("request") or "")) for c in _entries(value))
+
+
+def _pod_claims(spec_claims: object, statuses: object) -> dict[str, str | None]:
+    """spec.resourceClaims[].name → the ResourceClaim's name: `resourceClaimName`, or for a template the name the
+    claim controller recorded in status.resourceClaimStatuses (None until it has)."""
+    generated = {s.get("name"): s.get("resourceClaimName") for s in _entries(statuses)}
+    claims: dict[str, str | None] = {}
+    for c in _entries(spec_claims):
+        name = _cut(c.get("name", ""))
+        claim = c.get("resourceClaimName") or generated.get(c.get("name"))
+        claims[name] = _cut(claim) if claim else None
+    return claims
 
 
 # --------------------------------------------------------------------------------------------------------------

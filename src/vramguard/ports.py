@@ -1,7 +1,7 @@
 """The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
 
-Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, `kube.py`, `pods.py`);
-honest fakes live in `vramguard.testing.fakes`. The decision core sees none of them.
+Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, `kube.py`, `kube_dra.py`,
+`pods.py`); honest fakes live in `vramguard.testing.fakes`. The decision core sees none of them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from vramguard.dra import PodShares
 from vramguard.model import GpuSample, Identity, PodInfo, ProcessRef, Violation
 
 
@@ -52,6 +53,19 @@ class PodSource(Protocol):
         ...
 
     def node_labels(self) -> Mapping[str, str]: ...
+
+
+class ClaimSource(Protocol):
+    """The DRA memory shares the containers of this node's pods hold (`vramguard.dra`), from a cache: no API call
+    per scan."""
+
+    def shares(self) -> Mapping[str, PodShares]:
+        """By pod UID; only pods whose containers hold a share or an unreadable claim are present."""
+        ...
+
+    def problem(self) -> str | None:
+        """Why claims cannot be read right now (e.g. the API server does not serve resource.k8s.io/v1), or None."""
+        ...
 
 
 class Clock(Protocol):

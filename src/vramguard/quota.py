@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
+from vramguard.dra import PodShares, Share
 from vramguard.model import DefaultKind, PodInfo, PodQuota, Policy, Quota, QuotaError
 from vramguard.quantity import (
     ANNOTATION_UNIT_BYTES,
@@ -82,6 +83,7 @@ MAX_MESSAGE_CHARS: Final = 1024
 class SourceKind(str, enum.Enum):
     RESOURCE = "resource"  # a container's resources.limits
     ANNOTATION = "annotation"  # a pod annotation, covering the whole pod
+    CLAIM = "claim"  # the GPU memory shares of the container's DRA claims, per GPU (`vramguard.dra`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,21 +104,33 @@ QUOTA_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType(
 )
 
 
+# A DRA driver's name or a DeviceClass's name: a DNS subdomain.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def parse_quota_source(text: str) -> QuotaSource:
-    """`resource:vramguard.io/vram` or `annotation:gpu-memory` → QuotaSource; ValueError says what is wrong."""
+    """`resource:vramguard.io/vram`, `annotation:gpu-memory` or `claim:gpu.nvidia.com` → QuotaSource; ValueError
+    says what is wrong."""
     kind_text, sep, name = text.partition(":")
     known_by_kind = {SourceKind.RESOURCE: RESOURCE_UNIT_BYTES, SourceKind.ANNOTATION: QUOTA_ANNOTATION_UNIT_BYTES}
     kind = next((k for k in SourceKind if k.value == kind_text), None)
     if not sep or kind is None:
-        raise ValueError("must be resource:<name> or annotation:<name>")
+        raise ValueError("must be resource:<name>, annotation:<name> or claim:<DRA driver or device class>")
+    if kind is SourceKind.CLAIM:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
+        return QuotaSource(kind, name, 1)
     known = known_by_kind[kind]
     if name not in known:
         raise ValueError(f"vramguard knows the unit of no {kind.value} named {name!r}; known: {', '.join(known)}")
     return QuotaSource(kind, name, known[name])
 
 
-def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, str]) -> PodQuota:
-    """The quotas of `pod` under `policy` on a node with `node_labels`. Never raises on pod content."""
+def resolve_pod_quota(
+    pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], shares: PodShares | None = None
+) -> PodQuota:
+    """The quotas of `pod` under `policy` on a node with `node_labels`, with the DRA `shares` its containers hold
+    (`dra.pod_shares`; None: the node has no claim source). Never raises on pod content."""
     findings: list[_Finding] = []
     sources = _readable_sources(policy.quota_sources)
     cap = policy.cap_for(pod.namespace)
@@ -126,13 +140,17 @@ def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, st
     default_resolved = False
 
     containers: dict[str, Quota] = {}
+    per_gpu: dict[str, dict[str, Quota]] = {}
     stopped_at: dict[str, int] = {}  # the index in `sources` where each container's walk ended
     defaulted: list[str] = []  # the containers no source covers, in pod order
     for container in pod.containers:
+        held = (shares or {}).get(container.name, ())
         own, stopped_at[container.name] = _container_quota(
-            container.name, container.limits, sources, pod_source, findings
+            container.name, container.limits, held, sources, pod_source, findings
         )
-        if own is not None:
+        if isinstance(own, dict):
+            per_gpu[container.name] = own
+        elif own is not None:
             containers[container.name] = own
         elif pod_source is None:  # otherwise the walk reached the pod-wide source: the container is covered
             if not default_resolved:
@@ -142,10 +160,12 @@ def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, st
             if default is not None:
                 containers[container.name] = default
 
-    containers, pod_quota = _apply_burst(pod, containers, pod_quota, findings)
+    containers, per_gpu, pod_quota = _apply_burst(pod, containers, per_gpu, pod_quota, findings)
     applies = {name: _describe(q, cap) for name, q in containers.items()}
+    applies |= {name: "; ".join(_describe(q, cap) for q in gpus.values()) for name, gpus in per_gpu.items()}
     pod_applies = _describe(pod_quota, cap) if pod_quota is not None else None
     if cap is not None:
+        per_gpu = {name: {gpu: _capped(q, cap) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()}
         containers = {name: _capped(q, cap) for name, q in containers.items()}
         pod_quota = _capped(pod_quota, cap) if pod_quota is not None else None
         fallback = Quota(limit_bytes=cap, source=f"namespace max_quota {format_quantity(cap)} (no valid quota)")
@@ -156,11 +176,17 @@ def resolve_pod_quota(pod: PodInfo, policy: Policy, node_labels: Mapping[str, st
         containers = {c.name: containers[c.name] for c in pod.containers if c.name in containers}  # pod order
 
     errors = _with_applies(findings, pod, stopped_at, defaulted, applies, pod_applies)
-    return PodQuota(containers=MappingProxyType(containers), pod=pod_quota, errors=errors)
+    return PodQuota(
+        containers=MappingProxyType(containers),
+        pod=pod_quota,
+        errors=errors,
+        shares=MappingProxyType({name: MappingProxyType(gpus) for name, gpus in per_gpu.items()}),
+    )
 
 
 class QuotaBook:
-    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes.
+    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes,
+    and the claim source a new `PodShares` only when what the pod's containers hold changes.
 
     `resolve` also says which invalid quota values are new: each is reported once per pod, again only when a
     changed pod carries different errors (an edit that fixes nothing does not repeat the report).
@@ -168,25 +194,29 @@ class QuotaBook:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodShares | None, PodQuota]] = {}
 
     def resolve(
-        self, pods: Mapping[str, PodInfo], node_labels: Mapping[str, str]
+        self,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None = None,
     ) -> tuple[dict[str, PodQuota], list[tuple[PodInfo, QuotaError]]]:
-        """(quota by pod UID, the invalid values to report now)."""
-        book: dict[str, tuple[PodInfo, Mapping[str, str], PodQuota]] = {}
+        """(quota by pod UID, the invalid values to report now). `shares`: by pod UID, from the claim source."""
+        book: dict[str, tuple[PodInfo, Mapping[str, str], PodShares | None, PodQuota]] = {}
         new_errors: list[tuple[PodInfo, QuotaError]] = []
         for uid, pod in pods.items():
+            held = shares.get(uid) if shares is not None else None
             cached = self._book.get(uid)
-            if cached is not None and cached[0] is pod and cached[1] == node_labels:
+            if cached is not None and cached[0] is pod and cached[2] is held and cached[1] == node_labels:
                 book[uid] = cached
                 continue
-            pq = resolve_pod_quota(pod, self.policy, node_labels)
-            if pq.errors and (cached is None or cached[2].errors != pq.errors):
+            pq = resolve_pod_quota(pod, self.policy, node_labels, held)
+            if pq.errors and (cached is None or cached[3].errors != pq.errors):
                 new_errors.extend((pod, err) for err in pq.errors)
-            book[uid] = (pod, dict(node_labels), pq)
+            book[uid] = (pod, dict(node_labels), held, pq)
         self._book = book  # pods that left the cache leave the book
-        return {uid: entry[2] for uid, entry in book.items()}, new_errors
+        return {uid: entry[3] for uid, entry in book.items()}, new_errors
 
 
 def invalid_message(err: QuotaError) -> str:
@@ -312,15 +342,22 @@ def _pod_wide_quota(
 def _container_quota(
     container: str,
     limits: Mapping[str, str],
+    shares: Sequence[Share],
     sources: Sequence[QuotaSource],
     pod_source: QuotaSource | None,
     findings: list[_Finding],
-) -> tuple[Quota | None, int]:
-    """The container's own quota from the first valid resource source ahead of the pod-wide one, if any, and the
-    index in `sources` where the walk stopped (len(sources) when it went through every one)."""
+) -> tuple[Quota | dict[str, Quota] | None, int]:
+    """The container's own quota from the first valid resource or claim source ahead of the pod-wide one, if
+    any (a claim source gives one per GPU, by UUID), and the index in `sources` where the walk stopped
+    (len(sources) when it went through every one)."""
     for index, source in enumerate(sources):
         if source == pod_source:
             return None, index  # covered by the pod-wide quota
+        if source.kind is SourceKind.CLAIM:
+            per_gpu = _claim_quotas(container, shares, source, findings)
+            if per_gpu:
+                return per_gpu, index
+            continue
         if source.kind is not SourceKind.RESOURCE or source.name not in limits:
             continue
         raw = limits[source.name]
@@ -332,6 +369,31 @@ def _container_quota(
             continue
         return Quota(limit_bytes=limit, source=f"limits[{source.name}]"), index
     return None, len(sources)
+
+
+def _claim_quotas(
+    container: str, shares: Sequence[Share], source: QuotaSource, findings: list[_Finding]
+) -> dict[str, Quota] | None:
+    """The container's quota on each GPU from the shares `source` reads, or None when it reads none, or when one
+    of them is unreadable (each is reported; half a claim is no quota)."""
+    read = [s for s in shares if s.matches(source.name)]
+    errors = [s.error for s in read if s.error is not None]
+    for error in errors:
+        findings.append(_Finding(error, _Governs.CONTAINER, container=container))
+    if not read or errors:
+        return None
+    per_gpu: dict[str, list[Share]] = {}
+    for share in read:
+        per_gpu.setdefault(share.gpu_uuid, []).append(share)
+    return {
+        gpu: Quota(
+            limit_bytes=sum(s.bytes for s in held),
+            source=" + ".join(s.describe() for s in held),
+            share="+".join(s.key for s in held),
+            claim="+".join(dict.fromkeys(s.claim.partition("/")[2] for s in held)),
+        )
+        for gpu, held in per_gpu.items()
+    }
 
 
 def _default_quota(
@@ -356,23 +418,28 @@ def _default_quota(
 
 
 def _apply_burst(
-    pod: PodInfo, containers: dict[str, Quota], pod_quota: Quota | None, findings: list[_Finding]
-) -> tuple[dict[str, Quota], Quota | None]:
+    pod: PodInfo,
+    containers: dict[str, Quota],
+    per_gpu: dict[str, dict[str, Quota]],
+    pod_quota: Quota | None,
+    findings: list[_Finding],
+) -> tuple[dict[str, Quota], dict[str, dict[str, Quota]], Quota | None]:
     raw = pod.annotations.get(BURST_ANNOTATION)
     if raw is None:
-        return containers, pod_quota
+        return containers, per_gpu, pod_quota
     field = f"metadata.annotations[{BURST_ANNOTATION}]"
     try:
         burst = parse_quota_bytes(raw)
     except QuantityError as e:
         findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.BURST))
-        return containers, pod_quota
+        return containers, per_gpu, pod_quota
 
-    quotas = [*containers.values(), *([pod_quota] if pod_quota is not None else [])]
+    shares = [q for gpus in per_gpu.values() for q in gpus.values()]
+    quotas = [*containers.values(), *shares, *([pod_quota] if pod_quota is not None else [])]
     if not quotas:
         reason = "the pod has no quota for it to extend"
         findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
-        return containers, pod_quota
+        return containers, per_gpu, pod_quota
     largest = max((q for q in quotas if q.limit_bytes is not None), key=lambda q: q.limit_bytes or 0, default=None)
     if largest is not None and largest.limit_bytes is not None and burst < largest.limit_bytes:
         reason = (
@@ -380,10 +447,11 @@ def _apply_burst(
             "a burst must be at least the quota"
         )
         findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
-        return containers, pod_quota
+        return containers, per_gpu, pod_quota
 
     return (
         {name: replace(q, burst_bytes=burst) for name, q in containers.items()},
+        {name: {gpu: replace(q, burst_bytes=burst) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()},
         replace(pod_quota, burst_bytes=burst) if pod_quota is not None else None,
     )
 

@@ -63,6 +63,7 @@ class TopRow:
     # Who holds the quota: "driver" (its hard limit on the cgroup, R615+: an allocation beyond it fails), "agent"
     # (the reactive modes alone), "-" without a quota.
     held_by: str = "-"
+    claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -81,16 +82,21 @@ def rows_from_report(
     """The rows of one scan; `driver_limits` (`limiter.read_held_limits`) says which quotas the driver holds."""
     snap, quotas = report.snapshot, report.quotas
     held = driver_limits or {}
+    # A container's violation: its own, its pod's (pod-wide quota), or its share's (containers holding one DRA
+    # share are one subject).
     violated = {(v.pod.uid, v.container, v.device.uuid): v for v in report.decision.violations}
+    violated |= {(v.pod.uid, cid, v.device.uuid): v for v in report.decision.violations for cid in v.container_ids}
     rows: list[TopRow] = []
     for u in snap.containers:
         device = snap.device(u.device_uuid)
         if device is None:
             continue
         pq = quotas.get(u.pod.uid)
-        own = pq.containers.get(u.container) if pq is not None else None
+        own = pq.own(u.container, u.device_uuid) if pq is not None and u.container else None
         quota = own if own is not None else (pq.pod if pq is not None else None)
         v = violated.get((u.pod.uid, u.container if own is not None else None, u.device_uuid))
+        if v is None and u.container_id is not None:
+            v = violated.get((u.pod.uid, u.container_id, u.device_uuid))
         if quota is None:
             state = "unmanaged"
         elif v is None:
@@ -110,6 +116,7 @@ def rows_from_report(
                 quota_bytes=quota.limit_for(device.total_bytes) if quota is not None else None,
                 state=state,
                 held_by=held_by,
+                claim=(quota.claim or "") if quota is not None else "",
             )
         )
     for p in snap.unattributed:
@@ -134,7 +141,7 @@ def rows_from_report(
 
 def render_table(rows: Sequence[TopRow]) -> str:
     """One line per container and GPU; a container's further processes on lines of their own below it."""
-    header = (
+    header: tuple[str, ...] = (
         "GPU",
         "NAMESPACE",
         "POD",
@@ -144,11 +151,12 @@ def render_table(rows: Sequence[TopRow]) -> str:
         "%",
         "STATE",
         "HELD-BY",
+        "CLAIM",
         "PID",
         "USER",
         "COMMAND",
     )
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for r in rows:
         first, *rest = r.processes or (ProcessDetail(0, "", ""),)
         lines.append(
@@ -162,14 +170,19 @@ def render_table(rows: Sequence[TopRow]) -> str:
                 f"{r.percent:.0f}" if r.percent is not None else "-",
                 r.state,
                 r.held_by,
+                r.claim,
                 str(first.pid) if r.processes else "-",
                 first.user,
                 first.command,
             )
         )
-        lines.extend(("", "", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
+        lines.extend(("", "", "", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
     if not rows:
-        lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", "", ""))
+        lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", "", "", ""))
+    if not any(r.claim for r in rows):  # the CLAIM column only where DRA claims give quotas
+        at = header.index("CLAIM")
+        lines = [line[:at] + line[at + 1 :] for line in lines]
+        header = lines[0]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 

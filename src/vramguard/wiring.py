@@ -26,6 +26,7 @@ from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
 from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
+from vramguard.kube_dra import KubeClaimSource
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import limits_enabled
 from vramguard.metrics import Metrics
@@ -65,10 +66,13 @@ class Cluster:
     events: EventRecorder
     evictor: Evictor
     api: ApiClient | None = None
+    claims: KubeClaimSource | None = None  # with a `claim:` quota source, on the API server
 
     def close(self, timeout_s: float) -> None:
         """Stop the background threads, within `timeout_s` in all (a stuck request is abandoned, not awaited)."""
         deadline = time.monotonic() + timeout_s
+        if self.claims is not None:
+            self.claims.stop(max(0.05, (deadline - time.monotonic()) / 3))
         self.pods.stop(max(0.05, deadline - time.monotonic()))
         if isinstance(self.events, KubeEventRecorder):
             self.events.stop(max(0.05, deadline - time.monotonic()))
@@ -92,9 +96,21 @@ def policy_for(
     return policy
 
 
-def connect(pods_file: Path | None, kubeconfig: str | None, node_name: str | None, metrics: Metrics) -> Cluster:
-    """The pods file and the log, or the API server (pods watched in the background, Events on a writer)."""
+def connect(
+    pods_file: Path | None,
+    kubeconfig: str | None,
+    node_name: str | None,
+    metrics: Metrics,
+    policy: Policy | None = None,
+) -> Cluster:
+    """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
+    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims)."""
+    claim_sources = [s for s in (policy.quota_sources if policy is not None else ()) if s.startswith("claim:")]
     if pods_file is not None:
+        if claim_sources:
+            structlog.get_logger("vramguard").warning(
+                "claim_sources_ignored", sources=claim_sources, reason="claim quota sources need the API server"
+            )
         return Cluster(FilePodSource(str(pods_file), node_name=node_name).start(), LogEventRecorder(), NoApiEvictor())
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
@@ -104,7 +120,9 @@ def connect(pods_file: Path | None, kubeconfig: str | None, node_name: str | Non
         where = kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
     events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc()).start()
-    return Cluster(KubePodSource(api, node_name).start(), events, KubeEvictor(api), api)
+    pods = KubePodSource(api, node_name).start()
+    claims = KubeClaimSource(api, node_name, pods).start() if claim_sources else None
+    return Cluster(pods, events, KubeEvictor(api), api, claims)
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -161,6 +179,7 @@ def build_agent(
         metrics=metrics,
         capacity=capacity,  # None in dry-run: capacity_publisher makes none
         limiter=limiter,  # None in dry-run: driver_limiter makes none
+        claims=cluster.claims,
     )
 
 
@@ -281,7 +300,7 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
     metrics = Metrics()
-    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics)
+    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy)
     capacity = capacity_publisher(
         cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run
     )

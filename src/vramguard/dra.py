@@ -1,0 +1,291 @@
+"""DRA claims as quotas: the GPU memory share each container of a pod holds on each GPU. Pure.
+
+With Dynamic Resource Allocation and consumable capacity (KEP-5075), the scheduler gives a claim a share of one
+GPU's memory and writes it into the claim; nothing holds a process to it. vramguard reads it as a quota, per
+container and per GPU (`claim:<driver or device class>` in `quota_sources`). The mapping, from the API objects
+the kube adapter (`kube_dra.KubeClaimSource`) reads:
+
+- **The GPU.** This node's ResourceSlices (resource.k8s.io/v1) publish devices under (`spec.driver`,
+  `spec.pool.name`, `spec.devices[].name`). The device's GPU is its `uuid` attribute, unqualified or qualified
+  with the driver's name (`gpu.nvidia.com/uuid`), a string as NVIDIA's DRA driver publishes it: `GPU-…` for a
+  whole GPU, `MIG-…` for a MIG device, the UUIDs NVML reports. Its memory is the `memory` capacity.
+- **The share.** A claim's `status.allocation.devices.results[]` names (`driver`, `pool`, `device`) and the
+  `request` it satisfies. A result with `consumedCapacity.memory` holds that much of the device (a share; its
+  `shareID` tells it from the device's other shares); one without holds the whole device, i.e. its `memory`
+  capacity.
+- **The containers.** A container holds the results of the pod's claims it lists in `resources.claims`: all of
+  them, or with `request: r` only those of request `r` and of its subrequests `r/<sub>`. The claim's name comes
+  from the pod (`PodInfo.claims`). A result matches the quota source `claim:<name>` when its driver or its
+  request's device class is `<name>`.
+
+What cannot be read becomes a `Share` with an `error`, a `QuotaError` naming the field and the value (the
+claim missing, its device in no ResourceSlice of this node, no `uuid` attribute, a quantity that does not parse),
+and the quota walk goes on to the next source. A claim not read yet or not allocated yet gives no share and no
+error: the pod cannot run before its claims are allocated.
+
+Known limit: a claim shared by several pods (a `resourceClaimName` several pods name) holds each pod to the whole
+share; the containers of one pod that hold the same share are judged together against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Final
+
+from vramguard.model import ClaimUse, PodInfo, QuotaError, cut
+from vramguard.quantity import QuantityError, parse_quota_bytes
+
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device): how a claim's allocation result names a device of a ResourceSlice."""
+
+ClaimKey = tuple[str, str]
+"""(namespace, name) of a ResourceClaim."""
+
+# The API server's own bounds (resource.k8s.io/v1 validation): a slice lists at most 128 devices, an allocation
+# at most 32 results, a claim at most 32 requests of at most 8 subrequests. A pods file is not validated, so the
+# conversions below hold every list to them.
+MAX_SLICE_DEVICES: Final = 128
+MAX_RESULTS: Final = 32
+MAX_REQUESTS: Final = 32
+MAX_SUBREQUESTS: Final = 8
+MAX_NAME_CHARS: Final = 253
+
+MEMORY: Final = "memory"  # the capacity name NVIDIA's DRA driver (and this module) reads
+UUID: Final = "uuid"  # the attribute that names the GPU
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """What the agent reads of one device of a ResourceSlice."""
+
+    uuid: str | None  # the `uuid` attribute, None when it has none
+    memory: str | None  # the `memory` capacity as published (a quantity), None when it has none
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """One entry of a claim's status.allocation.devices.results."""
+
+    request: str  # "gpu", or "gpu/small" for a subrequest
+    driver: str
+    pool: str
+    device: str
+    consumed_memory: str | None  # consumedCapacity.memory as written; None for a whole-device allocation
+    share_id: str | None
+
+    @property
+    def device_key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.device)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What the agent reads of one ResourceClaim."""
+
+    namespace: str
+    name: str
+    uid: str
+    allocated: bool
+    results: tuple[ClaimResult, ...] = ()
+    # The device class of each request and subrequest ("gpu", "gpu/small"), from spec.devices.requests.
+    classes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def key(self) -> ClaimKey:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One device result a container holds: `bytes` on GPU `gpu_uuid`, or an `error` saying why not."""
+
+    claim: str  # "namespace/name"
+    request: str
+    driver: str  # "" when the claim could not be read at all
+    device_class: str
+    key: str  # "<claim UID>/<result index>": the same share in every container that holds it
+    gpu_uuid: str = ""
+    bytes: int = 0
+    share_id: str | None = None
+    error: QuotaError | None = None
+
+    def matches(self, source_name: str) -> bool:
+        """Whether the quota source `claim:<source_name>` reads this share. An unreadable claim matches every
+        claim source: nobody can tell whose it would have been."""
+        return not self.driver or source_name in (self.driver, self.device_class)
+
+    def describe(self) -> str:
+        """The quota's source as messages name it: `claim ml/train-gpu-x7k2 (request gpu, share 5f0e2a1c)`."""
+        share = f", share {self.share_id[:8]}" if self.share_id else ""
+        return f"claim {self.claim} (request {self.request}{share})"
+
+
+PodShares = Mapping[str, tuple[Share, ...]]
+"""container name → the shares (and unreadable claims) it holds."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# From the API's objects (camelCase dicts, as the API server serialises them); bounded, never raising.
+
+
+def _text(value: object) -> str:
+    return cut(value if isinstance(value, str) else "" if value is None else str(value), MAX_NAME_CHARS)
+
+
+def _items(value: object, limit: int) -> list[Mapping[str, Any]]:
+    if not isinstance(value, list):
+        return []
+    return [v for v in value[:limit] if isinstance(v, Mapping)]
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def slice_devices(obj: Mapping[str, Any]) -> dict[DeviceKey, SliceDevice]:
+    """The devices one ResourceSlice publishes, by (driver, pool, device)."""
+    spec = _mapping(obj.get("spec"))
+    driver = _text(spec.get("driver"))
+    pool = _text(_mapping(spec.get("pool")).get("name"))
+    devices: dict[DeviceKey, SliceDevice] = {}
+    for d in _items(spec.get("devices"), MAX_SLICE_DEVICES):
+        attributes = _mapping(d.get("attributes"))
+        attribute = _mapping(attributes.get(UUID) or attributes.get(f"{driver}/{UUID}"))
+        uuid = attribute.get("string")
+        memory = _mapping(_mapping(d.get("capacity")).get(MEMORY)).get("value")
+        devices[(driver, pool, _text(d.get("name")))] = SliceDevice(
+            uuid=_text(uuid) if isinstance(uuid, str) and uuid else None,
+            memory=_text(memory) if memory is not None else None,
+        )
+    return devices
+
+
+def claim_from_manifest(obj: Mapping[str, Any]) -> Claim:
+    """One ResourceClaim (resource.k8s.io/v1) as the agent reads it."""
+    meta = _mapping(obj.get("metadata"))
+    allocation = _mapping(_mapping(obj.get("status")).get("allocation"))
+    results = tuple(
+        ClaimResult(
+            request=_text(r.get("request")),
+            driver=_text(r.get("driver")),
+            pool=_text(r.get("pool")),
+            device=_text(r.get("device")),
+            consumed_memory=_consumed(r),
+            share_id=_text(r["shareID"]) if r.get("shareID") else None,
+        )
+        for r in _items(_mapping(allocation.get("devices")).get("results"), MAX_RESULTS)
+    )
+    classes: dict[str, str] = {}
+    for request in _items(_mapping(_mapping(obj.get("spec")).get("devices")).get("requests"), MAX_REQUESTS):
+        name = _text(request.get("name"))
+        exactly = _mapping(request.get("exactly"))
+        if exactly:
+            classes[name] = _text(exactly.get("deviceClassName"))
+        for sub in _items(request.get("firstAvailable"), MAX_SUBREQUESTS):
+            classes[f"{name}/{_text(sub.get('name'))}"] = _text(sub.get("deviceClassName"))
+    return Claim(
+        namespace=_text(meta.get("namespace")),
+        name=_text(meta.get("name")),
+        uid=_text(meta.get("uid")),
+        allocated=bool(allocation),
+        results=results,
+        classes=MappingProxyType(classes),
+    )
+
+
+def _consumed(result: Mapping[str, Any]) -> str | None:
+    consumed = _mapping(result.get("consumedCapacity"))
+    value = consumed.get(MEMORY)
+    return _text(value) if value is not None else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shares
+
+
+def claim_keys(pod: PodInfo) -> list[ClaimKey]:
+    """The claims a pod's containers use that have a name yet: what the kube adapter reads for the pod."""
+    used = {use.name for c in pod.containers for use in c.claims}
+    return [(pod.namespace, claim) for ref, claim in pod.claims.items() if claim and ref in used]
+
+
+def pod_shares(
+    pod: PodInfo,
+    claims: Mapping[ClaimKey, Claim | None],
+    devices: Mapping[DeviceKey, SliceDevice],
+) -> PodShares:
+    """What each container of `pod` holds, from the claims read so far (None: the API server says the claim
+    does not exist; absent: not read yet) and this node's ResourceSlice devices."""
+    shares: dict[str, tuple[Share, ...]] = {}
+    for container in pod.containers:
+        held: list[Share] = []
+        for use in container.claims:
+            held += _held(pod, container.name, use, claims, devices)
+        if held:
+            shares[container.name] = tuple(held)
+    return MappingProxyType(shares)
+
+
+def _held(
+    pod: PodInfo,
+    container: str,
+    use: ClaimUse,
+    claims: Mapping[ClaimKey, Claim | None],
+    devices: Mapping[DeviceKey, SliceDevice],
+) -> list[Share]:
+    at = f"spec.containers[{container}].resources.claims[{use.name}]"
+    if use.name not in pod.claims:
+        error = QuotaError(at, use.name, "names no entry of spec.resourceClaims")
+        return [Share(claim=use.name, request=use.request, driver="", device_class="", key="", error=error)]
+    claim_name = pod.claims[use.name]
+    if not claim_name or (pod.namespace, claim_name) not in claims:
+        return []  # the claim controller has not made it, or the agent has not read it yet
+    claim = claims[(pod.namespace, claim_name)]
+    if claim is None:
+        error = QuotaError(f"resourceclaims[{pod.namespace}/{claim_name}]", claim_name, "does not exist")
+        claim_text = f"{pod.namespace}/{claim_name}"
+        return [Share(claim=claim_text, request=use.request, driver="", device_class="", key="", error=error)]
+    if not claim.allocated:
+        return []
+    return [
+        _share(claim, index, result, devices)
+        for index, result in enumerate(claim.results)
+        if not use.request or result.request == use.request or result.request.startswith(use.request + "/")
+    ]
+
+
+def _share(claim: Claim, index: int, result: ClaimResult, devices: Mapping[DeviceKey, SliceDevice]) -> Share:
+    base = Share(
+        claim=f"{claim.namespace}/{claim.name}",
+        request=result.request,
+        driver=result.driver,
+        device_class=claim.classes.get(result.request, ""),
+        key=f"{claim.uid}/{index}",
+        share_id=result.share_id,
+    )
+    at = f"resourceclaims[{base.claim}].status.allocation.devices.results[{index}]"
+    device = devices.get(result.device_key)
+    if device is None:
+        where = "/".join(result.device_key)
+        return _failed(base, f"{at}.device", where, "is in no ResourceSlice of this node")
+    if device.uuid is None:
+        where = "/".join(result.device_key)
+        return _failed(base, f"{at}.device", where, f"has no {UUID!r} attribute naming its GPU")
+    if result.consumed_memory is not None:
+        raw, value_field = result.consumed_memory, f"{at}.consumedCapacity[{MEMORY}]"
+    elif device.memory is not None:
+        raw, value_field = device.memory, f"resourceslice device {'/'.join(result.device_key)} capacity[{MEMORY}]"
+    else:
+        where = "/".join(result.device_key)
+        return _failed(base, f"{at}.device", where, f"has no {MEMORY!r} capacity (a whole-device allocation)")
+    try:
+        size = parse_quota_bytes(raw, 1, MEMORY)
+    except QuantityError as e:
+        return _failed(base, value_field, raw, f"is not a valid {e.what} ({e.reason})")
+    return replace(base, gpu_uuid=device.uuid, bytes=size)
+
+
+def _failed(base: Share, at: str, value: str, message: str) -> Share:
+    return replace(base, error=QuotaError(at, value, message))

@@ -1,0 +1,328 @@
+"""The DRA adapter: this node's ResourceSlices and the ResourceClaims of its pods, read into `dra.PodShares`.
+
+Contract with the API server, made so that a 5,000-node cluster costs what the kubelet's own DRA manager costs
+(never a cluster-wide claim watch, where every claim change would fan out to every agent):
+- ResourceSlices (resource.k8s.io/v1): one LIST with `fieldSelector=spec.nodeName=<node>`, then one WATCH from
+  its resourceVersion, renewed every 5 to 10 minutes, as the pod watch; a 410 relists; errors back off 1 s → 60 s.
+  An API server that does not serve resource.k8s.io/v1 (Kubernetes before 1.34) is asked again every 5 minutes
+  and `problem()` says so: claim quota sources then give nothing and the next source applies.
+- ResourceClaims: one GET by name for each claim a pod of this node uses, when the pod appears (or names a
+  claim it did not name before), again while the claim is missing or not allocated (when the pod changes, or
+  `RETRY_S` later), and every `REFRESH_S` (jittered) after that: an allocation does not change while a pod uses
+  it, so the slow re-read only catches a claim deallocated and reallocated under the same name. GETs are paced
+  (`GETS_PER_S`, burst `GETS_BURST`), so a node filling with 200 pods reads their claims within seconds without
+  a burst of 200 requests.
+- Nothing per scan: `shares()` is read from memory, replaced whole when something changed.
+RBAC: get on resourceclaims; get, list and watch on resourceslices.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import structlog
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from vramguard.backoff import Backoff, TokenBucket
+from vramguard.dra import (
+    Claim,
+    ClaimKey,
+    DeviceKey,
+    PodShares,
+    SliceDevice,
+    claim_from_manifest,
+    claim_keys,
+    pod_shares,
+    slice_devices,
+)
+from vramguard.kube import _TIMEOUT_LIST, WatchExpired, _describe, watch_events
+from vramguard.ports import PodSource
+
+GROUP: Final = "resource.k8s.io"
+VERSION: Final = "v1"
+REFRESH_S: Final = 300.0
+RETRY_S: Final = 10.0
+GETS_PER_S: Final = 20.0
+GETS_BURST: Final = 50
+CYCLE_S: Final = 0.5  # how often the claim reader looks at the pod cache (memory only)
+UNSERVED_RETRY_S: Final = 300.0
+_TIMEOUT_GET = (3.0, 5.0)
+
+Log = structlog.typing.FilteringBoundLogger
+
+
+class KubeClaimSource:
+    """The DRA shares of the pods of one node (`ClaimSource`), kept by two background threads."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        pods: PodSource,
+        *,
+        refresh_s: float = REFRESH_S,
+        retry_s: float = RETRY_S,
+        gets_per_s: float = GETS_PER_S,
+        watch_timeout_s: int = 300,
+        log: Log | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.objects = client.CustomObjectsApi(api)
+        self.node_name = node_name
+        self.pods = pods
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self.watch_timeout_s = watch_timeout_s
+        self.log = log if log is not None else structlog.get_logger("vramguard.claims")
+        self.now = now
+        self._stop = threading.Event()
+        self._gets = TokenBucket(GETS_BURST, gets_per_s * 60.0, now)
+        self._slices: dict[str, dict[DeviceKey, SliceDevice]] = {}  # by ResourceSlice name
+        self._devices: Mapping[DeviceKey, SliceDevice] = {}
+        self._claims: dict[ClaimKey, Claim | None] = {}  # None: the API server says it does not exist
+        self._due: dict[ClaimKey, float] = {}  # when each claim is to be read again
+        self._shares: Mapping[str, PodShares] = {}
+        self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
+        self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
+        self._slice_error: str | None = None
+        self._response: Any = None
+        self.claim_gets = 0  # requests made, for tests and logs
+        self.slice_lists = 0
+        self._threads = (
+            threading.Thread(target=self._watch_slices, name="vramguard-slice-watch", daemon=True),
+            threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True),
+        )
+
+    # -- ClaimSource ----------------------------------------------------------------------------------------
+
+    def shares(self) -> Mapping[str, PodShares]:
+        """By pod UID; replaced, never mutated, and each pod's entry kept as the same object while it holds."""
+        return self._shares
+
+    def problem(self) -> str | None:
+        return self._slice_error
+
+    def synced(self) -> bool:
+        """The slices were listed (or the API server said it has none to list) and every claim the pods name was
+        read at least once."""
+        pods_named = {key for pod in self.pods.pods().values() for key in claim_keys(pod)}
+        slices_known = self.slice_lists > 0 or self._slice_error is not None
+        seen = self._seen  # and the shares published are those of what was read
+        published = seen is not None and seen[1] is self._devices and seen[2] == self._version
+        return slices_known and pods_named <= self._claims.keys() and published
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.synced() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.synced()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> KubeClaimSource:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            response.shutdown()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    # -- ResourceSlices --------------------------------------------------------------------------------------
+
+    def _watch_slices(self) -> None:
+        backoff = Backoff(1.0, 60.0)
+        resource_version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    resource_version = self._list_slices()
+                    backoff.reset()
+                resource_version = self._watch(resource_version)
+            except WatchExpired:
+                resource_version = None
+            except Exception as e:
+                if self._stop.is_set():
+                    break
+                resource_version = None
+                if isinstance(e, ApiException) and e.status == 404:
+                    problem = f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
+                    delay = UNSERVED_RETRY_S
+                else:
+                    problem, delay = f"ResourceSlice watch: {_describe(e)}", backoff.next()
+                if problem != self._slice_error:
+                    self.log.warning("claim_source_unavailable", problem=problem, retry_in_s=round(delay, 1))
+                self._slice_error = problem
+                self._stop.wait(delay)
+
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node_name}"
+
+    def _list_slices(self) -> str:
+        resp: Any = self.objects.list_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "resourceslices",
+            field_selector=self._selector(),
+            _preload_content=False,
+            _request_timeout=_TIMEOUT_LIST,
+        )
+        body = json.loads(resp.data)
+        self._slices = {
+            str((item.get("metadata") or {}).get("name")): slice_devices(item) for item in body.get("items") or []
+        }
+        self._publish_devices()
+        self.slice_lists += 1
+        if self._slice_error is not None:
+            self.log.info("claim_source_available", slices=len(self._slices))
+        self._slice_error = None
+        return str(body["metadata"]["resourceVersion"])
+
+    def _watch(self, resource_version: str) -> str:
+        timeout_s = int(self.watch_timeout_s * (1 + random.random()))
+        resp: Any = self.objects.list_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "resourceslices",
+            field_selector=self._selector(),
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            _preload_content=False,
+            _request_timeout=(_TIMEOUT_LIST[0], timeout_s + 30),
+        )
+        self._response = resp
+        try:
+            if self._stop.is_set():
+                return resource_version
+            for event in watch_events(resp):
+                if self._stop.is_set():
+                    break
+                resource_version = self.apply_slice_event(event, resource_version)
+        finally:
+            self._response = None
+            resp.release_conn()
+        return resource_version
+
+    def apply_slice_event(self, event: Mapping[str, Any], resource_version: str) -> str:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise WatchExpired()
+            raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
+        meta = obj.get("metadata") or {}
+        rv = str(meta.get("resourceVersion") or resource_version)
+        if kind == "BOOKMARK":
+            return rv
+        slices = dict(self._slices)
+        if kind == "DELETED":
+            slices.pop(str(meta.get("name")), None)
+        else:
+            slices[str(meta.get("name"))] = slice_devices(obj)
+        self._slices = slices
+        self._publish_devices()
+        return rv
+
+    def _publish_devices(self) -> None:
+        devices: dict[DeviceKey, SliceDevice] = {}
+        for published in self._slices.values():
+            devices.update(published)
+        if devices != self._devices:
+            self._devices = devices  # replaced, never mutated: the claim thread notices a new object
+
+    # -- ResourceClaims --------------------------------------------------------------------------------------
+
+    def _read_claims(self) -> None:
+        known: dict[str, frozenset[ClaimKey]] = {}  # pod UID → the claims it named when last seen
+        seen_pods: object = None
+        while not self._stop.is_set():
+            pods = self.pods.pods()
+            now = self.now()
+            if pods is not seen_pods:
+                known = self._note_pods(pods, known, now)
+                seen_pods = pods
+            for key in sorted(k for k, at in self._due.items() if at <= now):
+                if self._stop.is_set() or not self._gets.take():
+                    break  # paced: the rest next cycle
+                self._get(key)
+            self._publish_shares(pods)
+            self._stop.wait(CYCLE_S)
+
+    def _note_pods(
+        self, pods: Mapping[str, Any], known: dict[str, frozenset[ClaimKey]], now: float
+    ) -> dict[str, frozenset[ClaimKey]]:
+        """Which claims to read: those of new pods (or newly named ones) now, those of a changed pod now if they
+        are missing or unallocated; forget the claims no pod uses any more."""
+        named: dict[str, frozenset[ClaimKey]] = {}
+        for uid, pod in pods.items():
+            keys = frozenset(claim_keys(pod))
+            named[uid] = keys
+            before = known.get(uid)
+            for key in keys:
+                unsettled = key in self._claims and not _settled(self._claims[key])
+                if key not in self._claims or (before is not None and (key not in before or unsettled)):
+                    self._due[key] = min(self._due.get(key, now), now)
+        used = frozenset().union(*named.values()) if named else frozenset()
+        for key in [k for k in self._due if k not in used]:
+            del self._due[key]
+            self._claims.pop(key, None)
+        return named
+
+    def _get(self, key: ClaimKey) -> None:
+        namespace, name = key
+        self.claim_gets += 1
+        try:
+            resp: Any = self.objects.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False, _request_timeout=_TIMEOUT_GET
+            )
+            claim: Claim | None = claim_from_manifest(json.loads(resp.data))
+        except ApiException as e:
+            if e.status != 404:
+                self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
+                self._due[key] = self.now() + self.retry_s
+                return
+            claim = None
+        except Exception as e:  # a timeout or a refused connection: keep what we had, try again soon
+            self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
+            self._due[key] = self.now() + self.retry_s
+            return
+        if key not in self._claims or self._claims[key] != claim:
+            self._claims[key] = claim
+            self._version += 1
+        wait = self.refresh_s * (0.75 + 0.5 * random.random()) if _settled(claim) else self.retry_s
+        self._due[key] = self.now() + wait
+
+    def _publish_shares(self, pods: Mapping[str, Any]) -> None:
+        """Recompute every pod's shares from what was read; an unchanged pod keeps its object (QuotaBook's cache)."""
+        devices = self._devices
+        seen = self._seen
+        if seen is not None and seen[0] is pods and seen[1] is devices and seen[2] == self._version:
+            return
+        self._seen = (pods, devices, self._version)
+        old = self._shares
+        shares: dict[str, PodShares] = {}
+        for uid, pod in pods.items():
+            if not pod.claims:
+                continue
+            held = pod_shares(pod, self._claims, devices)
+            if held:
+                shares[uid] = old[uid] if uid in old and old[uid] == held else held
+        self._shares = shares
+
+
+def _settled(claim: Claim | None) -> bool:
+    """An allocated claim does not change while a pod uses it; a missing or unallocated one may at any moment."""
+    return claim is not None and claim.allocated
