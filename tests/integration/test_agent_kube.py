@@ -42,9 +42,12 @@ def _status(call: object) -> int:
 # RBAC and the admission policy, exactly as deploy/daemonset.yaml installs them
 
 
-def test_agent_credentials_allow_what_it_needs_and_nothing_else(node: KubeNode, namespace: str) -> None:
-    """With the manifest's ClusterRole and policy: pods, evictions, events, its node — yes; secrets, deleting
-    pods, other nodes' status, or anything in its node's status but vramguard.io/vram — no."""
+def test_agent_credentials_allow_what_it_needs_and_nothing_else(
+    node: KubeNode, namespace: str, kubernetes_version: str
+) -> None:
+    """With the manifest's ClusterRole and policy: pods, evictions, events, its node, its node's ResourceSlices
+    and a claim by name — yes; secrets, deleting pods, other nodes' status, anything in its node's status but
+    vramguard.io/vram, or listing and watching claims — no."""
     target, _ = node.pod("target", namespace)
     other_name = f"other-{node.name}"
     node.plane.add_node(other_name)
@@ -88,11 +91,31 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(node: KubeNode, 
             ),
             "list nodes": lambda: core.list_node(),
         }
+        objects = client.CustomObjectsApi(agent_api)
+        dra_served = tuple(int(x) for x in kubernetes_version.lstrip("v").split(".")[:2]) >= (1, 34)
+        if dra_served:  # resource.k8s.io/v1 is GA from 1.34
+            allowed["list its node's resourceslices"] = lambda: objects.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
+            )
+            allowed["watch resourceslices"] = lambda: objects.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", watch=True, timeout_seconds=1, _preload_content=False
+            )
+            refused["list resourceclaims"] = lambda: objects.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceclaims"
+            )
+            refused["watch resourceclaims"] = lambda: objects.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceclaims", watch=True, timeout_seconds=1, _preload_content=False
+            )
         got_allowed = {what: _status(call) for what, call in allowed.items()}
+        # Allowed to get a claim by name: the API server answers 404 for one that does not exist, not 403.
+        got_claim = _status(
+            lambda: objects.get_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", "none")
+        )
         got_refused = {what: _status(call) for what, call in refused.items()}
         evicted = KubeEvictor(agent_api).evict(target.info, "rbac check")
     assert got_allowed == dict.fromkeys(allowed, 200)
     assert got_refused == dict.fromkeys(refused, 403)
+    assert got_claim == 404
     assert evicted.evicted, evicted.message
     assert node.reasons(target) == sorted(["VRAMTest"])
 

@@ -1,0 +1,374 @@
+"""DRA claims as quotas: the mapping from ResourceSlices and ResourceClaims to per-GPU shares (`vramguard.dra`),
+the `claim:` quota source (`vramguard.quota`), per-GPU judging (`vramguard.decide`) and per-share driver limits
+(`vramguard.limits`). The objects are shaped as the API server serialises resource.k8s.io/v1."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from vramguard.decide import find_violations
+from vramguard.dra import (
+    Claim,
+    ClaimKey,
+    DeviceKey,
+    SliceDevice,
+    claim_from_manifest,
+    claim_keys,
+    pod_shares,
+    slice_devices,
+)
+from vramguard.limits import wanted_limits
+from vramguard.model import NO_SHARE, ClaimUse, ContainerInfo, GiB, Mode, NamespacePolicy, PodInfo, Policy
+from vramguard.pods import MAX_CLAIMS, pod_info_from_manifest
+from vramguard.quota import QuotaBook, resolve_pod_quota
+from vramguard.testing.fakes import SnapshotBuilder, gpu
+
+DRIVER = "gpu.nvidia.com"
+CLASS = "gpu.nvidia.com"
+SHARE_CLASS = "vram-share.example.com"
+GPU_UUID = [gpu(i, 24 * GiB).uuid for i in range(4)]
+
+
+def device(name: str, uuid: str | None, memory: str | None = "24Gi", qualified: bool = False) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"index": {"int": int(name[-1])}, "productName": {"string": "NVIDIA L4"}}
+    if uuid is not None:
+        attributes[f"{DRIVER}/uuid" if qualified else "uuid"] = {"string": uuid}
+    d: dict[str, Any] = {"name": name, "attributes": attributes, "allowMultipleAllocations": True}
+    if memory is not None:
+        d["capacity"] = {"memory": {"value": memory, "requestPolicy": {"default": "1Gi"}}}
+    return d
+
+
+def resource_slice(*devices: dict[str, Any], pool: str = "node-a") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{pool}-{DRIVER}"},
+        "spec": {"driver": DRIVER, "nodeName": "node-a", "pool": {"name": pool}, "devices": list(devices)},
+    }
+
+
+def result(
+    request: str, device: str, memory: str | None = "10Gi", share: str | None = "5f0e2a1c-aaaa"
+) -> dict[str, Any]:
+    r: dict[str, Any] = {"request": request, "driver": DRIVER, "pool": "node-a", "device": device}
+    if memory is not None:
+        r["consumedCapacity"] = {"memory": memory}
+    if share is not None:
+        r["shareID"] = share
+    return r
+
+
+def claim_manifest(name: str, *results: dict[str, Any], allocated: bool = True, cls: str = CLASS) -> dict[str, Any]:
+    requests = {r["request"].partition("/")[0] for r in results} or {"gpu"}
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": cls}} for r in sorted(requests)]}},
+        "status": {},
+    }
+    if allocated:
+        obj["status"]["allocation"] = {"devices": {"results": list(results)}}
+    return obj
+
+
+SLICE = slice_devices(resource_slice(*(device(f"gpu-{i}", GPU_UUID[i]) for i in range(4))))
+
+
+def claim(name: str, *results: dict[str, Any], **kw: Any) -> Claim:
+    return claim_from_manifest(claim_manifest(name, *results, **kw))
+
+
+def trainer(*uses: tuple[str, str], claims: Mapping[str, str | None] | None = None, containers: int = 1) -> PodInfo:
+    """A pod in namespace ml whose containers (main, then side) use `uses` (claim ref, request)."""
+    names = ["main", "side"][:containers]
+    return PodInfo(
+        uid="uid-trainer",
+        namespace="ml",
+        name="trainer",
+        containers=tuple(
+            ContainerInfo(name=n, container_id=f"{i:064x}", claims=tuple(ClaimUse(r, q) for r, q in uses))
+            for i, n in enumerate(names, start=1)
+        ),
+        claims=dict(claims if claims is not None else {"gpu": "trainer-gpu"}),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ResourceSlices and claims, read
+
+
+@pytest.mark.parametrize(
+    ("dev", "expected"),
+    [
+        (device("gpu-0", "GPU-a"), SliceDevice("GPU-a", "24Gi")),
+        (device("gpu-0", "GPU-a", qualified=True), SliceDevice("GPU-a", "24Gi")),
+        (device("gpu-0", None), SliceDevice(None, "24Gi")),
+        (device("gpu-0", "GPU-a", memory=None), SliceDevice("GPU-a", None)),
+        ({"name": "gpu-0", "attributes": {"uuid": {"int": 7}}}, SliceDevice(None, None)),  # not a string
+        ({"name": "gpu-0", "attributes": "junk", "capacity": ["junk"]}, SliceDevice(None, None)),
+    ],
+    ids=["unqualified", "qualified", "no-uuid", "no-memory", "uuid-not-a-string", "junk"],
+)
+def test_slice_devices(dev: dict[str, Any], expected: SliceDevice) -> None:
+    assert slice_devices(resource_slice(dev)) == {(DRIVER, "node-a", "gpu-0"): expected}
+
+
+def test_slice_devices_are_bounded_and_junk_is_skipped() -> None:
+    many = resource_slice(*(device(f"gpu-{i % 10}{i}", f"GPU-{i}") for i in range(500)))
+    many["spec"]["devices"].insert(0, "not a device")
+    assert len(slice_devices(many)) == 127  # 128 entries read, one of them junk
+    assert slice_devices({"spec": "junk"}) == {}
+
+
+def test_claim_from_manifest_reads_results_and_device_classes() -> None:
+    obj = claim_manifest("c", result("gpu", "gpu-1"), result("big/large", "gpu-2", None, None))
+    obj["spec"]["devices"]["requests"] = [
+        {"name": "gpu", "exactly": {"deviceClassName": SHARE_CLASS}},
+        {"name": "big", "firstAvailable": [{"name": "large", "deviceClassName": CLASS}]},
+    ]
+    c = claim_from_manifest(obj)
+    assert (c.namespace, c.name, c.uid, c.allocated) == ("ml", "c", "uid-c", True)
+    assert [(r.request, r.device_key, r.consumed_memory, r.share_id) for r in c.results] == [
+        ("gpu", (DRIVER, "node-a", "gpu-1"), "10Gi", "5f0e2a1c-aaaa"),
+        ("big/large", (DRIVER, "node-a", "gpu-2"), None, None),
+    ]
+    assert dict(c.classes) == {"gpu": SHARE_CLASS, "big/large": CLASS}
+    assert not claim_from_manifest(claim_manifest("c", allocated=False)).allocated
+    flood = claim_manifest("c", *(result("gpu", "gpu-1") for _ in range(100)))
+    assert len(claim_from_manifest(flood).results) == 32
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shares: which container holds what on which GPU
+
+
+KEY: ClaimKey = ("ml", "trainer-gpu")
+ONE_SHARE = {KEY: claim("trainer-gpu", result("gpu", "gpu-2"))}
+
+
+def shares_of(
+    pod: PodInfo, claims: Mapping[ClaimKey, Claim | None], devices: Mapping[DeviceKey, SliceDevice] = SLICE
+) -> list[tuple[str, str, int, str]]:
+    """(container, GPU UUID, bytes, error text) for each share."""
+    return [
+        (name, s.gpu_uuid, s.bytes, f"{s.error.field}: {s.error.message}" if s.error else "")
+        for name, held in pod_shares(pod, claims, devices).items()
+        for s in held
+    ]
+
+
+@pytest.mark.parametrize(
+    ("case", "pod", "claims", "expected"),
+    [
+        ("a 10Gi share on gpu-2", trainer(("gpu", "")), ONE_SHARE, [("main", GPU_UUID[2], 10 * GiB, "")]),
+        ("two containers hold the same share", trainer(("gpu", ""), containers=2), ONE_SHARE,
+         [("main", GPU_UUID[2], 10 * GiB, ""), ("side", GPU_UUID[2], 10 * GiB, "")]),
+        ("a whole-device allocation is the device's memory",
+         trainer(("gpu", "")), {KEY: claim("trainer-gpu", result("gpu", "gpu-1", memory=None, share=None))},
+         [("main", GPU_UUID[1], 24 * GiB, "")]),
+        ("only the request the container names, and its subrequests",
+         trainer(("gpu", "b")),
+         {KEY: claim("trainer-gpu", result("a", "gpu-0"), result("b/small", "gpu-1"), result("bb", "gpu-3"))},
+         [("main", GPU_UUID[1], 10 * GiB, "")]),
+        ("not read yet: nothing", trainer(("gpu", "")), {}, []),
+        ("the claim controller has not named it yet: nothing", trainer(("gpu", ""), claims={"gpu": None}),
+         ONE_SHARE, []),
+        ("not allocated: nothing", trainer(("gpu", "")), {KEY: claim("trainer-gpu", allocated=False)}, []),
+        ("a container without claims holds nothing", trainer(), ONE_SHARE, []),
+        ("the claim does not exist", trainer(("gpu", "")), {KEY: None},
+         [("main", "", 0, "resourceclaims[ml/trainer-gpu]: does not exist")]),
+        ("a claim the pod does not list", trainer(("other", "")), ONE_SHARE,
+         [("main", "", 0, "spec.containers[main].resources.claims[other]: names no entry of spec.resourceClaims")]),
+        ("a device in no slice of this node", trainer(("gpu", "")),
+         {KEY: claim("trainer-gpu", result("gpu", "gpu-9"))},
+         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
+                          "is in no ResourceSlice of this node")]),
+        ("a device without a uuid attribute", trainer(("gpu", "")), ONE_SHARE,
+         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
+                          "has no 'uuid' attribute naming its GPU")]),
+        ("a consumed capacity that does not parse", trainer(("gpu", "")),
+         {KEY: claim("trainer-gpu", result("gpu", "gpu-2", memory="10GB"))},
+         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0]"
+                          ".consumedCapacity[memory]: is not a valid quantity (GB is not a Kubernetes suffix; "
+                          "did you mean 10G (10^9) or 10Gi (2^30)?)")]),
+    ],
+)  # fmt: skip
+def test_pod_shares(
+    case: str, pod: PodInfo, claims: Mapping[ClaimKey, Claim | None], expected: list[tuple[str, str, int, str]]
+) -> None:
+    devices = SLICE
+    if "uuid attribute" in case:
+        devices = {**SLICE, (DRIVER, "node-a", "gpu-2"): SliceDevice(None, "24Gi")}
+    got = shares_of(pod, claims, devices)
+    if "does not parse" in case:  # the quantity parser's own wording is tested in test_quantity.py
+        assert [(c, u, b, e.split(": is not")[0]) for c, u, b, e in got] == [
+            (c, u, b, e.split(": is not")[0]) for c, u, b, e in expected
+        ], case
+        assert all("is not a valid" in e for _, _, _, e in got), got
+        return
+    assert got == expected, case
+
+
+def test_claim_keys_are_the_named_claims_the_containers_use() -> None:
+    pod = trainer(("gpu", ""), claims={"gpu": "trainer-gpu", "unused": "x", "pending": None})
+    assert claim_keys(pod) == [("ml", "trainer-gpu")]
+
+
+def test_pod_manifest_claims_are_read_and_bounded() -> None:
+    manifest: dict[str, Any] = {
+        "metadata": {"uid": "u", "namespace": "ml", "name": "p"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "share-10gi"},
+                {"name": "shared", "resourceClaimName": "team-gpu"},
+                {"name": "later", "resourceClaimTemplateName": "t"},
+            ],
+            "containers": [
+                {"name": "main", "resources": {"claims": [{"name": "gpu"}, {"name": "shared", "request": "r"}]}}
+            ],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2"}]},
+    }
+    info = pod_info_from_manifest(manifest)
+    assert dict(info.claims) == {"gpu": "p-gpu-x7k2", "shared": "team-gpu", "later": None}
+    assert info.containers[0].claims == (ClaimUse("gpu"), ClaimUse("shared", "r"))
+    manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": f"c{i}"} for i in range(1000)]
+    manifest["spec"]["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(1000)] + ["junk"]
+    flooded = pod_info_from_manifest(manifest)
+    assert len(flooded.claims) == MAX_CLAIMS and len(flooded.containers[0].claims) == MAX_CLAIMS
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The claim: quota source
+
+
+def quota_of(pod: PodInfo, claims: Mapping[ClaimKey, Claim | None], *sources: str, **policy: Any) -> Any:
+    return resolve_pod_quota(pod, Policy(quota_sources=sources, **policy), {}, pod_shares(pod, claims, SLICE))
+
+
+def test_a_share_is_the_quota_on_its_gpu_and_nothing_elsewhere() -> None:
+    pq = quota_of(trainer(("gpu", "")), ONE_SHARE, f"claim:{DRIVER}")
+    on_gpu2 = pq.own("main", GPU_UUID[2])
+    assert (on_gpu2.limit_bytes, on_gpu2.claim) == (10 * GiB, "trainer-gpu")
+    assert on_gpu2.source == "claim ml/trainer-gpu (request gpu, share 5f0e2a1c)"
+    assert pq.own("main", GPU_UUID[0]) is NO_SHARE and pq.containers == {} and pq.errors == ()
+
+
+@pytest.mark.parametrize(
+    ("source", "holds"),
+    [(f"claim:{DRIVER}", True), (f"claim:{CLASS}", True), (f"claim:{SHARE_CLASS}", True), ("claim:other.io", False)],
+)
+def test_the_source_reads_the_shares_of_its_driver_or_device_class(source: str, holds: bool) -> None:
+    claims = {KEY: claim("trainer-gpu", result("gpu", "gpu-2"), cls=SHARE_CLASS)}
+    pq = quota_of(trainer(("gpu", "")), claims, source)
+    assert ("main" in pq.shares) is holds
+
+
+def test_two_claims_on_one_gpu_add_up_and_per_gpu_shares_stay_apart() -> None:
+    pod = trainer(("a", ""), ("b", ""), claims={"a": "ca", "b": "cb"})
+    claims = {
+        ("ml", "ca"): claim("ca", result("gpu", "gpu-1"), result("gpu", "gpu-2", "12Gi", "s2")),
+        ("ml", "cb"): claim("cb", result("gpu", "gpu-1", "4Gi", "s3")),
+    }
+    pq = quota_of(pod, claims, f"claim:{DRIVER}")
+    assert {uuid: q.limit_bytes for uuid, q in pq.shares["main"].items()} == {
+        GPU_UUID[1]: 14 * GiB,
+        GPU_UUID[2]: 12 * GiB,
+    }
+    assert pq.shares["main"][GPU_UUID[1]].claim == "ca+cb"
+
+
+def test_an_unreadable_claim_is_reported_and_the_next_source_applies() -> None:
+    pod = trainer(("gpu", ""))
+    pod = PodInfo(
+        uid=pod.uid, namespace="ml", name="trainer", claims=pod.claims,
+        containers=(ContainerInfo("main", "a" * 64, {"vramguard.io/vram": "6Gi"}, pod.containers[0].claims),),
+    )  # fmt: skip
+    pq = quota_of(pod, {KEY: None}, f"claim:{DRIVER}", "resource:vramguard.io/vram")
+    assert pq.shares == {} and pq.containers["main"].limit_bytes == 6 * GiB
+    (error,) = pq.errors
+    assert (error.field, error.message, error.applies) == (
+        "resourceclaims[ml/trainer-gpu]",
+        "does not exist",
+        "limits[vramguard.io/vram] 6Gi",
+    )
+
+
+def test_namespace_cap_and_burst_apply_to_shares() -> None:
+    claims = {KEY: claim("trainer-gpu", result("gpu", "gpu-2", "20Gi"))}
+    capped = quota_of(trainer(("gpu", "")), claims, f"claim:{DRIVER}",
+                      namespaces={"ml": NamespacePolicy(max_quota_bytes=16 * GiB)})  # fmt: skip
+    assert capped.own("main", GPU_UUID[2]).limit_bytes == 16 * GiB
+    pod = trainer(("gpu", ""))
+    bursting = PodInfo(uid=pod.uid, namespace="ml", name="trainer", containers=pod.containers, claims=pod.claims,
+                       annotations={"vramguard.io/vram-burst": "22Gi"})  # fmt: skip
+    burst = quota_of(bursting, claims, f"claim:{DRIVER}")
+    assert burst.own("main", GPU_UUID[2]).hard_for(24 * GiB) == 22 * GiB
+
+
+def test_quota_book_resolves_again_only_when_the_shares_change() -> None:
+    pod = trainer(("gpu", ""))
+    book = QuotaBook(Policy(quota_sources=(f"claim:{DRIVER}",)))
+    held = pod_shares(pod, ONE_SHARE, SLICE)
+    first, _ = book.resolve({pod.uid: pod}, {}, {pod.uid: held})
+    again, _ = book.resolve({pod.uid: pod}, {}, {pod.uid: held})
+    assert again[pod.uid] is first[pod.uid]
+    bigger = pod_shares(pod, {KEY: claim("trainer-gpu", result("gpu", "gpu-2", "12Gi"))}, SLICE)
+    changed, _ = book.resolve({pod.uid: pod}, {}, {pod.uid: bigger})
+    assert changed[pod.uid].shares["main"][GPU_UUID[2]].limit_bytes == 12 * GiB
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Judged per GPU; limits per share
+
+
+TWO_GPUS = {KEY: claim("trainer-gpu", result("gpu", "gpu-1", "12Gi", "s1"), result("gpu", "gpu-2", "10Gi", "s2"))}
+
+
+@pytest.mark.parametrize(
+    ("case", "usage", "violations"),
+    [
+        ("11Gi on each: over its 10Gi share on GPU 2 only", {1: 11, 2: 11}, [(2, 11, 10)]),
+        ("within both shares", {1: 12, 2: 10}, []),
+        ("its total fits, GPU 2 does not", {1: 1, 2: 11}, [(2, 11, 10)]),
+        ("any memory on a GPU it holds no share of", {1: 1, 3: 1}, [(3, 1, 0)]),
+    ],
+)
+def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
+    case: str, usage: dict[int, int], violations: list[tuple[int, int, int]]
+) -> None:
+    pod = trainer(("gpu", ""))
+    quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}
+    devices = [gpu(i, 24 * GiB) for i in range(4)]
+    snap = SnapshotBuilder(devices)
+    for index, gib in usage.items():
+        snap.use(pod, "main", devices[index], gib * GiB, pid=100 + index)
+    found = find_violations(snap.build(), quotas)
+    assert [(v.device.index, v.used_bytes // GiB, v.limit_bytes // GiB) for v in found] == violations, case
+    for v in found:
+        if v.limit_bytes:
+            assert "claim ml/trainer-gpu" in v.quota_source
+
+
+def test_containers_holding_one_share_are_judged_together() -> None:
+    pod = trainer(("gpu", ""), containers=2)
+    quotas = {pod.uid: quota_of(pod, ONE_SHARE, f"claim:{DRIVER}")}
+    devices = [gpu(i, 24 * GiB) for i in range(4)]
+    snap = (
+        SnapshotBuilder(devices).use(pod, "main", devices[2], 6 * GiB, 101).use(pod, "side", devices[2], 6 * GiB, 102)
+    )
+    (v,) = find_violations(snap.build(), quotas)
+    assert (v.container, v.used_bytes, v.limit_bytes) == ("main, side", 12 * GiB, 10 * GiB)
+    assert len(v.container_ids) == 2
+
+
+def test_driver_limits_hold_each_share_on_its_own_gpu_only() -> None:
+    pod = trainer(("gpu", ""))
+    policy = Policy(mode=Mode.KILL, quota_sources=(f"claim:{DRIVER}",))
+    quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}
+    devices = [gpu(i, 24 * GiB) for i in range(4)]
+    found = wanted_limits({pod.uid: pod}, quotas, devices, policy)
+    assert [(t.container, t.gpu_index, t.hard_bytes) for t in found] == [("main", 1, 12 * GiB), ("main", 2, 10 * GiB)]
