@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 
 import pytest
 from prometheus_client import generate_latest
@@ -13,6 +14,7 @@ from structlog.testing import capture_logs
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
 from vramguard.decide import find_violations
+from vramguard.dra import PodShares, Share
 from vramguard.metrics import Metrics
 from vramguard.model import (
     Action,
@@ -48,10 +50,25 @@ WAIT = EvictionRefused.WAIT
 VRAM = "vramguard.io/vram"
 
 
+class FakeClaimSource:
+    """DRA shares as the claim source publishes them: replaced whole when they change."""
+
+    def __init__(self) -> None:
+        self.published: Mapping[str, PodShares] = {}
+
+    def shares(self) -> Mapping[str, PodShares]:
+        return self.published
+
+    def problem(self) -> str | None:
+        return None
+
+
 class Node:
     """A scan's worth of fakes around a real Agent, Enforcer and Metrics."""
 
-    def __init__(self, policy: Policy, *, dry_run: bool = False, refuse: bool = False) -> None:
+    def __init__(
+        self, policy: Policy, *, dry_run: bool = False, refuse: bool = False, claims: FakeClaimSource | None = None
+    ) -> None:
         self.sampler = FakeSampler()
         self.ids = FakeIdentifier()
         self.pods = FakePodSource()
@@ -77,6 +94,7 @@ class Node:
             metrics=self.metrics,
             clock=self.clock,
             agent_pid=1,
+            claims=claims,
         )
 
     def run_gpu(self, *rows: tuple[int, int]) -> None:
@@ -335,3 +353,31 @@ def test_metrics_exposition_names_carry_units() -> None:
     } <= names
     for name in names - {"vramguard_gpu_healthy"}:  # a 0/1 state has no unit
         assert name.endswith(("_bytes", "_seconds", "_total")), name
+
+
+def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
+    """With `claim:` as the quota source the agent reads the claim source's shares each scan (from memory): 4Gi on
+    GPU 0 is over a 3Gi share (killed, the Event names the claim and the GPU), within a 6Gi one."""
+    claims = FakeClaimSource()
+    n = Node(Policy(mode=Mode.KILL, quota_sources=("claim:gpu.nvidia.com",)), claims=claims)
+    p = pod("trainer", "ml")
+    n.pods.set_pods([p])
+    n.ids.add(100, p.uid, p.containers[0].container_id)
+    n.run_gpu((100, 4 * GiB))
+
+    def share(gib: int) -> Mapping[str, PodShares]:
+        held = Share("ml/trainer-gpu-x7k2", "gpu", "gpu.nvidia.com", "", "uid/0", GPU0.uuid, gib * GiB, "5f0e2a1c")
+        return {p.uid: {"main": (held,)}}
+
+    claims.published = share(6)
+    assert n.agent.scan().outcomes == ()
+    assert n.metric("vramguard_claim_share_bytes", namespace="ml", pod="trainer", container="main", gpu="0",
+                    gpu_uuid=GPU0.uuid, claim="trainer-gpu-x7k2") == 6 * GiB  # fmt: skip
+    claims.published = share(3)
+    report = n.agent.scan()
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
+    killed = next(e for e in n.events.events if e[1] == "VRAMKilled")
+    assert (
+        "on GPU 0 (GPU-" in killed[2]
+        and "quota 3.0GiB (claim ml/trainer-gpu-x7k2 (request gpu, share 5f0e2a1c))" in killed[2]
+    )

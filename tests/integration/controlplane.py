@@ -619,6 +619,25 @@ class ControlPlane:
             write_kubeconfig(path, self.host, self._keys.ca_cert, f"node-{node_name}", user)
         return path
 
+    def request_count(self, resource: str, verb: str, group: str = "") -> int:
+        """How many `verb` requests (GET, LIST, WATCH, POST, ...) for `resource` the apiserver has served since it
+        started, from its own /metrics (apiserver_request_total, summed over response codes and scopes)."""
+        with urllib.request.urlopen(f"{self.host}/metrics", context=self._admin_ssl_context(), timeout=10) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels, _, value = line.rpartition(" ")
+            if (
+                f'resource="{resource}"' in labels
+                and f'verb="{verb}"' in labels
+                and f'group="{group}"' in labels
+                and 'subresource=""' in labels
+            ):
+                total += float(value)
+        return int(total)
+
     def _admin_ssl_context(self) -> ssl.SSLContext:
         keys = self._keys
         context = ssl.create_default_context(cafile=str(keys.ca_cert))

@@ -98,6 +98,8 @@ class KubeNode:
         *,
         labels: Mapping[str, str] | None = None,
         gpu_total_bytes: int = 24 * 2**30,
+        gpus: int = 1,
+        driver_limits: bool | None = None,
     ) -> None:
         self.plane = plane
         self.api = api
@@ -105,7 +107,13 @@ class KubeNode:
         self.name = f"gpu-{uuid.uuid4().hex[:8]}"
         plane.add_node(self.name, labels={"kubernetes.io/hostname": self.name, **(labels or {})})
         self.kubeconfig = agent_kubeconfig(plane, api, self.name, workdir)
-        self.sim = SimulatedNode(workdir / "node", node_name=self.name, gpu_total_bytes=gpu_total_bytes)
+        self.sim = SimulatedNode(
+            workdir / "node",
+            node_name=self.name,
+            gpu_total_bytes=gpu_total_bytes,
+            gpus=gpus,
+            driver_limits=driver_limits,
+        )
         self.sim.kubeconfig = self.kubeconfig
 
     def pod(
@@ -128,8 +136,15 @@ class KubeNode:
             ],
         )
         meta = client.V1ObjectMeta(name=name, annotations=dict(annotations or {}))
-        created = self.core.create_namespaced_pod(namespace, client.V1Pod(metadata=meta, spec=spec))
-        assert created.metadata is not None and created.metadata.uid is not None
+        self.core.create_namespaced_pod(namespace, client.V1Pod(metadata=meta, spec=spec))
+        return self.adopt(name, namespace)
+
+    def adopt(self, name: str, namespace: str) -> tuple[ApiPod, SimPod]:
+        """Run a pod bound to this node (as created, or as the scheduler bound it): make its containers' cgroups
+        here and write their IDs into its status, as the kubelet would."""
+        created = self.core.read_namespaced_pod(name, namespace)
+        assert created.metadata is not None and created.metadata.uid is not None and created.spec is not None
+        containers = tuple(c.name for c in created.spec.containers)
         sim_pod = self.sim.add_pod(name, namespace, containers={c: {} for c in containers}, uid=created.metadata.uid)
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         statuses: list[dict[str, Any]] = [

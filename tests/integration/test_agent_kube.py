@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
         core = client.CoreV1Api(agent_api)
         vram_patch = {"status": {"capacity": {VRAM: "1Gi"}, "allocatable": {VRAM: "1Gi"}}}
-        allowed = {
+        allowed: dict[str, Callable[[], object]] = {
             "list this node's pods": lambda: core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node.name}"
             ),
@@ -75,7 +76,7 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(
                 ),
             ),
         }
-        refused = {
+        refused: dict[str, Callable[[], object]] = {
             "read secrets": lambda: core.list_namespaced_secret(namespace),
             "delete a pod": lambda: core.delete_namespaced_pod("target", namespace),
             "create a pod": lambda: core.create_namespaced_pod(
