@@ -115,7 +115,8 @@ class KubeClaimSource:
         slices_known = self.slice_lists > 0 or self._slice_error is not None
         seen = self._seen  # and the shares published are those of what was read
         published = seen is not None and seen[1] is self._devices and seen[2] == self._version
-        return slices_known and pods_named <= self._claims.keys() and published
+        # Membership tests only: the claim thread may be adding to the dict meanwhile.
+        return slices_known and published and all(key in self._claims for key in pods_named)
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

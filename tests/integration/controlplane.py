@@ -62,6 +62,14 @@ NEWEST = "v1.37.2"
 OLDEST = "v1.33.13"
 KUBERNETES_VERSIONS = (NEWEST, OLDEST)
 KUBERNETES_VERSION = NEWEST
+
+
+def serves_dra(version: str) -> bool:
+    """Whether an API server of `version` serves resource.k8s.io/v1 (DRA is GA from 1.34)."""
+    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
+    return (major, minor) >= (1, 34)
+
+
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 NODE_BINARIES = ("kubelet", "kubectl")  # the test node's; built by the same script from the same go.mod
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"

@@ -18,11 +18,12 @@ from kubernetes import client
 from cgroup_fixtures import need_cgroups
 from vramguard.backoff import TokenBucket
 from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource
+from vramguard.kube_dra import KubeClaimSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
 from vramguard_testbed.simnode import wait_for
 
-from .controlplane import ControlPlane, kubeconfig_api_client
+from .controlplane import ControlPlane, kubeconfig_api_client, serves_dra
 from .kube_fixtures import MERGE, POLL_S, KubeNode, metric, wait_scans
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -93,8 +94,7 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(
             "list nodes": lambda: core.list_node(),
         }
         objects = client.CustomObjectsApi(agent_api)
-        dra_served = tuple(int(x) for x in kubernetes_version.lstrip("v").split(".")[:2]) >= (1, 34)
-        if dra_served:  # resource.k8s.io/v1 is GA from 1.34
+        if serves_dra(kubernetes_version):
             allowed["list its node's resourceslices"] = lambda: objects.list_cluster_custom_object(
                 "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
             )
@@ -417,3 +417,25 @@ def test_api_server_restart_agent_keeps_enforcing_and_resyncs(node: KubeNode, na
     wait_scans(node, 4)
     assert b.alive(), "a pod the cache no longer knows is never acted on"
     assert metric(node, "vramguard_unattributed_gpu_memory_bytes", gpu="0") == 2 * GiB
+
+
+def test_the_claim_source_says_when_the_api_server_has_no_dra(
+    deployed: ControlPlane, admin_api: client.ApiClient, kubernetes_version: str
+) -> None:
+    """On 1.34+ the claim source lists the node's ResourceSlices (none here) and is synced; on an older API
+    server, which does not serve resource.k8s.io/v1, it says so once and gives no shares: the next quota source
+    applies."""
+    pods = KubePodSource(admin_api, "no-dra-node").start()
+    source = KubeClaimSource(admin_api, "no-dra-node", pods).start()
+    try:
+        assert pods.wait_synced(30) and source.wait_synced(30)
+        if serves_dra(kubernetes_version):
+            assert source.problem() is None and source.slice_lists == 1
+        else:
+            assert source.problem() == (
+                "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later has it)"
+            )
+        assert source.shares() == {}
+    finally:
+        source.stop()
+        pods.stop()
