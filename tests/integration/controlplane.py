@@ -627,14 +627,15 @@ class ControlPlane:
             write_kubeconfig(path, self.host, self._keys.ca_cert, f"node-{node_name}", user)
         return path
 
-    def request_count(self, resource: str, verb: str, group: str = "") -> int:
-        """How many `verb` requests (GET, LIST, WATCH, POST, ...) for `resource` the apiserver has served since it
-        started, from its own /metrics (apiserver_request_total, summed over response codes and scopes)."""
+    def request_count(self, resource: str, verb: str, group: str = "", metric: str = "apiserver_request_total") -> int:
+        """How many `verb` requests (GET, LIST, POST, ...) for `resource` the apiserver has served since it
+        started, from its own /metrics (apiserver_request_total, summed over response codes and scopes). A WATCH
+        is counted there when it ends: `metric="apiserver_longrunning_requests"` counts the open ones."""
         with urllib.request.urlopen(f"{self.host}/metrics", context=self._admin_ssl_context(), timeout=10) as resp:
             text = resp.read().decode()
         total = 0.0
         for line in text.splitlines():
-            if not line.startswith("apiserver_request_total{"):
+            if not line.startswith(metric + "{"):
                 continue
             labels, _, value = line.rpartition(" ")
             if (

@@ -185,7 +185,8 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
 def test_the_agent_enforces_each_share_on_its_gpu(dra_plane: ControlPlane, tmp_path: Path) -> None:
     """The scheduler allocates a 10Gi share (small), a 12Gi one (large) and two 20Gi ones on two GPUs for one
     container (wide); the agent holds each to its share on that GPU. 11Gi is over small's share and within
-    large's; wide's 19Gi + 21Gi fit its 40Gi in all, but not its 20Gi on the second GPU."""
+    large's; wide's 19Gi + 21Gi fit its 40Gi in all, but not its 20Gi on the second GPU: wide is killed for that
+    GPU alone."""
     need_cgroups(2)
     with dra_plane.api_client() as api:
         node = KubeNode(dra_plane, api, tmp_path, gpus=GPUS, driver_limits=True)
@@ -248,7 +249,9 @@ def enforce_shares(api: client.ApiClient, node: KubeNode, tmp_path: Path) -> Non
         assert allocator.allocate(large_gpu, 0), "a process of large on its GPU"
         assert not allocator.allocate(large_gpu, 2 * GiB), "11Gi + 2Gi is over large's 12Gi share on that GPU"
         time.sleep(1.0)  # a few more scans
-        assert within.alive() and wide_ok.alive()
+        assert within.alive(), "large's 11Gi is within its 12Gi share"
+        # Judged per GPU, acted on per container: a kill takes all of the container's GPU processes (kill.py).
+        assert not wide_ok.alive()
 
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     kills = [x for x in lines if x.get("event") == "action" and x.get("action") == "kill"]
@@ -270,9 +273,9 @@ def enforce_shares(api: client.ApiClient, node: KubeNode, tmp_path: Path) -> Non
 
 def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> None:
     """200 pods with a claim each on one node: the claim source reads each claim once by name, lists the node's
-    slices once and watches them; then nothing while nothing changes, however often the agent reads its shares;
-    a pod's status change costs nothing (its claim is allocated); a new pod costs one GET. Counted by the API
-    server itself (apiserver_request_total)."""
+    slices once and opens one watch of them; then nothing while nothing changes, however often the agent reads
+    its shares; a pod's change costs nothing (its claim is allocated); a new pod costs one GET. Counted by the API
+    server itself (apiserver_request_total, and apiserver_longrunning_requests for open watches)."""
     node, ns, pods = "count-node", "dra-count", 200
     dra_plane.add_node(node, labels={"kubernetes.io/hostname": node})
     with dra_plane.api_client() as api:
@@ -285,7 +288,9 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             return (
                 dra_plane.request_count("resourceclaims", "GET", "resource.k8s.io"),
                 dra_plane.request_count("resourceslices", "LIST", "resource.k8s.io"),
-                dra_plane.request_count("resourceslices", "WATCH", "resource.k8s.io"),
+                dra_plane.request_count(
+                    "resourceslices", "WATCH", "resource.k8s.io", metric="apiserver_longrunning_requests"
+                ),
             )
 
         before = counts()
@@ -303,10 +308,15 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             for _ in range(10_000):  # the agent's scans: memory only
                 assert source.shares() is shares
             time.sleep(3)
-            core = client.CoreV1Api(api)
-            core.patch_namespaced_pod_status(
-                "p-0", ns, {"status": {"phase": "Running"}}, _content_type="application/merge-patch+json"
-            )
+            # The pod's container starts: a new PodInfo (its container ID), and its claim is allocated already.
+            started = {"name": "main", "containerID": "containerd://" + "ab" * 32, "image": "busybox",
+                       "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}  # fmt: skip
+            before_change = pod_source.pods()
+            client.CoreV1Api(api).patch_namespaced_pod_status(
+                "p-0", ns, {"status": {"phase": "Running", "containerStatuses": [started]}},
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+            wait(lambda: pod_source.pods() is not before_change, 10, "the changed pod seen")
             make_claimed_pod(api, ns, node, pods)
             wait(lambda: len(source.shares()) == pods + 1, 30, "the new pod's share published")
             time.sleep(2)
