@@ -29,6 +29,7 @@ Contract with the API server (what the agent costs a cluster):
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
@@ -37,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from kubernetes import client, config
@@ -109,7 +110,42 @@ def _transient(e: BaseException) -> bool:
 # The pod cache
 
 
-class KubePodSource:
+_Source = TypeVar("_Source", bound="WatchingThreads")
+
+
+class WatchingThreads:
+    """Daemon threads that keep a cache from the API server: started together, stopped together within a timeout
+    (a watch in flight is cut at once, a stuck request abandoned), and `synced()` once the cache is complete."""
+
+    _threads: tuple[threading.Thread, ...]
+    _stop: threading.Event
+    _stream: WatchStream
+
+    def synced(self) -> bool:
+        raise NotImplementedError
+
+    def start(self: _Source) -> _Source:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ends the threads; returns within `timeout_s` even if a request is stuck (the threads are daemons)."""
+        self._stop.set()
+        self._stream.interrupt()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.synced() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.synced()
+
+
+class KubePodSource(WatchingThreads):
     """The pods bound to one node, kept current by a list+watch on a background thread, and the node's labels,
     re-read by a second one (which also tells whether the API server answers).
 
@@ -131,7 +167,6 @@ class KubePodSource:
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
-        self.watch_timeout_s = watch_timeout_s
         self.node_refresh_s = node_refresh_s
         self.log = log if log is not None else structlog.get_logger("vramguard.pods")
         self.now = now
@@ -142,7 +177,7 @@ class KubePodSource:
         self._listed = False
         self._watch_error: str | None = None
         self._unreachable: tuple[str, float] | None = None  # (error, since) while the node GET fails
-        self._response: Any = None  # the watch in flight, shut down by stop() to end it at once
+        self._stream = WatchStream(self._stop, watch_timeout_s)
         self.lists = 0  # LIST requests made, for tests and logs
         self._threads = (
             threading.Thread(target=self._watch_pods, name="vramguard-pod-watch", daemon=True),
@@ -170,31 +205,6 @@ class KubePodSource:
 
     def node_labels(self) -> Mapping[str, str]:
         return self._labels or {}
-
-    # -- lifecycle -------------------------------------------------------------------------------------------
-
-    def start(self) -> KubePodSource:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """Ends both threads; returns within `timeout_s` even if a request is stuck (the threads are daemons)."""
-        self._stop.set()
-        response = self._response
-        if response is not None:
-            # shutdown() interrupts the read blocked in the watch thread; close() alone would wait for data.
-            response.shutdown()
-        deadline = time.monotonic() + timeout_s
-        for t in self._threads:
-            if t.is_alive():
-                t.join(max(0.0, deadline - time.monotonic()))
-
-    def wait_synced(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.synced() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.synced()
 
     # -- the pod watch ---------------------------------------------------------------------------------------
 
@@ -246,41 +256,15 @@ class KubePodSource:
         return str(body["metadata"]["resourceVersion"])
 
     def _watch(self, resource_version: str) -> str:
-        # A random renewal period, as client-go's reflector uses, so a fleet's watches do not expire together.
-        timeout_s = int(self.watch_timeout_s * (1 + random.random()))
-        resp: Any = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node_name}",
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            # The read timeout outlasts the server's own timeout: only a dead connection trips it. A frozen API
-            # server is noticed sooner by the node refresh (`problem()`), which does not need to break the watch.
-            _request_timeout=(_TIMEOUT_LIST[0], timeout_s + 30),
+        selected = functools.partial(
+            self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={self.node_name}"
         )
-        self._response = resp
-        try:
-            if self._stop.is_set():
-                return resource_version
-            for event in watch_events(resp):
-                if self._stop.is_set():
-                    break
-                resource_version = self.apply_watch_event(event, resource_version)
-        finally:
-            self._response = None
-            resp.release_conn()
-        return resource_version
+        return self._stream.run(selected, resource_version, self.apply_watch_event)
 
     def apply_watch_event(self, event: Mapping[str, Any], resource_version: str) -> str:
         """Apply one watch event to the cache; the resourceVersion to resume from. Raises WatchExpired for a
         410 (relist), RuntimeError for any other ERROR event."""
-        kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise WatchExpired()
-            raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
+        kind, obj, rv = watched_object(event, resource_version)
         if kind == "BOOKMARK":
             return rv
         info = self._convert(obj)
@@ -351,6 +335,64 @@ class KubePodSource:
 
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old: relist."""
+
+
+_Apply = Callable[[Mapping[str, Any], str], str]
+
+
+class WatchStream:
+    """The watch half of a list+watch: opens a watch for a randomised renewal period (as client-go's reflector
+    does, so a fleet's watches do not expire together), hands each event to `apply`, and can be cut at once from
+    another thread (`interrupt`, for a prompt stop)."""
+
+    def __init__(self, stop: threading.Event, timeout_s: int) -> None:
+        self.stop = stop
+        self.timeout_s = timeout_s
+        self._response: Any = None
+
+    def run(self, list_call: Callable[..., Any], resource_version: str, apply: _Apply) -> str:
+        """Watch from `resource_version` until the server ends the watch; the resourceVersion to resume from.
+        `list_call` is the client's list method with its selectors bound; this adds the watch's parameters."""
+        timeout_s = int(self.timeout_s * (1 + random.random()))
+        resp = list_call(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            _preload_content=False,  # raw JSON lines, read by watch_events
+            # The read timeout outlasts the server's own timeout: only a dead connection trips it. A frozen API
+            # server is noticed sooner by the node refresh (`problem()`), which does not need to break the watch.
+            _request_timeout=(_TIMEOUT_LIST[0], timeout_s + 30),
+        )
+        self._response = resp
+        try:
+            if self.stop.is_set():
+                return resource_version
+            for event in watch_events(resp):
+                if self.stop.is_set():
+                    break
+                resource_version = apply(event, resource_version)
+        finally:
+            self._response = None
+            resp.release_conn()
+        return resource_version
+
+    def interrupt(self) -> None:
+        response = self._response
+        if response is not None:
+            # shutdown() interrupts the read blocked in the watch thread; close() alone would wait for data.
+            response.shutdown()
+
+
+def watched_object(event: Mapping[str, Any], resource_version: str) -> tuple[str, Mapping[str, Any], str]:
+    """(type, object, resourceVersion to resume from) of one watch event. Raises WatchExpired for a 410
+    (relist), RuntimeError for any other ERROR event."""
+    kind, obj = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise WatchExpired()
+        raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
+    return kind, obj, str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
 
 
 def watch_events(resp: Any) -> Iterator[dict[str, Any]]:

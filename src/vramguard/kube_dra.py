@@ -18,6 +18,7 @@ RBAC: get on resourceclaims; get, list and watch on resourceslices.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
@@ -41,7 +42,7 @@ from vramguard.dra import (
     pod_shares,
     slice_devices,
 )
-from vramguard.kube import _TIMEOUT_LIST, WatchExpired, _describe, watch_events
+from vramguard.kube import _TIMEOUT_LIST, WatchExpired, WatchingThreads, WatchStream, _describe, watched_object
 from vramguard.ports import PodSource
 
 GROUP: Final = "resource.k8s.io"
@@ -57,7 +58,7 @@ _TIMEOUT_GET = (3.0, 5.0)
 Log = structlog.typing.FilteringBoundLogger
 
 
-class KubeClaimSource:
+class KubeClaimSource(WatchingThreads):
     """The DRA shares of the pods of one node (`ClaimSource`), kept by two background threads."""
 
     def __init__(
@@ -78,7 +79,6 @@ class KubeClaimSource:
         self.pods = pods
         self.refresh_s = refresh_s
         self.retry_s = retry_s
-        self.watch_timeout_s = watch_timeout_s
         self.log = log if log is not None else structlog.get_logger("vramguard.claims")
         self.now = now
         self._stop = threading.Event()
@@ -91,7 +91,7 @@ class KubeClaimSource:
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
         self._slice_error: str | None = None
-        self._response: Any = None
+        self._stream = WatchStream(self._stop, watch_timeout_s)
         self.claim_gets = 0  # requests made, for tests and logs
         self.slice_lists = 0
         self._threads = (
@@ -117,29 +117,6 @@ class KubeClaimSource:
         published = seen is not None and seen[1] is self._devices and seen[2] == self._version
         # Membership tests only: the claim thread may be adding to the dict meanwhile.
         return slices_known and published and all(key in self._claims for key in pods_named)
-
-    def wait_synced(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.synced() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.synced()
-
-    # -- lifecycle -------------------------------------------------------------------------------------------
-
-    def start(self) -> KubeClaimSource:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def stop(self, timeout_s: float = 1.0) -> None:
-        self._stop.set()
-        response = self._response
-        if response is not None:
-            response.shutdown()
-        deadline = time.monotonic() + timeout_s
-        for t in self._threads:
-            if t.is_alive():
-                t.join(max(0.0, deadline - time.monotonic()))
 
     # -- ResourceSlices --------------------------------------------------------------------------------------
 
@@ -192,47 +169,21 @@ class KubeClaimSource:
         return str(body["metadata"]["resourceVersion"])
 
     def _watch(self, resource_version: str) -> str:
-        timeout_s = int(self.watch_timeout_s * (1 + random.random()))
-        resp: Any = self.objects.list_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "resourceslices",
-            field_selector=self._selector(),
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            _request_timeout=(_TIMEOUT_LIST[0], timeout_s + 30),
+        selected = functools.partial(
+            self.objects.list_cluster_custom_object, GROUP, VERSION, "resourceslices", field_selector=self._selector()
         )
-        self._response = resp
-        try:
-            if self._stop.is_set():
-                return resource_version
-            for event in watch_events(resp):
-                if self._stop.is_set():
-                    break
-                resource_version = self.apply_slice_event(event, resource_version)
-        finally:
-            self._response = None
-            resp.release_conn()
-        return resource_version
+        return self._stream.run(selected, resource_version, self.apply_slice_event)
 
     def apply_slice_event(self, event: Mapping[str, Any], resource_version: str) -> str:
-        kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise WatchExpired()
-            raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
-        meta = obj.get("metadata") or {}
-        rv = str(meta.get("resourceVersion") or resource_version)
+        kind, obj, rv = watched_object(event, resource_version)
         if kind == "BOOKMARK":
             return rv
+        name = str((obj.get("metadata") or {}).get("name"))
         slices = dict(self._slices)
         if kind == "DELETED":
-            slices.pop(str(meta.get("name")), None)
+            slices.pop(name, None)
         else:
-            slices[str(meta.get("name"))] = slice_devices(obj)
+            slices[name] = slice_devices(obj)
         self._slices = slices
         self._publish_devices()
         return rv
