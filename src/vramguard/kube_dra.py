@@ -43,6 +43,7 @@ from vramguard.dra import (
     slice_devices,
 )
 from vramguard.kube import _TIMEOUT_LIST, WatchExpired, WatchingThreads, WatchStream, _describe, watched_object
+from vramguard.model import PodInfo
 from vramguard.ports import PodSource
 
 GROUP: Final = "resource.k8s.io"
@@ -91,6 +92,7 @@ class KubeClaimSource(WatchingThreads):
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
         self._slice_error: str | None = None
+        self._read_error: str | None = None  # the last claim GET's error, while they fail
         self._stream = WatchStream(self._stop, watch_timeout_s)
         self.claim_gets = 0  # requests made, for tests and logs
         self.slice_lists = 0
@@ -214,7 +216,7 @@ class KubeClaimSource(WatchingThreads):
             self._stop.wait(CYCLE_S)
 
     def _note_pods(
-        self, pods: Mapping[str, Any], known: dict[str, frozenset[ClaimKey]], now: float
+        self, pods: Mapping[str, PodInfo], known: dict[str, frozenset[ClaimKey]], now: float
     ) -> dict[str, frozenset[ClaimKey]]:
         """Which claims to read: those of new pods (or newly named ones) now, those of a changed pod now if they
         are missing or unallocated; forget the claims no pod uses any more."""
@@ -230,7 +232,8 @@ class KubeClaimSource(WatchingThreads):
         used = frozenset().union(*named.values()) if named else frozenset()
         for key in [k for k in self._due if k not in used]:
             del self._due[key]
-            self._claims.pop(key, None)
+            if self._claims.pop(key, None) is not None:
+                self._version += 1
         return named
 
     def _get(self, key: ClaimKey) -> None:
@@ -241,23 +244,26 @@ class KubeClaimSource(WatchingThreads):
                 GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False, _request_timeout=_TIMEOUT_GET
             )
             claim: Claim | None = claim_from_manifest(json.loads(resp.data))
-        except ApiException as e:
-            if e.status != 404:
-                self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
+        except Exception as e:
+            if not (isinstance(e, ApiException) and e.status == 404):
+                # A timeout, a refused connection, a 5xx: keep what was read, try again soon. Logged once per
+                # run of failures, not once per claim: 200 claims on a frozen API server are one line.
+                if self._read_error is None:
+                    self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
+                self._read_error = _describe(e)
                 self._due[key] = self.now() + self.retry_s
                 return
             claim = None
-        except Exception as e:  # a timeout or a refused connection: keep what we had, try again soon
-            self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
-            self._due[key] = self.now() + self.retry_s
-            return
+        if self._read_error is not None:
+            self.log.info("claim_read_recovered", claim=f"{namespace}/{name}", last_error=self._read_error)
+            self._read_error = None
         if key not in self._claims or self._claims[key] != claim:
             self._claims[key] = claim
             self._version += 1
         wait = self.refresh_s * (0.75 + 0.5 * random.random()) if _settled(claim) else self.retry_s
         self._due[key] = self.now() + wait
 
-    def _publish_shares(self, pods: Mapping[str, Any]) -> None:
+    def _publish_shares(self, pods: Mapping[str, PodInfo]) -> None:
         """Recompute every pod's shares from what was read; an unchanged pod keeps its object (QuotaBook's cache)."""
         devices = self._devices
         seen = self._seen

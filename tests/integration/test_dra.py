@@ -325,6 +325,16 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
                   f"{synced[1] - before[1]} slice LIST, {synced[2] - before[2]} slice WATCH; then "
                   f"{after[0] - synced[0]} GET for one new pod and none for a changed one")  # fmt: skip
             assert after[0] - synced[0] == 1 and after[1:] == synced[1:]
+
+            # A frozen API server: the shares stay as read (the scan never waits), and the source stops at once.
+            with dra_plane.frozen_apiserver():
+                held = source.shares()
+                time.sleep(2)
+                assert source.shares() is held
+                started = time.monotonic()
+                source.stop(1.0)
+                pod_source.stop(1.0)
+                assert time.monotonic() - started < 2.5
         finally:
             source.stop()
             pod_source.stop()
