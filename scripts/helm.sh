@@ -13,7 +13,8 @@ if [ ! -x "$dir/helm" ]; then
   trap 'rm -rf "$tmp"' EXIT
   start=$(date +%s)
   echo "helm: building helm $version with $(go version | cut -d' ' -f3)"
-  GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-mod=mod go install -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$version"
+  GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-mod=mod go install -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" \
+    "helm.sh/helm/v3/cmd/helm@$version"
   rm -rf "$dir"
   mv "$tmp" "$dir"
   echo "helm: built in $(( $(date +%s) - start ))s"
