@@ -62,3 +62,16 @@ def test_table_lists_each_process_of_a_container() -> None:
     assert second.split() == ["11", "alice", "python", "loader.py"]
     assert second.index("11") == first.index(" 10 ") + 1, "further processes line up under PID"
     assert '"pids": [10, 11]' in render_json([row]) and '"command": "python loader.py"' in render_json([row])
+
+
+def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
+    """Rows whose quota is a DRA share name its claim; without any, the table has no CLAIM column."""
+    share = TopRow("2", "ml", "small", "main", (ProcessDetail(7, "bob", "python serve.py"),), 11 * GiB, 10 * GiB,
+                   "over-hard", "agent", claim="small-gpu0-x7k2")  # fmt: skip
+    other = TopRow("0", "ml", "batch", "main", (ProcessDetail(8, "eve", "python batch.py"),), GiB, 4 * GiB, "ok")
+    header, *_ = render_table([share, other]).splitlines()
+    assert header.split()[8:10] == ["HELD-BY", "CLAIM"]
+    lines = render_table([share, other]).splitlines()
+    assert "small-gpu0-x7k2" in next(line for line in lines if " small " in line)
+    assert "CLAIM" not in render_table([other]).splitlines()[0]
+    assert '"claim": "small-gpu0-x7k2"' in render_json([share])
