@@ -309,11 +309,11 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
                 assert source.shares() is shares
             time.sleep(3)
             # The pod's container starts: a new PodInfo (its container ID), and its claim is allocated already.
-            started = {"name": "main", "containerID": "containerd://" + "ab" * 32, "image": "busybox",
+            running = {"name": "main", "containerID": "containerd://" + "ab" * 32, "image": "busybox",
                        "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}  # fmt: skip
             before_change = pod_source.pods()
             client.CoreV1Api(api).patch_namespaced_pod_status(
-                "p-0", ns, {"status": {"phase": "Running", "containerStatuses": [started]}},
+                "p-0", ns, {"status": {"phase": "Running", "containerStatuses": [running]}},
                 _content_type="application/merge-patch+json",
             )  # fmt: skip
             wait(lambda: pod_source.pods() is not before_change, 10, "the changed pod seen")
@@ -340,10 +340,9 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             pod_source.stop()
 
 
-def make_claimed_pod(api: client.ApiClient, ns: str, node: str, i: int) -> None:
-    """A claim allocated (as the scheduler would: a 6Gi share of one GPU, reserved for its pod) and its pod, bound
-    to `node`."""
-    resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
+def make_claimed_pod(api: client.ApiClient, ns: str, node: str, i: int, *, allocate_it: bool = True) -> None:
+    """Pod p-<i> bound to `node`, using claim c-<i>; the claim allocated as the scheduler would (a 6Gi share of
+    one GPU, reserved for the pod), unless not `allocate_it`."""
     name = f"p-{i}"
     create(api, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -353,20 +352,63 @@ def make_claimed_pod(api: client.ApiClient, ns: str, node: str, i: int) -> None:
             "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
         },
     }, ns)  # fmt: skip
-    uid = raw(api, core.read_namespaced_pod(name, ns))["metadata"]["uid"]
     request = {"name": "gpu", "exactly": {"deviceClassName": CLASS, "capacity": {"requests": {"memory": "6Gi"}}}}
     create(api, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"c-{i}"},
         "spec": {"devices": {"requests": [request]}},
     }, ns)  # fmt: skip
+    if allocate_it:
+        allocate(api, ns, node, i)
+
+
+def allocate(api: client.ApiClient, ns: str, node: str, i: int) -> None:
+    """Write claim c-<i>'s allocation as the scheduler would: a 6Gi share of GPU i % 4, reserved for pod p-<i>."""
+    uid = raw(api, client.CoreV1Api(api).read_namespaced_pod(f"p-{i}", ns))["metadata"]["uid"]
     result = {
         "request": "gpu", "driver": DRIVER, "pool": node, "device": f"gpu-{i % GPUS}",
         "consumedCapacity": {"memory": "6Gi"}, "shareID": f"00000000-0000-0000-0000-{i:012d}",
     }  # fmt: skip
     status = {
         "allocation": {"devices": {"results": [result]}},
-        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}],
+        "reservedFor": [{"resource": "pods", "name": f"p-{i}", "uid": uid}],
     }
-    resource.patch_namespaced_resource_claim_status(
+    client.ResourceV1Api(api).patch_namespaced_resource_claim_status(
         f"c-{i}", ns, {"status": status}, _content_type="application/merge-patch+json"
     )
+
+
+def test_a_claim_allocated_after_its_pod_appeared_is_read_again(dra_plane: ControlPlane) -> None:
+    """A pod names a claim that is not allocated yet (or does not exist yet): the source reads it again
+    `retry_s` later, and the share appears once the claim is allocated; a claim that never appears is reported
+    as missing (VRAMQuotaInvalid through the quota walk), not taken for a share."""
+    node, ns = "late-node", "dra-late"
+    dra_plane.add_node(node, labels={"kubernetes.io/hostname": node})
+    with dra_plane.api_client() as api:
+        create(api, gpu_slice(node))
+        create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        make_claimed_pod(api, ns, node, 0, allocate_it=False)
+        create(api, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan"},
+            "spec": {
+                "nodeName": node,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "never-made"}],
+                "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        }, ns)  # fmt: skip
+        pod_source = KubePodSource(api, node).start()
+        source = KubeClaimSource(api, node, pod_source, retry_s=1.0).start()
+        try:
+            assert pod_source.wait_synced(30) and source.wait_synced(30)
+            orphan = next(uid for uid, p in pod_source.pods().items() if p.name == "orphan")
+            late = next(uid for uid, p in pod_source.pods().items() if p.name == "p-0")
+            wait(lambda: orphan in source.shares(), 10, "the missing claim reported")
+            (missing,) = source.shares()[orphan]["main"]
+            assert missing.error is not None and missing.error.message == "does not exist"
+            assert late not in source.shares(), "an unallocated claim is no share yet"
+            allocate(api, ns, node, 0)
+            wait(lambda: late in source.shares(), 10, "the share once allocated")
+            (share,) = source.shares()[late]["main"]
+            assert (share.gpu_uuid, share.bytes, share.error) == (gpu_uuid(0), 6 * GiB, None)
+        finally:
+            source.stop()
+            pod_source.stop()
