@@ -9,13 +9,16 @@ never raises on what a user wrote. The rules (DESIGN.md "Quotas"):
      container gets its own quota in `PodQuota.containers`.
    - `annotation:<name>`: the pod's annotation. The container is covered by the one pod-wide quota,
      `PodQuota.pod`, which the decision core checks against the summed usage of every covered container.
+   - `claim:<driver or device class>`: the GPU memory shares the container's DRA claims hold (`vramguard.dra`),
+     one quota per GPU in `PodQuota.shares`; the container is held to nothing on a GPU it holds no share of. A
+     claim that cannot be read is a `QuotaError` like any bad value, and the walk goes on.
    So in a pod with a `vramguard.io/vram` limit on `trainer` and a `vramguard.io/vram-limit` annotation,
    `trainer` has its own quota and every other container shares the annotation's. Reorder the sources to put an
    annotation first and it covers every container, limits or not.
 2. **The pod-wide quota is the first valid annotation source**, and it is set whenever the pod carries one,
    even if every listed container has a limit of its own: it then covers usage from containers the pod cache
    does not list. The invariant the decision core relies on: when `pod` is set, every container absent from
-   `containers` is covered by it; when it is not, such containers are unmanaged.
+   `containers` and `shares` is covered by it; when it is not, such containers are unmanaged.
 3. **Invalid values never raise.** A value that does not parse (`12GB`, `-1`, `abc`, an overflow) or is below
    the 1 MiB minimum of every quota (`0`, `0.5`, `100`, `12m`; `quantity.MIN_QUOTA_BYTES`, whatever the source's
    unit, the burst included) adds a `QuotaError` naming the field and the value, and the walk goes on to the
