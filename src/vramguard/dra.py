@@ -12,7 +12,7 @@ the kube adapter (`kube_dra.KubeClaimSource`) reads:
 - **The share.** A claim's `status.allocation.devices.results[]` names (`driver`, `pool`, `device`) and the
   `request` it satisfies. A result with `consumedCapacity.memory` holds that much of the device (a share; its
   `shareID` tells it from the device's other shares); one without holds the whole device, i.e. its `memory`
-  capacity.
+  capacity. A result with `adminAccess` (monitoring a device others use) holds no memory and is no share.
 - **The containers.** A container holds the results of the pod's claims it lists in `resources.claims`: all of
   them, or with `request: r` only those of request `r` and of its subrequests `r/<sub>`. The claim's name comes
   from the pod (`PodInfo.claims`). A result matches the quota source `claim:<name>` when its driver or its
@@ -74,6 +74,7 @@ class ClaimResult:
     device: str
     consumed_memory: str | None  # consumedCapacity.memory as written; None for a whole-device allocation
     share_id: str | None
+    admin_access: bool = False  # monitoring access to a device others use: no memory of its own
 
     @property
     def device_key(self) -> DeviceKey:
@@ -174,6 +175,7 @@ def claim_from_manifest(obj: Mapping[str, Any]) -> Claim:
             device=_text(r.get("device")),
             consumed_memory=_consumed(r),
             share_id=_text(r["shareID"]) if r.get("shareID") else None,
+            admin_access=r.get("adminAccess") is True,
         )
         for r in _items(_mapping(allocation.get("devices")).get("results"), MAX_RESULTS)
     )
@@ -252,7 +254,8 @@ def _held(
     return [
         _share(claim, index, result, devices)
         for index, result in enumerate(claim.results)
-        if not use.request or result.request == use.request or result.request.startswith(use.request + "/")
+        if not result.admin_access
+        and (not use.request or result.request == use.request or result.request.startswith(use.request + "/"))
     ]
 
 
