@@ -8,7 +8,8 @@ Contract with the API server, made so that a 5,000-node cluster costs what the k
   and `problem()` says so: claim quota sources then give nothing and the next source applies.
 - ResourceClaims: one GET by name for each claim a pod of this node uses, when the pod appears (or names a
   claim it did not name before), again while the claim is missing or not allocated (when the pod changes, or
-  `RETRY_S` later), and every `REFRESH_S` (jittered) after that: an allocation does not change while a pod uses
+  `RETRY_S` later, doubling up to `REFRESH_S` while it stays so; the same after an error), and every `REFRESH_S`
+  (jittered) once allocated: an allocation does not change while a pod uses
   it, so the slow re-read only catches a claim deallocated and reallocated under the same name. GETs are paced
   (`GETS_PER_S`, burst `GETS_BURST`), so a node filling with 200 pods reads their claims within seconds without
   a burst of 200 requests.
@@ -88,6 +89,7 @@ class KubeClaimSource(WatchingThreads):
         self._devices: Mapping[DeviceKey, SliceDevice] = {}
         self._claims: dict[ClaimKey, Claim | None] = {}  # None: the API server says it does not exist
         self._due: dict[ClaimKey, float] = {}  # when each claim is to be read again
+        self._misses: dict[ClaimKey, int] = {}  # reads in a row that found it unusable (missing, unallocated, error)
         self._shares: Mapping[str, PodShares] = {}
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
@@ -232,6 +234,7 @@ class KubeClaimSource(WatchingThreads):
         used = frozenset().union(*named.values()) if named else frozenset()
         for key in [k for k in self._due if k not in used]:
             del self._due[key]
+            self._misses.pop(key, None)
             if self._claims.pop(key, None) is not None:
                 self._version += 1
         return named
@@ -251,7 +254,7 @@ class KubeClaimSource(WatchingThreads):
                 if self._read_error is None:
                     self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
                 self._read_error = _describe(e)
-                self._due[key] = self.now() + self.retry_s
+                self._due[key] = self.now() + self._retry_in(key)
                 return
             claim = None
         if self._read_error is not None:
@@ -260,8 +263,18 @@ class KubeClaimSource(WatchingThreads):
         if key not in self._claims or self._claims[key] != claim:
             self._claims[key] = claim
             self._version += 1
-        wait = self.refresh_s * (0.75 + 0.5 * random.random()) if _settled(claim) else self.retry_s
-        self._due[key] = self.now() + wait
+        if _settled(claim):
+            self._misses.pop(key, None)
+            self._due[key] = self.now() + self.refresh_s * (0.75 + 0.5 * random.random())
+        else:
+            self._due[key] = self.now() + self._retry_in(key)
+
+    def _retry_in(self, key: ClaimKey) -> float:
+        """When to read an unusable claim again: `retry_s`, doubling with each miss in a row up to `refresh_s`, so
+        pods naming claims that never come (a tenant can bind pods to a node by hand) cost little."""
+        misses = self._misses.get(key, 0)
+        self._misses[key] = misses + 1
+        return min(self.refresh_s, self.retry_s * float(2 ** min(misses, 16)))
 
     def _publish_shares(self, pods: Mapping[str, PodInfo]) -> None:
         """Recompute every pod's shares from what was read; an unchanged pod keeps its object (QuotaBook's cache)."""
