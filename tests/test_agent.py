@@ -371,6 +371,7 @@ def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
 
     claims.published = share(6)
     assert n.agent.scan().outcomes == ()
+    assert n.metric("vramguard_claim_source_up") == 1.0
     assert n.metric("vramguard_claim_share_bytes", namespace="ml", pod="trainer", container="main", gpu="0",
                     gpu_uuid=GPU0.uuid, claim="trainer-gpu-x7k2") == 6 * GiB  # fmt: skip
     claims.published = share(3)

@@ -151,11 +151,12 @@ def test_admission_policy_names_the_releases_service_account(helm: Path) -> None
 
 
 def _exported_metric_names() -> set[str]:
-    """Every series name the agent's registry can expose, after one scan (the per-GPU gauges appear with it)."""
+    """Every series name the agent's registry can expose, after one scan (the per-GPU gauges appear with it, the
+    claim source's with a claim source)."""
     metrics = Metrics()
     p = pod("trainer", "ml")
     snapshot = SnapshotBuilder().use(p, "main", gpu(0), GiB).build()
-    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()))
+    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()), claim_source_up=True)
     names = set()
     for family in metrics.registry.collect():
         names.add(family.name)
@@ -187,6 +188,8 @@ def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Pat
         "VramguardActionsFailing",
         "VramguardEventsDropped",
         "VramguardUnattributedMemoryGrowing",
+        "VramguardDriverLimitsFailing",
+        "VramguardClaimSourceDown",
     } <= alerts
     exported = _exported_metric_names()
     for rule in rules:

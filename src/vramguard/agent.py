@@ -270,7 +270,8 @@ class Agent:
         duration_s: float,
     ) -> None:
         held = self.limiter.held().values() if self.limiter is not None else ()
-        self.metrics.observe_scan(snapshot, quotas, decision, held)
+        claims_up = self.claims.problem() is None if self.claims is not None else None
+        self.metrics.observe_scan(snapshot, quotas, decision, held, claims_up)
         self.metrics.scan_duration.observe(duration_s)
         if self.limiter is not None:
             self._report_limits(self.limiter.collect())

@@ -26,6 +26,7 @@ class _ScanCollector(Collector):
         self.snapshot: Snapshot | None = None
         self.quotas: Mapping[str, PodQuota] = {}
         self.driver_limits: Iterable[LimitTarget] = ()
+        self.claim_source_up: bool | None = None  # None: no claim quota source
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -114,6 +115,13 @@ class _ScanCollector(Collector):
             label = device.label if device is not None else str(t.gpu_index)
             limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
         yield limits
+        if self.claim_source_up is not None:
+            yield GaugeMetricFamily(
+                "vramguard_claim_source_up",
+                "1 while the claim quota source reads this node's ResourceSlices, 0 while it cannot (then pods with "
+                "DRA claims fall through to the next quota source); absent without a claim: source.",
+                value=1.0 if self.claim_source_up else 0.0,
+            )
 
 
 class Metrics:
@@ -178,10 +186,12 @@ class Metrics:
         quotas: Mapping[str, PodQuota],
         decision: Decision,
         driver_limits: Iterable[LimitTarget] = (),
+        claim_source_up: bool | None = None,
     ) -> None:
         self._scan.snapshot = snapshot
         self._scan.quotas = quotas
         self._scan.driver_limits = driver_limits
+        self._scan.claim_source_up = claim_source_up
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
