@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cgroup_fixtures import need_cgroups
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value, wait_for
@@ -224,3 +225,57 @@ def test_probes_and_nvml_missing(sim_node: SimulatedNode) -> None:
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def _share_objects(node: SimulatedNode, shares: dict[str, tuple[int, str]]) -> list[dict[str, object]]:
+    """This node's ResourceSlice (its GPUs, by the UUIDs NVML reports) and one allocated claim per entry of
+    `shares` (claim name → (GPU index, consumed memory)), as `kubectl get resourceslices,resourceclaims` print."""
+    devices = [
+        {
+            "name": f"gpu-{g.index}",
+            "attributes": {"uuid": {"string": g.uuid}},
+            "capacity": {"memory": {"value": "24Gi"}},
+        }
+        for g in node.nvml.gpu_list
+    ]
+    slice_: dict[str, object] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-gpus"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node.node_name, "pool": {"name": "pool"}, "devices": devices},
+    }  # fmt: skip
+    claims: list[dict[str, object]] = []
+    for name, (gpu, memory) in shares.items():
+        result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "pool", "device": f"gpu-{gpu}",
+                  "consumedCapacity": {"memory": memory}, "shareID": f"share-{name}"}  # fmt: skip
+        meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}"}
+        status = {"allocation": {"devices": {"results": [result]}}}
+        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta, "status": status})
+    return [slice_, *claims]
+
+
+def test_dra_shares_in_the_pods_file_are_quotas_per_gpu(tmp_path: Path) -> None:
+    """`claim:` with --pods-file: the file's claims and this node's slices. 11Gi is over a 10Gi share on GPU 1
+    (killed), within a 12Gi one on GPU 0; the small pod's memory on GPU 0, where it holds no share, is over too."""
+    need_cgroups(2)
+    with SimulatedNode(tmp_path / "node", gpus=2) as node:
+        node.objects = _share_objects(node, {"small-gpu": (1, "10Gi"), "large-gpu": (0, "12Gi")})
+        small = node.add_pod("small", "ml", claims={"main": "small-gpu"})
+        large = node.add_pod("large", "ml", claims={"main": "large-gpu"})
+        over = node.spawn(small, "main", 11 * GiB, gpu=1)
+        within = node.spawn(large, "main", 11 * GiB, gpu=0)
+        policy = tmp_path / "policy.yaml"
+        policy.write_text('mode: kill\nquota_sources: ["claim:gpu.nvidia.com"]\n')
+        agent = node.start_agent(
+            "--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
+        )
+        node.wait_ready()
+        assert wait_for(lambda: not over.alive(), timeout_s=10 * POLL_S)
+        _wait_scans(node, 2)
+        assert within.alive()
+        elsewhere = node.spawn(node.add_pod("small-2", "ml", claims={"main": "small-gpu"}), "main", GiB, gpu=0)
+        assert wait_for(lambda: not elsewhere.alive(), timeout_s=10 * POLL_S), "no share on GPU 0: over at once"
+        assert within.alive()
+        node.stop_agents()
+        kills = [e for e in _log_events(agent) if e.get("event") == "action" and e.get("action") == "kill"]
+        assert [(k["pod"], k["gpu"]) for k in kills] == [("ml/small", "1"), ("ml/small-2", "0")]
+        assert "quota 10.0GiB (claim ml/small-gpu (request gpu, share share-sm))" in str(kills[0]["message"])
+        assert "quota 0B (no DRA claim share on this GPU)" in str(kills[1]["message"])

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
 from vramguard.model import MiB, Policy
-from vramguard.pods import MAX_VALUE_CHARS, FilePodSource
+from vramguard.pods import MAX_VALUE_CHARS, FilePodSource, parse_pod_list
 from vramguard.quota import resolve_pod_quota
 
 THREAD = "vramguard-pods-file"
@@ -339,3 +339,46 @@ def test_stop_ends_the_thread_even_mid_parse(tmp_path: Path) -> None:
     assert time.monotonic() - started < 1.0
     assert THREAD not in [t.name for t in threading.enumerate()]
     assert not source.synced()
+
+
+def test_the_file_s_claims_and_this_node_s_slices_give_dra_shares() -> None:
+    """ResourceClaims and ResourceSlices ride in the pods file; another node's slice is not this node's GPU."""
+
+    def slice_of(node: str, uuid: str) -> str:
+        return f"""
+- kind: ResourceSlice
+  metadata: {{name: {node}-gpus}}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: {node}
+    pool: {{name: {node}}}
+    devices: [{{name: gpu-0, attributes: {{uuid: {{string: {uuid}}}}}}}]"""
+
+    def claim(name: str, pool: str) -> str:
+        return f"""
+- kind: ResourceClaim
+  metadata: {{name: {name}, namespace: ml, uid: u-{name}}}
+  status:
+    allocation:
+      devices:
+        results:
+        - {{request: gpu, driver: gpu.nvidia.com, pool: {pool}, device: gpu-0, consumedCapacity: {{memory: 10Gi}}}}"""
+
+    def pod(name: str, claim_name: str) -> str:
+        return f"""
+- kind: Pod
+  metadata: {{name: {name}, namespace: ml, uid: {name}-uid}}
+  spec:
+    nodeName: node-a
+    resourceClaims: [{{name: gpu, resourceClaimName: {claim_name}}}]
+    containers: [{{name: main, resources: {{claims: [{{name: gpu}}]}}}}]"""
+
+    text = "kind: List\nitems:" + "".join(
+        [slice_of("node-a", "GPU-a"), slice_of("node-b", "GPU-b"), claim("here", "node-a"), claim("there", "node-b"),
+         pod("p", "here"), pod("q", "there")]
+    )  # fmt: skip
+    parsed = parse_pod_list(text.encode(), "node-a")
+    ((share,),) = parsed.shares["p-uid"].values()
+    assert (share.gpu_uuid, share.bytes, share.error) == ("GPU-a", 10 * 2**30, None)
+    ((elsewhere,),) = parsed.shares["q-uid"].values()
+    assert elsewhere.error is not None and elsewhere.error.message == "is in no ResourceSlice of this node"

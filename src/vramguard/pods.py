@@ -27,6 +27,16 @@ from typing import Any, Final
 import structlog
 import yaml
 
+from vramguard.dra import (
+    Claim,
+    ClaimKey,
+    DeviceKey,
+    PodShares,
+    SliceDevice,
+    claim_from_manifest,
+    pod_shares,
+    slice_devices,
+)
 from vramguard.model import MAX_TEXT_CHARS, ClaimUse, ContainerInfo, MiB, PodInfo, cut
 from vramguard.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 
@@ -142,10 +152,12 @@ def _pod_claims(spec_claims: object, statuses: object) -> dict[str, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class PodList:
-    """What one pods file holds for this node: its pods by UID, and its Node's labels."""
+    """What one pods file holds for this node: its pods by UID, its Node's labels, and the DRA shares its pods'
+    containers hold (from the file's ResourceClaims and this node's ResourceSlices; see `vramguard.dra`)."""
 
     pods: Mapping[str, PodInfo] = field(default_factory=dict)
     node_labels: Mapping[str, str] = field(default_factory=dict)
+    shares: Mapping[str, PodShares] = field(default_factory=dict)
 
 
 def parse_pod_list(
@@ -158,11 +170,12 @@ def parse_pod_list(
     """The pods bound to `node_name` (all of them when None), and that Node's labels, from a pods file's bytes.
 
     The file is what `kubectl get pods -o yaml` or `-o json` prints: a List (a mapping with `items`) of Pods and
-    optionally the Node, or one Pod or Node. JSON when it starts with `{`, YAML otherwise. YAML anchors, aliases
-    and tags, duplicate keys and nesting deeper than `MAX_DEPTH` are refused; YAML plain scalars other than
-    null, booleans and decimal integers stay text (floats, timestamps), as written. The items are converted as
-    they are parsed, so the whole document is never held; `pace` is called between steps (a parse of 5,000
-    pods makes tens of thousands of calls), and whatever it raises ends the parse.
+    optionally the Node, or one Pod or Node; for `claim:` quota sources, also the ResourceClaims and ResourceSlices
+    (`kubectl get pods,resourceclaims,resourceslices -A -o yaml`). JSON when it starts with `{`, YAML otherwise.
+    YAML anchors, aliases and tags, duplicate keys and nesting deeper than `MAX_DEPTH` are refused; YAML plain
+    scalars other than null, booleans and decimal integers stay text (floats, timestamps), as written. The items
+    are converted as they are parsed, so the whole document is never held; `pace` is called between steps (a
+    parse of 5,000 pods makes tens of thousands of calls), and whatever it raises ends the parse.
 
     Raises PodSourceError, naming the line where there is one, for anything wrong with the file."""
     collector = _Collector(node_name)
@@ -178,7 +191,8 @@ def parse_pod_list(
             collector.add(root)
         except Exception as e:
             raise PodSourceError(_describe(e)) from None
-    return PodList(pods=collector.pods, node_labels=collector.labels)
+    shares = {uid: held for uid, pod in collector.pods.items() if pod.claims and (held := collector.shares(pod))}
+    return PodList(pods=collector.pods, node_labels=collector.labels, shares=shares)
 
 
 class FilePodSource:
@@ -230,6 +244,10 @@ class FilePodSource:
 
     def node_labels(self) -> Mapping[str, str]:
         return self._published.node_labels
+
+    def shares(self) -> Mapping[str, PodShares]:
+        """The DRA shares (`ClaimSource`): from the ResourceClaims and this node's ResourceSlices in the file."""
+        return self._published.shares
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -348,10 +366,24 @@ class _Collector:
         self.node_name = node_name
         self.pods: dict[str, PodInfo] = {}
         self.labels: dict[str, str] = {}
+        self.claims: dict[ClaimKey, Claim] = {}
+        self.devices: dict[DeviceKey, SliceDevice] = {}
+
+    def shares(self, pod: PodInfo) -> PodShares:
+        return pod_shares(pod, self.claims, self.devices)
 
     def add(self, obj: object) -> None:
         if not isinstance(obj, dict):
             raise PodSourceError(f"expected a Pod or Node object, got {_type_name(obj)}")
+        if obj.get("kind") == "ResourceClaim":
+            claim = claim_from_manifest(obj)
+            self.claims[claim.key] = claim
+            return
+        if obj.get("kind") == "ResourceSlice":
+            on = (obj.get("spec") or {}).get("nodeName")
+            if not self.node_name or on == self.node_name:  # this node's devices only
+                self.devices.update(slice_devices(obj))
+            return
         if obj.get("kind") == "Node":
             meta = obj.get("metadata") or {}
             name = meta.get("name")

@@ -66,12 +66,12 @@ class Cluster:
     events: EventRecorder
     evictor: Evictor
     api: ApiClient | None = None
-    claims: KubeClaimSource | None = None  # with a `claim:` quota source, on the API server
+    claims: KubeClaimSource | FilePodSource | None = None  # with a `claim:` quota source
 
     def close(self, timeout_s: float) -> None:
         """Stop the background threads, within `timeout_s` in all (a stuck request is abandoned, not awaited)."""
         deadline = time.monotonic() + timeout_s
-        if self.claims is not None:
+        if isinstance(self.claims, KubeClaimSource):
             self.claims.stop(max(0.05, (deadline - time.monotonic()) / 3))
         self.pods.stop(max(0.05, deadline - time.monotonic()))
         if isinstance(self.events, KubeEventRecorder):
@@ -107,11 +107,9 @@ def connect(
     where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims)."""
     claim_sources = [s for s in (policy.quota_sources if policy is not None else ()) if s.startswith("claim:")]
     if pods_file is not None:
-        if claim_sources:
-            structlog.get_logger("vramguard").warning(
-                "claim_sources_ignored", sources=claim_sources, reason="claim quota sources need the API server"
-            )
-        return Cluster(FilePodSource(str(pods_file), node_name=node_name).start(), LogEventRecorder(), NoApiEvictor())
+        from_file = FilePodSource(str(pods_file), node_name=node_name).start()
+        # The file's ResourceClaims and ResourceSlices, read with its pods.
+        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=from_file if claim_sources else None)
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:

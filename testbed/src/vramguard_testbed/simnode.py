@@ -48,6 +48,9 @@ class SimPod:
     annotations: dict[str, str]
     priority: int
     qos: str
+    # DRA: the claims the pod names (spec.resourceClaims[].name → the ResourceClaim's name), and each container's.
+    resource_claims: dict[str, str] = field(default_factory=dict)
+    container_claims: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def uid(self) -> str:
@@ -118,6 +121,7 @@ class SimulatedNode:
             self.nvml.driver_version, self.nvml.nvml_version = "615.40.02", "13.615.40.02"
         self.cgroups = KubeletCgroups(driver=driver, version=cgroup_version)
         self.pods: list[SimPod] = []
+        self.objects: list[dict[str, Any]] = []  # more objects for the pods file: ResourceClaims, ResourceSlices
         self.processes: list[SimProcess] = []
         self._agents: list[subprocess.Popen[Any]] = []
         self.metrics_port = 0
@@ -137,10 +141,12 @@ class SimulatedNode:
         priority: int = 0,
         qos: str = "burstable",
         uid: str | None = None,
+        claims: Mapping[str, str] | None = None,
     ) -> SimPod:
         """A pod with one cgroup per container; `containers` maps container name → resources.limits.
 
         `uid` names the cgroup after a real pod (one created in an API server); by default it is random.
+        `claims` maps each container to the ResourceClaim it uses (a claim of that name must be in `objects`).
         """
         specs = {c: dict(limits) for c, limits in (containers or {"main": {}}).items()}
         pod_cgroup = self.cgroups.pod(uid=uid, qos=qos)
@@ -153,6 +159,8 @@ class SimulatedNode:
             annotations=dict(annotations or {}),
             priority=priority,
             qos=qos,
+            resource_claims={f"claim-{c}": claim for c, claim in (claims or {}).items()},
+            container_claims={c: [f"claim-{c}"] for c in (claims or {})},
         )
         self.pods.append(pod)
         self.sync()
@@ -230,8 +238,16 @@ class SimulatedNode:
                     "spec": {
                         "nodeName": self.node_name,
                         "priority": pod.priority,
+                        "resourceClaims": [{"name": r, "resourceClaimName": n} for r, n in pod.resource_claims.items()],
                         "containers": [
-                            {"name": c, "image": "busybox", "resources": {"limits": pod.limits[c]}}
+                            {
+                                "name": c,
+                                "image": "busybox",
+                                "resources": {
+                                    "limits": pod.limits[c],
+                                    "claims": [{"name": r} for r in pod.container_claims.get(c, [])],
+                                },
+                            }
                             for c in pod.containers
                         ],
                     },
@@ -244,7 +260,7 @@ class SimulatedNode:
                     },
                 }
             )
-        return {"apiVersion": "v1", "kind": "List", "items": items}
+        return {"apiVersion": "v1", "kind": "List", "items": items + self.objects}
 
     # -- running vramguard against it -----------------------------------------------------------------------
 
