@@ -12,6 +12,7 @@ import pytest
 
 from cgroup_fixtures import need_cgroups
 from vramguard.model import GiB
+from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value, wait_for
 
@@ -227,37 +228,12 @@ def test_probes_and_nvml_missing(sim_node: SimulatedNode) -> None:
         agent.wait(timeout=10)
 
 
-def _share_objects(node: SimulatedNode, shares: dict[str, tuple[int, str]]) -> list[dict[str, object]]:
-    """This node's ResourceSlice (its GPUs, by the UUIDs NVML reports) and one allocated claim per entry of
-    `shares` (claim name → (GPU index, consumed memory)), as `kubectl get resourceslices,resourceclaims` print."""
-    devices = [
-        {
-            "name": f"gpu-{g.index}",
-            "attributes": {"uuid": {"string": g.uuid}},
-            "capacity": {"memory": {"value": "24Gi"}},
-        }
-        for g in node.nvml.gpu_list
-    ]
-    slice_: dict[str, object] = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-gpus"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node.node_name, "pool": {"name": "pool"}, "devices": devices},
-    }  # fmt: skip
-    claims: list[dict[str, object]] = []
-    for name, (gpu, memory) in shares.items():
-        result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "pool", "device": f"gpu-{gpu}",
-                  "consumedCapacity": {"memory": memory}, "shareID": f"share-{name}"}  # fmt: skip
-        meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}"}
-        status = {"allocation": {"devices": {"results": [result]}}}
-        claims.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta, "status": status})
-    return [slice_, *claims]
-
-
 def test_dra_shares_in_the_pods_file_are_quotas_per_gpu(tmp_path: Path) -> None:
     """`claim:` with --pods-file: the file's claims and this node's slices. 11Gi is over a 10Gi share on GPU 1
     (killed), within a 12Gi one on GPU 0; the small pod's memory on GPU 0, where it holds no share, is over too."""
     need_cgroups(2)
     with SimulatedNode(tmp_path / "node", gpus=2) as node:
-        node.objects = _share_objects(node, {"small-gpu": (1, "10Gi"), "large-gpu": (0, "12Gi")})
+        node.publish_shares({"small-gpu": ("ml", 1, "10Gi"), "large-gpu": ("ml", 0, "12Gi")})
         small = node.add_pod("small", "ml", claims={"main": "small-gpu"})
         large = node.add_pod("large", "ml", claims={"main": "large-gpu"})
         over = node.spawn(small, "main", 11 * GiB, gpu=1)
@@ -277,5 +253,11 @@ def test_dra_shares_in_the_pods_file_are_quotas_per_gpu(tmp_path: Path) -> None:
         node.stop_agents()
         kills = [e for e in _log_events(agent) if e.get("event") == "action" and e.get("action") == "kill"]
         assert [(k["pod"], k["gpu"]) for k in kills] == [("ml/small", "1"), ("ml/small-2", "0")]
-        assert "quota 10.0GiB (claim ml/small-gpu (request gpu, share share-sm))" in str(kills[0]["message"])
+        assert "quota 10.0GiB (claim ml/small-gpu (request gpu, share " in str(kills[0]["message"])
         assert "quota 0B (no DRA claim share on this GPU)" in str(kills[1]["message"])
+
+
+def test_the_dra_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    need_cgroups(2)
+    assert run_demo(poll_interval_s=0.2, scene="dra") == 0
+    assert "CLAIM" in capsys.readouterr().out

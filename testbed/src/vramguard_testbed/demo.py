@@ -9,6 +9,9 @@ A second scene (`--scene driver-limits`) prevents instead of punishing: on a sim
 programs each container's hard limit into the driver, and the trainer's allocation beyond its quota fails in the
 trainer alone while its neighbour gets all of its own; on an older driver the same allocation succeeds and the
 scene ends with the reactive kill.
+
+A third (`--scene dra`) reads quotas from DRA claims: the scheduler (here, the pods file) gave the trainer a 10Gi
+share of GPU 1 and the notebook a 12Gi share of GPU 0; both use 11Gi, and only the trainer is over its share.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def run_demo(poll_interval_s: float = 0.5, keep: bool = False, scene: str = "all
         if scene == "all":
             _say("\n" + "-" * 100 + "\n")
         status = max(status, _driver_limits_scene(poll_interval_s, keep))
+    if scene in ("all", "dra"):
+        if scene == "all":
+            _say("\n" + "-" * 100 + "\n")
+        status = max(status, _dra_scene(poll_interval_s, keep))
     return status
 
 
@@ -186,10 +193,54 @@ def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bo
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _start_agent(node: SimulatedNode, poll_interval_s: float, seen: list[dict[str, object]]) -> threading.Thread:
+def _dra_scene(poll_interval_s: float, keep: bool) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
+    _say("vramguard-demo, DRA: per-GPU quotas from the memory shares the scheduler put in ResourceClaims\n")
+    try:
+        with SimulatedNode(workdir, gpus=2, gpu_total_bytes=24 * GiB) as node:
+            node.publish_shares({"trainer-gpu": ("ml", 1, "10Gi"), "notebook-gpu": ("ml", 0, "12Gi")})
+            trainer = node.add_pod("trainer", "ml", containers={"pytorch": {}}, claims={"pytorch": "trainer-gpu"})
+            notebook = node.add_pod("notebook", "ml", claims={"main": "notebook-gpu"})
+            _say("1. Two 24GiB GPUs, published in a ResourceSlice by their UUIDs; two allocated claims:")
+            _say("   ml/trainer-gpu   10Gi share of GPU 1  (used by ml/trainer, container pytorch)")
+            _say("   ml/notebook-gpu  12Gi share of GPU 0  (used by ml/notebook, container main)")
+            policy = workdir / "policy.yaml"
+            policy.write_text('quota_sources: ["claim:gpu.nvidia.com"]\n')
+            _say("   policy: quota_sources: [claim:gpu.nvidia.com]\n")
+            run = f"vramguard run --mode kill --policy {policy.name} --poll-interval {poll_interval_s}"
+            _say(f"2. Start the agent: {run}")
+            seen: list[dict[str, object]] = []
+            relay = _start_agent(node, poll_interval_s, seen, "--policy", str(policy))
+            _say("3. Each allocates 11GiB on its own GPU:")
+            t = node.spawn(trainer, "pytorch", 11 * GiB, gpu=1)
+            n = node.spawn(notebook, "main", 11 * GiB, gpu=0)
+            killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
+            time.sleep(2 * poll_interval_s)  # a few more scans: nothing else to act on
+            _say("\n4. vramguard top --once:")
+            _say(_indent(node.run_vramguard("top", "--once", "--policy", str(policy)).stdout))
+            node.stop_agents()
+            relay.join(timeout=5)
+            checks = [
+                (killed, "trainer: 11GiB on GPU 1 is over its 10Gi share there: killed"),
+                (n.alive(), "notebook: 11GiB on GPU 0 is within its 12Gi share: untouched"),
+            ]
+            _say("5. Checks:")
+            for ok, text in checks:
+                _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
+            return 0 if all(ok for ok, _ in checks) else 1
+    finally:
+        if keep:
+            _say(f"\nFiles kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_agent(
+    node: SimulatedNode, poll_interval_s: float, seen: list[dict[str, object]], *args: str
+) -> threading.Thread:
     """`vramguard run --mode kill` on the node, its log relayed (and kept in `seen`); returns once it is ready."""
     agent = node.start_agent(
-        "--mode", "kill", "--poll-interval", str(poll_interval_s), stderr=subprocess.PIPE, text=True
+        "--mode", "kill", "--poll-interval", str(poll_interval_s), *args, stderr=subprocess.PIPE, text=True
     )
     assert agent.stderr is not None
     relay = threading.Thread(target=_relay, args=(agent.stderr, seen), daemon=True)
@@ -213,11 +264,11 @@ def _exists(pid: int) -> bool:
 def _cli(
     poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, help="The agent's seconds between scans."),
     keep: bool = typer.Option(False, "--keep", help="Leave the simulated node's files in place."),
-    scene: str = typer.Option("all", "--scene", help="kill, driver-limits or all."),
+    scene: str = typer.Option("all", "--scene", help="kill, driver-limits, dra or all."),
 ) -> None:
     """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
-    if scene not in ("all", "kill", "driver-limits"):
-        raise typer.BadParameter(f"{scene!r} is not one of kill, driver-limits, all", param_hint="--scene")
+    if scene not in ("all", "kill", "driver-limits", "dra"):
+        raise typer.BadParameter(f"{scene!r} is not one of kill, driver-limits, dra, all", param_hint="--scene")
     raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep, scene=scene))
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,31 @@ class SimulatedNode:
         self.pods.append(pod)
         self.sync()
         return pod
+
+    def publish_shares(self, shares: Mapping[str, tuple[str, int, str]], driver: str = "gpu.nvidia.com") -> None:
+        """DRA objects for the pods file: this node's ResourceSlice (one device per GPU, named by the UUID NVML
+        reports, as NVIDIA's DRA driver publishes it) and an allocated claim for each entry of `shares`
+        (claim name → (namespace, GPU index, consumed memory such as "10Gi")), as the scheduler leaves it."""
+        devices = [
+            {"name": f"gpu-{g.index}", "attributes": {"uuid": {"string": g.uuid}},
+             "capacity": {"memory": {"value": str(g.total_bytes)}}}
+            for g in self.nvml.gpu_list
+        ]  # fmt: skip
+        spec = {"driver": driver, "nodeName": self.node_name, "pool": {"name": self.node_name}, "devices": devices}
+        objects: list[dict[str, Any]] = [
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "gpus"}, "spec": spec}
+        ]
+        for name, (namespace, gpu, memory) in shares.items():
+            share_id = str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+            result = {"request": "gpu", "driver": driver, "pool": self.node_name, "device": f"gpu-{gpu}",
+                      "consumedCapacity": {"memory": memory}, "shareID": share_id}  # fmt: skip
+            objects.append({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+                "status": {"allocation": {"devices": {"results": [result]}}},
+            })  # fmt: skip
+        self.objects = objects
+        self.sync()
 
     def spawn(self, pod: SimPod, container: str, used_bytes: int, *, gpu: int = 0, children: int = 0) -> SimProcess:
         """A real process in the container's cgroup, holding the simulated device and using `used_bytes`."""
