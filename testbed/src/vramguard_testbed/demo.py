@@ -124,10 +124,7 @@ def _kill_scene(poll_interval_s: float, keep: bool) -> int:
                     'vramguard_actions_total{action="kill",result="ok"} 1',
                 ),
             ]
-            _say("5. Checks:")
-            for ok, text in checks:
-                _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
-            return 0 if all(ok for ok, _ in checks) else 1
+            return _checked("5. Checks:", checks)
     finally:
         if keep:
             _say(f"\nFiles kept in {workdir}")
@@ -138,10 +135,7 @@ def _kill_scene(poll_interval_s: float, keep: bool) -> int:
 def _driver_limits_scene(poll_interval_s: float, keep: bool) -> int:
     _say("vramguard-demo, driver limits: a quota held by the driver itself (NVIDIA R615+), then by the agent alone")
     checks = _one_driver(True, poll_interval_s, keep) + _one_driver(False, poll_interval_s, keep)
-    _say("\nChecks:")
-    for ok, text in checks:
-        _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
-    return 0 if all(ok for ok, _ in checks) else 1
+    return _checked("\nChecks:", checks)
 
 
 def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bool, str]]:
@@ -224,10 +218,7 @@ def _dra_scene(poll_interval_s: float, keep: bool) -> int:
                 (killed, "trainer: 11GiB on GPU 1 is over its 10Gi share there: killed"),
                 (n.alive(), "notebook: 11GiB on GPU 0 is within its 12Gi share: untouched"),
             ]
-            _say("5. Checks:")
-            for ok, text in checks:
-                _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
-            return 0 if all(ok for ok, _ in checks) else 1
+            return _checked("5. Checks:", checks)
     finally:
         if keep:
             _say(f"\nFiles kept in {workdir}")
@@ -247,6 +238,14 @@ def _start_agent(
     relay.start()
     node.wait_ready()
     return relay
+
+
+def _checked(heading: str, checks: list[tuple[bool, str]]) -> int:
+    """Print the scene's checks; its exit status (0 when every one holds)."""
+    _say(heading)
+    for ok, text in checks:
+        _say(f"   [{'ok' if ok else 'FAILED'}] {text}")
+    return 0 if all(ok for ok, _ in checks) else 1
 
 
 def _indent(text: str) -> str:
