@@ -16,6 +16,7 @@ share of GPU 1 and the notebook a 12Gi share of GPU 0; both use 11Gi, and only t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -77,59 +79,52 @@ def run_demo(poll_interval_s: float = 0.5, keep: bool = False, scene: str = "all
 
 
 def _kill_scene(poll_interval_s: float, keep: bool) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
     _say("vramguard-demo: a simulated GPU node (test NVML library, real processes in real cgroups)\n")
-    try:
-        with SimulatedNode(workdir, gpu_total_bytes=24 * GiB) as node:
-            trainer = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
-            notebook = node.add_pod("notebook", "ml", annotations={"vramguard.io/vram-limit": "4Gi"})
-            t = node.spawn(trainer, "pytorch", 6 * GiB, children=1)  # a DataLoader-style child shares the GPU
-            n = node.spawn(notebook, "main", 3 * GiB)
-            h = node.spawn_host(2 * GiB)
-            _say(f"1. Three GPU processes on GPU 0 (24GiB). Pods from {node.pods_path}:")
-            _say("   ml/trainer   container pytorch, resources.limits vramguard.io/vram: 8Gi")
-            _say("   ml/notebook  annotation vramguard.io/vram-limit: 4Gi")
-            _say("   and a process outside any pod (a node daemon)\n")
-            _say("   vramguard top --once:")
-            _say(_indent(node.run_vramguard("top", "--once").stdout))
+    with _workdir(keep, "\nFiles kept in ") as workdir, SimulatedNode(workdir, gpu_total_bytes=24 * GiB) as node:
+        trainer = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
+        notebook = node.add_pod("notebook", "ml", annotations={"vramguard.io/vram-limit": "4Gi"})
+        t = node.spawn(trainer, "pytorch", 6 * GiB, children=1)  # a DataLoader-style child shares the GPU
+        n = node.spawn(notebook, "main", 3 * GiB)
+        h = node.spawn_host(2 * GiB)
+        _say(f"1. Three GPU processes on GPU 0 (24GiB). Pods from {node.pods_path}:")
+        _say("   ml/trainer   container pytorch, resources.limits vramguard.io/vram: 8Gi")
+        _say("   ml/notebook  annotation vramguard.io/vram-limit: 4Gi")
+        _say("   and a process outside any pod (a node daemon)\n")
+        _say("   vramguard top --once:")
+        _say(_indent(node.run_vramguard("top", "--once").stdout))
 
-            _say(f"2. Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
-            seen: list[dict[str, object]] = []
-            relay = _start_agent(node, poll_interval_s, seen)
-            _say(f"   ready: {node.http_get('/readyz')[1].strip()}; metrics on :{node.metrics_port}\n")
+        _say(f"2. Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
+        seen: list[dict[str, object]] = []
+        relay = _start_agent(node, poll_interval_s, seen)
+        _say(f"   ready: {node.http_get('/readyz')[1].strip()}; metrics on :{node.metrics_port}\n")
 
-            _say("3. The trainer allocates 11GiB: 3GiB over its quota.")
-            crossed = time.monotonic()
-            node.set_usage(t, 11 * GiB)
-            killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
-            reaction_ms = (time.monotonic() - crossed) * 1000
-            time.sleep(poll_interval_s)  # let one more scan see the freed memory
-            _say("")
-            _say("4. After:")
-            _say(_indent(node.run_vramguard("top", "--once").stdout))
-            metrics = node.http_get("/metrics")[1]
-            node.stop_agents()
-            relay.join(timeout=5)
+        _say("3. The trainer allocates 11GiB: 3GiB over its quota.")
+        crossed = time.monotonic()
+        node.set_usage(t, 11 * GiB)
+        killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
+        reaction_ms = (time.monotonic() - crossed) * 1000
+        time.sleep(poll_interval_s)  # let one more scan see the freed memory
+        _say("")
+        _say("4. After:")
+        _say(_indent(node.run_vramguard("top", "--once").stdout))
+        metrics = node.http_get("/metrics")[1]
+        node.stop_agents()
+        relay.join(timeout=5)
 
-            checks = [
-                (killed, f"trainer (PID {t.pid}) killed {reaction_ms:.0f} ms after crossing its quota"),
-                (
-                    all(not _exists(c) for c in t.children),
-                    f"its forked child (PID {', '.join(map(str, t.children))}) holding the GPU killed too",
-                ),
-                (n.alive(), f"notebook (PID {n.pid}) within its quota, untouched"),
-                (h.alive(), f"host process (PID {h.pid}) outside any pod, untouched"),
-                (
-                    metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) == 1.0,
-                    'vramguard_actions_total{action="kill",result="ok"} 1',
-                ),
-            ]
-            return _checked("5. Checks:", checks)
-    finally:
-        if keep:
-            _say(f"\nFiles kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        checks = [
+            (killed, f"trainer (PID {t.pid}) killed {reaction_ms:.0f} ms after crossing its quota"),
+            (
+                all(not _exists(c) for c in t.children),
+                f"its forked child (PID {', '.join(map(str, t.children))}) holding the GPU killed too",
+            ),
+            (n.alive(), f"notebook (PID {n.pid}) within its quota, untouched"),
+            (h.alive(), f"host process (PID {h.pid}) outside any pod, untouched"),
+            (
+                metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) == 1.0,
+                'vramguard_actions_total{action="kill",result="ok"} 1',
+            ),
+        ]
+        return _checked("5. Checks:", checks)
 
 
 def _driver_limits_scene(poll_interval_s: float, keep: bool) -> int:
@@ -139,91 +134,83 @@ def _driver_limits_scene(poll_interval_s: float, keep: bool) -> int:
 
 
 def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bool, str]]:
-    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
     driver = "an R615 driver (per-cgroup memory limits)" if r615 else "a driver before R615 (no such limits)"
     _say(f"\n{'A' if r615 else 'B'}. A simulated 24GiB GPU on {driver}; two pods with an 8Gi quota each.")
-    try:
-        with SimulatedNode(workdir, gpu_total_bytes=24 * GiB, driver_limits=r615) as node:
-            trainer_pod = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
-            notebook_pod = node.add_pod("notebook", "ml", containers={"main": {"vramguard.io/vram": "8Gi"}})
-            trainer = node.spawn_allocator(trainer_pod, "pytorch")
-            notebook = node.spawn_allocator(notebook_pod, "main")
-            seen: list[dict[str, object]] = []
-            _say(f"   Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
-            relay = _start_agent(node, poll_interval_s, seen)
-            if r615:  # the agent has programmed both containers' limits (and said so)
-                wait_for(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10)
-            else:
-                time.sleep(2 * poll_interval_s)
-            first = trainer.allocate(0, 6 * GiB)
-            _say(f"   trainer allocates 6GiB: {'granted' if first else 'out of memory'}")
-            second = trainer.allocate(0, 4 * GiB)
-            _say(f"   trainer allocates 4GiB more, 10GiB in all: {'granted' if second else 'OUT OF MEMORY'}")
-            neighbour = notebook.allocate(0, 8 * GiB)
-            _say(f"   notebook allocates its whole 8GiB: {'granted' if neighbour else 'out of memory'}")
-            if r615:
-                time.sleep(3 * poll_interval_s)  # a few scans: nothing to act on
-                checks = [
-                    (first and not second, "R615: the trainer's allocation beyond its quota failed in the trainer"),
-                    (neighbour and notebook.process.poll() is None, "R615: the notebook got all of its memory"),
-                    (trainer.process.poll() is None, "R615: nobody was killed: the driver held the quota"),
-                ]
-            else:
-                killed = wait_for(lambda: trainer.process.poll() is not None, 10 * poll_interval_s + 5)
-                time.sleep(poll_interval_s)  # one more scan sees the freed memory
-                checks = [
-                    (first and second and killed, "older driver: the allocation went through; the agent killed it"),
-                    (notebook.process.poll() is None, "older driver: the notebook untouched"),
-                ]
-            _say("   vramguard top --once:")
-            _say(_indent(node.run_vramguard("top", "--once").stdout))
-            node.stop_agents()
-            relay.join(timeout=5)
-            return checks
-    finally:
-        if keep:
-            _say(f"   files kept in {workdir}")
+    with (
+        _workdir(keep, "   files kept in ") as workdir,
+        SimulatedNode(workdir, gpu_total_bytes=24 * GiB, driver_limits=r615) as node,
+    ):
+        trainer_pod = node.add_pod("trainer", "ml", containers={"pytorch": {"vramguard.io/vram": "8Gi"}})
+        notebook_pod = node.add_pod("notebook", "ml", containers={"main": {"vramguard.io/vram": "8Gi"}})
+        trainer = node.spawn_allocator(trainer_pod, "pytorch")
+        notebook = node.spawn_allocator(notebook_pod, "main")
+        seen: list[dict[str, object]] = []
+        _say(f"   Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
+        relay = _start_agent(node, poll_interval_s, seen)
+        if r615:  # the agent has programmed both containers' limits (and said so)
+            wait_for(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10)
         else:
-            shutil.rmtree(workdir, ignore_errors=True)
+            time.sleep(2 * poll_interval_s)
+        first = trainer.allocate(0, 6 * GiB)
+        _say(f"   trainer allocates 6GiB: {'granted' if first else 'out of memory'}")
+        second = trainer.allocate(0, 4 * GiB)
+        _say(f"   trainer allocates 4GiB more, 10GiB in all: {'granted' if second else 'OUT OF MEMORY'}")
+        neighbour = notebook.allocate(0, 8 * GiB)
+        _say(f"   notebook allocates its whole 8GiB: {'granted' if neighbour else 'out of memory'}")
+        if r615:
+            time.sleep(3 * poll_interval_s)  # a few scans: nothing to act on
+            checks = [
+                (first and not second, "R615: the trainer's allocation beyond its quota failed in the trainer"),
+                (neighbour and notebook.process.poll() is None, "R615: the notebook got all of its memory"),
+                (trainer.process.poll() is None, "R615: nobody was killed: the driver held the quota"),
+            ]
+        else:
+            killed = wait_for(lambda: trainer.process.poll() is not None, 10 * poll_interval_s + 5)
+            time.sleep(poll_interval_s)  # one more scan sees the freed memory
+            checks = [
+                (first and second and killed, "older driver: the allocation went through; the agent killed it"),
+                (notebook.process.poll() is None, "older driver: the notebook untouched"),
+            ]
+        _say("   vramguard top --once:")
+        _say(_indent(node.run_vramguard("top", "--once").stdout))
+        node.stop_agents()
+        relay.join(timeout=5)
+        return checks
 
 
 def _dra_scene(poll_interval_s: float, keep: bool) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
     _say("vramguard-demo, DRA: per-GPU quotas from the memory shares the scheduler put in ResourceClaims\n")
-    try:
-        with SimulatedNode(workdir, gpus=2, gpu_total_bytes=24 * GiB) as node:
-            node.publish_shares({"trainer-gpu": ("ml", 1, "10Gi"), "notebook-gpu": ("ml", 0, "12Gi")})
-            trainer = node.add_pod("trainer", "ml", containers={"pytorch": {}}, claims={"pytorch": "trainer-gpu"})
-            notebook = node.add_pod("notebook", "ml", claims={"main": "notebook-gpu"})
-            _say("1. Two 24GiB GPUs, published in a ResourceSlice by their UUIDs; two allocated claims:")
-            _say("   ml/trainer-gpu   10Gi share of GPU 1  (used by ml/trainer, container pytorch)")
-            _say("   ml/notebook-gpu  12Gi share of GPU 0  (used by ml/notebook, container main)")
-            policy = workdir / "policy.yaml"
-            policy.write_text('quota_sources: ["claim:gpu.nvidia.com"]\n')
-            _say("   policy: quota_sources: [claim:gpu.nvidia.com]\n")
-            run = f"vramguard run --mode kill --policy {policy.name} --poll-interval {poll_interval_s}"
-            _say(f"2. Start the agent: {run}")
-            seen: list[dict[str, object]] = []
-            relay = _start_agent(node, poll_interval_s, seen, "--policy", str(policy))
-            _say("3. Each allocates 11GiB on its own GPU:")
-            t = node.spawn(trainer, "pytorch", 11 * GiB, gpu=1)
-            n = node.spawn(notebook, "main", 11 * GiB, gpu=0)
-            killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
-            time.sleep(2 * poll_interval_s)  # a few more scans: nothing else to act on
-            _say("\n4. vramguard top --once:")
-            _say(_indent(node.run_vramguard("top", "--once", "--policy", str(policy)).stdout))
-            node.stop_agents()
-            relay.join(timeout=5)
-            checks = [
-                (killed, "trainer: 11GiB on GPU 1 is over its 10Gi share there: killed"),
-                (n.alive(), "notebook: 11GiB on GPU 0 is within its 12Gi share: untouched"),
-            ]
-            return _checked("5. Checks:", checks)
-    finally:
-        if keep:
-            _say(f"\nFiles kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with (
+        _workdir(keep, "\nFiles kept in ") as workdir,
+        SimulatedNode(workdir, gpus=2, gpu_total_bytes=24 * GiB) as node,
+    ):
+        node.publish_shares({"trainer-gpu": ("ml", 1, "10Gi"), "notebook-gpu": ("ml", 0, "12Gi")})
+        trainer = node.add_pod("trainer", "ml", containers={"pytorch": {}}, claims={"pytorch": "trainer-gpu"})
+        notebook = node.add_pod("notebook", "ml", claims={"main": "notebook-gpu"})
+        _say("1. Two 24GiB GPUs, published in a ResourceSlice by their UUIDs; two allocated claims:")
+        _say("   ml/trainer-gpu   10Gi share of GPU 1  (used by ml/trainer, container pytorch)")
+        _say("   ml/notebook-gpu  12Gi share of GPU 0  (used by ml/notebook, container main)")
+        policy = workdir / "policy.yaml"
+        policy.write_text('quota_sources: ["claim:gpu.nvidia.com"]\n')
+        _say("   policy: quota_sources: [claim:gpu.nvidia.com]\n")
+        run = f"vramguard run --mode kill --policy {policy.name} --poll-interval {poll_interval_s}"
+        _say(f"2. Start the agent: {run}")
+        seen: list[dict[str, object]] = []
+        relay = _start_agent(node, poll_interval_s, seen, "--policy", str(policy))
+        _say("3. Each allocates 11GiB on its own GPU:")
+        t = node.spawn(trainer, "pytorch", 11 * GiB, gpu=1)
+        n = node.spawn(notebook, "main", 11 * GiB, gpu=0)
+        killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
+        time.sleep(2 * poll_interval_s)  # a few more scans: nothing else to act on
+        _say("\n4. vramguard top --once:")
+        _say(_indent(node.run_vramguard("top", "--once", "--policy", str(policy)).stdout))
+        node.stop_agents()
+        relay.join(timeout=5)
+        checks = [
+            (killed, "trainer: 11GiB on GPU 1 is over its 10Gi share there: killed"),
+            (n.alive(), "notebook: 11GiB on GPU 0 is within its 12Gi share: untouched"),
+        ]
+        return _checked("5. Checks:", checks)
 
 
 def _start_agent(
@@ -238,6 +225,20 @@ def _start_agent(
     relay.start()
     node.wait_ready()
     return relay
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool, kept: str) -> Iterator[Path]:
+    """A scratch directory for one simulated node, removed afterwards unless `keep` (then its path is printed
+    after `kept`)."""
+    workdir = Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
+    try:
+        yield workdir
+    finally:
+        if keep:
+            _say(f"{kept}{workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _checked(heading: str, checks: list[tuple[bool, str]]) -> int:
