@@ -5,6 +5,9 @@ Everything that talks to the API server is tested against a real one in tests/in
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,9 +24,11 @@ from vramguard.kube import (
     advertisable_bytes,
     watch_events,
 )
-from vramguard.model import GiB, GpuDevice, GpuSample
-from vramguard.testing.fakes import pod
+from vramguard.kube_dra import KubeClaimSource
+from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample
+from vramguard.testing.fakes import FakePodSource, pod
 from vramguard.worker import Inline
+from vramguard_testbed.simnode import wait_for
 
 POD = {
     "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "resourceVersion": "10"},
@@ -368,3 +373,70 @@ def test_event_messages_and_names_are_bounded() -> None:
         recorder.stop()
     (body,) = core.bodies
     assert len(str(body.message)) == 1024 and len(str(body.metadata.name)) <= 253
+
+
+class QuietWatch:
+    """A watch on which nothing happens for a while, then the server ends it."""
+
+    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        time.sleep(0.2)
+        yield from ()
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ListResponse:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class FakeDraApi:
+    """resource.k8s.io/v1 as an API server serves it (`served`) or does not (every request: 404), with no claims:
+    counts the requests."""
+
+    def __init__(self, served: bool) -> None:
+        self.served = served
+        self.lists = self.gets = 0
+
+    def list_cluster_custom_object(self, *args: Any, watch: bool = False, **kwargs: Any) -> Any:
+        if not self.served:
+            raise ApiException(status=404, reason="Not Found")
+        if watch:
+            return QuietWatch()
+        self.lists += 1
+        return ListResponse(b'{"metadata": {"resourceVersion": "1"}, "items": []}')
+
+    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        self.gets += 1
+        raise ApiException(status=404, reason="Not Found")
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["v1-served", "no-resource.k8s.io/v1"])
+def test_claims_are_read_only_where_the_api_server_serves_them(served: bool) -> None:
+    """A pod naming a claim: with resource.k8s.io/v1 the claim is read (after the slices) and reported missing;
+    without it, no claim is read at all (each GET would 404, and the claim be reported missing for nothing)."""
+    named = replace(pod("p", "ml"), claims={"gpu": "p-gpu"})
+    named = replace(named, containers=(replace(named.containers[0], claims=(ClaimUse("gpu"),)),))
+    api = FakeDraApi(served)
+    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([named]))
+    source.objects = api  # type: ignore[assignment]
+    source.start()
+    try:
+        assert source.wait_synced(5)
+        if served:
+            assert wait_for(lambda: named.uid in source.shares(), 5)
+            ((missing,),) = source.shares()[named.uid].values()
+            assert missing.error is not None and missing.error.message == "does not exist"
+            assert api.gets == 1 and source.problem() is None
+        else:
+            time.sleep(1.5)  # three cycles of the claim reader
+            assert api.gets == 0 and source.shares() == {}
+            assert (
+                source.problem() == "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later has it)"
+            )
+    finally:
+        source.stop()

@@ -94,6 +94,7 @@ class KubeClaimSource(WatchingThreads):
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
         self._slice_error: str | None = None
+        self._unserved = False  # the API server answered 404 for the slices: it has no resource.k8s.io/v1
         self._read_error: str | None = None  # the last claim GET's error, while they fail
         self._stream = WatchStream(self._stop, watch_timeout_s)
         self.claim_gets = 0  # requests made, for tests and logs
@@ -113,10 +114,12 @@ class KubeClaimSource(WatchingThreads):
         return self._slice_error
 
     def synced(self) -> bool:
-        """The slices were listed (or the API server said it has none to list) and every claim the pods name was
-        read at least once."""
+        """The slices were listed and every claim the pods name was read at least once (or the API server does not
+        serve resource.k8s.io/v1: there is nothing to read)."""
+        if self._unserved:
+            return True  # nothing to read: no claim source on this API server, as problem() says
         pods_named = {key for pod in self.pods.pods().values() for key in claim_keys(pod)}
-        slices_known = self.slice_lists > 0 or self._slice_error is not None
+        slices_known = self.slice_lists > 0
         seen = self._seen  # and the shares published are those of what was read
         published = seen is not None and seen[1] is self._devices and seen[2] == self._version
         # Membership tests only: the claim thread may be adding to the dict meanwhile.
@@ -139,7 +142,8 @@ class KubeClaimSource(WatchingThreads):
                 if self._stop.is_set():
                     break
                 resource_version = None
-                if isinstance(e, ApiException) and e.status == 404:
+                self._unserved = isinstance(e, ApiException) and e.status == 404
+                if self._unserved:
                     problem = f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
                     delay = UNSERVED_RETRY_S
                 else:
@@ -170,6 +174,7 @@ class KubeClaimSource(WatchingThreads):
         if self._slice_error is not None:
             self.log.info("claim_source_available", slices=len(self._slices))
         self._slice_error = None
+        self._unserved = False
         return str(body["metadata"]["resourceVersion"])
 
     def _watch(self, resource_version: str) -> str:
@@ -210,7 +215,11 @@ class KubeClaimSource(WatchingThreads):
             if pods is not seen_pods:
                 known = self._note_pods(pods, known, now)
                 seen_pods = pods
-            for key in sorted(k for k, at in self._due.items() if at <= now):
+            # Claims are read once the slices were listed: where the API server does not serve resource.k8s.io/v1
+            # every GET would answer 404, and a claim that merely cannot be read would be reported missing; and
+            # without this node's slices no share could be placed on a GPU anyway.
+            readable = self.slice_lists > 0 and not self._unserved
+            for key in sorted(k for k, at in self._due.items() if at <= now) if readable else ():
                 if self._stop.is_set() or not self._gets.take():
                     break  # paced: the rest next cycle
                 self._get(key)
@@ -235,7 +244,8 @@ class KubeClaimSource(WatchingThreads):
         for key in [k for k in self._due if k not in used]:
             del self._due[key]
             self._misses.pop(key, None)
-            if self._claims.pop(key, None) is not None:
+            if key in self._claims:
+                del self._claims[key]
                 self._version += 1
         return named
 
