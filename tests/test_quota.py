@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from vramguard.model import (
+    DEFAULT_QUOTA_SOURCES,
     ContainerInfo,
     DefaultKind,
     DefaultQuota,
@@ -29,6 +30,7 @@ from vramguard.quota import (
     SourceKind,
     invalid_message,
     parse_quota_source,
+    reads_claims,
     resolve_pod_quota,
 )
 
@@ -836,3 +838,9 @@ def test_quota_book_forgets_pods_that_left() -> None:
     assert len(book.resolve({p.uid: p}, {})[1]) == 1
     assert book.resolve({}, {}) == ({}, [])
     assert len(book.resolve({p.uid: p}, {})[1]) == 1
+
+
+def test_reads_claims_only_with_a_claim_source() -> None:
+    assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
+    assert not reads_claims(DEFAULT_QUOTA_SOURCES)
+    assert not reads_claims(("claim:Not_A_Name",))  # the policy loader reports it; no claim source either

@@ -111,8 +111,8 @@ def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple
             group = together.setdefault((usage.pod.uid, usage.device_uuid, quota.share), (quota, []))
             group[1].append(usage)
     for (_, _, share), (quota, usages) in together.items():
-        names = sorted({u.container for u in usages})
-        v = _judge(snapshot, usages, quota, None if share is None else ", ".join(names))
+        subject = None if share is None else ", ".join(sorted({u.container for u in usages}))
+        v = _judge(snapshot, usages, quota, subject)
         if v is not None:
             violations.append(v)
     return tuple(sorted(violations, key=lambda v: (v.pod.namespace, v.pod.name, v.container or "", v.device.uuid)))

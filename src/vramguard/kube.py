@@ -29,6 +29,7 @@ Contract with the API server (what the agent costs a cluster):
 
 from __future__ import annotations
 
+import abc
 import functools
 import json
 import random
@@ -113,7 +114,7 @@ def _transient(e: BaseException) -> bool:
 _Source = TypeVar("_Source", bound="WatchingThreads")
 
 
-class WatchingThreads:
+class WatchingThreads(abc.ABC):
     """Daemon threads that keep a cache from the API server: started together, stopped together within a timeout
     (a watch in flight is cut at once, a stuck request abandoned), and `synced()` once the cache is complete."""
 
@@ -121,8 +122,9 @@ class WatchingThreads:
     _stop: threading.Event
     _stream: WatchStream
 
+    @abc.abstractmethod
     def synced(self) -> bool:
-        raise NotImplementedError
+        """Whether the cache is complete."""
 
     def start(self: _Source) -> _Source:
         for t in self._threads:

@@ -112,9 +112,9 @@ def wanted_limits(
                 continue
             shares = pod_quota.shares.get(container.name)
             if shares is not None:  # DRA shares: each on its own GPU, none elsewhere
-                on = [gpu for gpu in gpus if gpu.uuid in shares]
-                for gpu in on:
-                    targets += _per_gpu(pod, container.name, container.container_id, shares[gpu.uuid], [gpu])
+                for gpu in gpus:
+                    if gpu.uuid in shares:
+                        targets += _per_gpu(pod, container.name, container.container_id, shares[gpu.uuid], [gpu])
                 continue
             quota = pod_quota.containers.get(container.name)
             if quota is not None:

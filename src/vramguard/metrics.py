@@ -61,12 +61,11 @@ class _ScanCollector(Collector):
             key = (u.pod.uid, who, device.uuid)
             if q is not None and key not in quota_seen:
                 quota_seen.add(key)
-                quota.add_metric(
-                    [u.pod.namespace, u.pod.name, who, device.label, device.uuid], q.limit_for(device.total_bytes)
-                )
+                values = [u.pod.namespace, u.pod.name, who, device.label, device.uuid]
+                limit = q.limit_for(device.total_bytes)
+                quota.add_metric(values, limit)
                 if q.claim is not None:
-                    claim_labels = [u.pod.namespace, u.pod.name, who, device.label, device.uuid, q.claim]
-                    share.add_metric(claim_labels, q.limit_for(device.total_bytes))
+                    share.add_metric([*values, q.claim], limit)
         yield used
         yield quota
         yield share

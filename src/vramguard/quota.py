@@ -129,6 +129,11 @@ def parse_quota_source(text: str) -> QuotaSource:
     return QuotaSource(kind, name, known[name])
 
 
+def reads_claims(quota_sources: Sequence[str]) -> bool:
+    """Whether any of the sources is a `claim:` source: the agent then needs a claim source (`vramguard.dra`)."""
+    return any(s.kind is SourceKind.CLAIM for s in _readable_sources(quota_sources))
+
+
 def resolve_pod_quota(
     pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], shares: PodShares | None = None
 ) -> PodQuota:

@@ -35,6 +35,7 @@ from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, load_policy
 from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
+from vramguard.quota import reads_claims
 
 
 class WiringError(Exception):
@@ -105,7 +106,7 @@ def connect(
 ) -> Cluster:
     """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
     where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims)."""
-    claim_sources = [s for s in (policy.quota_sources if policy is not None else ()) if s.startswith("claim:")]
+    claim_sources = policy is not None and reads_claims(policy.quota_sources)
     if pods_file is not None:
         from_file = FilePodSource(str(pods_file), node_name=node_name).start()
         # The file's ResourceClaims and ResourceSlices, read with its pods.
