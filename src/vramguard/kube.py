@@ -146,6 +146,33 @@ class WatchingThreads(abc.ABC):
             time.sleep(0.05)
         return self.synced()
 
+    def _list_and_watch(
+        self,
+        list_: Callable[[], str],
+        watch: Callable[[str], str],
+        failed: Callable[[Exception, Backoff], float],
+        expired: Callable[[], None] = lambda: None,
+    ) -> None:
+        """The reflector's loop, until stopped: LIST (`list_` returns its resourceVersion), then WATCH from there
+        (`watch` returns where to resume) again and again; a 410 relists (after `expired`); any other error relists
+        after the delay `failed` returns (it records the error, and takes the delay from the back-off or not)."""
+        backoff = Backoff(1.0, 60.0)
+        resource_version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    resource_version = list_()
+                    backoff.reset()
+                resource_version = watch(resource_version)
+            except WatchExpired:
+                expired()
+                resource_version = None
+            except Exception as e:  # the API server is down or refusing: keep the cache, back off, relist
+                if self._stop.is_set():
+                    break
+                resource_version = None
+                self._stop.wait(failed(e, backoff))
+
 
 class KubePodSource(WatchingThreads):
     """The pods bound to one node, kept current by a list+watch on a background thread, and the node's labels,
@@ -211,27 +238,20 @@ class KubePodSource(WatchingThreads):
     # -- the pod watch ---------------------------------------------------------------------------------------
 
     def _watch_pods(self) -> None:
-        backoff = Backoff(1.0, 60.0)
-        resource_version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = self._list()
-                    backoff.reset()
-                resource_version = self._watch(resource_version)
-            except WatchExpired:
-                self.log.info("pod_watch_expired", detail="410 Gone: relisting")
-                resource_version = None
-            except Exception as e:  # the API server is down or refusing: keep the cache, back off, relist
-                if self._stop.is_set():
-                    break
-                delay = backoff.next()
-                if self._connected or self._watch_error is None:
-                    self.log.warning("pod_watch_disconnected", error=_describe(e), retry_in_s=round(delay, 1))
-                self._connected = False
-                self._watch_error = _describe(e)
-                resource_version = None
-                self._stop.wait(delay)
+        self._list_and_watch(
+            self._list,
+            self._watch,
+            self._watch_failed,
+            expired=lambda: self.log.info("pod_watch_expired", detail="410 Gone: relisting"),
+        )
+
+    def _watch_failed(self, e: Exception, backoff: Backoff) -> float:
+        delay = backoff.next()
+        if self._connected or self._watch_error is None:
+            self.log.warning("pod_watch_disconnected", error=_describe(e), retry_in_s=round(delay, 1))
+        self._connected = False
+        self._watch_error = _describe(e)
+        return delay
 
     def _list(self) -> str:
         # Raw responses (`_preload_content=False`): the agent reads plain JSON into its own types, skipping the

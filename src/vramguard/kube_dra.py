@@ -43,7 +43,7 @@ from vramguard.dra import (
     pod_shares,
     slice_devices,
 )
-from vramguard.kube import _TIMEOUT_LIST, WatchExpired, WatchingThreads, WatchStream, _describe, watched_object
+from vramguard.kube import _TIMEOUT_LIST, WatchingThreads, WatchStream, _describe, watched_object
 from vramguard.model import PodInfo
 from vramguard.ports import PodSource
 
@@ -128,30 +128,19 @@ class KubeClaimSource(WatchingThreads):
     # -- ResourceSlices --------------------------------------------------------------------------------------
 
     def _watch_slices(self) -> None:
-        backoff = Backoff(1.0, 60.0)
-        resource_version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = self._list_slices()
-                    backoff.reset()
-                resource_version = self._watch(resource_version)
-            except WatchExpired:
-                resource_version = None
-            except Exception as e:
-                if self._stop.is_set():
-                    break
-                resource_version = None
-                self._unserved = isinstance(e, ApiException) and e.status == 404
-                if self._unserved:
-                    problem = f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
-                    delay = UNSERVED_RETRY_S
-                else:
-                    problem, delay = f"ResourceSlice watch: {_describe(e)}", backoff.next()
-                if problem != self._slice_error:
-                    self.log.warning("claim_source_unavailable", problem=problem, retry_in_s=round(delay, 1))
-                self._slice_error = problem
-                self._stop.wait(delay)
+        self._list_and_watch(self._list_slices, self._watch, self._slices_failed)
+
+    def _slices_failed(self, e: Exception, backoff: Backoff) -> float:
+        self._unserved = isinstance(e, ApiException) and e.status == 404
+        if self._unserved:
+            problem = f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
+            delay = UNSERVED_RETRY_S
+        else:
+            problem, delay = f"ResourceSlice watch: {_describe(e)}", backoff.next()
+        if problem != self._slice_error:
+            self.log.warning("claim_source_unavailable", problem=problem, retry_in_s=round(delay, 1))
+        self._slice_error = problem
+        return delay
 
     def _selector(self) -> str:
         return f"spec.nodeName={self.node_name}"
