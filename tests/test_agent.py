@@ -23,6 +23,7 @@ from vramguard.model import (
     GpuProcess,
     GpuSample,
     Mode,
+    OnRepeat,
     PodInfo,
     PodQuota,
     Policy,
@@ -138,6 +139,45 @@ def test_scan_kills_the_offender_and_reports_it() -> None:
         )
         == 5 * GiB
     )
+
+
+def test_respawned_gpu_workers_get_the_whole_container_killed() -> None:
+    """A supervisor's new GPU worker in the container just killed in: the next scan kills every process of the
+    container, says why in the VRAMKilled Event and the log, and counts the escalation."""
+    n = Node(Policy(mode=Mode.KILL))
+    p = n.trainer_over_quota()
+    n.agent.scan()
+    assert n.killer.whole == [False], "the first kill takes the GPU processes only"
+    n.clock.step(0.4)
+    n.ids.add(101, p.uid, p.containers[0].container_id)  # the supervisor's next worker
+    n.run_gpu((101, 5 * GiB))
+    with capture_logs() as logs:
+        report = n.agent.scan()
+    assert n.killer.whole == [False, True]
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.KILL, "ok")]
+    _, reason, message, *_ = n.events.events[-1]
+    assert reason == "VRAMKilled"
+    assert message.startswith(
+        "GPU processes came back within 0.4 s of the last kill: stopped the whole container; killed PIDs 101"
+    )
+    (action,) = [e for e in logs if e["event"] == "action"]
+    assert action["escalation"] == "GPU processes came back within 0.4 s of the last kill"
+    assert n.metric("vramguard_escalations_total", namespace="ml", step="kill-container") == 1.0
+
+
+def test_a_repeat_may_evict_instead() -> None:
+    """With on_repeat: evict, the repeat evicts the pod (through the Eviction API), and says why."""
+    n = Node(Policy(mode=Mode.KILL, on_repeat=OnRepeat.EVICT))
+    p = n.trainer_over_quota()
+    n.agent.scan()
+    n.clock.step(1.0)
+    n.ids.add(101, p.uid, p.containers[0].container_id)
+    n.run_gpu((101, 5 * GiB))
+    report = n.agent.scan()
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.EVICT, "ok")]
+    assert n.evictor.evicted == [p.key]
+    assert n.events.events[-1][2].startswith("GPU processes came back within 1.0 s of the last kill: evicted")
+    assert n.metric("vramguard_escalations_total", namespace="ml", step="evict") == 1.0
 
 
 @pytest.mark.parametrize(
@@ -270,7 +310,7 @@ def _action(kind: Mode) -> Action:
 
 
 class ExplodingKiller:
-    def kill(self, violation: object) -> KillResult:
+    def kill(self, violation: object, every_process: bool = False) -> KillResult:
         raise PermissionError("no CAP_KILL")
 
 

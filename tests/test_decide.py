@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import pytest
@@ -19,9 +19,23 @@ from vramguard.decide import (
     find_violations,
     ordered_by,
     rank,
+    record_kills,
     track_pressure,
 )
-from vramguard.model import GiB, Mode, NamespacePolicy, PodInfo, PodQuota, Policy, Quota, Reason, Violation
+from vramguard.model import (
+    ContainerInfo,
+    EvictionRefused,
+    GiB,
+    Mode,
+    NamespacePolicy,
+    OnRepeat,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Quota,
+    Reason,
+    Violation,
+)
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -532,3 +546,164 @@ def test_capped_fair_share_is_bounded_on_a_large_gpu() -> None:
     quotas = {p.uid: PodQuota(containers=MappingProxyType({"main": quota}))}
     (v,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 7 * GiB).build(), quotas)
     assert v.limit_bytes == 6 * GiB  # not 16Gi / 2 = 8Gi
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Repeats: a container instance killed in and over its quota again within the cooldown
+
+SUPERVISED = pod("ray-head", "ml")
+RESTARTED = replace(
+    SUPERVISED, containers=(ContainerInfo(name="main", container_id="f" * 64),)
+)  # the same pod after the kubelet restarted its container: a new runtime ID
+EVICTING_NS = pod("serve", "ml-evict")
+REPEAT_QUOTAS = {p.uid: q(1) for p in (SUPERVISED, EVICTING_NS)}
+
+
+@dataclass
+class Scan:
+    after_s: float
+    pod: PodInfo
+    used_gib: float
+    expect: list[str]  # "kind:pod" or "kind:pod+step" for an escalated action
+    held: str | None = None  # a substring of why the enforcement was held
+
+
+def _repeat_policy(**kw: object) -> Policy:
+    namespaces = {"ml-evict": NamespacePolicy(mode=Mode.EVICT), "ml-wait": NamespacePolicy(on_repeat=OnRepeat.WAIT)}
+    return _policy(cooldown_s=60.0, namespaces=MappingProxyType(namespaces), **kw)
+
+
+REPEAT_CASES = [
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 2, ["kill:ray-head+kill-container"]),
+        ],
+        id="kill-mode-repeat-kills-the-whole-container-at-once",
+    ),
+    pytest.param(
+        _repeat_policy(hard_grace_s=10),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head"]),
+            Scan(10, SUPERVISED, 2, ["kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 0, []),
+            Scan(0.5, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head+kill-container"]),
+        ],
+        id="repeat-skips-hard-grace-it-had-before-the-kill",
+    ),
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(5, SUPERVISED, 0.5, []),
+            Scan(20, SUPERVISED, 0.5, []),
+        ],
+        id="over-once-then-within-quota-is-not-escalated",
+    ),
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(2, RESTARTED, 2, [], held="cool-down"),
+            Scan(57, RESTARTED, 2, [], held="cool-down"),
+            Scan(1, RESTARTED, 2, ["kill:ray-head"]),
+        ],
+        id="restarted-container-new-id-is-spaced-by-the-cooldown",
+    ),
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(61, SUPERVISED, 2, ["kill:ray-head"]),
+        ],
+        id="over-again-after-the-cooldown-is-a-plain-kill",
+    ),
+    pytest.param(
+        _repeat_policy(on_repeat=OnRepeat.WAIT),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 2, [], held="cool-down"),
+            Scan(60, SUPERVISED, 2, ["kill:ray-head"]),
+        ],
+        id="on-repeat-wait-keeps-the-cooldown",
+    ),
+    pytest.param(
+        _repeat_policy(on_repeat=OnRepeat.EVICT),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 2, ["evict:ray-head+evict"]),
+        ],
+        id="on-repeat-evict-in-kill-mode-evicts",
+    ),
+    pytest.param(
+        _repeat_policy(on_eviction_refused=EvictionRefused.KILL),
+        [
+            Scan(0, EVICTING_NS, 2, ["warn:serve", "evict:serve"]),
+            Scan(0.5, EVICTING_NS, 2, ["evict:serve+evict"]),
+        ],
+        id="evict-mode-repeat-after-a-refused-eviction-and-kill-evicts",
+    ),
+]
+
+
+@pytest.mark.parametrize(("policy", "scans"), REPEAT_CASES)
+def test_repeats(policy: Policy, scans: list[Scan]) -> None:
+    """A repeat is acted on at once, one step further; a restarted container or a cured one is not a repeat."""
+    clock = FakeClock()
+    state = DecisionState()
+    for i, scan in enumerate(scans):
+        clock.step(scan.after_s)
+        snapshot = SnapshotBuilder().use(scan.pod, "main", GPU0, int(scan.used_gib * GiB)).build()
+        decision, state = decide(snapshot, REPEAT_QUOTAS, policy, state, clock.now())
+        got = [
+            f"{a.kind.value}:{a.pod.name}" + (f"+{a.escalation.step.value}" if a.escalation else "")
+            for a in decision.actions
+        ]
+        assert got == scan.expect, f"scan {i}"
+        if scan.held is not None:
+            assert any(scan.held in h.why for h in decision.held), f"scan {i}: {decision.held}"
+        # What the agent does with the outcomes: each kill (and an evict mode's refused-then-killed) is recorded.
+        killed = [a for a in decision.actions if a.kind is not Mode.WARN]
+        state = record_kills(state, (c for a in killed for c in a.violation.container_ids), clock.now())
+
+
+def test_repeat_message_says_how_soon_the_processes_came_back() -> None:
+    """The escalation says how long after the last kill the container was over its quota again."""
+    policy = _repeat_policy()
+    over = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 2 * GiB).build()
+    _, state = decide(over, REPEAT_QUOTAS, policy, DecisionState(), 100.0)
+    state = record_kills(state, [SUPERVISED.containers[0].container_id or ""], 100.0)
+    decision, _ = decide(over, REPEAT_QUOTAS, policy, state, 100.4)
+    (action,) = decision.actions
+    assert action.escalation is not None
+    assert action.escalation.came_back == "GPU processes came back within 0.4 s of the last kill"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "policy", "expected"),
+    [
+        pytest.param("ml", _repeat_policy(), OnRepeat.KILL_CONTAINER, id="kill-mode-default-kills-the-container"),
+        pytest.param("ml-evict", _repeat_policy(), OnRepeat.EVICT, id="evict-mode-default-evicts"),
+        pytest.param("ml-wait", _repeat_policy(), OnRepeat.WAIT, id="namespace-override"),
+        pytest.param("ml", _repeat_policy(on_repeat=OnRepeat.EVICT), OnRepeat.EVICT, id="policy-wide-choice"),
+        pytest.param(
+            "ml-evict", _repeat_policy(on_repeat=OnRepeat.KILL_CONTAINER), OnRepeat.KILL_CONTAINER,
+            id="policy-wide-choice-beats-the-mode-default",
+        ),
+    ],
+)  # fmt: skip
+def test_on_repeat_for(namespace: str, policy: Policy, expected: OnRepeat) -> None:
+    """Namespace override, else the policy's choice, else the mode's next step."""
+    assert policy.on_repeat_for(namespace) is expected
+
+
+def test_kills_are_forgotten_after_the_cooldown() -> None:
+    """The record of kills is bounded: a kill older than the cooldown is dropped from the state."""
+    policy = _repeat_policy()
+    state = record_kills(DecisionState(), ["a" * 64], 0.0)
+    idle = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 0).build()
+    _, state = decide(idle, REPEAT_QUOTAS, policy, state, 59.0)
+    assert dict(state.kills) == {"a" * 64: 0.0}
+    _, state = decide(idle, REPEAT_QUOTAS, policy, state, 60.0)
+    assert not state.kills

@@ -16,6 +16,7 @@ from vramguard.model import (
     GiB,
     Mode,
     NamespacePolicy,
+    OnRepeat,
     Policy,
 )
 from vramguard.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
@@ -41,9 +42,14 @@ def test_example_file_parses() -> None:
     assert policy.pressure_free_bytes is None
     assert policy.quota_sources == DEFAULT_QUOTA_SOURCES
     assert policy.namespaces["team-a"] == NamespacePolicy(
-        mode=Mode.KILL, max_quota_bytes=16 * GiB, default=DefaultQuota(DefaultKind.FIXED, 4 * GiB)
+        mode=Mode.KILL,
+        max_quota_bytes=16 * GiB,
+        default=DefaultQuota(DefaultKind.FIXED, 4 * GiB),
+        on_repeat=OnRepeat.EVICT,
     )
     assert policy.mode_for("team-a") is Mode.KILL
+    assert policy.on_repeat_for("team-a") is OnRepeat.EVICT
+    assert policy.on_repeat_for("ml") is OnRepeat.KILL_CONTAINER
     assert policy.cap_for("team-a") == 16 * GiB
     assert policy.eviction_timeout_s == 15.0
 
@@ -102,6 +108,13 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
         ),
         pytest.param({"driver_limits": "require"}, Policy(driver_limits=DriverLimits.REQUIRE), id="driver-limits"),
         pytest.param({"driver_limits": "off"}, Policy(driver_limits=DriverLimits.OFF), id="driver-limits-off"),
+        pytest.param({"on_repeat": "wait"}, Policy(on_repeat=OnRepeat.WAIT), id="on-repeat"),
+        pytest.param({"on_repeat": "kill-container"}, Policy(on_repeat=OnRepeat.KILL_CONTAINER), id="on-repeat-kill"),
+        pytest.param(
+            {"namespaces": {"serving": {"on_repeat": "evict"}}},
+            Policy(namespaces={"serving": NamespacePolicy(on_repeat=OnRepeat.EVICT)}),
+            id="on-repeat-per-namespace",
+        ),
         pytest.param(
             {"exempt_namespaces": ["monitoring"]},
             Policy(exempt_namespaces=frozenset({"monitoring"})),
@@ -203,6 +216,16 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
             {"on_eviction_refused": "retry"},
             'on_eviction_refused: "retry" must be one of wait, kill',
             id="eviction-refused-unknown",
+        ),
+        pytest.param(
+            {"on_repeat": "kill"},
+            'on_repeat: "kill" must be one of kill-container, evict, wait',
+            id="on-repeat-unknown",
+        ),
+        pytest.param(
+            {"namespaces": {"serving": {"on_repeat": None}}},
+            "namespaces.serving.on_repeat: null must be one of kill-container, evict, wait",
+            id="on-repeat-per-namespace-null",
         ),
         pytest.param(
             {"driver_limits": "sometimes"},

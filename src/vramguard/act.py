@@ -179,7 +179,8 @@ class Enforcer:
 
     def _finish_eviction(self, action: Action, result: EvictResult) -> Outcome:
         if result.evicted:
-            self._event(action, EVENT_EVICTED, f"evicted: {action.message}")
+            came_back = f"{action.escalation.came_back}: " if action.escalation is not None else ""
+            self._event(action, EVENT_EVICTED, f"{came_back}evicted: {action.message}")
             return Outcome(action, "ok", result.message)
         if result.gone:
             return Outcome(action, "gone", result.message)
@@ -204,7 +205,9 @@ class Enforcer:
     # -- killing ---------------------------------------------------------------------------------------------
 
     def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
-        kill = self.killer.kill(action.violation)
+        # A repeat takes every process of the container, so that its supervisor cannot respawn GPU workers again.
+        whole = action.escalation is not None
+        kill = self.killer.kill(action.violation, every_process=whole)
         if not kill.killed:
             why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
             if len(kill.skipped) > 10:
@@ -214,6 +217,9 @@ class Enforcer:
         if len(kill.killed) > 20:
             pids += f" and {len(kill.killed) - 20} more"
         prefix = f"{after}; " if after else ""
+        if whole:
+            assert action.escalation is not None
+            prefix += f"{action.escalation.came_back}: stopped the whole container; "
         self._event(action, EVENT_KILLED, f"{prefix}killed PIDs {pids}: {action.message}")
         if kill.remaining:
             left = sorted(ref.pid for ref in kill.remaining)

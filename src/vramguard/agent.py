@@ -17,7 +17,7 @@ import structlog
 
 from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
-from vramguard.decide import Decision, DecisionState, decide
+from vramguard.decide import Decision, DecisionState, decide, record_kills
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import (
     LimitKey,
@@ -137,6 +137,11 @@ class Agent:
         outcomes += tuple(self.enforcer.collect())
         if any(o.kill is not None and o.kill.killed for o in outcomes):
             outcomes = self._confirm_freed(outcomes)
+            # A container killed in is watched for a repeat (a supervisor respawning its GPU workers).
+            killed_in = (
+                c for o in outcomes if o.kill is not None and o.kill.killed for c in o.action.violation.container_ids
+            )
+            self.state = record_kills(self.state, killed_in, now)
         # 7. Report.
         duration_s = time.perf_counter() - started
         self._report(snapshot, quotas, decision, outcomes, duration_s)
@@ -291,6 +296,7 @@ class Agent:
                 pids=[p.pid for p in (o.kill.killed if o.kill else v.processes)],
                 detail=o.detail or None,
                 message=o.action.message,
+                escalation=o.action.escalation.came_back if o.action.escalation is not None else None,
             )
         for h in decision.held:
             self.log.debug("held", pod=h.violation.pod.key, reason=h.reason.value, why=h.why)

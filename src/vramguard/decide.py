@@ -13,6 +13,10 @@ Vocabulary:
 - A GPU is *under pressure* from the scan its free memory drops below the policy's threshold until it has stayed
   above it for `pressure_transition_s` (the kubelet's pressure transition period), so a GPU hovering around the
   threshold does not flap.
+- A *repeat* is a due violation of a container instance (its runtime ID) that the agent killed less than
+  `cooldown_s` ago: a supervisor respawned its GPU workers. The cooldown spaces actions on a *restarted*
+  container (a new ID, as after the kubelet restarts it); it never shields the instance that was just killed,
+  which is acted on at once, one step further (`Policy.on_repeat_for`).
 - *Who goes first* is a composition of comparators, as in the kubelet's eviction ranking
   (`orderedBy(exceedMemoryRequests, priority, memory)`): `VICTIM_ORDER` is `ordered_by(by_overage, by_priority,
   by_usage, by_uid)`.
@@ -29,8 +33,10 @@ from typing import TypeVar
 from vramguard.model import (
     Action,
     ContainerUsage,
+    Escalation,
     GpuDevice,
     Mode,
+    OnRepeat,
     PodQuota,
     Policy,
     Quota,
@@ -58,6 +64,16 @@ class DecisionState:
     last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # by pod UID
     # The GPUs under pressure (device UUID), each with the last time its free memory was below the threshold.
     pressure: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Container instances (runtime IDs) the agent killed in, each with when: a violation there is a repeat.
+    kills: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def record_kills(state: DecisionState, container_ids: Iterable[str], now: float) -> DecisionState:
+    """`state` knowing that processes of these containers were just killed (the enforcer's outcomes say so)."""
+    ids = tuple(container_ids)
+    if not ids:
+        return state
+    return replace(state, kills=MappingProxyType({**state.kills, **dict.fromkeys(ids, now)}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +182,20 @@ def track_episodes(
 # Step 3: what is due, ranked
 
 
-def due_reason(v: Violation, episode: Episode, policy: Policy, now: float) -> Reason | None:
-    """HARD_LIMIT once above the hard limit for hard_grace; SOFT_LIMIT once above the soft one for soft_grace."""
-    if episode.hard_since is not None and now - episode.hard_since >= policy.hard_grace_s:
+def repeat_of(v: Violation, policy: Policy, kills: Mapping[str, float], now: float) -> Escalation | None:
+    """The escalation a violation gets when it is a repeat (one of its container instances killed within the
+    cooldown) and the policy escalates repeats in its namespace; None otherwise."""
+    killed_at = [kills[c] for c in v.container_ids if c in kills and now - kills[c] < policy.cooldown_s]
+    step = policy.on_repeat_for(v.pod.namespace)
+    if not killed_at or step is OnRepeat.WAIT:
+        return None
+    return Escalation(step=step, since_kill_s=now - max(killed_at))
+
+
+def due_reason(v: Violation, episode: Episode, policy: Policy, now: float, repeat: bool = False) -> Reason | None:
+    """HARD_LIMIT once above the hard limit for hard_grace (at once for a repeat: it had its grace before the
+    kill); SOFT_LIMIT once above the soft one for soft_grace."""
+    if episode.hard_since is not None and (repeat or now - episode.hard_since >= policy.hard_grace_s):
         return Reason.HARD_LIMIT
     if not v.hard and now - episode.first_observed_at >= policy.soft_grace_s:
         return Reason.SOFT_LIMIT
@@ -254,12 +281,13 @@ def hold_reason(
     snapshot: Snapshot,
     last_action_at: Mapping[str, float],
     now: float,
+    repeat: bool = False,
 ) -> str | None:
     """Why an enforcement that is due for `reason` must not happen (blast radius), or None when it may.
 
     A terminating pod is held unless it is over its hard limit: deleting one's own pod with a long grace period
     must not buy time above the quota, but a pod that is going away anyway is not worth acting on for a soft
-    limit or for pressure.
+    limit or for pressure. A repeat is not held by the cooldown (every other rule holds it as any violation).
     """
     pod = v.pod
     if snapshot.agent_pod_uid is not None and pod.uid == snapshot.agent_pod_uid:
@@ -275,18 +303,22 @@ def hold_reason(
     if policy.mode_for(pod.namespace) is Mode.WARN:
         return "mode is warn"
     last = last_action_at.get(pod.uid)
-    if last is not None and now - last < policy.cooldown_s:
+    if last is not None and now - last < policy.cooldown_s and not repeat:
         return f"cool-down: acted {now - last:.1f}s ago (cooldown {policy.cooldown_s:g}s)"
     return None
 
 
-def action_kind(v: Violation, reason: Reason, policy: Policy) -> Mode:
-    """The namespace's mode, except that a terminating pod is killed where the mode would evict it.
+def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> Mode:
+    """The namespace's mode (or the escalation's step), except that a terminating pod is killed where it would be
+    evicted.
 
     Evicting a pod that is already being deleted does nothing: it would keep its memory for the rest of its
     grace period, which its owner chose. (Warn mode never gets here: `hold_reason` holds it.)
     """
-    mode = policy.mode_for(v.pod.namespace)
+    if escalation is not None:
+        mode = Mode.EVICT if escalation.step is OnRepeat.EVICT else Mode.KILL
+    else:
+        mode = policy.mode_for(v.pod.namespace)
     if mode is Mode.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
         return Mode.KILL
     return mode
@@ -309,14 +341,15 @@ def decide(
     2. Track episodes (first observed, above the hard limit since, warned) and GPU pressure (entered at once, left
        after the transition period).
     3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
-    4. Collect enforcements that are due: hard limit past hard_grace, soft limit past soft_grace, and on each
-       GPU under memory pressure the first victim by `VICTIM_ORDER` among its violators.
-    5. Rank them by `VICTIM_ORDER`, drop the ones blast-radius rules forbid (with the reason), and take at most
-       `max_actions_per_scan`, one per pod.
+    4. Collect enforcements that are due: hard limit past hard_grace (at once for a repeat), soft limit past
+       soft_grace, and on each GPU under memory pressure the first victim by `VICTIM_ORDER` among its violators.
+    5. Rank them by `VICTIM_ORDER`, drop the ones blast-radius rules forbid (with the reason; the cooldown does
+       not hold a repeat), and take at most `max_actions_per_scan`, one per pod.
     6. Act in the namespace's mode, except on a terminating pod: it is acted on only over its hard limit (soft
        limit and pressure are held, "pod is already terminating"), and then killed in evict mode as in kill
        mode, since evicting a pod already being deleted does nothing. Warn mode only warns it, as any pod;
-       cool-down and every other blast-radius rule apply to it as to any pod.
+       cool-down and every other blast-radius rule apply to it as to any pod. A repeat goes one step further
+       (`Policy.on_repeat_for`): every process of the container is killed, or the pod is evicted.
 
     Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
     """
@@ -336,9 +369,11 @@ def decide(
         episodes[_key(v)] = replace(ep, warned=True)
 
     # 4.
+    kills = {cid: t for cid, t in state.kills.items() if now - t < policy.cooldown_s}
+    repeats = {_key(v): e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
     due: dict[SubjectKey, tuple[Violation, Reason]] = {}
     for v in violations:
-        reason = due_reason(v, episodes[_key(v)], policy, now)
+        reason = due_reason(v, episodes[_key(v)], policy, now, repeat=_key(v) in repeats)
         if reason is not None:
             due[_key(v)] = (v, reason)
     pressured_devices = tuple(d.uuid for d in snapshot.devices if d.uuid in pressure)
@@ -355,14 +390,16 @@ def decide(
     ranked = rank(v for v, _ in due.values())
     for v, reason in ((v, due[_key(v)][1]) for v in ranked):
         why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
-        why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now)
+        escalation = repeats.get(_key(v))
+        why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now, repeat=escalation is not None)
         if why is None and taken >= policy.max_actions_per_scan:
             why = f"max_actions_per_scan={policy.max_actions_per_scan} reached"
         if why is not None:
             held.append(Held(violation=v, reason=reason, why=why))
             continue
         # 6.
-        actions.append(Action(kind=action_kind(v, reason, policy), reason=reason, violation=v))
+        kind = action_kind(v, reason, policy, escalation)
+        actions.append(Action(kind=kind, reason=reason, violation=v, escalation=escalation))
         acted_pods.add(v.pod.uid)
         last_action_at[v.pod.uid] = now
         taken += 1
@@ -377,4 +414,5 @@ def decide(
         episodes=MappingProxyType(episodes),
         last_action_at=MappingProxyType(last_action_at),
         pressure=MappingProxyType(pressure),
+        kills=MappingProxyType(kills),
     )

@@ -6,7 +6,9 @@ memory is freed only when the last holder of /dev/nvidia* exits, and a forked ch
 shell that spawned the trainer) keeps it alive without NVML necessarily listing it. A process of the container
 that holds no device file is left alone: it holds no GPU memory, and the container's restart (or the next
 scan) takes care of the rest. That keeps the blast radius to what frees the memory, which is also why the
-killer does not use cgroup.kill.
+killer does not use cgroup.kill. A repeat (`every_process`: the container was killed in within the cooldown and
+is over its quota again, so something in it respawns GPU workers) takes every process of the container, the
+supervisor too, so that the runtime's restart policy and the kubelet's back-off take over.
 
 Finishing the job. A container that keeps forking can outrun a kill that lists its processes and then signals
 them: a child forked after the listing survives. So, for each violating container:
@@ -20,7 +22,8 @@ them: a child forked after the listing survives. So, for each violating containe
 2. freeze it (v2 ``cgroup.freeze``, v1 ``freezer.state``; waiting at most `freeze_timeout_s` for the kernel to
    report it frozen) — never when the agent itself is inside;
 3. while frozen, list its processes from ``cgroup.procs`` (its own and its sub-cgroups'): nothing in it can
-   fork, so the list is complete. Each one holding the device is checked and signalled as below;
+   fork, so the list is complete. Each one holding the device (each one, for `every_process`) is checked and
+   signalled as below;
 4. thaw it, always (a ``finally``; the file is opened before freezing, so the thaw needs no new fd). A
    SIGKILLed task of a frozen v2 cgroup dies at once; on v1 it dies once thawed;
 5. wait for the signalled processes to exit (polling /proc, no fd held), then look again; repeat for at most
@@ -168,6 +171,7 @@ class _Run:
     pod_uid: str
     container_ids: frozenset[str]
     deadline: float
+    every_process: bool = False  # every process of the containers, not only the device holders
     fd_wait_left_s: float = _FD_WAIT_S
     killed: list[ProcessRef] = field(default_factory=list)  # in signalling order
     last_killed: dict[int, ProcessRef] = field(default_factory=dict)  # by PID: the latest process signalled there
@@ -219,8 +223,9 @@ class PidfdKiller:
         self._freeze_timeout_s = freeze_timeout_s
         self._max_rounds = max(1, max_rounds)
 
-    def kill(self, violation: Violation) -> KillResult:
-        """SIGKILL the violating containers' GPU processes until none is left, or the rounds or time run out.
+    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
+        """SIGKILL the violating containers' GPU processes (all their processes, with `every_process`) until none
+        is left, or the rounds or time run out.
 
         `killed`: every process signalled; `skipped`: every one not signalled, with the reason; `exited`: every
         signalled process was seen to exit before the deadline (False as well when the last look at the
@@ -237,6 +242,7 @@ class PidfdKiller:
             pod_uid=violation.pod.uid,
             container_ids=frozenset(violation.container_ids),
             deadline=time.monotonic() + self._exit_timeout_s,
+            every_process=every_process,
         )
         located: dict[str, ContainerCgroup] = {}
         by_container = self._sort_sampled(run, sampled, located)
@@ -348,10 +354,10 @@ class PidfdKiller:
             self._consider_pid(run, sweep, pid, kill=kill)
 
     def _consider_pid(self, run: _Run, sweep: _Sweep, pid: int, kill: bool) -> None:
-        """A process listed in a violating container: signal it if it holds the device."""
+        """A process listed in a violating container: signal it if it holds the device (or if every process goes)."""
         killed = run.last_killed.get(pid)
         try:
-            holds = self._io(run, holds_device, pid, self._proc_root, self._device_prefix)
+            holds = run.every_process or self._io(run, holds_device, pid, self._proc_root, self._device_prefix)
             state = self._io(run, read_stat, pid, self._proc_root) if holds else None
         except OSError as e:
             # It may hold the GPU: it counts as left unless it is one already signalled.

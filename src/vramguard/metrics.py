@@ -147,6 +147,13 @@ class Metrics:
             ["action", "result"],
             registry=self.registry,
         )
+        self.escalations = Counter(
+            "vramguard_escalations_total",
+            "Repeats acted on one step further: a container killed within the cooldown and over its quota again "
+            "(a supervisor respawning GPU workers), by namespace and step (kill-container, evict).",
+            ["namespace", "step"],
+            registry=self.registry,
+        )
         self.scan_duration = Histogram(
             "vramguard_scan_duration_seconds",
             "Wall time of one scan: sample, attribute, decide, act.",
@@ -196,6 +203,8 @@ class Metrics:
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
                 severity = "hard" if a.violation.hard else "soft"
                 self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
+            if a.escalation is not None:
+                self.escalations.labels(namespace=a.pod.namespace, step=a.escalation.step.value).inc()
 
     def count_nvml_errors(self, counts: Iterable[tuple[str, int]]) -> None:
         for kind, n in counts:

@@ -71,6 +71,14 @@ class EvictionRefused(str, enum.Enum):
     KILL = "kill"
 
 
+class OnRepeat(str, enum.Enum):
+    """What a repeat gets: a container instance found over its quota again within the cooldown after a kill."""
+
+    KILL_CONTAINER = "kill-container"  # every process of the container, GPU holders or not: the runtime restarts it
+    EVICT = "evict"  # the pod, through the Eviction API (PodDisruptionBudgets and on_eviction_refused apply)
+    WAIT = "wait"  # nothing until the cooldown ends: the container may stay over its quota that long
+
+
 class DriverLimits(str, enum.Enum):
     """Whether the agent programs the driver's per-cgroup memory limits (R615+) from quotas, in evict/kill."""
 
@@ -321,6 +329,7 @@ class NamespacePolicy:
     mode: Mode | None = None  # overrides Policy.mode
     max_quota_bytes: int | None = None  # cap on every quota in the namespace; annotations cannot exceed it
     default: DefaultQuota | None = None  # overrides Policy.default
+    on_repeat: OnRepeat | None = None  # overrides Policy.on_repeat
 
 
 DEFAULT_QUOTA_SOURCES: tuple[str, ...] = (
@@ -349,6 +358,8 @@ class Policy:
     pressure_transition_s: float = 30.0
     max_actions_per_scan: int = 1
     cooldown_s: float = 60.0
+    # None: the mode's next step (kill mode: kill-container; evict mode: evict), so a repeat is always bounded.
+    on_repeat: OnRepeat | None = None
     on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
     # `eviction_timeout` in the policy file (> 0): how long the agent tries to evict a pod, retries included,
     # before it counts the eviction as refused (then on_eviction_refused applies): a frozen or unreachable API
@@ -363,6 +374,13 @@ class Policy:
     def mode_for(self, namespace: str) -> Mode:
         ns = self.namespaces.get(namespace)
         return ns.mode if ns is not None and ns.mode is not None else self.mode
+
+    def on_repeat_for(self, namespace: str) -> OnRepeat:
+        ns = self.namespaces.get(namespace)
+        chosen = ns.on_repeat if ns is not None and ns.on_repeat is not None else self.on_repeat
+        if chosen is not None:
+            return chosen
+        return OnRepeat.EVICT if self.mode_for(namespace) is Mode.EVICT else OnRepeat.KILL_CONTAINER
 
     def default_for(self, namespace: str) -> DefaultQuota:
         ns = self.namespaces.get(namespace)
@@ -459,12 +477,26 @@ class Violation:
 
 
 @dataclass(frozen=True, slots=True)
+class Escalation:
+    """Why an action goes further than the mode's first step: its container instance was killed within the
+    cooldown and is over its quota again (a supervisor respawning GPU workers)."""
+
+    step: OnRepeat  # KILL_CONTAINER or EVICT
+    since_kill_s: float  # how long after the last kill it was found over its quota again
+
+    @property
+    def came_back(self) -> str:
+        return f"GPU processes came back within {self.since_kill_s:.1f} s of the last kill"
+
+
+@dataclass(frozen=True, slots=True)
 class Action:
     """One thing to do to a pod. Carries its violation so every side effect can say exactly why."""
 
     kind: Mode
     reason: Reason
     violation: Violation
+    escalation: Escalation | None = None  # set on a repeat: a kill takes every process of the container
 
     @property
     def pod(self) -> PodInfo:

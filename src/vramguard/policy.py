@@ -14,7 +14,11 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
                                # leaves pressure (0s: at once)
     max_actions_per_scan: 1    # integer >= 1: the most evictions or kills in one scan (warnings, one per
                                # violation episode, are not counted)
-    cooldown: 60s              # duration during which a pod is left alone after an action on it
+    cooldown: 60s              # duration during which a pod is left alone after an action on it, except the
+                               # container instance just killed in: found over its quota again, it is a repeat
+    on_repeat: kill-container  # kill-container | evict | wait: what a repeat gets (its supervisor respawned GPU
+                               # workers): every process of the container, the pod evicted, or nothing until the
+                               # cooldown ends. Default: kill-container in kill mode, evict in evict mode
     on_eviction_refused: wait  # wait | kill: when PodDisruptionBudgets keep refusing an eviction
     eviction_timeout: 15s      # duration > 0: how long the agent tries to evict a pod, retries included, before
                                # it counts the eviction as refused (then on_eviction_refused applies)
@@ -33,6 +37,7 @@ so a typo never passes silently (`config/policy.example.yaml` is the commented c
         max_quota: 16Gi        # cap on every quota and burst in the namespace, whatever its source; a
                                # container whose quota is missing or invalid gets the default, else this
         default: {kind: fixed, bytes: 4Gi}  # overrides default
+        on_repeat: evict       # overrides on_repeat
 
 Values: durations are `500ms`, `30s`, `5m`, `1h`, `1m30s` or a number of seconds; byte quantities are
 Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.quantity`). A quota (`default.bytes`,
@@ -66,6 +71,7 @@ from vramguard.model import (
     EvictionRefused,
     Mode,
     NamespacePolicy,
+    OnRepeat,
     Policy,
 )
 from vramguard.quantity import (
@@ -89,6 +95,7 @@ TOP_LEVEL_FIELDS: Final = (
     "pressure_transition_period",
     "max_actions_per_scan",
     "cooldown",
+    "on_repeat",
     "on_eviction_refused",
     "eviction_timeout",
     "driver_limits",
@@ -97,7 +104,7 @@ TOP_LEVEL_FIELDS: Final = (
     "default",
     "namespaces",
 )
-NAMESPACE_FIELDS: Final = ("mode", "max_quota", "default")
+NAMESPACE_FIELDS: Final = ("mode", "max_quota", "default", "on_repeat")
 DEFAULT_FIELDS: Final = ("kind", "bytes")
 
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes requires
@@ -239,6 +246,8 @@ class _Parser:
                 changes["max_actions_per_scan"] = self.convert(key, value, _positive_int)
             elif key == "cooldown":
                 changes["cooldown_s"] = self.convert(key, value, parse_duration)
+            elif key == "on_repeat":
+                changes["on_repeat"] = self.convert(key, value, _choice(OnRepeat))
             elif key == "on_eviction_refused":
                 changes["on_eviction_refused"] = self.convert(key, value, _choice(EvictionRefused))
             elif key == "eviction_timeout":
@@ -346,6 +355,8 @@ class _Parser:
                     changes["max_quota_bytes"] = self.convert(field_path, field_value, parse_quota_bytes)
                 elif key == "default":
                     changes["default"] = self.default(field_path, field_value)
+                elif key == "on_repeat":
+                    changes["on_repeat"] = self.convert(field_path, field_value, _choice(OnRepeat))
             result[name] = NamespacePolicy(**changes)
         return MappingProxyType(result)
 

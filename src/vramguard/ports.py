@@ -95,7 +95,9 @@ class KillResult:
 class Killer(Protocol):
     """SIGKILLs the GPU processes of the containers named by a violation, safely (no PID-reuse race)."""
 
-    def kill(self, violation: Violation) -> KillResult: ...
+    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
+        """`every_process`: every process of the containers, not only those holding the GPU (a repeat)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

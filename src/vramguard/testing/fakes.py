@@ -158,10 +158,12 @@ class RecordingKiller:
 
     def __init__(self, sampler: FakeSampler | None = None) -> None:
         self.killed: list[Violation] = []
+        self.whole: list[bool] = []  # for each kill: every process of the containers (a repeat), or the GPU ones
         self.sampler = sampler
 
-    def kill(self, violation: Violation) -> KillResult:
+    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
         self.killed.append(violation)
+        self.whole.append(every_process)
         if self.sampler is not None:
             gone = {p.pid for p in violation.processes}
             s = self.sampler.next
