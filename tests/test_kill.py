@@ -178,6 +178,32 @@ def test_process_of_the_container_without_the_device_survives(world: World) -> N
     assert idle.pid not in {r.pid for r, _ in result.skipped}
 
 
+@pytest.mark.parametrize(("driver", "version"), [("systemd", 2), ("cgroupfs", 1)], ids=["v2", "v1-freezer"])
+def test_every_process_takes_the_whole_container_and_nothing_else(
+    make_cgroups: CgroupsFactory, tmp_path: Path, driver: str, version: int
+) -> None:
+    """For a repeat, every process of the container dies, the supervisor that holds no device too; the sibling
+    container and the pod's own cgroup live on."""
+    device = tmp_path / "nvidia0"
+    device.touch()
+    world = World(make_cgroups(driver, version, v1_hierarchies=("freezer", "pids")), device)
+    try:
+        pod = world.kc.pod()
+        ctr, sibling = pod.container(), pod.container()
+        (gpu,) = world.holder(ctr)
+        supervisor, shell = world.idle(ctr), world.idle(ctr)
+        neighbour, in_pod = world.idle(sibling), world.idle(pod)
+
+        result = killer(world).kill(violation(pod, [ctr], [gpu.ref]), every_process=True)
+
+        assert sorted(r.pid for r in result.killed) == sorted([gpu.pid, supervisor.pid, shell.pid])
+        assert result.ok
+        assert gpu.died_of_sigkill() and supervisor.died_of_sigkill() and shell.died_of_sigkill()
+        assert neighbour.alive() and in_pod.alive()
+    finally:
+        world.close()
+
+
 def test_other_container_and_other_pod_survive(world: World) -> None:
     """Holders in a sibling container or another pod live on, even when a stale sample names one of them."""
     pod = world.kc.pod()

@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vramguard.model import GiB
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 from vramguard_testbed.fakenvml import Allocator, FakeNode, build_fake_nvml, fake_nvml_env
+from vramguard_testbed.supervisor import Supervisor
 
 
 @dataclass(eq=False)
@@ -215,11 +216,38 @@ class SimulatedNode:
         the driver refuses what the GPU has not free or what is over a hard limit of its cgroup."""
         if self.lib_dir is None:
             raise RuntimeError("allocators need the test NVML library")
-        if not self.nvml.allocations:
-            self.nvml.allocations = True  # only now: the library then reads its allocations file on every call
-            self.sync()
+        self._enable_allocations()
         io: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "env": self.env}
         return Allocator(pod.containers[container].spawn(Allocator.argv(self.lib_dir), **io))
+
+    def spawn_supervisor(self, pod: SimPod, container: str, worker_bytes: int, **shape: Any) -> subprocess.Popen[Any]:
+        """A supervisor in the container's cgroup that respawns GPU workers of `worker_bytes` each (`shape`: the
+        `Supervisor` fields interval_s, hold_s, respawn_delay_s, max_workers); it holds no GPU itself."""
+        if self.lib_dir is None:
+            raise RuntimeError("a supervisor's workers allocate through the test NVML library")
+        self._enable_allocations()
+        supervisor = Supervisor(self.lib_dir, self.device_path, worker_bytes, **shape)
+        return pod.containers[container].spawn(supervisor.argv(), env=self.env)
+
+    def container_used_bytes(self, pod: SimPod, container: str, gpu: int = 0) -> int:
+        """What the container's live processes hold on `gpu` through the driver's allocations now (as NVML would
+        count it), read from the test driver's allocations file and the cgroup's process list."""
+        members = set(pod.containers[container].pids())
+        try:
+            records = Path(f"{self.state_path}.alloc").read_text().split("\n")
+        except FileNotFoundError:
+            return 0
+        used = 0
+        for line in records:
+            fields = line.split()
+            if len(fields) == 3 and int(fields[0]) == gpu and int(fields[1]) in members:
+                used += int(fields[2])
+        return used
+
+    def restart_container(self, pod: SimPod, container: str) -> None:
+        """The container as the kubelet restarts it: a new cgroup with a new runtime ID, named in the pod's status."""
+        pod.containers[container] = pod.cgroup.container()
+        self.sync()
 
     def spawn_host(self, used_bytes: int, *, gpu: int = 0) -> SimProcess:
         """A GPU process outside any pod (a node daemon, an SSH session): never to be touched."""
@@ -228,6 +256,11 @@ class SimulatedNode:
         self.processes.append(proc)
         self.sync()
         return proc
+
+    def _enable_allocations(self) -> None:
+        if not self.nvml.allocations:
+            self.nvml.allocations = True  # only now: the library then reads its allocations file on every call
+            self.sync()
 
     def set_usage(self, proc: SimProcess, used_bytes: int) -> None:
         proc.used_bytes = used_bytes

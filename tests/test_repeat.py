@@ -1,0 +1,148 @@
+"""No way around a kill: supervisors that respawn GPU workers, on real processes in real pod cgroups.
+
+`vramguard run` as a subprocess over the test NVML library; each worker allocates through the test driver, which
+frees its memory when it exits, as the real driver does. Usage over time is read from the driver's allocations
+and the container's cgroup, every 10 ms.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from vramguard.model import GiB, MiB
+from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value, wait_for
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+POLL_S = 0.5
+QUOTA = {"vramguard.io/vram": "1Gi"}
+
+
+def _scans(node: SimulatedNode) -> float:
+    return metric_value(node.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
+
+
+def _wait_scans(node: SimulatedNode, n: int) -> None:
+    """Block until the agent has completed `n` more scans (a count of the agent's cycles, not a sleep)."""
+    target = _scans(node) + n
+    assert wait_for(lambda: _scans(node) >= target, timeout_s=n * POLL_S * 10 + 5)
+
+
+def _metric(node: SimulatedNode, name: str, **labels: str) -> float | None:
+    return metric_value(node.http_get("/metrics")[1], name, labels)
+
+
+def _start(node: SimulatedNode, tmp_path: Path, policy: str = "") -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy)
+    node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), "--policy", str(path))
+    node.wait_ready()
+
+
+def _over_quota_fraction(node: SimulatedNode, pod: SimPod, seconds: float) -> float:
+    """The share of 10 ms samples, over `seconds`, in which the container held more than its 1 GiB quota."""
+    over = total = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        over += node.container_used_bytes(pod, "main") > 1 * GiB
+        total += 1
+        time.sleep(0.01)
+    return over / total
+
+
+def _neighbour(node: SimulatedNode) -> subprocess.Popen[str]:
+    """A pod on the same GPU, within its quota: never to be touched."""
+    notebook = node.add_pod("notebook", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    return node.spawn(notebook, "main", 3 * GiB).popen
+
+
+@pytest.mark.parametrize(
+    ("policy", "most", "least"),
+    [
+        pytest.param("", 0.10, 0.0, id="default-policy-bounds-the-pod"),
+        pytest.param("on_repeat: wait\n", 1.0, 0.5, id="on-repeat-wait-leaves-it-over-as-before"),
+    ],
+)
+def test_respawning_supervisor_is_bounded(
+    sim_node: SimulatedNode, tmp_path: Path, policy: str, most: float, least: float
+) -> None:
+    """A supervisor forking a 400 MiB worker every 20 ms (each lives 100 ms: about 2 GiB against 1 GiB) is over
+    its quota at most 10 % of 20 s: its first kill takes the workers, the repeat the whole container. With
+    on_repeat: wait, the cooldown leaves it over its quota for most of the time, as before."""
+    ray = sim_node.add_pod("ray", "ml", containers={"main": QUOTA})
+    neighbour = _neighbour(sim_node)
+    _start(sim_node, tmp_path, policy)
+    supervisor = sim_node.spawn_supervisor(ray, "main", 400 * MiB, interval_s=0.02, hold_s=0.1)
+
+    fraction = _over_quota_fraction(sim_node, ray, 20.0)
+    print(f"over quota in {fraction:.1%} of 20 s of 10 ms samples ({policy.strip() or 'default policy'})")
+
+    assert least <= fraction <= most
+    assert neighbour.poll() is None, "the neighbour on the same GPU is never touched"
+    escalations = _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container")
+    if policy:
+        assert supervisor.poll() is None and escalations is None
+    else:
+        assert supervisor.poll() is not None, "the supervisor went with its container"
+        assert ray.containers["main"].pids() == [], "every process of the container is gone"
+        assert escalations == 1.0
+
+
+def test_supervisor_respawning_after_longer_than_a_poll(sim_node: SimulatedNode, tmp_path: Path) -> None:
+    """A supervisor that waits 0.8 s (longer than the 0.5 s poll) before replacing its killed 2 GiB worker: the
+    replacement is a repeat all the same, and the whole container goes."""
+    ray = sim_node.add_pod("ray", "ml", containers={"main": QUOTA})
+    neighbour = _neighbour(sim_node)
+    _start(sim_node, tmp_path)
+    supervisor = sim_node.spawn_supervisor(ray, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.8)
+
+    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=10), "the repeat takes the supervisor too"
+    _wait_scans(sim_node, 1)
+    assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 2.0
+    assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") == 1.0
+    assert ray.containers["main"].pids() == []
+    assert neighbour.poll() is None
+
+
+def test_over_once_then_within_quota_is_not_escalated(sim_node: SimulatedNode) -> None:
+    """A container over its quota once loses its GPU process; a new one within the quota, and the container's
+    other processes, live on: no escalation."""
+    trainer = sim_node.add_pod("trainer", "ml", containers={"main": QUOTA})
+    neighbour = _neighbour(sim_node)
+    shell = trainer.containers["main"].spawn(["sleep", "600"])  # holds no GPU: not the killer's business
+    greedy = sim_node.spawn(trainer, "main", 2 * GiB)
+    sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
+    sim_node.wait_ready()
+    assert wait_for(lambda: not greedy.alive(), timeout_s=3 * POLL_S)
+
+    modest = sim_node.spawn(trainer, "main", 512 * MiB)
+    _wait_scans(sim_node, 4)
+    assert modest.alive() and shell.poll() is None and neighbour.poll() is None
+    assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0
+    assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
+
+
+def test_restarted_container_is_spaced_by_the_cooldown(sim_node: SimulatedNode, tmp_path: Path) -> None:
+    """After a kill, the restarted container (a new runtime ID) over its quota again is left alone until the
+    cooldown ends, then killed like any offender (its GPU process only): the cooldown keeps a crash-looping
+    workload from being killed in a tight loop."""
+    trainer = sim_node.add_pod("trainer", "ml", containers={"main": QUOTA})
+    first = sim_node.spawn(trainer, "main", 2 * GiB)
+    _start(sim_node, tmp_path, "cooldown: 4s\n")
+    assert wait_for(lambda: not first.alive(), timeout_s=3 * POLL_S)
+    killed_at = time.monotonic()
+
+    sim_node.restart_container(trainer, "main")
+    shell = trainer.containers["main"].spawn(["sleep", "600"])
+    again = sim_node.spawn(trainer, "main", 2 * GiB)
+    _wait_scans(sim_node, 3)
+    if time.monotonic() - killed_at < 4.0:  # still within the cooldown (on a slow machine the scans take longer)
+        assert again.alive(), "a restarted container is spaced by the cooldown, not escalated"
+    assert wait_for(lambda: not again.alive(), timeout_s=4.0 + 3 * POLL_S)
+    assert time.monotonic() - killed_at >= 4.0 - POLL_S, "not before the cooldown ended"
+    assert shell.poll() is None, "a plain kill: the container's other processes live"
+    assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
