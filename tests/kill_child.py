@@ -14,6 +14,7 @@ import os
 import resource
 import sys
 
+from vramguard.freezes import FreezeJournal
 from vramguard.kill import PidfdKiller
 from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
 
@@ -38,6 +39,7 @@ def main(spec: dict[str, object]) -> None:
         device_prefix=str(spec["device_prefix"]),
         cgroup_root=str(spec.get("cgroup_root") or "/sys/fs/cgroup"),
         exit_timeout_s=10.0,
+        journal=FreezeJournal(str(spec["journal"])) if spec.get("journal") else None,
     )
     nofile = spec.get("nofile")
     if isinstance(nofile, int):

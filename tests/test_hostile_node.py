@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import signal
 import socket
 import subprocess
 import time
@@ -181,3 +182,48 @@ def test_metrics_bind_address(sim_node: SimulatedNode, flag: list[str], expected
     sim_node.start_agent("--poll-interval", str(POLL_S), *flag, stderr=subprocess.DEVNULL)
     sim_node.wait_ready()
     assert _listening_addresses(sim_node.metrics_port) == expected
+
+
+def _freeze_file(pod: SimPod) -> Path:
+    (directory,) = pod.containers["main"].dirs  # a v2 node: one hierarchy
+    return Path(directory, "cgroup.freeze")
+
+
+def test_an_agent_killed_mid_kill_leaves_nothing_frozen(sim_node: SimulatedNode) -> None:
+    """SIGKILL of the agent while it holds a container of 400 GPU holders frozen leaves it frozen; the next agent
+    thaws it at start, so the container's other process runs again. A container someone else froze stays so."""
+    greedy = sim_node.add_pod("greedy", "ml", containers={"main": {VRAM: "1Gi"}})
+    other = sim_node.add_pod("checkpointed", "ml")
+    holders = sim_node.spawn(greedy, "main", 2 * GiB, children=399)
+    shell = greedy.containers["main"].spawn(["sleep", "600"])
+    frozen_by_someone = other.containers["main"].spawn(["sleep", "600"])
+    _freeze_file(other).write_text("1")
+    freeze = _freeze_file(greedy)
+    agent = sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
+
+    deadline = time.monotonic() + 30
+    while freeze.read_text().strip() != "1":  # a busy read: the freeze lasts tens of milliseconds
+        assert time.monotonic() < deadline, "the agent never froze the container"
+    agent.kill()
+    agent.wait()
+    assert freeze.read_text().strip() == "1", "killed mid-kill: the container is left frozen"
+    assert holders.alive() or shell.poll() is None
+
+    sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
+    sim_node.wait_ready()
+    assert freeze.read_text().strip() == "0", "the next agent thawed what the killed one froze"
+    assert wait_for(lambda: Path(f"/proc/{shell.pid}/stat").read_text().split(") ")[1][0] in "RS", timeout_s=2)
+    assert _freeze_file(other).read_text().strip() == "1", "a freeze that is not the agent's is left alone"
+    assert frozen_by_someone.poll() is None
+    assert wait_for(lambda: not holders.alive(), timeout_s=5), "and the offender is killed after all"
+    _freeze_file(other).write_text("0")
+
+
+def test_sighup_stops_the_agent_like_sigterm(sim_node: SimulatedNode) -> None:
+    """SIGHUP (a terminal closing, a supervisor's reload) ends the agent cleanly, never in the middle of a kill."""
+    agent = sim_node.start_agent("--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True)
+    sim_node.wait_ready()
+    agent.send_signal(signal.SIGHUP)
+    _, err = agent.communicate(timeout=10)
+    assert agent.returncode == 0
+    assert '"event": "stopped"' in err

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited, wait_until
+from vramguard.freezes import FreezeJournal
 from vramguard.kill import (
     SKIP_EXITED,
     SKIP_GONE,
@@ -113,6 +114,8 @@ def world(make_cgroups: CgroupsFactory, tmp_path: Path) -> Iterator[World]:
 
 
 def killer(world: World, **kwargs: Any) -> PidfdKiller:
+    """A killer that freezes containers, noting each freeze in a journal beside the test's device file."""
+    kwargs.setdefault("journal", FreezeJournal(str(world.device.parent / "freezes")))
     return PidfdKiller(proc_root="/proc", device_prefix=world.device_prefix, exit_timeout_s=5.0, **kwargs)
 
 
@@ -440,6 +443,7 @@ def test_killer_with_64_fds_kills_300_holders(world: World, tmp_path: Path, find
         "device_prefix": world.device_prefix,
         "cgroup_root": "/sys/fs/cgroup" if find_cgroup else str(tmp_path / "no-cgroups"),
         "nofile": 64,
+        "journal": str(tmp_path / "freezes"),
     }
 
     result = run_kill_child(spec)
@@ -462,6 +466,7 @@ def test_out_of_fds_is_never_reported_as_gone(world: World, free_fds: int) -> No
         "device_prefix": world.device_prefix,
         "nofile": 64,
         "free_fds": free_fds,
+        "journal": str(world.device.parent / "freezes"),
     }
 
     result = run_kill_child(spec)
@@ -502,7 +507,8 @@ def test_container_is_thawed_even_when_a_check_raises(
         directory = next(d for d in ctr.dirs if version == 2 or "/freezer/" in d)
         control = Path(directory, "cgroup.events" if version == 2 else "freezer.state")
         fds_before = len(os.listdir("/proc/self/fd"))
-        raising = RaisingKiller(control, device_prefix=world.device_prefix, exit_timeout_s=5.0)
+        journal = FreezeJournal(str(tmp_path / "freezes"))
+        raising = RaisingKiller(control, device_prefix=world.device_prefix, exit_timeout_s=5.0, journal=journal)
 
         with pytest.raises(RuntimeError, match="verify failed"):
             raising.kill(violation(pod, [ctr], [gpu.ref]))
@@ -515,6 +521,7 @@ def test_container_is_thawed_even_when_a_check_raises(
         if version == 2:
             assert "frozen 0" in control.read_text()
         assert len(os.listdir("/proc/self/fd")) == fds_before
+        assert journal.entries() == [], "thawed, so forgotten"
         assert gpu.alive()
         # And it really runs again: a thawed container can be killed normally.
         assert killer(world).kill(violation(pod, [ctr], [gpu.ref])).ok
@@ -546,6 +553,7 @@ def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
             "container_ids": [ctr.container_id],
             "processes": [[victims[0].pid, victims[0].ref.start_time]],
             "device_prefix": real.device_prefix,
+            "journal": str(tmp_path / "freezes"),
         }
         agent = agent_ctr.spawn(
             ["unshare", "--cgroup", sys.executable, str(KILL_CHILD), json.dumps(spec)],

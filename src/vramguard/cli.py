@@ -109,6 +109,15 @@ def run(
             "(overrides the policy's driver_limits).",
         ),
     ] = None,
+    state_dir: Annotated[
+        str,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMGUARD_STATE_DIR",
+            help="A writable directory that outlives the agent (a hostPath): it notes each container frozen for a "
+            "kill, so that an agent killed mid-kill is followed by one that thaws it. Without it, no freezing.",
+        ),
+    ] = "/var/lib/vramguard",
 ) -> None:
     """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
     configure_logging(log_format)
@@ -130,6 +139,7 @@ def run(
         advertise_capacity=advertise_capacity,
         capacity_reserve_bytes=reserve_bytes,
         device_prefix=device_prefix,
+        state_dir=state_dir,
     )
     with stop_on_signals() as stop:
         _or_exit(lambda: serve(config, stop))

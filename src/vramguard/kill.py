@@ -20,7 +20,9 @@ them: a child forked after the listing survives. So, for each violating containe
    the violating container and its ``cgroup.procs`` lists the process the path was read from: a process is in
    exactly one cgroup per hierarchy, so a wrong guess (a look-alike directory elsewhere) is never accepted;
 2. freeze it (v2 ``cgroup.freeze``, v1 ``freezer.state``; waiting at most `freeze_timeout_s` for the kernel to
-   report it frozen) — never when the agent itself is inside;
+   report it frozen) — never when the agent itself is inside, and only once the freeze is written down in the
+   journal (`freezes.py`), so that an agent killed mid-freeze leaves its successor a cgroup to thaw; without a
+   journal, nothing is frozen;
 3. while frozen, list its processes from ``cgroup.procs`` (its own and its sub-cgroups'): nothing in it can
    fork, so the list is complete. Each one holding the device (each one, for `every_process`) is checked and
    signalled as below;
@@ -72,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path
+from vramguard.freezes import FreezeJournal
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
 from vramguard.procfs import (
@@ -201,7 +204,8 @@ class PidfdKiller:
     `proc_root` must be the host's /proc as the agent sees it (hostPID); `cgroup_root` the host's cgroup
     filesystem (``/sys/fs/cgroup``, or wherever the DaemonSet mounts it, e.g. ``/host/sys/fs/cgroup``): without
     it the killer still works, by rounds of /proc walks, but cannot freeze. `device_prefix` names the GPU
-    device files (tests stand a temporary file in); `self_pid` the process never to signal or freeze.
+    device files (tests stand a temporary file in); `self_pid` the process never to signal or freeze;
+    `journal` where each freeze is written down first: without one, nothing is frozen (the rounds alone).
     """
 
     def __init__(
@@ -214,6 +218,7 @@ class PidfdKiller:
         exit_timeout_s: float = 5.0,
         freeze_timeout_s: float = 1.0,
         max_rounds: int = 5,
+        journal: FreezeJournal | None = None,
     ) -> None:
         self._proc_root = proc_root.rstrip("/") or "/"
         self._cgroup_root = cgroup_root.rstrip("/") or "/"
@@ -222,6 +227,7 @@ class PidfdKiller:
         self._exit_timeout_s = exit_timeout_s
         self._freeze_timeout_s = freeze_timeout_s
         self._max_rounds = max(1, max_rounds)
+        self._journal = journal
 
     def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
         """SIGKILL the violating containers' GPU processes (all their processes, with `every_process`) until none
@@ -428,14 +434,15 @@ class PidfdKiller:
         """Freeze the container if possible, yield its processes (None if they cannot be listed), thaw.
 
         A container that cannot be frozen (read-only cgroupfs, the agent inside, already frozen by someone
-        else) is listed all the same: the rounds make up for a list that is not complete.
+        else, no journal to record the freeze in) is listed all the same: the rounds make up for a list that is
+        not complete.
         """
         try:
             before = self._io(run, _read_members, cgroup.directory)
         except OSError:
             before = None
-        if before is None or {os.getpid(), self._self_pid} & set(before):
-            yield before  # never freeze the agent (or what stands for it) with its victims
+        if before is None or {os.getpid(), self._self_pid} & set(before) or self._journal is None:
+            yield before  # never freeze the agent (or what stands for it) with its victims, nor unrecorded
             return
         name, frozen_value, thawed_value = (
             ("cgroup.freeze", b"1", b"0") if cgroup.v2 else ("freezer.state", b"FROZEN", b"THAWED")
@@ -453,8 +460,10 @@ class PidfdKiller:
             except OSError:
                 already = True  # unknown: do not touch (and never thaw) what someone else may have frozen
             wrote = False
+            entry = None
             if not already:
                 try:
+                    entry = self._journal.record(cgroup.directory, cgroup.v2)  # no record, no freeze
                     os.write(fd, frozen_value)
                     wrote = True
                 except OSError:
@@ -469,7 +478,9 @@ class PidfdKiller:
                 yield members
             finally:
                 if wrote:
-                    _thaw(fd, thawed_value, control)
+                    _thaw(fd, thawed_value, control)  # raises if it fails: the entry stays for the next start
+                if entry is not None:
+                    self._journal.forget(entry)
         finally:
             os.close(fd)
 

@@ -6,6 +6,7 @@ configuration the agent cannot run with raises `WiringError` with a message for 
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import threading
@@ -22,6 +23,7 @@ from vramguard import __version__
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
 from vramguard.backoff import Backoff
+from vramguard.freezes import FreezeJournal
 from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
@@ -160,10 +162,12 @@ def build_agent(
     device_prefix: str = "/dev/nvidia",
     capacity: KubeCapacityPublisher | None = None,
     limiter: DriverLimiter | None = None,
+    journal: FreezeJournal | None = None,
 ) -> Agent:
     """The loop with its real parts. Dry-run is the Enforcer's business alone (its Events go to the log)."""
+    killer = PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal)
     enforcer = Enforcer(
-        killer=PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix),
+        killer=killer,
         evictor=cluster.evictor,
         events=cluster.events,
         policy=policy,
@@ -278,18 +282,38 @@ class RunConfig:
     advertise_capacity: bool
     capacity_reserve_bytes: int
     device_prefix: str
+    state_dir: str
 
 
 @contextmanager
 def stop_on_signals() -> Iterator[threading.Event]:
-    """An Event set by SIGTERM or SIGINT, for the duration of the block."""
+    """An Event set by SIGTERM, SIGINT or SIGHUP (whose default would end the agent mid-kill), for the block."""
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in signals}
     try:
         yield stop
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def freeze_journal(state_dir: str) -> FreezeJournal | None:
+    """The journal of this agent's freezes, after thawing every container an earlier agent left frozen (killed
+    mid-kill); None, and no freezing, where the state directory cannot be used."""
+    log = structlog.get_logger("vramguard")
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes")
+    try:
+        os.makedirs(journal.directory, mode=0o700, exist_ok=True)
+        left = journal.thaw_abandoned()
+    except OSError as e:
+        log.error(
+            "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
+        )
+        return None
+    for entry, outcome in left:
+        log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
+    return journal
 
 
 def serve(config: RunConfig, stop: threading.Event) -> None:
@@ -298,6 +322,7 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
     if config.advertise_capacity and config.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
+    journal = None if config.dry_run else freeze_journal(config.state_dir)
     metrics = Metrics()
     cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy)
     capacity = capacity_publisher(
@@ -337,6 +362,7 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
             limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root),
+            journal=journal,
         )
         probes.agent.run(config.poll_interval_s, stop)
     # Shutting down never waits on the API server: every background thread gets a fraction of a second, and

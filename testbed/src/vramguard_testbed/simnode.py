@@ -114,6 +114,7 @@ class SimulatedNode:
         self.state_path = workdir / "nvml-state"
         self.pods_path = workdir / "pods.yaml"
         self.device_path = workdir / "nvidia0"  # held open by GPU processes, like /dev/nvidia0
+        self.state_dir = workdir / "agent-state"  # the agent's --state-dir: it outlives an agent, as a hostPath
         self.device_path.touch()
         self.lib_dir = build_fake_nvml(memory_limits=driver_limits is not False) if not real_gpu else None
         self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
@@ -335,6 +336,8 @@ class SimulatedNode:
         if command in ("run", "top"):
             source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--pods-file", str(self.pods_path)]
             base += [*source, "--node-name", self.node_name]
+        if command == "run":
+            base += ["--state-dir", str(self.state_dir)]
         if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
         return base + list(args)
