@@ -67,8 +67,8 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxbytes",
 )
 # Paths the kubelet or the CNI plugins create whatever their configured directories are (containerd's own are
-# Containerd's to clean).
-HARD_CODED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni")
+# Containerd's to clean), and the chart's hostPath for the agent's state.
+HARD_CODED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/var/lib/vramguard")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _POLL_S = 0.2
 
