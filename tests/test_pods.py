@@ -209,7 +209,6 @@ def test_huge_values_are_cut_and_still_reported_invalid() -> None:
         pytest.param(as_yaml(POD), "gpu-1", [UID], {}, id="a-single-pod"),
         pytest.param(as_json(NODE), "gpu-1", [], {"nvidia.com/gpu.replicas": "4"}, id="a-single-node"),
         pytest.param(b"apiVersion: v1\nitems: []\nkind: List\n", None, [], {}, id="no-pods"),
-        pytest.param(b"items:\nkind: List\n", None, [], {}, id="items-null"),
         pytest.param(b'{"items": [], "kind": "List"}', None, [], {}, id="json-no-pods"),
     ],
 )
@@ -281,6 +280,9 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
         pytest.param(b"", r"^expected a List of Pods .* got nothing", id="empty"),
         pytest.param(b"- a\n- b\n", r"^expected a List of Pods .* got a list", id="not-a-mapping"),
         pytest.param(b"items: {a: 1}\n", r"^items: expected a list of Pods, got a mapping", id="items-not-a-list"),
+        pytest.param(b"kind: List\nitems:", r"^items: has no value .*items: \[\]", id="cut-right-after-items"),
+        pytest.param(b"items:\nkind: List\n", r"^items: has no value", id="items-without-a-value"),
+        pytest.param(b'{"items": null, "kind": "List"}', r"^items: has no value", id="json-items-null"),
         pytest.param(
             b"items:\n- pod\n", r"^line 2: items\[0\]: expected a Pod or Node object, got text", id="item-not-an-object"
         ),

@@ -194,6 +194,9 @@ def _replace_with_directory(path: Path) -> None:
         ),
         pytest.param(lambda p: p.write_bytes(b""), r"got nothing", id="truncated-to-empty"),
         pytest.param(
+            lambda p: p.write_bytes(b"apiVersion: v1\nitems:"), r"items: has no value", id="cut-right-after-items"
+        ),
+        pytest.param(
             lambda p: p.write_bytes(BOMB), r"line 1: YAML anchors and aliases are not allowed", id="alias-bomb"
         ),
         pytest.param(

@@ -184,7 +184,9 @@ def parse_pod_list(
         expected = "a List of Pods (kubectl get pods -o yaml), a Pod or a Node"
         raise PodSourceError(f"expected {expected}, got {'nothing' if root is None else _type_name(root)}")
     if "items" in root:  # a List: its items went to the collector as they were parsed
-        if root["items"] not in (None, []):
+        if root["items"] is None:  # kubectl writes `items: []` for no pods: this is a file cut short
+            raise PodSourceError("items: has no value (a file cut right after `items:`?); no pods is `items: []`")
+        if root["items"] != []:
             raise PodSourceError(f"items: expected a list of Pods, got {_type_name(root['items'])}")
     else:
         try:
