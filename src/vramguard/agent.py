@@ -29,7 +29,7 @@ from vramguard.limits import (
     with_driver_usage,
 )
 from vramguard.metrics import Metrics
-from vramguard.model import Action, GpuSample, Mode, PodInfo, PodQuota, Policy, Snapshot, Violation
+from vramguard.model import Action, GpuSample, Mode, OnRepeat, PodInfo, PodQuota, Policy, Snapshot, Violation
 from vramguard.ports import CapacityPublisher, ClaimSource, Clock, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook
 
@@ -282,6 +282,9 @@ class Agent:
             self._report_limits(self.limiter.collect())
         for o in outcomes:
             self.metrics.actions.labels(action=o.action_name, result=o.result).inc()
+            if o.action.escalation is not None:  # by what was done: an evicted pod still over is killed whole
+                step = OnRepeat.KILL_CONTAINER if o.action.kind is Mode.KILL else OnRepeat.EVICT
+                self.metrics.escalations.labels(namespace=o.action.pod.namespace, step=step.value).inc()
             v = o.action.violation
             self.log.warning(
                 "action",

@@ -149,8 +149,9 @@ class Metrics:
         )
         self.escalations = Counter(
             "vramguard_escalations_total",
-            "Repeats acted on one step further: a container killed within the cooldown and over its quota again "
-            "(a supervisor respawning GPU workers), by namespace and step (kill-container, evict).",
+            "Repeats acted on one step further (counted when the action's outcome is known): a container killed "
+            "within the cooldown and over its quota again (a supervisor respawning GPU workers), by namespace and "
+            "step (kill-container, evict).",
             ["namespace", "step"],
             registry=self.registry,
         )
@@ -203,8 +204,6 @@ class Metrics:
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
                 severity = "hard" if a.violation.hard else "soft"
                 self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
-            if a.escalation is not None:
-                self.escalations.labels(namespace=a.pod.namespace, step=a.escalation.step.value).inc()
 
     def count_nvml_errors(self, counts: Iterable[tuple[str, int]]) -> None:
         for kind, n in counts:

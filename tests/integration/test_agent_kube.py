@@ -24,7 +24,7 @@ from vramguard.quota import resolve_pod_quota
 from vramguard_testbed.simnode import wait_for
 
 from .controlplane import ControlPlane, kubeconfig_api_client, serves_dra
-from .kube_fixtures import MERGE, POLL_S, KubeNode, metric, wait_scans
+from .kube_fixtures import MERGE, POLL_S, ApiPod, KubeNode, metric, wait_scans
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
@@ -303,6 +303,77 @@ def test_eviction_refused_by_a_pdb_follows_the_policy(
         assert proc.alive()
     refusal = next(e for e in node.events(pod) if e.reason == "VRAMEvictionRefused")
     assert "disruption budget" in (refusal.message or "")
+
+
+def _disruption_target(node: KubeNode, pod: ApiPod) -> bool:
+    live = node.core.read_namespaced_pod(pod.name, pod.namespace)
+    conditions = {c.type for c in (live.status.conditions or [])} if live.status else set()
+    return (
+        live.metadata is not None and live.metadata.deletion_timestamp is not None and "DisruptionTarget" in conditions
+    )
+
+
+def test_a_repeat_in_kill_mode_may_evict_the_pod(node: KubeNode, namespace: str, tmp_path: Path) -> None:
+    """Kill mode with on_repeat: evict: the supervisor's worker is killed, its replacement gets the pod evicted
+    through the Eviction API, and the VRAMEvicted Event says why; still over its quota while terminating, the
+    container is killed whole."""
+    pod, sim_pod = node.pod("ray", namespace, limits={VRAM: "1Gi"})
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: kill\non_repeat: evict\n")
+    node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    supervisor = node.sim.spawn_supervisor(sim_pod, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.3)
+
+    assert wait_for(lambda: _disruption_target(node, pod), timeout_s=15)
+    assert wait_for(lambda: "VRAMEvicted" in node.reasons(pod), timeout_s=10), node.reasons(pod)
+    evicted = next(e for e in node.events(pod) if e.reason == "VRAMEvicted")
+    assert "GPU processes came back within" in (evicted.message or "")
+    assert metric(node, "vramguard_escalations_total", namespace=namespace, step="evict") == 1.0
+    # No kubelet ends the evicted pod here: still over its quota while terminating, it is killed whole.
+    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=10)
+    labels = {"namespace": namespace, "step": "kill-container"}
+    assert wait_for(lambda: metric(node, "vramguard_escalations_total", **labels) == 1.0, timeout_s=5)
+
+
+def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
+    node: KubeNode, namespace: str, tmp_path: Path
+) -> None:
+    """Evict mode, a PodDisruptionBudget that allows nothing and on_eviction_refused: kill: the refused eviction
+    kills the worker; the supervisor's replacement is a repeat: evicted again, refused again, and then every
+    process of the container is killed, the supervisor too."""
+    pod, sim_pod = node.pod("serve", namespace, limits={VRAM: "1Gi"})
+    node.core.patch_namespaced_pod(pod.name, namespace, {"metadata": {"labels": {"app": "serve"}}}, _content_type=MERGE)
+    client.PolicyV1Api(node.api).create_namespaced_pod_disruption_budget(
+        namespace,
+        client.V1PodDisruptionBudget(
+            metadata=client.V1ObjectMeta(name="serve"),
+            spec=client.V1PodDisruptionBudgetSpec(
+                min_available=1, selector=client.V1LabelSelector(match_labels={"app": "serve"})
+            ),
+        ),
+    )
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: evict\non_eviction_refused: kill\n")
+    log = tmp_path / "agent.log"
+    with log.open("w") as stderr:
+        node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=stderr)
+    node.sim.wait_ready()
+    supervisor = node.sim.spawn_supervisor(sim_pod, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.3)
+
+    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=30), "the whole container went"
+    assert wait_for(
+        lambda: metric(node, "vramguard_actions_total", action="evict", result="refused-then-killed") == 2.0,
+        timeout_s=10,
+    )
+    actions = [line for line in log.read_text().splitlines() if '"event": "action"' in line]
+    assert metric(node, "vramguard_escalations_total", namespace=namespace, step="evict") == 1.0, actions
+    live = node.core.read_namespaced_pod(pod.name, namespace)
+    assert live.metadata is not None and live.metadata.deletion_timestamp is None, "the PDB kept the pod"
+
+    def whole_container_killed() -> bool:
+        return any("stopped the whole container" in (e.message or "") for e in node.events(pod))
+
+    assert wait_for(whole_container_killed, timeout_s=10), [e.message for e in node.events(pod)]
 
 
 def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
