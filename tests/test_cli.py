@@ -83,6 +83,31 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
     assert over_line.rstrip().endswith(command[:80])
 
 
+def test_top_shows_hostile_names_and_command_lines_escaped_and_json_exact(sim_node: SimulatedNode) -> None:
+    """A pods file can name a pod, namespace and container anything, and a tenant writes its command line: the
+    table shows their ESC, BEL and bidi characters escaped, `--json` carries them exactly."""
+    hostile = "x\x1b[2J\x1b[H\x07\u202eexe\u200f"
+    pod = sim_node.add_pod(
+        f"evil{hostile}", f"ml{hostile}", containers={f"main{hostile}": {"vramguard.io/vram": "1Gi"}}
+    )
+    script = f': {hostile}; exec 3<"$1"; while :; do sleep 60; done'  # the hostile text early in the command
+    argv = ["/bin/sh", "-c", script, "sh", str(sim_node.device_path)]
+    proc = sim_node.spawn_command(pod, f"main{hostile}", argv)
+    proc.used_bytes = 2 * GiB
+    sim_node.processes.append(proc)
+    sim_node.sync()
+
+    rows = json.loads(sim_node.run_vramguard("top", "--once", "--json").stdout)
+    (row,) = [r for r in rows if r["pids"] == [proc.pid]]
+    assert (row["pod"], row["namespace"], row["container"]) == (f"evil{hostile}", f"ml{hostile}", f"main{hostile}")
+    assert row["processes"][0]["command"] == " ".join(argv)
+
+    table = sim_node.run_vramguard("top", "--once").stdout
+    assert not [c for c in table if c != "\n" and (c < " " or c == "\x7f" or c in "\u202e\u200f")], repr(table)
+    assert table.count("x\\x1b[2J\\x1b[H\\x07\\u202eexe\\u200f") == 4, "pod, namespace, container, command"
+    proc.popen.kill()
+
+
 @pytest.mark.parametrize(
     ("soft", "hard", "expected"),
     [

@@ -36,3 +36,21 @@ def test_long_values_are_cut_in_every_log_line(monkeypatch: pytest.MonkeyPatch) 
     assert len(entry["value"]) == 1024 and entry["value"].endswith("...[cut: 10000000 characters]")
     assert entry["values"] == [entry["value"], 7]
     assert entry["short"] == "12Gi"
+
+
+def test_console_output_escapes_tenant_text_and_json_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal a pod name's escape sequence and bidi override are shown escaped; JSON lines carry them
+    exactly (the encoder escapes controls itself)."""
+    hostile = "evil\x1b[2J\x07\u202eexe"
+    for log_format in ("console", "json"):
+        out = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", out)
+        configure_logging(log_format)
+        structlog.get_logger("t").warning("action", pod=hostile, pids=[hostile], **{"key\u202e": "v"})
+        text = out.getvalue()
+        assert "\x1b[2J" not in text and "\x07" not in text
+        if log_format == "console":
+            assert "\u202e" not in text and "evil\\x1b[2J\\x07\\u202eexe" in text and "key\\u202e" in text
+        else:
+            entry = json.loads(text)
+            assert entry["pod"] == hostile and entry["pids"] == [hostile] and entry["key\u202e"] == "v"

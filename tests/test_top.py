@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import unicodedata
 
 from vramguard.model import GiB
 from vramguard.top import COMMAND_CHARS, ProcessDetail, TopRow, describe_process, render_json, render_table
+
+# Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides.
+HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\nforged line"
+
+
+def raw_controls(text: str) -> set[str]:
+    """The characters a terminal would interpret (controls, bidi and other format characters) in `text`."""
+    return {c for line in text.split("\n") for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
 def test_describe_process_reads_user_and_command_line() -> None:
@@ -75,3 +85,33 @@ def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
     assert "small-gpu0-x7k2" in next(line for line in lines if " small " in line)
     assert "CLAIM" not in render_table([other]).splitlines()[0]
     assert '"claim": "small-gpu0-x7k2"' in render_json([share])
+
+
+def test_hostile_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None:
+    """Namespace, pod, container, user, command and claim: no raw control or bidi character in the table (one line
+    per row, columns aligned), the exact text in JSON."""
+    row = TopRow("0", HOSTILE, HOSTILE, HOSTILE, (ProcessDetail(7, HOSTILE, HOSTILE),), GiB, 2 * GiB, "ok",
+                 claim=HOSTILE)  # fmt: skip
+    table = render_table([row])
+    assert raw_controls(table) == set()
+    header, line = table.splitlines()
+    assert "\\x1b[2J" in line and "\\u202e" in line
+    assert line.index("1.0GiB") == header.index("USED"), "escaped cells keep the columns aligned"
+    (back,) = json.loads(render_json([row]))
+    assert back["namespace"] == back["pod"] == back["container"] == back["claim"] == HOSTILE
+    assert back["processes"] == [{"pid": 7, "user": HOSTILE, "command": HOSTILE}]
+
+
+def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table() -> None:
+    """A command line is tenant-sized: JSON carries up to COMMAND_CHARS, the table a screen's worth, both marked."""
+    command = "python " + "x" * 5000
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "x" * 5000])
+    try:
+        detail = describe_process(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(detail.command) == COMMAND_CHARS and detail.command.endswith("characters]")
+    row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
+    shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]
+    assert len("python " + shown) == 80 and shown.endswith("[cut: 5007 characters]")

@@ -20,6 +20,7 @@ from vramguard.model import DriverLimits, Mode
 from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
+from vramguard.text import printable
 from vramguard.top import render_json, render_table, rows_from_report, use_proc_root
 from vramguard.wiring import RunConfig, WiringError, build_agent, connect, policy_for, serve, stop_on_signals
 
@@ -30,8 +31,13 @@ app.add_typer(policy_app, name="policy")
 _T = TypeVar("_T")
 
 
+def _say(message: str) -> None:
+    """A line for a person on standard error: what it quotes (a file's text, a pod's name) shown escaped."""
+    typer.echo(printable(message), err=True)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"vramguard: {message}", err=True)
+    _say(f"vramguard: {message}")
     raise typer.Exit(code)
 
 
@@ -167,7 +173,7 @@ def top(
     if not cluster.pods.wait_synced(timeout_s=15):
         _fail(f"could not read this node's pods within 15s: {cluster.pods.problem()}", 1)
     if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
-        typer.echo(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}", err=True)
+        _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
     try:
         sampler = NvmlSampler(proc_root=proc_root)
     except NvmlUnavailable as e:
@@ -203,7 +209,7 @@ def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to valid
     errors = check_policy_file(file)
     if errors:
         for line in errors:
-            typer.echo(f"{file}: {line}", err=True)
+            _say(f"{file}: {line}")
         raise typer.Exit(1)
     typer.echo(f"{file}: ok")
 

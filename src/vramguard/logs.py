@@ -9,6 +9,7 @@ import structlog
 from structlog.typing import EventDict, WrappedLogger
 
 from vramguard.model import MAX_TEXT_CHARS, cut
+from vramguard.text import printable
 
 # Log values come from tenants (annotations, pod names, messages built from them): each string is cut to the
 # length an Event message may have, so a 10 MB annotation costs a line, not 10 MB per scan.
@@ -25,18 +26,34 @@ def cut_long_values(logger: WrappedLogger, method_name: str, event_dict: EventDi
     return event_dict
 
 
+def escape_for_terminal(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """A structlog processor for console output: every string (in a value, a list, a key) shown through
+    `text.printable`, so a tenant's pod name cannot put escape sequences or bidi overrides on a terminal. JSON
+    output needs none: the encoder escapes controls and the text stays exact."""
+    escaped: EventDict = {}
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            value = printable(value)
+        elif isinstance(value, (list, tuple)):
+            value = [printable(v) if isinstance(v, str) else v for v in value]
+        escaped[printable(key) if isinstance(key, str) else key] = value
+    return escaped
+
+
 def configure_logging(log_format: str = "auto", level: str = "info") -> None:
     """`log_format` is json, console, or auto (console on a terminal, JSON otherwise)."""
     if log_format == "auto":
         log_format = "console" if sys.stderr.isatty() else "json"
+    console = log_format != "json"
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if log_format == "json" else structlog.dev.ConsoleRenderer()
+        structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             cut_long_values,
+            *([escape_for_terminal] if console else []),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],

@@ -3,6 +3,9 @@
 Like nvitop, it says whose each GPU process is and what it runs: its user and command line, read through psutil
 at display time (`describe_process`). They are for people, never for decisions: a process may have exited, or
 its PID been reused, between the scan and the read.
+
+Names, commands and claims are tenant text: the table shows their control and bidi characters escaped
+(`text.printable`), the JSON carries them exactly.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import psutil
 from vramguard.agent import ScanReport
 from vramguard.limits import LimitKey
 from vramguard.model import cut, format_bytes
+from vramguard.text import printable
 
-COMMAND_CHARS = 80  # a command line is cut to this in a row (JSON and table): a tenant controls it
+COMMAND_CHARS = 1024  # a command line is cut to this (with a marker saying so): a tenant controls its length
+TABLE_COMMAND_CHARS = 80  # and to this in the table, to keep a row on a screen
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,16 +178,20 @@ def render_table(rows: Sequence[TopRow]) -> str:
                 r.claim,
                 str(first.pid) if r.processes else "-",
                 first.user,
-                first.command,
+                cut(first.command, TABLE_COMMAND_CHARS),
             )
         )
-        lines.extend(("", "", "", "", "", "", "", "", "", "", str(p.pid), p.user, p.command) for p in rest)
+        lines.extend(
+            ("", "", "", "", "", "", "", "", "", "", str(p.pid), p.user, cut(p.command, TABLE_COMMAND_CHARS))
+            for p in rest
+        )
     if not rows:
         lines.append(("-", "", "", "", "", "", "", "no GPU processes", "", "", "", "", ""))
     if not any(r.claim for r in rows):  # the CLAIM column only where DRA claims give quotas
         at = header.index("CLAIM")
         lines = [line[:at] + line[at + 1 :] for line in lines]
         header = lines[0]
+    lines = [tuple(printable(cell) for cell in line) for line in lines]  # tenant text: nothing raw on a terminal
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
