@@ -126,6 +126,7 @@ def test_scan_kills_the_offender_and_reports_it() -> None:
     assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
     assert [v.pod.name for v in n.killer.killed] == ["trainer"]
     assert n.events.reasons() == ["VRAMQuotaExceeded", "VRAMKilled"]
+    assert n.events.important == ["VRAMKilled"], "what was done goes ahead of warnings"
     assert n.metric("vramguard_actions_total", action="kill", result="ok") == 1.0
     assert n.metric("vramguard_violations_total", namespace="ml", severity="hard") == 1.0
     assert (
@@ -350,6 +351,7 @@ def test_enforcer_outcomes(
         (outcome,) = enforcer.collect()
     assert outcome.result == result
     assert recorder.reasons() == events
+    assert recorder.important == [e for e in events if e != "VRAMQuotaExceeded"], "enforcement Events go first"
     assert len(killer.killed) == killed
     if dry_run:
         assert evictor.evicted == evictor.refused == []

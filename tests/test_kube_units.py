@@ -232,8 +232,7 @@ def _recorder(core: FakeEventsApi | None = None, **kwargs: object) -> tuple[Kube
         "node-1",
         count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
         core=core or FakeEventsApi(),
-        bucket=TokenBucket(burst=1000, per_minute=60_000),
-        **kwargs,  # type: ignore[arg-type]
+        **{"bucket": TokenBucket(burst=1000, per_minute=60_000), **kwargs},  # type: ignore[arg-type]
     )
     return recorder, counts
 
@@ -359,6 +358,98 @@ def test_event_queue_is_bounded() -> None:
     assert recorder.queued() == 4 and counts == {"dropped": 6}
     recorder.stop()
     assert counts == {"dropped": 10}, "what is still queued at stop is dropped, and counted"
+
+
+def _written(core: FakeEventsApi) -> list[str]:
+    return [str(body.reason) for body in core.bodies]
+
+
+@pytest.mark.parametrize(
+    ("warnings", "max_queue", "dropped"),
+    [
+        pytest.param(255, 256, 0, id="behind-255-warnings-with-room-for-it"),
+        pytest.param(256, 256, 1, id="queue-full-of-warnings-the-oldest-makes-room"),
+        pytest.param(402, 256, 147, id="402-limit-failures-then-a-kill"),
+    ],
+)
+def test_a_kill_event_goes_ahead_of_queued_warnings(warnings: int, max_queue: int, dropped: int) -> None:
+    """Recorded after a queue of warnings, a VRAMKilled Event is written first and never dropped for them; a full
+    queue drops its oldest warning to make room."""
+    core = FakeEventsApi()
+    recorder, counts = _recorder(core, max_queue=max_queue)  # not started: everything stays queued
+    for i in range(warnings):
+        recorder.record(pod(f"p{i}", "ml"), "VRAMLimitFailed", "could not set the limit")
+    recorder.record(pod("greedy", "ml"), "VRAMKilled", "killed PIDs 7", important=True)
+    assert counts.get("dropped", 0) == dropped
+    recorder.start()
+    try:
+        assert recorder.flush(15)
+    finally:
+        recorder.stop()
+    assert _written(core)[0] == "VRAMKilled"
+    assert len(core.bodies) == min(warnings, max_queue - 1) + 1
+
+
+def test_the_next_write_token_goes_to_an_important_event() -> None:
+    """While the writer waits for a token (the pace is spent on warnings), an enforcement Event recorded meanwhile
+    takes the next one: the warnings wait, not the kill."""
+    core = FakeEventsApi()
+    t = [0.0]
+    bucket = TokenBucket(burst=1, per_minute=600, now=lambda: t[0])  # a token per 0.1 s of the fake clock
+    recorder, _ = _recorder(core, bucket=bucket)
+    for i in range(3):
+        recorder.record(pod(f"p{i}", "ml"), "VRAMQuotaExceeded", "over")
+    recorder.start()
+    try:
+        assert wait_for(lambda: len(core.bodies) == 1, timeout_s=5)  # the one token of the burst: the oldest warning
+        recorder.record(pod("greedy", "ml"), "VRAMEvicted", "evicted", important=True)
+        t[0] = 0.1  # the next token is due
+        assert wait_for(lambda: len(core.bodies) == 2, timeout_s=5)
+    finally:
+        recorder.stop()
+    assert _written(core) == ["VRAMQuotaExceeded", "VRAMEvicted"]
+
+
+@pytest.mark.parametrize(
+    ("queued_important", "record_important", "queued_after", "dropped"),
+    [
+        pytest.param(True, False, 4, 1, id="a-warning-never-displaces-an-important-event"),
+        pytest.param(True, True, 4, 1, id="a-queue-full-of-important-events-drops-the-new-one"),
+        pytest.param(False, False, 4, 1, id="a-warning-over-the-bound-is-dropped"),
+    ],
+)
+def test_what_the_event_bound_drops(
+    queued_important: bool, record_important: bool, queued_after: int, dropped: int
+) -> None:
+    """The bound holds for every Event; only an important one may take a warning's place."""
+    core = FakeEventsApi()
+    recorder, counts = _recorder(core, max_queue=4)
+    for i in range(4):
+        recorder.record(pod(f"p{i}", "ml"), "VRAMKilled" if queued_important else "VRAMQuotaExceeded", "x",
+                        important=queued_important)  # fmt: skip
+    recorder.record(pod("late", "ml"), "VRAMKilled", "y", important=record_important)
+    assert recorder.queued() == queued_after and counts == {"dropped": dropped}
+    recorder.start()
+    try:
+        assert recorder.flush(15)
+    finally:
+        recorder.stop()
+    assert all(body.involved_object.name != "late" for body in core.bodies)
+
+
+def test_event_messages_are_shown_escaped() -> None:
+    """A tenant's text quoted in an Event (an annotation's value) reaches `kubectl describe` with its escape
+    sequences and bidi overrides escaped."""
+    core = FakeEventsApi()
+    recorder, _ = _recorder(core)
+    recorder.record(pod("p", "ml"), "VRAMQuotaInvalid", 'vramguard.io/vram-limit: "\x1b[2J\u202e12GB" is not valid')
+    recorder.start()
+    try:
+        assert recorder.flush(5)
+    finally:
+        recorder.stop()
+    (body,) = core.bodies
+    assert body.message == 'vramguard.io/vram-limit: "\\x1b[2J\\u202e12GB" is not valid'
 
 
 def test_event_messages_and_names_are_bounded() -> None:

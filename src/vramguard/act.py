@@ -41,6 +41,8 @@ EVENT_KILLED = "VRAMKilled"
 EVENT_INVALID = "VRAMQuotaInvalid"
 EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
 EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
+# What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
+ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +262,6 @@ class Enforcer:
             self.log.warning("event", pod=pod.key, reason=reason, message=message, dry_run=True)
             return
         try:
-            self.events.record(pod, reason, message, warning=warning)
+            self.events.record(pod, reason, message, warning=warning, important=reason in ENFORCEMENT_EVENTS)
         except Exception as e:  # an Event is a report; failing to queue it must not undo the action
             self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))

@@ -21,7 +21,10 @@ Contract with the API server (what the agent costs a cluster):
   starve the others; an Event repeated while queued or within 10 minutes of being written is one object whose
   count grows (a PATCH); writes paced at `EVENT_BURST` at once and `EVENT_PER_MINUTE` after that. Each Event's
   name is fixed when it is recorded, so a create retried after a timeout can never write it twice. What is over
-  a bound is dropped and counted (`vramguard_events_total{result="dropped"}`).
+  a bound is dropped and counted (`vramguard_events_total{result="dropped"}`). Enforcement Events (`important`:
+  a kill, an eviction, a refused or failed one) take the next token before any other, and a full queue makes
+  room for one by dropping its oldest other Event: warnings never delay or crowd them out. Messages are shown
+  to people by `kubectl describe`: their control and bidi characters are escaped (`text.printable`).
 - Eviction: one POST per decided eviction, on the enforcer's worker; a 429 (a PodDisruptionBudget says no) is
   retried `attempts` times with jittered back-off, then reported refused.
 - Capacity: one status PATCH when the advertised amount changes, none otherwise; failures back off (10 s → 10 min).
@@ -49,6 +52,7 @@ from vramguard.backoff import Backoff, TokenBucket
 from vramguard.model import MAX_TEXT_CHARS, GpuSample, PodInfo, cut
 from vramguard.pods import PodSourceError, pod_info_from_manifest
 from vramguard.ports import EvictResult
+from vramguard.text import printable
 from vramguard.worker import Runner, Worker
 
 VRAM_RESOURCE = "vramguard.io/vram"
@@ -442,6 +446,7 @@ class _Pending:
     reason: str
     message: str
     warning: bool
+    important: bool  # an enforcement Event: written ahead of the others, never dropped to make room for them
     name: str  # fixed at record time: a create retried after a timeout hits 409, never a second object
     count: int
     first: datetime
@@ -494,6 +499,7 @@ class KubeEventRecorder:
         self._count = count if count is not None else (lambda result: None)
         self._spam: OrderedDict[tuple[str, str], TokenBucket] = OrderedDict()  # LRU, bounded like client-go's
         self._queue: OrderedDict[_Key, _Pending] = OrderedDict()  # oldest first
+        self._urgent: OrderedDict[_Key, _Pending] = OrderedDict()  # important Events, oldest first; same bound
         self._written: dict[_Key, _Written] = {}  # touched by the writer thread only
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -506,36 +512,49 @@ class KubeEventRecorder:
         self._thread.start()
         return self
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
-        message = cut(message, EVENT_MESSAGE_CHARS)
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+        message = printable(cut(message, EVENT_MESSAGE_CHARS))
         key = (pod.uid, reason, message)
+        queue = self._urgent if important else self._queue
         with self._cond:
-            pending = self._queue.get(key)
+            pending = queue.get(key)
             if pending is not None:  # said again before it was even written: one Event, counted twice
                 pending.count += 1
                 pending.last = _now()
                 self._count("aggregated")
                 return
-            if not self._spam_filter(pod.uid, reason) or len(self._queue) >= self.max_queue:
+            if not self._spam_filter(pod.uid, reason) or not self._room(important):
                 self._count("dropped")
                 return
             stamp = _now()
-            self._queue[key] = _Pending(
-                pod, reason, message, warning, _event_name(pod.name), 1, stamp, stamp, self.now()
+            queue[key] = _Pending(
+                pod, reason, message, warning, important, _event_name(pod.name), 1, stamp, stamp, self.now()
             )
             self._cond.notify()
+
+    def _room(self, important: bool) -> bool:
+        """Whether one more Event fits; an important one makes room by dropping the oldest other one (the least
+        current news). Called with the lock held."""
+        if len(self._queue) + len(self._urgent) < self.max_queue:
+            return True
+        if not important or not self._queue:
+            return False
+        self._queue.popitem(last=False)
+        self._count("dropped")
+        return True
 
     def queued(self) -> int:
         """Events waiting to be written, the one being written included."""
         with self._cond:
-            return len(self._queue) + self._writing
+            return len(self._queue) + len(self._urgent) + self._writing
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """Stop the writer; Events still queued are dropped (counted). Returns within `timeout_s`."""
         self._stop.set()
         with self._cond:
-            left = len(self._queue)
+            left = len(self._queue) + len(self._urgent)
             self._queue.clear()
+            self._urgent.clear()
             self._cond.notify_all()
         for _ in range(left):
             self._count("dropped")
@@ -565,15 +584,18 @@ class KubeEventRecorder:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._cond:
-                while not self._queue and not self._stop.is_set():
+                while not (self._queue or self._urgent) and not self._stop.is_set():
                     self._cond.wait()
-                if self._stop.is_set():
-                    return
-                key, item = self._queue.popitem(last=False)
+            # The token first, the Event second: an important Event recorded while the writer waits for a token
+            # is the one that gets it.
+            if not self.bucket.wait(self._stop):
+                return
+            with self._cond:
+                if not (self._queue or self._urgent):
+                    continue  # emptied by stop()
+                key, item = (self._urgent or self._queue).popitem(last=False)
                 self._writing = True
             try:
-                if not self.bucket.wait(self._stop):
-                    return
                 self._deliver(key, item)
             finally:
                 with self._cond:

@@ -123,7 +123,10 @@ class EventRecorder(Protocol):
 
     Must not block and must not raise: the scan calls it (the Kubernetes one queues for a writer thread)."""
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None: ...
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+        """`important`: an enforcement Event (a kill, an eviction, a refused or failed one), written ahead of every
+        other and never dropped to make room for them."""
+        ...
 
 
 class CapacityPublisher(Protocol):

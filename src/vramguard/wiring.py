@@ -50,7 +50,7 @@ class LogEventRecorder:
     def __init__(self) -> None:
         self.log = structlog.get_logger("vramguard.events")
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
         self.log.warning("event", pod=pod.key, reason=reason, message=message)
 
 

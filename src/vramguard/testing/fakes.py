@@ -111,19 +111,23 @@ class FakePodSource:
 
 
 class RecordingEventRecorder:
-    """Records Events instead of writing them: `events` is a list of (pod key, reason, message, warning)."""
+    """Records Events instead of writing them: `events` is a list of (pod key, reason, message, warning), and
+    `important` the reasons recorded as enforcement Events."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str, bool]] = []
+        self.important: list[str] = []
         self._error: Exception | None = None
 
     def inject_error(self, error: Exception | None) -> None:
         self._error = error
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True) -> None:
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
         if self._error is not None:
             raise self._error
         self.events.append((pod.key, reason, message, warning))
+        if important:
+            self.important.append(reason)
 
     def reasons(self) -> list[str]:
         return [reason for _, reason, _, _ in self.events]
