@@ -21,7 +21,7 @@ from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource
 from vramguard.kube_dra import KubeClaimSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.simnode import SimProcess, wait_for
 
 from .controlplane import ControlPlane, kubeconfig_api_client, serves_dra
 from .kube_fixtures import MERGE, POLL_S, ApiPod, KubeNode, metric, wait_scans
@@ -374,6 +374,37 @@ def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
         return any("stopped the whole container" in (e.message or "") for e in node.events(pod))
 
     assert wait_for(whole_container_killed, timeout_s=10), [e.message for e in node.events(pod)]
+
+
+def test_a_kill_event_is_not_queued_behind_warnings(node: KubeNode, namespace: str, tmp_path: Path) -> None:
+    """60 pods over their quotas in a warn-mode namespace fill the Event pace (25 at once, then 20 a minute); a
+    kill in a kill-mode namespace meanwhile has its VRAMKilled Event written ahead of the warnings still queued."""
+    strict = f"{namespace}-kill"
+    node.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=strict)))
+    warned = []
+    for i in range(60):
+        api_pod, sim_pod = node.pod(f"over-{i}", namespace, limits={VRAM: "1Gi"})
+        node.sim.processes.append(
+            SimProcess(sim_pod.containers["main"].spawn(["sleep", "600"]), gpu=0, used_bytes=2 * GiB, pod=sim_pod)
+        )
+        warned.append(api_pod)
+    offender, sim_offender = node.pod("offender", strict, limits={VRAM: "1Gi"})
+    node.sim.sync()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"mode: warn\nnamespaces:\n  {strict}:\n    mode: kill\n")
+    node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    assert wait_for(lambda: (metric(node, "vramguard_events_total", result="written") or 0) >= 25, timeout_s=30)
+
+    proc = node.sim.spawn(sim_offender, "main", 2 * GiB)
+    assert wait_for(lambda: not proc.alive(), timeout_s=5)
+    killed_at = time.monotonic()
+    assert wait_for(lambda: "VRAMKilled" in node.reasons(offender), timeout_s=30)
+    took_s = time.monotonic() - killed_at
+    listed = node.core.list_namespaced_event(namespace).items
+    written = sum(1 for e in listed if e.reason == "VRAMQuotaExceeded")
+    print(f"VRAMKilled written {took_s:.1f} s after the kill, with {written} of 60 warnings written")
+    assert written < 50, f"the kill's Event went ahead of the warnings still queued ({written} of 60 written)"
 
 
 def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
