@@ -237,6 +237,15 @@ def _recorder(core: FakeEventsApi | None = None, **kwargs: object) -> tuple[Kube
     return recorder, counts
 
 
+def write_all(recorder: KubeEventRecorder) -> None:
+    """Start the writer, let it write everything queued, stop it."""
+    recorder.start()
+    try:
+        assert recorder.flush(15)
+    finally:
+        recorder.stop()
+
+
 def test_event_repeats_fold_into_the_queued_event() -> None:
     """The same Event recorded again before it is written is one Event, created once with the summed count."""
     core = FakeEventsApi()
@@ -245,11 +254,7 @@ def test_event_repeats_fold_into_the_queued_event() -> None:
     for _ in range(5):
         recorder.record(p, "VRAMQuotaExceeded", "container main uses 5GiB")
     assert recorder.queued() == 1 and counts == {"aggregated": 4}
-    recorder.start()
-    try:
-        assert recorder.flush(5)
-    finally:
-        recorder.stop()
+    write_all(recorder)
     assert [(verb, count) for verb, _, count in core.calls] == [("create", 5)]
     assert counts == {"aggregated": 4, "written": 1}
 
@@ -381,11 +386,7 @@ def test_a_kill_event_goes_ahead_of_queued_warnings(warnings: int, max_queue: in
         recorder.record(pod(f"p{i}", "ml"), "VRAMLimitFailed", "could not set the limit")
     recorder.record(pod("greedy", "ml"), "VRAMKilled", "killed PIDs 7", important=True)
     assert counts.get("dropped", 0) == dropped
-    recorder.start()
-    try:
-        assert recorder.flush(15)
-    finally:
-        recorder.stop()
+    write_all(recorder)
     assert _written(core)[0] == "VRAMKilled"
     assert len(core.bodies) == min(warnings, max_queue - 1) + 1
 
@@ -429,11 +430,7 @@ def test_what_the_event_bound_drops(
                         important=queued_important)  # fmt: skip
     recorder.record(pod("late", "ml"), "VRAMKilled", "y", important=record_important)
     assert recorder.queued() == queued_after and counts == {"dropped": dropped}
-    recorder.start()
-    try:
-        assert recorder.flush(15)
-    finally:
-        recorder.stop()
+    write_all(recorder)
     assert all(body.involved_object.name != "late" for body in core.bodies)
 
 
@@ -443,11 +440,7 @@ def test_event_messages_are_shown_escaped() -> None:
     core = FakeEventsApi()
     recorder, _ = _recorder(core)
     recorder.record(pod("p", "ml"), "VRAMQuotaInvalid", 'vramguard.io/vram-limit: "\x1b[2J\u202e12GB" is not valid')
-    recorder.start()
-    try:
-        assert recorder.flush(5)
-    finally:
-        recorder.stop()
+    write_all(recorder)
     (body,) = core.bodies
     assert body.message == 'vramguard.io/vram-limit: "\\x1b[2J\\u202e12GB" is not valid'
 
@@ -457,11 +450,7 @@ def test_event_messages_and_names_are_bounded() -> None:
     core = FakeEventsApi()
     recorder, _ = _recorder(core)
     recorder.record(pod("x" * 250, "ml"), "VRAMQuotaInvalid", "v" * 10_000_000)
-    recorder.start()
-    try:
-        assert recorder.flush(5)
-    finally:
-        recorder.stop()
+    write_all(recorder)
     (body,) = core.bodies
     assert len(str(body.message)) == 1024 and len(str(body.metadata.name)) <= 253
 

@@ -20,14 +20,19 @@ def raw_controls(text: str) -> set[str]:
     return {c for line in text.split("\n") for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
-def test_describe_process_reads_user_and_command_line() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "x" * 500])
+def describe_sleeper(argument: str) -> tuple[int, ProcessDetail]:
+    """A sleeping Python process whose last argument is `argument`: its PID and what describe_process says."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", argument])
     try:
-        detail = describe_process(proc.pid)
+        return proc.pid, describe_process(proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    assert detail.pid == proc.pid
+
+
+def test_describe_process_reads_user_and_command_line() -> None:
+    pid, detail = describe_sleeper("x" * 500)
+    assert detail.pid == pid
     assert detail.user == ("root" if os.geteuid() == 0 else detail.user)
     assert detail.command.startswith(f"{sys.executable} -c import time")
     assert len(detail.command) <= COMMAND_CHARS, "a tenant's command line is cut"
@@ -105,12 +110,7 @@ def test_hostile_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None
 def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table() -> None:
     """A command line is tenant-sized: JSON carries up to COMMAND_CHARS, the table a screen's worth, both marked."""
     command = "python " + "x" * 5000
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "x" * 5000])
-    try:
-        detail = describe_process(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+    _, detail = describe_sleeper("x" * 5000)
     assert len(detail.command) == COMMAND_CHARS and detail.command.endswith("characters]")
     row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
     shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]

@@ -264,6 +264,21 @@ def test_evict_mode_evicts_once_and_records_it(node: KubeNode, namespace: str) -
     assert proc.alive(), "evict mode leaves stopping the container to the kubelet"
 
 
+def protect_with_a_pdb(node: KubeNode, pod: ApiPod) -> None:
+    """A PodDisruptionBudget that allows no disruption of the pod: every eviction of it is answered 429."""
+    labels = {"app": pod.name}
+    node.core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": {"labels": labels}}, _content_type=MERGE)
+    client.PolicyV1Api(node.api).create_namespaced_pod_disruption_budget(
+        pod.namespace,
+        client.V1PodDisruptionBudget(
+            metadata=client.V1ObjectMeta(name=pod.name),
+            spec=client.V1PodDisruptionBudgetSpec(
+                min_available=1, selector=client.V1LabelSelector(match_labels=labels)
+            ),
+        ),
+    )
+
+
 @pytest.mark.parametrize(
     ("on_refused", "killed"),
     [pytest.param("wait", False, id="pdb-refusal-then-wait"), pytest.param("kill", True, id="pdb-refusal-then-kill")],
@@ -273,18 +288,7 @@ def test_eviction_refused_by_a_pdb_follows_the_policy(
 ) -> None:
     """A PodDisruptionBudget that allows no disruption answers 429; after the retries the policy decides."""
     pod, sim_pod = node.pod("protected", namespace, limits={VRAM: "1Gi"})
-    node.core.patch_namespaced_pod(
-        pod.name, namespace, {"metadata": {"labels": {"app": "protected"}}}, _content_type=MERGE
-    )
-    client.PolicyV1Api(node.api).create_namespaced_pod_disruption_budget(
-        namespace,
-        client.V1PodDisruptionBudget(
-            metadata=client.V1ObjectMeta(name="protected"),
-            spec=client.V1PodDisruptionBudgetSpec(
-                min_available=1, selector=client.V1LabelSelector(match_labels={"app": "protected"})
-            ),
-        ),
-    )
+    protect_with_a_pdb(node, pod)
     policy = tmp_path / "policy.yaml"
     policy.write_text(f"mode: evict\non_eviction_refused: {on_refused}\ncooldown: 600s\n")
     proc = node.sim.spawn(sim_pod, "main", 2 * GiB)
@@ -342,16 +346,7 @@ def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
     kills the worker; the supervisor's replacement is a repeat: evicted again, refused again, and then every
     process of the container is killed, the supervisor too."""
     pod, sim_pod = node.pod("serve", namespace, limits={VRAM: "1Gi"})
-    node.core.patch_namespaced_pod(pod.name, namespace, {"metadata": {"labels": {"app": "serve"}}}, _content_type=MERGE)
-    client.PolicyV1Api(node.api).create_namespaced_pod_disruption_budget(
-        namespace,
-        client.V1PodDisruptionBudget(
-            metadata=client.V1ObjectMeta(name="serve"),
-            spec=client.V1PodDisruptionBudgetSpec(
-                min_available=1, selector=client.V1LabelSelector(match_labels={"app": "serve"})
-            ),
-        ),
-    )
+    protect_with_a_pdb(node, pod)
     policy = tmp_path / "policy.yaml"
     policy.write_text("mode: evict\non_eviction_refused: kill\n")
     log = tmp_path / "agent.log"
