@@ -391,24 +391,45 @@ def test_a_kill_event_goes_ahead_of_queued_warnings(warnings: int, max_queue: in
     assert len(core.bodies) == min(warnings, max_queue - 1) + 1
 
 
-def test_the_next_write_token_goes_to_an_important_event() -> None:
+@pytest.mark.parametrize(
+    ("warnings", "tokens_at_start", "written_before"),
+    [
+        pytest.param(3, 1, ["VRAMQuotaExceeded"], id="the-pace-spent-on-a-warning-the-next-token-is-the-kill"),
+        pytest.param(256, 0, [], id="a-full-queue-and-an-empty-bucket-the-first-token-is-the-kill"),
+    ],
+)
+def test_the_next_write_token_goes_to_an_important_event(
+    warnings: int, tokens_at_start: int, written_before: list[str]
+) -> None:
     """While the writer waits for a token (the pace is spent on warnings), an enforcement Event recorded meanwhile
     takes the next one: the warnings wait, not the kill."""
     core = FakeEventsApi()
     t = [0.0]
-    bucket = TokenBucket(burst=1, per_minute=600, now=lambda: t[0])  # a token per 0.1 s of the fake clock
-    recorder, _ = _recorder(core, bucket=bucket)
-    for i in range(3):
+    polls = [0]  # reads of the bucket's clock: one per try for a token
+
+    def bucket_clock() -> float:
+        polls[0] += 1
+        return t[0]
+
+    bucket = TokenBucket(burst=1, per_minute=600, now=bucket_clock)  # a token per 0.1 s of the fake clock
+    for _ in range(1 - tokens_at_start):
+        assert bucket.take()
+    recorder, counts = _recorder(core, bucket=bucket, now=lambda: t[0])
+    for i in range(warnings):
         recorder.record(pod(f"p{i}", "ml"), "VRAMQuotaExceeded", "over")
     recorder.start()
     try:
-        assert wait_for(lambda: len(core.bodies) == 1, timeout_s=5)  # the one token of the burst: the oldest warning
+        assert wait_for(lambda: len(core.bodies) == len(written_before), timeout_s=5)
+        tried = polls[0]
+        assert wait_for(lambda: polls[0] >= tried + 2, timeout_s=5)  # the writer found the bucket empty
+        assert _written(core) == written_before, "no token, no write, though warnings are queued"
         recorder.record(pod("greedy", "ml"), "VRAMEvicted", "evicted", important=True)
         t[0] = 0.1  # the next token is due
-        assert wait_for(lambda: len(core.bodies) == 2, timeout_s=5)
+        assert wait_for(lambda: len(core.bodies) == len(written_before) + 1, timeout_s=5)
     finally:
         recorder.stop()
-    assert _written(core) == ["VRAMQuotaExceeded", "VRAMEvicted"]
+    assert _written(core) == [*written_before, "VRAMEvicted"]
+    assert counts["dropped"] == warnings - len(written_before), "the warnings still queued are dropped at stop"
 
 
 @pytest.mark.parametrize(
@@ -434,15 +455,36 @@ def test_what_the_event_bound_drops(
     assert all(body.involved_object.name != "late" for body in core.bodies)
 
 
-def test_event_messages_are_shown_escaped() -> None:
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        pytest.param("\x1b[2J12GB", "\\x1b[2J12GB", id="esc-clear-screen-escaped"),
+        pytest.param("\x1b]0;pwned\x0712GB", "\\x1b]0;pwned\\x0712GB", id="bel-ended-title-sequence-escaped"),
+        pytest.param("\u202eBG21", "\\u202eBG21", id="bidi-override-escaped"),
+        pytest.param("12 Gio für 🚀", "12 Gio für 🚀", id="printable-non-ascii-kept"),
+    ],
+)
+def test_event_messages_are_shown_escaped(value: str, shown: str) -> None:
     """A tenant's text quoted in an Event (an annotation's value) reaches `kubectl describe` with its escape
-    sequences and bidi overrides escaped."""
+    sequences, bells and bidi overrides escaped."""
     core = FakeEventsApi()
     recorder, _ = _recorder(core)
-    recorder.record(pod("p", "ml"), "VRAMQuotaInvalid", 'vramguard.io/vram-limit: "\x1b[2J\u202e12GB" is not valid')
+    recorder.record(pod("p", "ml"), "VRAMQuotaInvalid", f'vramguard.io/vram-limit: "{value}" is not valid')
     write_all(recorder)
     (body,) = core.bodies
-    assert body.message == 'vramguard.io/vram-limit: "\\x1b[2J\\u202e12GB" is not valid'
+    assert body.message == f'vramguard.io/vram-limit: "{shown}" is not valid'
+
+
+def test_a_pods_warnings_never_spend_its_kill_events_budget() -> None:
+    """The spam filter counts per (pod, reason): a pod past its warnings' burst still gets its kill Event queued."""
+    t = [0.0]
+    recorder, counts = _recorder(spam_burst=3, now=lambda: t[0])  # the clock never moves: no budget comes back
+    greedy = pod("greedy", "ml")
+    for i in range(10):
+        recorder.record(greedy, "VRAMQuotaExceeded", f"uses {i}GiB")
+    assert counts == {"dropped": 7}
+    recorder.record(greedy, "VRAMKilled", "killed PIDs 7", important=True)
+    assert recorder.queued() == 4 and counts == {"dropped": 7}
 
 
 def test_event_messages_and_names_are_bounded() -> None:
