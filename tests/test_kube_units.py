@@ -487,6 +487,16 @@ def test_a_pods_warnings_never_spend_its_kill_events_budget() -> None:
     assert recorder.queued() == 4 and counts == {"dropped": 7}
 
 
+def test_an_escaped_message_stays_within_the_bound() -> None:
+    """A message of control characters, each escaped to four or more, is still at most 1024 characters."""
+    core = FakeEventsApi()
+    recorder, _ = _recorder(core)
+    recorder.record(pod("p", "ml"), "VRAMQuotaInvalid", "\x1b" * 5000)
+    write_all(recorder)
+    (body,) = core.bodies
+    assert len(str(body.message)) == 1024 and "\x1b" not in str(body.message)
+
+
 def test_event_messages_and_names_are_bounded() -> None:
     """A 10 MB message is cut to 1024 characters; the Event's name fits the 253-character limit."""
     core = FakeEventsApi()

@@ -513,7 +513,8 @@ class KubeEventRecorder:
         return self
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
-        message = printable(cut(message, EVENT_MESSAGE_CHARS))
+        # Cut, escape, and cut again: an escape is up to ten characters, so escaping can lengthen the message.
+        message = cut(printable(cut(message, EVENT_MESSAGE_CHARS)), EVENT_MESSAGE_CHARS)
         key = (pod.uid, reason, message)
         queue = self._urgent if important else self._queue
         with self._cond:
