@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,14 @@ from vramguard_testbed.simnode import SimulatedNode
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "policy.example.yaml"
+# A file name as anyone with a directory may write it: a clear-screen sequence, a bell, bidi marks, a tab.
+HOSTILE_NAME = "\x1b[2J\x07\u202e\u200f\t"
+HOSTILE_NAME_SHOWN = "\\x1b[2J\\x07\\u202e\\u200f\\x09"
+
+
+def raw_controls(text: str) -> set[str]:
+    """The characters a terminal would interpret (controls, bidi and other format characters), newlines aside."""
+    return {c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
 def test_policy_check_accepts_the_example() -> None:
@@ -83,14 +92,16 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
     assert over_line.rstrip().endswith(command[:80])
 
 
+@pytest.mark.cgroups
 def test_top_shows_hostile_names_and_command_lines_escaped_and_json_exact(sim_node: SimulatedNode) -> None:
     """A pods file can name a pod, namespace and container anything, and a tenant writes its command line: the
-    table shows their ESC, BEL and bidi characters escaped, `--json` carries them exactly."""
-    hostile = "x\x1b[2J\x1b[H\x07\u202eexe\u200f"
+    table shows their ESC, BEL, bidi, return, tab and newline characters escaped, `--json` carries them exactly."""
+    hostile = "x\x1b[2J\x07\u202eexe\u200f\r\t\n"
     pod = sim_node.add_pod(
         f"evil{hostile}", f"ml{hostile}", containers={f"main{hostile}": {"vramguard.io/vram": "1Gi"}}
     )
-    script = f': {hostile}; exec 3<"$1"; while :; do sleep 60; done'  # the hostile text early in the command
+    # The hostile text early in the command, within the table's 80 characters once escaped; quoted, so inert.
+    script = f": '{hostile}'; exec 3<\"$1\"; while :; do sleep 60; done"
     argv = ["/bin/sh", "-c", script, "sh", str(sim_node.device_path)]
     proc = sim_node.spawn_command(pod, f"main{hostile}", argv)
     proc.used_bytes = 2 * GiB
@@ -103,9 +114,41 @@ def test_top_shows_hostile_names_and_command_lines_escaped_and_json_exact(sim_no
     assert row["processes"][0]["command"] == " ".join(argv)
 
     table = sim_node.run_vramguard("top", "--once").stdout
-    assert not [c for c in table if c != "\n" and (c < " " or c == "\x7f" or c in "\u202e\u200f")], repr(table)
-    assert table.count("x\\x1b[2J\\x1b[H\\x07\\u202eexe\\u200f") == 4, "pod, namespace, container, command"
+    assert raw_controls(table) == set(), repr(table)
+    escaped = "x\\x1b[2J\\x07\\u202eexe\\u200f\\x0d\\x09\\x0a"
+    assert table.count(escaped) == 4, "pod, namespace, container, command"
+    assert len(table.splitlines()) == len(rows) + 1, "one line per row: no newline of a tenant's starts one"
     proc.popen.kill()
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [
+        pytest.param("mode: warn\n", 0, id="valid-file-ok-line"),
+        pytest.param("mode: destroy\n", 1, id="invalid-file-error-line"),
+    ],
+)
+def test_policy_check_shows_a_hostile_file_name_escaped(tmp_path: Path, content: str, code: int) -> None:
+    """A file name's control, bidi and newline characters are shown escaped: one line, nothing raw."""
+    path = tmp_path / f"policy{HOSTILE_NAME}\n.yaml"
+    path.write_text(content)
+    result = runner.invoke(app, ["policy", "check", str(path)])
+    assert result.exit_code == code
+    assert raw_controls(result.output) == set() and result.output.count("\n") == 1, repr(result.output)
+    assert f"policy{HOSTILE_NAME_SHOWN}\\x0a.yaml: " in result.output
+
+
+def test_an_error_of_many_lines_keeps_them_and_indents_every_further_line(tmp_path: Path) -> None:
+    """`run` with a bad policy: its problems on lines of their own under the first, each indented, so a newline in a
+    file name cannot start a line that reads as a message of its own; nothing raw."""
+    bad = tmp_path / f"bad{HOSTILE_NAME}\nvramguard: ok.yaml"
+    bad.write_text("mode: destroy\ncooldown: soon\n")
+    result = runner.invoke(app, ["run", "--policy", str(bad), "--pods-file", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 2
+    first, *rest = result.output.removesuffix("\n").split("\n")
+    assert first.startswith("vramguard: invalid policy in ") and first.endswith(f"bad{HOSTILE_NAME_SHOWN}")
+    assert rest[0] == "  vramguard: ok.yaml (2 errors):" and len(rest) == 3
+    assert all(line.startswith("  ") for line in rest) and raw_controls(result.output) == set(), result.output
 
 
 @pytest.mark.parametrize(

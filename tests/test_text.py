@@ -23,6 +23,10 @@ from vramguard.text import printable
         pytest.param("zero\u200bwidth", "zero\\u200bwidth", id="zero-width-space"),
         pytest.param("tag\U000e0041", "tag\\U000e0041", id="tag-character"),
         pytest.param("sep\u2028arator", "sep\\u2028arator", id="line-separator"),
+        pytest.param("del\x7f", "del\\x7f", id="delete"),
+        pytest.param("caf\udce9", "caf\\udce9", id="undecodable-byte-as-surrogate"),
+        pytest.param("own\ue000use", "own\\ue000use", id="private-use"),
+        pytest.param("C:\\x1b\\u202e", "C:\\x1b\\u202e", id="backslashes-written-by-the-tenant-unchanged"),
     ],
 )
 def test_printable(text: str, shown: str) -> None:
@@ -34,3 +38,10 @@ def test_nothing_interpretable_is_left_in_any_code_point() -> None:
     """Over the whole Basic Multilingual Plane, the result holds no control, format or separator character."""
     text = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
     assert not {unicodedata.category(c) for c in printable(text)} & {"Cc", "Cf", "Zl", "Zp", "Cn", "Co"}
+
+
+def test_printable_text_is_shown_as_it_is() -> None:
+    """Escaping what is already escaped changes nothing: a table escapes a command line that was escaped and cut."""
+    text = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
+    once = printable(text)
+    assert printable(once) == once

@@ -8,11 +8,22 @@ import subprocess
 import sys
 import unicodedata
 
-from vramguard.model import GiB
-from vramguard.top import COMMAND_CHARS, ProcessDetail, TopRow, describe_process, render_json, render_table
+import pytest
 
-# Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides.
-HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\nforged line"
+from vramguard.model import GiB
+from vramguard.top import (
+    COMMAND_CHARS,
+    TABLE_COMMAND_CHARS,
+    ProcessDetail,
+    TopRow,
+    describe_process,
+    render_json,
+    render_table,
+)
+
+# Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and
+# a return, a tab and a newline that would forge a row.
+HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\r\t\nforged line"
 
 
 def raw_controls(text: str) -> set[str]:
@@ -38,10 +49,31 @@ def test_describe_process_reads_user_and_command_line() -> None:
     assert len(detail.command) <= COMMAND_CHARS, "a tenant's command line is cut"
 
 
-def test_describe_process_of_a_gone_pid() -> None:
+@pytest.mark.parametrize(
+    "argument",
+    [
+        pytest.param(HOSTILE, id="escape-sequences-and-bidi-kept"),
+        pytest.param("a\rb", id="carriage-return-not-turned-into-newline"),
+        pytest.param("a\r\nb\n", id="crlf-and-newline-kept"),
+        pytest.param("two words", id="spaces-kept"),
+        pytest.param(os.fsdecode(b"caf\xe9"), id="undecodable-bytes-as-surrogates"),
+    ],
+)
+def test_describe_process_carries_the_command_line_exactly(argument: str) -> None:
+    """The command line is the process's arguments joined by spaces, each character as the kernel holds it."""
+    _, detail = describe_sleeper(argument)
+    assert detail.command == f"{sys.executable} -c import time; time.sleep(30) {argument}"
+
+
+@pytest.mark.parametrize("reaped", [pytest.param(True, id="exited-and-reaped"), pytest.param(False, id="zombie")])
+def test_describe_process_of_a_gone_pid(reaped: bool) -> None:
+    """A process that exited is "(gone)", whether or not its parent has reaped it yet."""
     proc = subprocess.Popen(["/bin/true"])
-    proc.wait()
-    assert describe_process(proc.pid) == ProcessDetail(proc.pid, "?", "(gone)")
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | (0 if reaped else os.WNOWAIT))  # WNOWAIT leaves a zombie
+    try:
+        assert describe_process(proc.pid) == ProcessDetail(proc.pid, "?", "(gone)")
+    finally:
+        proc.wait()
 
 
 def test_table_lists_each_process_of_a_container() -> None:
@@ -93,18 +125,36 @@ def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
 
 
 def test_hostile_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None:
-    """Namespace, pod, container, user, command and claim: no raw control or bidi character in the table (one line
-    per row, columns aligned), the exact text in JSON."""
-    row = TopRow("0", HOSTILE, HOSTILE, HOSTILE, (ProcessDetail(7, HOSTILE, HOSTILE),), GiB, 2 * GiB, "ok",
-                 claim=HOSTILE)  # fmt: skip
+    """Namespace, pod, container, user, command, state and claim: no raw control or bidi character in the table
+    (one line per row, columns aligned), the exact text in JSON."""
+    row = TopRow("0", HOSTILE, HOSTILE, HOSTILE, (ProcessDetail(7, HOSTILE, HOSTILE),), GiB, 2 * GiB,
+                 f"unattributed: {HOSTILE}", claim=HOSTILE)  # fmt: skip
     table = render_table([row])
     assert raw_controls(table) == set()
     header, line = table.splitlines()
-    assert "\\x1b[2J" in line and "\\u202e" in line
+    assert "\\x1b[2J" in line and "\\u202e" in line and "\\x0d\\x09\\x0aforged line" in line
     assert line.index("1.0GiB") == header.index("USED"), "escaped cells keep the columns aligned"
+    assert line.index("7 ") == header.index("PID"), "widths are those of the escaped text"
     (back,) = json.loads(render_json([row]))
     assert back["namespace"] == back["pod"] == back["container"] == back["claim"] == HOSTILE
+    assert back["state"] == f"unattributed: {HOSTILE}"
     assert back["processes"] == [{"pid": 7, "user": HOSTILE, "command": HOSTILE}]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param("python " + "x" * 5000, id="long-command"),
+        pytest.param("\x1b" * 100, id="control-characters-counted-escaped"),
+        pytest.param("\u202e" * 100, id="bidi-characters-counted-escaped"),
+    ],
+)
+def test_the_table_shows_at_most_a_screen_of_a_command(command: str) -> None:
+    """The COMMAND cell is at most TABLE_COMMAND_CHARS of the escaped command, marked when cut, nothing raw."""
+    row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
+    header, line = render_table([row]).splitlines()
+    cell = line[header.index("COMMAND") :]
+    assert len(cell) == TABLE_COMMAND_CHARS and cell.endswith(" characters]") and raw_controls(cell) == set()
 
 
 def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table() -> None:

@@ -32,8 +32,11 @@ _T = TypeVar("_T")
 
 
 def _say(message: str) -> None:
-    """A line for a person on standard error: what it quotes (a file's text, a pod's name) shown escaped."""
-    typer.echo(printable(message), err=True)
+    """A message for a person on standard error: what it quotes (a file's text, a pod's name) shown escaped, line by
+    line; its further lines indented, so that none passes for a message of its own."""
+    first, *rest = message.split("\n")
+    shown = [printable(first), *(printable(line if line.startswith("  ") else f"  {line}") for line in rest)]
+    typer.echo("\n".join(shown), err=True)
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -209,9 +212,9 @@ def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to valid
     errors = check_policy_file(file)
     if errors:
         for line in errors:
-            _say(f"{file}: {line}")
+            _say(printable(f"{file}: {line}"))  # one line per problem, whatever the file's name holds
         raise typer.Exit(1)
-    typer.echo(f"{file}: ok")
+    typer.echo(printable(f"{file}: ok"))
 
 
 @app.command()

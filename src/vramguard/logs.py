@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
@@ -26,16 +27,37 @@ def cut_long_values(logger: WrappedLogger, method_name: str, event_dict: EventDi
     return event_dict
 
 
+# Values that are many lines by nature: each line escaped on its own, so a traceback still reads as one, and
+# indented, so a newline in an exception's message cannot start a line that passes for a log line.
+_TRACEBACK_KEYS = frozenset({"exception", "stack"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """A value the console shows through repr(): its repr, escaped (a type's own __repr__ may quote text raw)."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def escape_for_terminal(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-    """A structlog processor for console output: every string (in a value, a list, a key) shown through
-    `text.printable`, so a tenant's pod name cannot put escape sequences or bidi overrides on a terminal. JSON
-    output needs none: the encoder escapes controls and the text stays exact."""
+    """A structlog processor for console output: every key and value shown through `text.printable`, so a tenant's
+    pod name cannot put escape sequences or bidi overrides on a terminal. JSON output needs none: the encoder
+    escapes controls and the text stays exact.
+
+    An exception is rendered here as a plain traceback, each of its lines escaped and indented: the console
+    renderer's own formatters would print its message raw."""
+    event_dict = structlog.processors.format_exc_info(logger, method_name, event_dict)
     escaped: EventDict = {}
     for key, value in event_dict.items():
-        if isinstance(value, str):
+        if isinstance(value, str) and key in _TRACEBACK_KEYS:
+            value = "\n".join(f"  {printable(line)}" for line in value.split("\n"))
+        elif isinstance(value, str):
             value = printable(value)
-        elif isinstance(value, (list, tuple)):
-            value = [printable(v) if isinstance(v, str) else v for v in value]
+        else:
+            value = _Shown(printable(repr(value)))
         escaped[printable(key) if isinstance(key, str) else key] = value
     return escaped
 

@@ -5,12 +5,13 @@ at display time (`describe_process`). They are for people, never for decisions: 
 its PID been reused, between the scan and the read.
 
 Names, commands and claims are tenant text: the table shows their control and bidi characters escaped
-(`text.printable`), the JSON carries them exactly.
+(`text.printable`), the JSON carries them exactly (a command line cut at COMMAND_CHARS, with a marker saying so).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -19,17 +20,20 @@ import psutil
 from vramguard.agent import ScanReport
 from vramguard.limits import LimitKey
 from vramguard.model import cut, format_bytes
+from vramguard.procfs import is_gone_error
 from vramguard.text import printable
 
 COMMAND_CHARS = 1024  # a command line is cut to this (with a marker saying so): a tenant controls its length
-TABLE_COMMAND_CHARS = 80  # and to this in the table, to keep a row on a screen
+TABLE_COMMAND_CHARS = 80  # and its escaped text to this in the table, to keep a row on a screen
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessDetail:
     pid: int
     user: str  # "?" when it cannot be read
-    command: str  # the command line, "(gone)" when the process exited
+    # The arguments joined by spaces, exactly as the kernel holds them up to COMMAND_CHARS; "[name]" for a process
+    # without arguments (a kernel thread), "(gone)" when the process exited, "?" when it cannot be read.
+    command: str
 
 
 def use_proc_root(proc_root: str) -> None:
@@ -42,8 +46,7 @@ def describe_process(pid: int) -> ProcessDetail:
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            argv = proc.cmdline()
-            command = " ".join(argv) if argv else f"[{proc.name()}]"
+            command = _command_line(proc)
             try:
                 user = proc.username()
             except (psutil.AccessDenied, KeyError):
@@ -52,7 +55,21 @@ def describe_process(pid: int) -> ProcessDetail:
         return ProcessDetail(pid, "?", "(gone)")
     except psutil.Error:
         return ProcessDetail(pid, "?", "?")
+    except OSError as e:
+        return ProcessDetail(pid, "?", "(gone)" if is_gone_error(e) else "?")
     return ProcessDetail(pid, cut(user, 32), cut(command, COMMAND_CHARS))
+
+
+def _command_line(proc: psutil.Process) -> str:
+    """`proc`'s arguments joined by spaces, as the kernel holds them; `[name]` when it has none.
+
+    Read as bytes: psutil reads /proc/<pid>/cmdline as text with universal newlines, which turns a CR into a LF.
+    """
+    with open(f"{psutil.PROCFS_PATH}/{proc.pid}/cmdline", "rb") as f:
+        data = f.read()
+    if not data:  # a kernel thread, or a zombie: psutil tells them apart (ZombieProcess is a NoSuchProcess)
+        return " ".join(proc.cmdline()) or f"[{proc.name()}]"
+    return os.fsdecode(data.removesuffix(b"\0")).replace("\0", " ")  # undecodable bytes kept as surrogates
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +195,11 @@ def render_table(rows: Sequence[TopRow]) -> str:
                 r.claim,
                 str(first.pid) if r.processes else "-",
                 first.user,
-                cut(first.command, TABLE_COMMAND_CHARS),
+                cut(printable(first.command), TABLE_COMMAND_CHARS),
             )
         )
         lines.extend(
-            ("", "", "", "", "", "", "", "", "", "", str(p.pid), p.user, cut(p.command, TABLE_COMMAND_CHARS))
+            ("", "", "", "", "", "", "", "", "", "", str(p.pid), p.user, cut(printable(p.command), TABLE_COMMAND_CHARS))
             for p in rest
         )
     if not rows:
@@ -191,10 +208,12 @@ def render_table(rows: Sequence[TopRow]) -> str:
         at = header.index("CLAIM")
         lines = [line[:at] + line[at + 1 :] for line in lines]
         header = lines[0]
-    lines = [tuple(printable(cell) for cell in line) for line in lines]  # tenant text: nothing raw on a terminal
+    # Tenant text: nothing raw on a terminal; the widths are those of the escaped text (a command's is already).
+    lines = [tuple(printable(cell) for cell in line) for line in lines]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
 
 def render_json(rows: Sequence[TopRow]) -> str:
+    """The rows with their text exact (json escapes controls and non-ASCII characters itself)."""
     return json.dumps([{**asdict(r), "pids": list(r.pids), "percent": r.percent} for r in rows])
