@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,6 +158,42 @@ def test_the_offender_runs_out_and_its_neighbour_keeps_its_memory(
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
     }
     assert used == {trainer.pid: 8 * GiB, notebook.pid: 12 * GiB}
+
+
+def test_a_pods_limit_bounds_its_containers_and_only_the_leaf_limit_is_reported_inside(
+    node: FakeNode, nvml_state: Path, fake_nvml_dir: Path, v2: KubeletCgroups
+) -> None:
+    """NVIDIA: a limit on a parent cgroup is enforced for everything below it; cuMemGetInfo inside a container
+    reports the limit only where the container's own (leaf) cgroup holds it."""
+    pod = v2.pod()
+    limited, bare = pod.container(), pod.container()
+    env = fake_nvml_env(fake_nvml_dir, nvml_state)
+    io = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "env": env}
+    a = Allocator(limited.spawn(Allocator.argv(fake_nvml_dir), **io))
+    b = Allocator(bare.spawn(Allocator.argv(fake_nvml_dir), **io))
+    assert set_limit(0, pod.dirs[0], 0, 10 * GiB) == 0
+    assert set_limit(0, limited.dirs[0], 0, 8 * GiB) == 0
+
+    assert a.memory_info(0) == (8 * GiB, 8 * GiB), "its own cgroup's limit"
+    assert b.memory_info(0) == (TOTAL, TOTAL), "a parent's limit is not what cuMemGetInfo shows"
+    assert a.allocate(0, 6 * GiB)
+    assert a.memory_info(0) == (8 * GiB, 2 * GiB)
+    assert not b.allocate(0, 5 * GiB), "6 + 5 GiB is over the pod's 10 GiB: the pod's limit counts both"
+    assert b.allocate(0, 4 * GiB)
+    assert not a.allocate(0, 1), "the pod is full, though the container's own limit has 2 GiB left"
+    assert get_limit(0, pod.dirs[0]) == (0, 10 * GiB, 10 * GiB)
+    assert get_limit(0, limited.dirs[0]) == (0, 8 * GiB, 6 * GiB)
+
+
+def test_each_call_is_logged_with_its_boot_time(node: FakeNode, nvml_state: Path, v2: KubeletCgroups) -> None:
+    """The call log places each call on CLOCK_BOOTTIME, the clock of /proc/<pid>/stat's start times."""
+    path = v2.pod().container().dirs[0]
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert set_limit(0, path, 0, 8 * GiB) == 0
+    after = time.clock_gettime(time.CLOCK_BOOTTIME)
+    (call,) = limit_calls(nvml_state)
+    assert before <= call.at_s <= after
+    assert call.cgroup == path
 
 
 def test_without_a_limit_the_neighbour_runs_short(

@@ -54,13 +54,15 @@
  * flock(2):
  *   <state>.limits   <gpu> <soft> <hard> <cgroup path>   the limits set (a cleared limit has no line)
  *   <state>.alloc    <gpu> <pid> <bytes>                 what vgFakeAllocate granted (a dead PID's is freed)
- *   <state>.calls    one line per limits call: "set|get <gpu> <soft> <hard> <return code> <cgroup path>"
+ *   <state>.calls    one line per limits call:
+ *                    "set|get <gpu> <soft> <hard> <return code> <CLOCK_BOOTTIME seconds> <cgroup path>"
  *
  * Memory limits follow nvml.h and NVIDIA's dmem documentation: the cgroup path is a cgroup v2 directory (its full
  * sysfs path as this process sees it); a process is in it when its "0::" cgroup is the directory or below it; an
- * allocation that would take a limited cgroup over its hard limit fails (NVML_ERROR_MEMORY, standing for CUDA's
- * out-of-memory) in that process only; and inside a limited cgroup nvmlDeviceGetMemoryInfo reports the limit
- * as the device's total.
+ * allocation that would take a limited cgroup — the process's own or any parent: a pod's limit bounds every
+ * container below it — over its hard limit fails (NVML_ERROR_MEMORY, standing for CUDA's out-of-memory) in that
+ * process only; and nvmlDeviceGetMemoryInfo reports a limit as the device's total only to a process whose own
+ * (leaf) cgroup holds it, as NVIDIA documents for cuMemGetInfo.
  */
 
 #define _GNU_SOURCE
@@ -809,27 +811,44 @@ static unsigned long long cgroup_used(int gpu, const char *relative, const fake_
     return used;
 }
 
-/* The tightest hard limit on GPU `gpu` over the cgroup of `pid` (or any parent of it): 0 and *relative
- * untouched when none. */
-static unsigned long long limit_over(int gpu, unsigned int pid, char *relative, size_t cap)
+/* The hard limit on GPU `gpu` of the cgroup `pid` is in itself (its leaf, not a parent): 0 and *relative
+ * untouched when that cgroup holds none. What nvmlDeviceGetMemoryInfo (cuMemGetInfo) reports follows this one:
+ * NVIDIA documents truthful totals inside a container only where its own cgroup holds the limit. */
+static unsigned long long leaf_limit(int gpu, unsigned int pid, char *relative, size_t cap)
 {
     static fake_limit limits[FAKE_MAX_RECORDS]; /* g_lock held */
-    unsigned long long tightest = 0;
+    char own[PATH_MAX], rel[PATH_MAX];
+    size_t i, n;
+    int fd;
+    if (!g_state->memory_limits || pid_cgroup2(pid, own, sizeof own) != 0 || (fd = side_open("limits", LOCK_SH)) < 0)
+        return 0;
+    n = limits_read(fd, limits, FAKE_MAX_RECORDS);
+    close(fd);
+    for (i = 0; i < n; i++)
+        if (limits[i].gpu == gpu && relative_cgroup(limits[i].path, rel, sizeof rel) == 0 && strcmp(rel, own) == 0) {
+            copy_text(relative, cap, rel);
+            return limits[i].hard;
+        }
+    return 0;
+}
+
+/* Whether `bytes` more for `pid` on GPU `gpu` would take any limited cgroup it is in (its own or any parent:
+ * a pod's limit bounds every container below it) over its hard limit. */
+static int over_a_limit(int gpu, unsigned int pid, unsigned long long bytes, const fake_alloc *allocs, size_t nallocs)
+{
+    static fake_limit limits[FAKE_MAX_RECORDS]; /* g_lock held */
+    char rel[PATH_MAX];
     size_t i, n;
     int fd;
     if (!g_state->memory_limits || (fd = side_open("limits", LOCK_SH)) < 0)
         return 0;
     n = limits_read(fd, limits, FAKE_MAX_RECORDS);
     close(fd);
-    for (i = 0; i < n; i++) {
-        char rel[PATH_MAX];
+    for (i = 0; i < n; i++)
         if (limits[i].gpu == gpu && relative_cgroup(limits[i].path, rel, sizeof rel) == 0 && pid_within(pid, rel) &&
-            (tightest == 0 || limits[i].hard < tightest)) {
-            tightest = limits[i].hard;
-            copy_text(relative, cap, rel);
-        }
-    }
-    return tightest;
+            cgroup_used(gpu, rel, allocs, nallocs) + bytes > limits[i].hard)
+            return 1;
+    return 0;
 }
 
 /* The memory a caller sees: the state's figures plus live allocations; inside a limited cgroup, the limit as
@@ -847,7 +866,7 @@ static fake_memory effective_memory(int gpu, int mig)
     for (i = 0; i < n; i++)
         if (allocs[i].gpu == gpu)
             m.used += allocs[i].bytes, m.free = m.free > allocs[i].bytes ? m.free - allocs[i].bytes : 0;
-    hard = limit_over(gpu, (unsigned int)getpid(), relative, sizeof relative);
+    hard = leaf_limit(gpu, (unsigned int)getpid(), relative, sizeof relative);
     if (hard && hard < m.total) {
         unsigned long long used = cgroup_used(gpu, relative, allocs, n);
         m.total = hard;
@@ -864,8 +883,8 @@ static fake_memory effective_memory(int gpu, int mig)
 FAKE_EXPORT nvmlReturn_t vgFakeAllocate(unsigned int index, unsigned long long bytes)
 {
     static fake_alloc allocs[FAKE_MAX_RECORDS];
-    char relative[PATH_MAX], line[96];
-    unsigned long long hard, free_bytes;
+    char line[96];
+    unsigned long long free_bytes;
     size_t i, n;
     int fd;
     nvmlReturn_t ret = enter("vgFakeAllocate", (int)index, -1, 1);
@@ -878,8 +897,7 @@ FAKE_EXPORT nvmlReturn_t vgFakeAllocate(unsigned int index, unsigned long long b
     for (i = 0; i < n; i++)
         if (allocs[i].gpu == (int)index)
             free_bytes = free_bytes > allocs[i].bytes ? free_bytes - allocs[i].bytes : 0;
-    hard = limit_over((int)index, (unsigned int)getpid(), relative, sizeof relative);
-    if (bytes > free_bytes || (hard && cgroup_used((int)index, relative, allocs, n) + bytes > hard))
+    if (bytes > free_bytes || over_a_limit((int)index, (unsigned int)getpid(), bytes, allocs, n))
         return leave(NVML_ERROR_MEMORY);
     if ((fd = side_open("alloc", LOCK_EX)) < 0)
         return leave(NVML_ERROR_UNKNOWN);
@@ -1364,11 +1382,15 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, uns
 static void log_limit_call(const char *verb, int gpu, unsigned long long soft, unsigned long long hard,
                            nvmlReturn_t ret, const char *path)
 {
-    char line[PATH_MAX + 128];
+    char line[PATH_MAX + 160];
+    struct timespec now;
     int fd = side_open("calls", LOCK_EX);
     if (fd < 0)
         return;
-    snprintf(line, sizeof line, "%s %d %llu %llu %d %s\n", verb, gpu, soft, hard, (int)ret, path ? path : "-");
+    /* CLOCK_BOOTTIME: the clock of /proc/<pid>/stat's start times, so a call can be placed against a process start */
+    clock_gettime(CLOCK_BOOTTIME, &now);
+    snprintf(line, sizeof line, "%s %d %llu %llu %d %lld.%09ld %s\n", verb, gpu, soft, hard, (int)ret,
+             (long long)now.tv_sec, now.tv_nsec, path ? path : "-");
     if (lseek(fd, 0, SEEK_END) >= 0 && write(fd, line, strlen(line)) < 0)
         fprintf(stderr, "fake NVML: cannot log a limits call: %s\n", strerror(errno));
     close(fd);

@@ -380,6 +380,7 @@ class LimitCall:
     soft_bytes: int  # what was set, or what get returned (0 when it failed)
     hard_bytes: int
     result: int  # the nvmlReturn_t
+    at_s: float  # when, on CLOCK_BOOTTIME (the clock of /proc/<pid>/stat's start times)
     cgroup: str
 
 
@@ -394,8 +395,8 @@ def driver_limits(state_path: Path) -> list[DriverLimit]:
 def limit_calls(state_path: Path) -> list[LimitCall]:
     """Every limits call since the state's side files were last cleared, oldest first."""
     return [
-        LimitCall(verb, int(gpu), int(soft), int(hard), int(result), cgroup)
-        for verb, gpu, soft, hard, result, cgroup in _side_records(state_path, "calls", 6)
+        LimitCall(verb, int(gpu), int(soft), int(hard), int(result), float(at), cgroup)
+        for verb, gpu, soft, hard, result, at, cgroup in _side_records(state_path, "calls", 7)
     ]
 
 
@@ -445,18 +446,40 @@ class Allocator:
             raise RuntimeError(f"allocator {self.pid}: {answer or 'exited'}")
         return answer == "ok"
 
+    def memory_info(self, gpu: int) -> tuple[int, int]:
+        """(total, free) bytes as this process sees GPU `gpu` (nvmlDeviceGetMemoryInfo, standing for
+        cuMemGetInfo): inside a cgroup that holds a limit itself, the limit and what is left of it."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"info {gpu}\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().split()
+        if len(answer) != 2:
+            raise RuntimeError(f"allocator {self.pid}: {' '.join(answer) or 'exited'}")
+        return int(answer[0]), int(answer[1])
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
 
 def _serve_allocations(library: str) -> None:
-    """The allocator process: one "<gpu> <bytes>" request per line on stdin, "ok" or "oom" on stdout."""
+    """The allocator process: one request per line on stdin: "<gpu> <bytes>" answered "ok" or "oom", and
+    "info <gpu>" answered "<total> <free>"."""
     lib = ctypes.CDLL(library)
     if lib.nvmlInit_v2() != 0:
         sys.exit("allocator: nvmlInit_v2 failed")
     allocate = lib.vgFakeAllocate
     allocate.argtypes = (ctypes.c_uint, ctypes.c_ulonglong)
     for line in sys.stdin:
-        gpu, nbytes = (int(x) for x in line.split())
-        code = allocate(gpu, nbytes)
-        answer = "ok" if code == 0 else "oom" if code == NVML_ERROR_MEMORY else f"error {code}"
+        words = line.split()
+        if words[0] == "info":
+            handle, memory = ctypes.c_void_p(), _Memory()
+            code = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(words[1])), ctypes.byref(handle))
+            code = code or lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+            answer = f"{memory.total} {memory.free}" if code == 0 else f"error {code}"
+        else:
+            code = allocate(int(words[0]), int(words[1]))
+            answer = "ok" if code == 0 else "oom" if code == NVML_ERROR_MEMORY else f"error {code}"
         sys.stdout.write(answer + "\n")
         sys.stdout.flush()
 
