@@ -104,7 +104,7 @@ def test_an_agent_restart_sets_nothing_again(r615: SimulatedNode) -> None:
     sets = [c for c in limit_calls(r615.state_path) if c.verb == "set"]
     r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
     r615.wait_ready()
-    wait_until(lambda: metric(r615, "vramguard_driver_limits_total", outcome="unchanged") == 1)
+    wait_until(lambda: metric(r615, "vramguard_driver_limits_total", outcome="unchanged") == 2)  # pod, container
     assert [c for c in limit_calls(r615.state_path) if c.verb == "set"] == sets
     assert held_for(r615, trainer_pod) == [8 * GiB], "the limit outlived the agent, protecting the neighbours"
 

@@ -34,14 +34,22 @@ def targets_for(
 
 
 TRAINER = pod("trainer", "ml", containers={"main": {QUOTA: "8Gi"}, "sidecar": {}})
+PAIR = pod("pair", "ml", containers={"a": {QUOTA: "8Gi"}, "b": {QUOTA: "4Gi"}})
+MIXED = pod("mixed", "ml", containers={"own": {QUOTA: "8Gi"}, "rest": {}},
+            annotations={"vramguard.io/vram-limit": "2Gi", "vramguard.io/vram-containers": "rest"})  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("case", "pods", "devices", "policy", "expected"),
     [
-        ("a container quota on every GPU", [TRAINER], [gpu(0), gpu(1)], KILL,
+        ("a container quota on every GPU; none on the pod, whose sidecar has none", [TRAINER], [gpu(0), gpu(1)], KILL,
          [("trainer", "main", 0, 8 * GiB), ("trainer", "main", 1, 8 * GiB)]),
-        ("evict mode too", [TRAINER], [gpu(0)], Policy(mode=Mode.EVICT), [("trainer", "main", 0, 8 * GiB)]),
+        ("the pod holds the sum of its containers'", [PAIR], [gpu(0)], KILL,
+         [("pair", None, 0, 12 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
+        ("own quotas and a pod-wide one add up", [MIXED], [gpu(0)], KILL,
+         [("mixed", None, 0, 10 * GiB), ("mixed", "own", 0, 8 * GiB)]),
+        ("evict mode too", [PAIR], [gpu(0)], Policy(mode=Mode.EVICT),
+         [("pair", None, 0, 12 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
         ("never in warn mode", [TRAINER], [gpu(0)], Policy(mode=Mode.WARN), []),
         ("a namespace in warn mode", [TRAINER], [gpu(0)],
          replace(KILL, namespaces={"ml": NamespacePolicy(mode=Mode.WARN)}), []),
@@ -50,9 +58,9 @@ TRAINER = pod("trainer", "ml", containers={"main": {QUOTA: "8Gi"}, "sidecar": {}
         ("an exempt namespace", [pod("agent", "kube-system", containers={"main": {QUOTA: "1Gi"}})], [gpu(0)], KILL, []),
         ("the burst is the hard limit",
          [pod("b", "ml", containers={"main": {QUOTA: "4Gi"}}, annotations={"vramguard.io/vram-burst": "6Gi"})],
-         [gpu(0)], KILL, [("b", "main", 0, 6 * GiB)]),
-        ("capped at the GPU's memory", [pod("big", "ml", containers={"main": {QUOTA: "40Gi"}})], [gpu(0, 16 * GiB)],
-         KILL, [("big", "main", 0, 16 * GiB)]),
+         [gpu(0)], KILL, [("b", None, 0, 6 * GiB), ("b", "main", 0, 6 * GiB)]),
+        ("capped at the GPU's memory", [PAIR], [gpu(0, 10 * GiB)], KILL,
+         [("pair", None, 0, 10 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
         ("a pod-wide quota goes on the pod's cgroup",
          [pod("p", "ml", annotations={"vramguard.io/vram-limit": "6Gi"})], [gpu(0)], KILL, [("p", None, 0, 6 * GiB)]),
         ("no MIG instance, nor its parent", [TRAINER], [MIG_PARENT, MIG_SLICE], KILL, []),
@@ -66,10 +74,15 @@ def test_wanted_limits(
     assert targets_for(pods, devices, policy) == expected, case
 
 
-def test_not_the_agents_own_pod_and_not_before_the_container_runs() -> None:
-    assert targets_for([TRAINER], [gpu(0)], agent_pod_uid=TRAINER.uid) == []
-    not_started = replace(TRAINER, containers=tuple(replace(c, container_id=None) for c in TRAINER.containers))
-    assert targets_for([not_started], [gpu(0)]) == []
+def test_not_the_agents_own_pod_and_pending_before_the_container_runs() -> None:
+    assert targets_for([PAIR], [gpu(0)], agent_pod_uid=PAIR.uid) == []
+    not_started = replace(PAIR, containers=tuple(replace(c, container_id=None) for c in PAIR.containers))
+    by_uid = {not_started.uid: not_started}
+    quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
+    found = wanted_limits(by_uid, quotas, [gpu(0)], KILL)
+    assert [(t.container, t.pending, t.hard_bytes) for t in found] == [
+        (None, False, 12 * GiB), ("a", True, 8 * GiB), ("b", True, 4 * GiB)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -97,6 +110,7 @@ class Node:
     """Two pods in real kubelet-shaped v2 cgroups, the limits their quotas call for, a fake driver."""
 
     def __init__(self, v2: KubeletCgroups) -> None:
+        self.v2 = v2
         self.trainer_cg = v2.pod(qos="burstable")
         self.trainer_ctr = self.trainer_cg.container()
         self.shared_cg = v2.pod(qos="besteffort")
@@ -106,9 +120,20 @@ class Node:
         )
         self.shared = pod("shared", "ml", annotations={"vramguard.io/vram-limit": "6Gi"}, uid=self.shared_cg.uid)
         self.driver = FakeMemoryLimiter()
-        self.limiter = DriverLimiter(self.driver, runner=Inline(), resync_s=30, retry_s=2)
+        self.clock = [0.0]
+        self.known: dict[str, PodInfo] = {}  # what the agent's sources know, for the limiter's plan
+        self.limiter = self.make_limiter()
         self.devices = [gpu(0, 24 * GiB), gpu(1, 24 * GiB)]
         self.policy = KILL
+
+    def make_limiter(self) -> DriverLimiter:
+        return DriverLimiter(
+            self.driver, runner=Inline(), resync_s=30, retry_s=2, clock=lambda: self.clock[0], plan=self.plan
+        )
+
+    def plan(self, uid: str) -> tuple[LimitTarget, ...] | None:
+        found = self.known.get(uid)
+        return None if found is None else self.targets(found)
 
     def targets(self, *pods: PodInfo) -> tuple[LimitTarget, ...]:
         by_uid = {p.uid: p for p in pods}
@@ -116,8 +141,15 @@ class Node:
         return wanted_limits(by_uid, quotas, self.devices, self.policy)
 
     def update(self, targets: tuple[LimitTarget, ...], now: float) -> list[tuple[str, str | None, int, str]]:
+        self.clock[0] = now
         self.limiter.update(targets, [0, 1], now)
+        return self.collect()
+
+    def collect(self) -> list[tuple[str, str | None, int, str]]:
         return [(o.result, o.target.container, o.target.gpu_index, o.detail) for o in self.limiter.collect()]
+
+    def held(self, path: str) -> list[int]:
+        return [hard for (_, cgroup), (_, hard) in sorted(self.driver.limits.items()) if cgroup == path]
 
 
 @pytest.fixture
@@ -125,17 +157,30 @@ def node(v2: KubeletCgroups) -> Node:
     return Node(v2)
 
 
+def results(outcomes: list[tuple[str, str | None, int, str]]) -> list[tuple[str, str | None, int]]:
+    return [o[:3] for o in outcomes]
+
+
 def test_limits_go_on_the_containers_and_the_pods_own_cgroups(node: Node) -> None:
     outcomes = node.update(node.targets(node.trainer, node.shared), now=0)
-    assert [o[:3] for o in outcomes] == [
-        ("applied", "main", 0), ("applied", "main", 1), ("applied", None, 0), ("applied", None, 1)
-    ]  # fmt: skip
-    ctr, shared = node.trainer_ctr.dirs[0], node.shared_cg.dirs[0]
-    assert node.driver.limits == {
-        (0, ctr): (0, 8 * GiB), (1, ctr): (0, 8 * GiB), (0, shared): (0, 6 * GiB), (1, shared): (0, 6 * GiB)
+    assert sorted(results(outcomes), key=str) == sorted(
+        [("applied", c, g) for c in (None, None, "main") for g in (0, 1)], key=str
+    )
+    ctr, trainer, shared = node.trainer_ctr.dirs[0], node.trainer_cg.dirs[0], node.shared_cg.dirs[0]
+    assert node.held(ctr) == node.held(trainer) == [8 * GiB, 8 * GiB]
+    assert node.held(shared) == [6 * GiB, 6 * GiB]
+    assert set(node.limiter.held()) == {
+        (p.uid, c, g.uuid) for p, c in ((node.trainer, "main"), (node.trainer, None), (node.shared, None))
+        for g in node.devices
     }  # fmt: skip
-    assert set(node.limiter.held()) == {(p.uid, c, g.uuid) for p, c in ((node.trainer, "main"), (node.shared, None))
-                                        for g in node.devices}  # fmt: skip
+
+
+def test_a_container_found_running_without_its_limit_is_late(node: Node) -> None:
+    node.trainer_ctr.spawn(["sleep", "60"])
+    outcomes = node.update(node.targets(node.trainer), now=0)
+    late = [o for o in outcomes if o[0] == "late"]
+    assert [o[1:3] for o in late] == [("main", 0), ("main", 1)]
+    assert "the container was already running" in late[0][3]
 
 
 def test_idempotent_then_reapplied_when_the_quota_changes_then_cleared(node: Node) -> None:
@@ -146,21 +191,23 @@ def test_idempotent_then_reapplied_when_the_quota_changes_then_cleared(node: Nod
     assert len(node.driver.sets()) == sets
     bigger = replace(node.trainer, containers=(replace(node.trainer.containers[0], limits={QUOTA: "10Gi"}),))
     outcomes = node.update(node.targets(bigger), now=32)
-    assert [(o[0], o[2]) for o in outcomes] == [("applied", 0), ("applied", 1)]
+    assert sorted(results(outcomes), key=str) == sorted(
+        [("applied", c, g) for c in (None, "main") for g in (0, 1)], key=str
+    )
     assert "(was 8589934592 bytes)" in outcomes[0][3]
-    assert node.driver.limits[(0, node.trainer_ctr.dirs[0])] == (0, 10 * GiB)
+    assert node.held(node.trainer_ctr.dirs[0]) == [10 * GiB, 10 * GiB]
     # The quota is gone (the pod was re-created without one): the limit is cleared, never left behind.
-    assert [o[0] for o in node.update((), now=33)] == ["cleared", "cleared"]
+    assert [o[0] for o in node.update((), now=33)] == ["cleared"] * 4
     assert node.driver.limits == {}
-    assert node.driver.sets()[-1] == (1, node.trainer_ctr.dirs[0], 0, LIMIT_MAX)
+    assert node.driver.sets()[-1][2:] == (0, LIMIT_MAX)
 
 
 def test_an_agent_restart_sets_nothing(node: Node) -> None:
     node.update(node.targets(node.trainer), now=0)
     sets = len(node.driver.sets())
-    restarted = DriverLimiter(node.driver, runner=Inline())
+    restarted = node.make_limiter()
     restarted.update(node.targets(node.trainer), [0, 1], 0)
-    assert [o.result for o in restarted.collect()] == ["unchanged", "unchanged"]
+    assert [o.result for o in restarted.collect()] == ["unchanged"] * 4
     assert len(node.driver.sets()) == sets
 
 
@@ -169,8 +216,8 @@ def test_a_cgroup_that_is_not_there_yet_is_retried(node: Node, v2: KubeletCgroup
     assert node.update(node.targets(late), now=0) == []
     assert node.update(node.targets(late), now=1) == []  # within retry_s
     late_cg = v2.pod(uid=late.uid, qos="besteffort").container(container_id=late.containers[0].container_id)
-    assert [o[0] for o in node.update(node.targets(late), now=3)] == ["applied", "applied"]
-    assert node.driver.limits[(0, late_cg.dirs[0])] == (0, 2 * GiB)
+    assert [o[0] for o in node.update(node.targets(late), now=3)] == ["applied"] * 4
+    assert node.held(late_cg.dirs[0]) == [2 * GiB, 2 * GiB]
 
 
 def test_an_older_driver_falls_back_once(node: Node) -> None:
@@ -185,15 +232,104 @@ def test_an_older_driver_falls_back_once(node: Node) -> None:
 def test_a_gpu_without_support_falls_back_alone(node: Node) -> None:
     node.driver.unsupported_gpus = {1}
     outcomes = node.update(node.targets(node.trainer), now=0)
-    assert [o[:3] for o in outcomes] == [("applied", "main", 0)]
+    assert sorted(results(outcomes), key=str) == [("applied", "main", 0), ("applied", None, 0)]
     assert node.limiter.unsupported_gpus() == {1: "GPU 1 does not support memory limits"}
 
 
-def test_a_failure_is_reported_and_retried(node: Node) -> None:
-    node.driver.failing = {node.trainer_ctr.dirs[0]}
-    assert [o[0] for o in node.update(node.targets(node.trainer), now=0)] == ["failed", "failed"]
+def test_failures_back_off_per_target_and_are_reported_once_per_run(node: Node) -> None:
+    ctr = node.trainer_ctr.dirs[0]
+    node.driver.failing = {ctr}
+    targets = node.targets(node.trainer)
+    assert sorted(results(node.update(targets, now=0)), key=str) == [
+        ("applied", None, 0), ("applied", None, 1), ("failed", "main", 0), ("failed", "main", 1)
+    ]  # fmt: skip
+    assert node.limiter.failing() == 2
+
+    def tries() -> int:
+        return len([c for c in node.driver.calls if c[1:3] == (0, ctr)])
+
+    attempts = []
+    for now in range(1, 400):  # every scan for 400 s: the failing limits are tried ever more rarely
+        before = tries()
+        assert node.update(targets, now=now) == [], "a failure is reported once per run of failures"
+        if tries() > before:
+            attempts.append(now)
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    assert 5 <= len(attempts) <= 9, attempts  # 2 s doubling, with jitter, up to 300 s
+    assert gaps == sorted(gaps) and gaps[-1] >= 64, gaps
+    assert len([c for c in node.driver.calls if c[2] != ctr and c[0] == "set"]) == 2, "the pod's: set once"
     node.driver.failing = set()
-    assert [o[0] for o in node.update(node.targets(node.trainer), now=3)] == ["applied", "applied"]
+    now, outcomes = 400, []
+    while node.limiter.failing():
+        outcomes += node.update(targets, now=now)
+        now += 1
+    assert sorted(results(outcomes)) == [("applied", "main", 0), ("applied", "main", 1)]
+    assert outcomes[0][3].endswith("failed attempts)")
+    node.driver.failing = {ctr}
+    changed = replace(node.trainer, containers=(replace(node.trainer.containers[0], limits={QUOTA: "9Gi"}),))
+    assert ("failed", "main", 0) in results(node.update(node.targets(changed), now=now + 1)), "a new run: reported"
+
+
+# -- limits at cgroup creation --------------------------------------------------------------------------------------
+
+
+def test_a_pods_cgroup_gets_its_limit_when_it_appears(node: Node, v2: KubeletCgroups) -> None:
+    """The pod is known to the sources (it is bound before the kubelet makes its cgroup), its containers are
+    not started: the pod's limit goes on at once, and the container's own when the runtime makes its cgroup."""
+    fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
+    fresh = replace(fresh, containers=(replace(fresh.containers[0], container_id=None),))
+    node.known[fresh.uid] = fresh
+    pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
+    node.limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
+    assert results(node.collect()) == [("applied", None, 0), ("applied", None, 1)]
+    assert node.held(pod_cg.dirs[0]) == [3 * GiB, 3 * GiB]
+    ctr = pod_cg.container()
+    identity = ctr.identity
+    assert identity is not None
+    node.limiter.appeared(ctr.dirs[0], identity)
+    assert results(node.collect()) == [("applied", "main", 0), ("applied", "main", 1)], "before it started: not late"
+    assert node.held(ctr.dirs[0]) == [3 * GiB, 3 * GiB]
+    # The pod's status names the container now: the reconcile finds everything held and says nothing.
+    started = replace(fresh, containers=(replace(fresh.containers[0], container_id=ctr.container_id),))
+    sets = len(node.driver.sets())
+    assert node.update(node.targets(started), now=1) == []
+    assert len(node.driver.sets()) == sets
+
+
+def test_a_cgroup_whose_pod_is_not_known_waits_for_it(node: Node, v2: KubeletCgroups) -> None:
+    fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
+    pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
+    node.limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
+    assert node.collect() == [] and node.limiter.retry_parked()
+    node.known[fresh.uid] = fresh
+    assert not node.limiter.retry_parked()  # the retry ran inline: nothing left parked
+    assert results(node.collect()) == [("applied", None, 0), ("applied", None, 1)]
+
+
+def test_a_new_container_of_a_pod_with_different_quotas_waits_for_the_status(node: Node, v2: KubeletCgroups) -> None:
+    """Two not-started containers with different quotas: a new container cgroup could be either, so it gets
+    no limit of its own until the status names it (the pod's limit holds meanwhile)."""
+    pair = replace(PAIR, uid=v2.pod(qos="besteffort").uid)
+    pair = replace(pair, containers=tuple(replace(c, container_id=None) for c in pair.containers))
+    node.known[pair.uid] = pair
+    pod_cg = v2.pod(uid=pair.uid, qos="besteffort")
+    ctr = pod_cg.container()
+    identity = ctr.identity
+    assert identity is not None
+    node.limiter.appeared(ctr.dirs[0], identity)
+    assert node.collect() == [] and node.held(ctr.dirs[0]) == []
+
+
+def test_a_limit_set_from_a_fresher_plan_is_not_cleared_by_an_older_reconcile(node: Node, v2: KubeletCgroups) -> None:
+    fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
+    node.known[fresh.uid] = fresh
+    pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
+    node.clock[0] = 5
+    node.limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
+    node.collect()
+    node.clock[0] = 6
+    node.limiter.update((), [0, 1], 4)  # targets computed at 4, before the cgroup appeared
+    assert node.held(pod_cg.dirs[0]) == [3 * GiB, 3 * GiB]
 
 
 def test_a_cgroup_v1_host_has_no_driver_limits(node: Node, tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ EVENT_KILLED = "VRAMKilled"
 EVENT_INVALID = "VRAMQuotaInvalid"
 EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
 EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
+EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
 # What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
 ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
 
@@ -239,7 +240,7 @@ class Enforcer:
         those that failed, naming the GPUs."""
         grouped: dict[tuple[str, str | None, str], list[LimitOutcome]] = {}
         for o in outcomes:
-            if o.result in ("applied", "failed"):
+            if o.result in ("applied", "late", "failed"):
                 grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
         for (_, _, result), group in grouped.items():
             t = group[0].target
@@ -250,6 +251,14 @@ class Enforcer:
                     "an allocation beyond it fails in this container only"
                 )
                 self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
+            elif result == "late":
+                message = (
+                    f"{t.subject} was running before the driver held its limit; the driver now holds it to "
+                    f"{format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}). Whether a limit set late binds memory "
+                    "allocated before is not documented: vramguard enforces the quota itself, and restarting the pod "
+                    "puts the limit in place before its first instruction"
+                )
+                self._record(t.pod, EVENT_LIMIT_LATE, cut(message, 1024))
             else:
                 message = (
                     f"could not set the driver's memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "

@@ -29,9 +29,20 @@ from vramguard.limits import (
     with_driver_usage,
 )
 from vramguard.metrics import Metrics
-from vramguard.model import Action, GpuSample, Mode, OnRepeat, PodInfo, PodQuota, Policy, Snapshot, Violation
+from vramguard.model import (
+    Action,
+    GpuDevice,
+    GpuSample,
+    Mode,
+    OnRepeat,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Snapshot,
+    Violation,
+)
 from vramguard.ports import CapacityPublisher, ClaimSource, Clock, GpuSampler, PodSource, ProcessIdentifier
-from vramguard.quota import QuotaBook
+from vramguard.quota import QuotaBook, resolve_pod_quota
 
 
 def settle_heap() -> None:
@@ -99,6 +110,7 @@ class Agent:
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
+        self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
         self._limits_memo: (
             tuple[tuple[object, ...], tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None
         ) = None
@@ -219,12 +231,26 @@ class Agent:
         the node's labels, the DRA shares or the GPUs change (each source replaces what it hands out, never
         mutates it)."""
         gpus = whole_gpus(sample.devices)
+        self._limit_gpus = gpus
         shape = tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
         memo = self._limits_memo
         if memo is None or memo[0] != (pods, labels, shares) or memo[1] != shape:
             targets = wanted_limits(pods, quotas, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
             memo = self._limits_memo = ((pods, labels, shares), shape, targets)
         return memo[2], [d.index for d in gpus]
+
+    def plan_limits(self, pod_uid: str) -> tuple[LimitTarget, ...] | None:
+        """The limits one pod calls for now, read fresh from the sources (the limiter's `plan`, for a cgroup the
+        moment it appears); None when the pod is not known yet, or no scan has seen the GPUs. Runs on the
+        limiter's worker: it reads only what the sources replace whole, never the scan's caches."""
+        gpus = self._limit_gpus
+        pod = self.pods.pods().get(pod_uid)
+        if pod is None or gpus is None:
+            return None
+        shares = self.claims.shares() if self.claims is not None else None
+        held = shares.get(pod_uid) if shares is not None else None
+        quota = resolve_pod_quota(pod, self.policy, self.pods.node_labels(), held)
+        return wanted_limits({pod_uid: pod}, {pod_uid: quota}, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
 
     def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
         """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""
@@ -247,7 +273,7 @@ class Agent:
         for o in outcomes:
             self.metrics.driver_limit_results.labels(outcome=o.result).inc()
             t = o.target
-            log = self.log.warning if o.result == "failed" else self.log.info
+            log = self.log.warning if o.result in ("failed", "late") else self.log.info
             log(
                 "driver_limit",
                 result=o.result,
@@ -280,6 +306,7 @@ class Agent:
         self.metrics.scan_duration.observe(duration_s)
         if self.limiter is not None:
             self._report_limits(self.limiter.collect())
+            self.metrics.driver_limits_failing.set(self.limiter.failing())
         for o in outcomes:
             self.metrics.actions.labels(action=o.action_name, result=o.result).inc()
             if o.action.escalation is not None:  # by what was done: an evicted pod still over is killed whole

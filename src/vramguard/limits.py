@@ -9,8 +9,10 @@ cgroup for a pod-wide quota; a DRA share (a `claim:` quota source) goes on its o
 - the hard limit is the quota's hard limit (its burst where one is set, else the quota itself), capped at the
   GPU's memory, as the driver refuses more; the soft limit is always 0 (a soft limit reserves memory in every
   parent cgroup and would outlive a removed cgroup), so the quota stays the reactive soft limit;
+- the pod's own cgroup holds the sum of its containers' limits (NVIDIA enforces a parent's limit on everything
+  below it; the container's own limit is what `cuMemGetInfo` inside it reports);
 - never on a MIG instance (the driver does not support MIG handles), an unhealthy GPU, the agent's own pod or
-  an exempt namespace, and not before the container has an ID (its cgroup does not exist yet).
+  an exempt namespace.
 
 `limiter.DriverLimiter` programs these on a worker; the reactive loop goes on unchanged as the backstop (UVM
 memory, MIG, cgroup v1 hosts, drivers before R615).
@@ -29,7 +31,6 @@ from vramguard.model import (
     PodInfo,
     PodQuota,
     Policy,
-    Quota,
     Snapshot,
     format_bytes,
 )
@@ -41,7 +42,8 @@ LimitKey = tuple[str, str | None, str]
 @dataclass(frozen=True, slots=True)
 class LimitTarget:
     """One hard limit the driver should hold: on the cgroup of `pod`'s container `container_id` (the pod's
-    own cgroup when `container` is None), on whole GPU `gpu_index`."""
+    own cgroup when `container` is None), on whole GPU `gpu_index`. A container's target without an ID is
+    `pending`: the container has not started, and its cgroup is known only once the runtime creates it."""
 
     pod: PodInfo
     container: str | None
@@ -56,6 +58,10 @@ class LimitTarget:
         return (self.pod.uid, self.container, self.gpu_uuid)
 
     @property
+    def pending(self) -> bool:
+        return self.container is not None and self.container_id is None
+
+    @property
     def subject(self) -> str:
         return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
 
@@ -65,9 +71,10 @@ class LimitTarget:
 
 @dataclass(frozen=True, slots=True)
 class LimitOutcome:
-    """What programming one limit came to. `result`: applied (set now), unchanged (the driver already held it:
-    an agent restart), cleared (no longer wanted), unsupported (this driver or GPU cannot: the reactive modes
-    hold the quota), failed (an error; retried later)."""
+    """What programming one limit came to. `result`: applied (set now), late (set now, but the container was
+    already running: found without its limit), unchanged (the driver already held it: an agent restart), cleared
+    (no longer wanted), unsupported (this driver or GPU cannot: the reactive modes hold the quota), failed (an
+    error; retried with back-off, reported once per run of failures)."""
 
     target: LimitTarget
     result: str
@@ -105,21 +112,43 @@ def wanted_limits(
             continue
         if policy.mode_for(pod.namespace) is Mode.WARN:
             continue
-        if pod_quota.pod is not None:
-            targets += _per_gpu(pod, None, None, pod_quota.pod, gpus)
-        for container in pod.containers:
-            if not container.container_id:
-                continue
-            shares = pod_quota.shares.get(container.name)
-            if shares is not None:  # DRA shares: each on its own GPU, none elsewhere
-                for gpu in gpus:
-                    if gpu.uuid in shares:
-                        targets += _per_gpu(pod, container.name, container.container_id, shares[gpu.uuid], [gpu])
-                continue
-            quota = pod_quota.containers.get(container.name)
-            if quota is not None:
-                targets += _per_gpu(pod, container.name, container.container_id, quota, gpus)
+        targets += pod_limits(pod, pod_quota, gpus)
     return tuple(targets)
+
+
+def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list[LimitTarget]:
+    """One pod's limits on `gpus` (whole GPUs): its own cgroup's, then each container's.
+
+    The pod's cgroup holds, on each GPU, the sum of what its containers may hold there (their own hard limits,
+    DRA shares, and the pod-wide quota for the containers it covers), so the limit is in place from the moment
+    the kubelet creates the cgroup, before any container of the pod exists; summing init containers too is never
+    tighter than the pod needs. Where one container has no quota at all, the pod's cgroup holds none (it would
+    bound that container). A container that has not started yet has a target without `container_id`
+    (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
+    targets: list[LimitTarget] = []
+    for gpu in gpus:
+        total, covered, source = 0, True, "the sum of its containers' limits"
+        for container in pod.containers:
+            own = pod_quota.own(container.name, gpu.uuid)
+            if own is not None:
+                total += own.hard_for(gpu.total_bytes)
+            elif pod_quota.pod is None:
+                covered = False
+        if pod_quota.pod is not None:
+            total += pod_quota.pod.hard_for(gpu.total_bytes)
+            if not any(pod_quota.own(c.name, gpu.uuid) for c in pod.containers):
+                source = pod_quota.pod.source
+        if covered and total > 0:
+            targets.append(_target(pod, None, None, gpu, total, source))
+    for container in pod.containers:
+        shares = pod_quota.shares.get(container.name)
+        quota = pod_quota.containers.get(container.name)
+        for gpu in gpus:
+            own = shares.get(gpu.uuid) if shares is not None else quota  # a DRA share: on its own GPU only
+            if own is not None:
+                hard = own.hard_for(gpu.total_bytes)
+                targets.append(_target(pod, container.name, container.container_id, gpu, hard, own.source))
+    return targets
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +189,7 @@ def with_driver_usage(
     return replace(snapshot, containers=tuple(rows)), tuple(disagreements)
 
 
-def _per_gpu(
-    pod: PodInfo, container: str | None, container_id: str | None, quota: Quota, gpus: list[GpuDevice]
-) -> list[LimitTarget]:
-    return [
-        LimitTarget(
-            pod=pod,
-            container=container,
-            container_id=container_id,
-            gpu_index=gpu.index,
-            gpu_uuid=gpu.uuid,
-            hard_bytes=min(quota.hard_for(gpu.total_bytes), gpu.total_bytes),
-            source=quota.source,
-        )
-        for gpu in gpus
-    ]
+def _target(
+    pod: PodInfo, container: str | None, container_id: str | None, gpu: GpuDevice, hard_bytes: int, source: str
+) -> LimitTarget:
+    return LimitTarget(pod, container, container_id, gpu.index, gpu.uuid, min(hard_bytes, gpu.total_bytes), source)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -175,9 +175,15 @@ class Metrics:
         )
         self.driver_limit_results = Counter(
             "vramguard_driver_limits_total",
-            "Driver memory limits programmed, by outcome: applied, unchanged (already held), cleared, unsupported "
-            "(the reactive modes hold that quota), failed.",
+            "Driver memory limits programmed, by outcome: applied, late (applied to a container already running), "
+            "unchanged (already held), cleared, unsupported (the reactive modes hold that quota), failed (the first "
+            "failure of a run; retried with back-off).",
             ["outcome"],
+            registry=self.registry,
+        )
+        self.driver_limits_failing = Gauge(
+            "vramguard_driver_limits_failing",
+            "Driver memory limits (per cgroup and GPU) whose calls are failing now, each retried with back-off.",
             registry=self.registry,
         )
         self.nvml_errors = Counter(

@@ -23,13 +23,14 @@ from vramguard import __version__
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
 from vramguard.backoff import Backoff
+from vramguard.cgroupwatch import CgroupWatcher
 from vramguard.freezes import FreezeJournal
 from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
 from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
 from vramguard.kube_dra import KubeClaimSource
-from vramguard.limiter import DriverLimiter
+from vramguard.limiter import DriverLimiter, v2_root
 from vramguard.limits import limits_enabled
 from vramguard.metrics import Metrics
 from vramguard.model import DriverLimits, Mode, PodInfo, Policy
@@ -173,7 +174,7 @@ def build_agent(
         policy=policy,
         dry_run=dry_run,
     )
-    return Agent(
+    agent = Agent(
         sampler=sampler,
         identifier=ProcIdentifier(proc_root=proc_root),
         pods=cluster.pods,
@@ -184,6 +185,26 @@ def build_agent(
         limiter=limiter,  # None in dry-run: driver_limiter makes none
         claims=cluster.claims,
     )
+    if limiter is not None:
+        limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
+    return agent
+
+
+def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str) -> CgroupWatcher | None:
+    """Limits at cgroup creation: the kubelet's cgroup v2 tree watched with inotify, each new pod and container
+    cgroup handed to the limiter. None where there is nothing to program or no way to watch (then the limiter
+    programs each container once the pod's status names it)."""
+    root = v2_root(cgroup_root)
+    if limiter is None or root is None:
+        return None
+    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked)
+    problem = watcher.start()
+    log = structlog.get_logger("vramguard")
+    if problem is not None:
+        log.warning("cgroup_watch_unavailable", reason=problem, fallback="reconcile")
+        return None
+    log.info("cgroup_watch", root=root)
+    return watcher
 
 
 def driver_limiter(policy: Policy, dry_run: bool, cgroup_root: str) -> DriverLimiter | None:
@@ -364,7 +385,10 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
             limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root),
             journal=journal,
         )
+        watcher = watch_cgroups(probes.agent.limiter, config.cgroup_root)
         probes.agent.run(config.poll_interval_s, stop)
+        if watcher is not None:
+            watcher.stop(0.1)
     # Shutting down never waits on the API server: every background thread gets a fraction of a second, and
     # one stuck in a request is abandoned (they are daemons). SIGTERM ends the agent within 2 s.
     if probes.agent is not None:

@@ -1,0 +1,78 @@
+"""The cgroup watcher on the real cgroup v2 tree: every pod and container cgroup the kubelet's layouts make is
+reported once, including those made faster than a watch can be added, and a container's own sub-cgroups are
+not entered."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from cgroup_fixtures import CgroupsFactory, need_cgroups, wait_until
+from vramguard.cgroupwatch import CgroupWatcher
+from vramguard.limiter import v2_root
+from vramguard.model import CgroupIdentity
+from vramguard_testbed.cgroups import KubeletCgroups
+
+pytestmark = pytest.mark.cgroups
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, CgroupIdentity]] = []
+
+    def __call__(self, path: str, identity: CgroupIdentity) -> None:
+        with self.lock:
+            self.calls.append((path, identity))
+
+    def of(self, uid: str) -> list[tuple[str, str | None]]:
+        with self.lock:
+            return [(p, i.container_id) for p, i in self.calls if i.pod_uid == uid]
+
+
+@pytest.fixture
+def watched() -> Iterator[Seen]:
+    need_cgroups(2)
+    root = v2_root("/sys/fs/cgroup")
+    assert root is not None
+    seen = Seen()
+    watcher = CgroupWatcher(root, seen)
+    assert watcher.start() is None
+    yield seen
+    assert watcher.stop(2.0)
+
+
+@pytest.mark.parametrize(("driver", "kind"), [("cgroupfs", False), ("systemd", False), ("systemd", True)])
+def test_new_pod_and_container_cgroups_are_reported_once(
+    watched: Seen, make_cgroups: CgroupsFactory, driver: str, kind: bool
+) -> None:
+    cgroups: KubeletCgroups = make_cgroups(driver=driver, version=2, kind=kind)
+    pod = cgroups.pod(qos="burstable")
+    first, second = pod.container(), pod.container()  # made at once: the second may precede the pod's watch
+    expected = [(pod.dirs[0], None), (first.dirs[0], first.container_id), (second.dirs[0], second.container_id)]
+    wait_until(lambda: len(watched.of(pod.uid)) >= 3, what="the pod and both containers reported")
+    assert sorted(watched.of(pod.uid), key=str) == sorted(expected, key=str)
+
+
+def test_a_containers_sub_cgroups_are_not_entered(watched: Seen, make_cgroups: CgroupsFactory) -> None:
+    cgroups: KubeletCgroups = make_cgroups(driver="cgroupfs", version=2)
+    pod = cgroups.pod(qos="besteffort")
+    ctr = pod.container()
+    wait_until(lambda: len(watched.of(pod.uid)) >= 2, what="the pod and its container reported")
+    inner = os.path.join(ctr.dirs[0], "inner")
+    os.mkdir(inner)
+    try:
+        later = pod.container()  # an event after the sub-cgroup's: proves the sub-cgroup's would have come
+        wait_until(lambda: len(watched.of(pod.uid)) >= 3, what="the later container reported")
+        assert [p for p, _ in watched.of(pod.uid)] == [pod.dirs[0], ctr.dirs[0], later.dirs[0]]
+    finally:
+        os.rmdir(inner)
+
+
+def test_no_inotify_on_a_missing_root_says_why(tmp_path: object) -> None:
+    watcher = CgroupWatcher(f"{tmp_path}/absent", lambda p, i: None)
+    problem = watcher.start()
+    assert problem is not None and "cannot watch" in problem and "absent" in problem
