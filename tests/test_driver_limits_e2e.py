@@ -70,6 +70,25 @@ def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: 
     assert {r["pod"]: r["held_by"] for r in json.loads(top.stdout)} == {"trainer": "driver", "notebook": "driver"}
 
 
+def test_a_new_pods_limits_are_set_as_its_cgroups_appear_not_at_the_next_scan(r615: SimulatedNode) -> None:
+    """With scans 60 s apart, only the cgroup watcher can set a new pod's limits within seconds: the pod's on
+    its cgroup and the container's on its own, before any process runs there, so nothing is late."""
+    r615.start_agent("--mode", "kill", "--poll-interval", "60")
+    r615.wait_ready()
+    trainer_pod = r615.add_pod("trainer", "ml", containers=QUOTA)
+    pod_dir = trainer_pod.cgroup.dirs[0]
+    wait_until(
+        lambda: (
+            held_for(r615, trainer_pod) == [8 * GiB]
+            and [d.hard_bytes for d in driver_limits(r615.state_path) if d.cgroup == pod_dir] == [8 * GiB]
+        ),
+        what="the pod's and the container's limits, long before the next scan",
+    )
+    assert metric(r615, "vramguard_scan_duration_seconds_count") == 1, "no scan since the first"
+    trainer = r615.spawn_allocator(trainer_pod, "main")
+    assert not trainer.allocate(0, 9 * GiB), "held from its first allocation"
+
+
 def test_an_older_driver_ends_with_the_reactive_kill(older: SimulatedNode) -> None:
     trainer_pod = older.add_pod("trainer", "ml", containers=QUOTA)
     trainer = older.spawn_allocator(trainer_pod, "main")
