@@ -82,8 +82,9 @@ class TopRow:
     used_bytes: int
     quota_bytes: int | None
     state: str  # ok | over-soft | over-hard | unmanaged | unattributed: <why> | gpu-unhealthy: <error>
-    # Who holds the quota: "driver" (its hard limit on the cgroup, R615+: an allocation beyond it fails), "agent"
-    # (the reactive modes alone), "-" without a quota.
+    # Who holds the quota: "driver" (its hard limit on the container's cgroup, R615+: an allocation beyond it
+    # fails), "driver:pod" (only the pod's cgroup holds one: the container's own is missing), "agent" (the
+    # reactive modes alone: where the driver holds limits, a container running without its own), "-" without one.
     held_by: str = "-"
     claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
 
@@ -126,7 +127,8 @@ def rows_from_report(
         else:
             state = "over-hard" if v.hard else "over-soft"
         key = (u.pod.uid, u.container if own is not None else None, u.device_uuid)
-        held_by = "-" if quota is None else "driver" if key in held else "agent"
+        pod_key = (u.pod.uid, None, u.device_uuid)
+        held_by = "-" if quota is None else "driver" if key in held else "driver:pod" if pod_key in held else "agent"
         rows.append(
             TopRow(
                 gpu=device.label,

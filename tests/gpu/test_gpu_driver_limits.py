@@ -21,7 +21,7 @@ from real_parts import why_no_cuda
 from vramguard.limiter import v2_root
 from vramguard.nvml import NvmlMemoryLimiter
 from vramguard.ports import LimitFailed, LimitsUnavailable
-from vramguard_testbed.simnode import SimulatedNode
+from vramguard_testbed.simnode import SimPod, SimulatedNode
 
 pytestmark = pytest.mark.gpu
 
@@ -97,6 +97,81 @@ def test_pytorch_hits_oom_at_the_driver_limit_and_the_neighbour_is_untouched(gpu
     assert refused is not None and refused <= 3, f"no OutOfMemoryError within the 3Gi limit: {answers}"
     assert offender.poll() is None, "refused, not killed: the driver held the quota"
     assert [_grow(neighbour) for _ in range(5)] == [f"ok {i}" for i in range(1, 6)], "the neighbour never ran short"
+
+
+# What NVIDIA documents about the limits and only real hardware can confirm (the test NVML models the first two
+# as documented; README, "What only a GPU can confirm"). Each sets the limits itself, as the agent would.
+
+
+def _pod(node: SimulatedNode, name: str) -> SimPod:
+    return next(p for p in node.pods if p.name == name)
+
+
+def _limit(path: str, hard_bytes: int) -> None:
+    limiter = NvmlMemoryLimiter()
+    try:
+        limiter.set(0, path, 0, hard_bytes)
+    finally:
+        limiter.close()
+
+
+def _grow_until_refused(proc: subprocess.Popen[str], most: int = 8) -> int | None:
+    """How many GiB the process held when CUDA first refused one more (None: never within `most`)."""
+    for _ in range(most):
+        answer = _grow(proc)
+        if answer.startswith("oom"):
+            return int(answer.split()[1])
+    return None
+
+
+def test_a_pods_limit_bounds_a_container_below_it(gpu_node: SimulatedNode) -> None:
+    """NVIDIA: a limit on a parent cgroup is enforced for every cgroup below it."""
+    proc = _grower(gpu_node, "pod-limited", "8Gi")
+    pod = _pod(gpu_node, "pod-limited")
+    _limit(pod.cgroup.dirs[0], 3 * 2**30)
+    held = _grow_until_refused(proc)
+    assert held is not None and held <= 3, f"the pod's 3 GiB limit did not bound its container: held {held} GiB"
+
+
+MEMINFO = r"""
+import torch
+free, total = torch.cuda.mem_get_info(0)
+print(total, flush=True)
+"""
+
+
+def test_cuda_reports_the_leaf_limit_only(gpu_node: SimulatedNode) -> None:
+    """NVIDIA: `cuMemGetInfo` inside a container reports the limit only where the container's own cgroup holds
+    it; a parent's limit is enforced but not reported."""
+    leaf = gpu_node.add_pod("leaf", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    parent = gpu_node.add_pod("parent", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    _limit(leaf.containers["main"].dirs[0], 4 * 2**30)
+    _limit(parent.cgroup.dirs[0], 4 * 2**30)
+
+    def total(pod_name: str) -> int:
+        pod = _pod(gpu_node, pod_name)
+        proc = gpu_node.spawn_command(pod, "main", [sys.executable, "-c", MEMINFO], stdout=subprocess.PIPE, text=True)
+        out, _ = proc.popen.communicate(timeout=120)
+        return int(out.strip())
+
+    pynvml.nvmlInit()
+    try:
+        device_total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+    finally:
+        pynvml.nvmlShutdown()
+    assert total("leaf") == 4 * 2**30, "the container's own limit is its total"
+    assert total("parent") == device_total, "a parent's limit is not what cuMemGetInfo reports"
+
+
+def test_a_limit_set_late_binds_a_running_process(gpu_node: SimulatedNode) -> None:
+    """Not documented: does a limit set after a process made its CUDA context bind it? The agent does not rely on
+    it (it sets limits as cgroups appear, and reports a container it finds running without one, VRAMLimitLate);
+    if this fails on your hardware, restart the pods that carry that Event."""
+    proc = _grower(gpu_node, "late", "8Gi")
+    assert _grow(proc) == "ok 1", "a context and 1 GiB before any limit"
+    _limit(_pod(gpu_node, "late").containers["main"].dirs[0], 3 * 2**30)
+    held = _grow_until_refused(proc)
+    assert held is not None and held <= 3, f"a limit set while it ran did not bind it: held {held} GiB"
 
 
 def _limit_lines(node: SimulatedNode) -> str:
