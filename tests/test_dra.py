@@ -375,4 +375,6 @@ def test_driver_limits_hold_each_share_on_its_own_gpu_only() -> None:
     quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}
     devices = [gpu(i, 24 * GiB) for i in range(4)]
     found = wanted_limits({pod.uid: pod}, quotas, devices, policy)
-    assert [(t.container, t.gpu_index, t.hard_bytes) for t in found] == [("main", 1, 12 * GiB), ("main", 2, 10 * GiB)]
+    assert [(t.container, t.gpu_index, t.hard_bytes) for t in found] == [
+        (None, 1, 12 * GiB), (None, 2, 10 * GiB), ("main", 1, 12 * GiB), ("main", 2, 10 * GiB)
+    ]  # fmt: skip
