@@ -1,7 +1,7 @@
-"""A one-node cluster with the agent installed from its Helm chart, for the end-to-end tests and the agent-pod
-benchmark: a `ControlPlane(kubelets=True)` with the scheduler and the controllers a node needs, a `RealNode`
-(kubelet + containerd) labelled as a GPU node, the project's images imported, and the test NVML library on the
-host for the agent's pod to mount.
+"""A one-node cluster with the agent installed from its Helm chart, for the end-to-end tests and the benchmarks
+(bench/agent_pod.py, bench/limits_window.py): a `ControlPlane(kubelets=True)` with the scheduler and the
+controllers a node needs, a `RealNode` (kubelet + containerd) labelled as a GPU node, the project's images
+imported, and the test NVML library on the host for the agent's pod to mount.
 
     with real_cluster(HELM) as cluster:
         cluster.helm_install(mode="kill")                 # waits until the agent's pod is Ready
@@ -17,6 +17,7 @@ kubelet and containerd made; the test only tells the test NVML how much GPU memo
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -44,6 +45,8 @@ AGENT_NS = "vramguard"
 WORKLOAD_IMAGE = "localhost/vramguard-workload:1"
 GPU_TOTAL = 24 * GiB
 QUOTA = "vramguard.io/vram"
+# Held while a real node runs (`one_node_at_a_time`).
+NODE_LOCK = Path("/run/lock/vramguard-real-node.lock")
 IMAGE_ARCHIVES = (IMAGES / "pause-1.tar", IMAGES / "workload-1.tar", IMAGES / f"vramguard-{__version__}.tar")
 
 
@@ -102,6 +105,15 @@ class Cluster:
 
     def workload(self, namespace: str, name: str, quota: str) -> dict[str, Any]:
         """A running pod of the workload image with `quota` as its VRAM limit, placed by the scheduler."""
+        self.create_workload(namespace, name, quota)
+        wait(lambda: self.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
+        found = self.pod(namespace, name)
+        assert found is not None
+        return found
+
+    def create_workload(self, namespace: str, name: str, quota: str, *, command: list[str] | None = None) -> None:
+        """Create the pod `workload` makes (its container "main" runs `command` if given, else the image's sleep)
+        and return at once, without waiting for it to run: for creating many pods together."""
         pod = client.V1Pod(
             metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
             spec=client.V1PodSpec(
@@ -111,16 +123,13 @@ class Cluster:
                         name="main",
                         image=WORKLOAD_IMAGE,
                         image_pull_policy="Never",
+                        command=command,
                         resources=client.V1ResourceRequirements(limits={QUOTA: quota}),
                     )
                 ],
             ),
         )
         self.core.create_namespaced_pod(namespace, pod)
-        wait(lambda: self.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
-        found = self.pod(namespace, name)
-        assert found is not None
-        return found
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -180,8 +189,32 @@ def _exists(read: Callable[[], object]) -> bool:
 
 
 @contextlib.contextmanager
+def one_node_at_a_time(timeout_s: float = 900.0) -> Iterator[None]:
+    """Hold the host's real-node lock: a node takes what is the host's, not its work directory's (its address on
+    `lo`, the bridge, /var/lib/kubelet, the kubelet's /kubepods cgroups, /run/containerd), so two at once, from
+    two test runs or a test and a benchmark, break each other. Waits up to `timeout_s` for the holder to finish."""
+    deadline = time.monotonic() + timeout_s
+    with open(NODE_LOCK, "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another real node held {NODE_LOCK} for {timeout_s:.0f}s") from None
+                time.sleep(1.0)
+        yield  # closing the file releases the lock, also when this process dies
+
+
+@contextlib.contextmanager
 def real_cluster(helm: Path, *, poll_interval_s: float = 0.5) -> Iterator[Cluster]:
-    """The cluster, ready for `helm_install`; everything stopped and the host restored on leaving."""
+    """The cluster, ready for `helm_install`; everything stopped and the host restored on leaving. One real node
+    runs on a host at a time (`one_node_at_a_time`): a second waits for the first to finish."""
+    with one_node_at_a_time():
+        yield from _real_cluster(helm, poll_interval_s)
+
+
+def _real_cluster(helm: Path, poll_interval_s: float) -> Iterator[Cluster]:
     workdir = Path(f"/tmp/vg-node-{os.getpid()}")
     plane = ControlPlane(binaries_dir(), kubelets=True).start()
     try:
