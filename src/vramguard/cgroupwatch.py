@@ -99,7 +99,7 @@ class CgroupWatcher:
         """Start watching; None, or why it cannot (the caller falls back to the reconcile alone)."""
         try:
             self._inotify = _Inotify()
-            self._watch(self.root, 0)
+            self._watches[self._inotify.add(self.root)] = self.root  # the walk below it runs on the thread
         except OSError as e:
             self.close()
             return f"cannot watch {self.root} with inotify: {e}"
@@ -136,6 +136,7 @@ class CgroupWatcher:
         poller = select.poll()
         poller.register(self._inotify.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        self._scan(self.root)
         ticking = True
         while not self._stopping.is_set():
             ready = poller.poll(self.tick_s * 1000 if ticking else None)
@@ -202,15 +203,13 @@ class CgroupWatcher:
             if identity.container_id is not None:
                 return  # a container: not entered
         if depth < _MAX_DEPTH:
-            self._watch(path, depth)
+            self._watch(path)
 
-    def _watch(self, directory: str, depth: int) -> None:
+    def _watch(self, directory: str) -> None:
         assert self._inotify is not None
         try:
             wd = self._inotify.add(directory)
         except OSError as e:
-            if depth == 0:
-                raise
             if e.errno == errno.ENOSPC and self.exhausted is None:
                 self.exhausted = f"{e} (raise fs.inotify.max_user_watches)"
                 self.log.warning("cgroup_watch_limit", directory=directory, error=str(e), fallback="reconcile")

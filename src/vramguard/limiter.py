@@ -115,6 +115,8 @@ def read_held_limits(
 class _Failing:
     """A (cgroup, GPU) whose limit calls fail: when to try again, and how many attempts failed in this run."""
 
+    target: LimitTarget
+    provisional: bool
     backoff: Backoff
     due_at: float
     failures: int = 0
@@ -171,8 +173,8 @@ class DriverLimiter:
         self._parked: dict[str, tuple[CgroupIdentity, float]] = {}
         self._read: dict[LimitKey, int] = {}  # the usage the current reconcile read back
         self._probed = False
-        # Written by the worker, read by the loop: when the next retry is due (a missing cgroup, a back-off).
-        self._retry_at = math.inf
+        # Written by the worker, read by the loop: when to look for cgroups that were not there yet.
+        self._relocate_at = math.inf
         # Loop-only: the targets last handed to the worker, and when.
         self._submitted: tuple[LimitTarget, ...] | None = None
         self._submitted_at = -math.inf
@@ -190,16 +192,16 @@ class DriverLimiter:
             gpu_list = tuple(gpus)
             self._probed = self.runner.submit(lambda: self._probe(gpu_list))
         ticket = self._ticket + 1
-        due = now >= self._retry_at or now - self._submitted_at >= self.resync_s
-        if targets == self._submitted and not due:
+        due = now >= self._relocate_at or now - self._submitted_at >= self.resync_s
+        if targets == self._submitted and not due:  # failing limits are retried there, each when its back-off ends
             if self.runner.submit(lambda: self._refresh_usage(ticket)):
                 self._ticket = ticket  # else the worker is still busy: the next scan asks again
             return
-        retry_at, self._retry_at = self._retry_at, math.inf  # the reconcile sets it where something is left to retry
+        relocate_at, self._relocate_at = self._relocate_at, math.inf  # the reconcile sets it again if need be
         if self.runner.submit(lambda: self._reconcile(targets, ticket, now)):
             self._submitted, self._submitted_at, self._ticket = targets, now, ticket
         else:
-            self._retry_at = retry_at
+            self._relocate_at = relocate_at
 
     def collect(self) -> list[LimitOutcome]:
         """The outcomes since the last call (for Events, metrics, the log)."""
@@ -347,10 +349,8 @@ class DriverLimiter:
             outcomes += self._clear_unwanted(wanted, computed_at)
         except _GiveUp:
             return
-        due = [f.due_at for f in self._failing.values()]
         if missing:
-            due.append(now + self.retry_s)
-        self._retry_at = min(due, default=math.inf)
+            self._relocate_at = now + self.retry_s
         self._publish(outcomes, (ticket, self._read))
 
     def _try(self, path: str, t: LimitTarget, now: float, outcomes: list[LimitOutcome], *, provisional: bool) -> None:
@@ -371,7 +371,8 @@ class DriverLimiter:
             return
         except LimitFailed as e:
             if failing is None:
-                failing = self._failing[key] = _Failing(Backoff(self.retry_s, self.max_retry_s), now)
+                backoff = Backoff(self.retry_s, self.max_retry_s)
+                failing = self._failing[key] = _Failing(t, provisional, backoff, now)
                 outcomes.append(LimitOutcome(t, "failed", str(e)))
             failing.failures += 1
             failing.due_at = now + failing.backoff.next()
@@ -441,6 +442,10 @@ class DriverLimiter:
         outcomes: list[LimitOutcome] = []
         try:
             self._program_appeared(outcomes)
+            now = self.clock()
+            for (path, _), f in list(self._failing.items()):
+                if now >= f.due_at:
+                    self._try(path, f.target, now, outcomes, provisional=f.provisional)
         except _GiveUp:
             return
         usage: dict[LimitKey, int] = {}
