@@ -220,6 +220,18 @@ def test_a_cgroup_that_is_not_there_yet_is_retried(node: Node, v2: KubeletCgroup
     assert node.held(late_cg.dirs[0]) == [2 * GiB, 2 * GiB]
 
 
+def test_with_the_watcher_a_missing_cgroup_is_not_looked_for_again(node: Node, v2: KubeletCgroups) -> None:
+    """A container's cgroup that is gone for good (an init container that completed) costs nothing: the watcher
+    reports a new cgroup when it comes."""
+    node.limiter.watching = True
+    late = pod("late", "ml", containers={"main": {QUOTA: "2Gi"}})
+    node.update(node.targets(late), now=0)
+    calls = len(node.driver.calls)
+    for now in range(1, 29):
+        node.update(node.targets(late), now=now)
+    assert len(node.driver.calls) == calls, "no reconcile before the resync"
+
+
 def test_an_older_driver_falls_back_once(node: Node) -> None:
     node.driver.older_driver = True
     assert node.update(node.targets(node.trainer), now=0) == []

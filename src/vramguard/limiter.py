@@ -1,17 +1,18 @@
 """Programs the driver's per-cgroup memory limits (`limits.LimitTarget`s) on a worker thread.
 
 The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
-(`collect`, for Events, metrics and the log); everything that touches the file system or NVML runs on the
-worker: finding each container's cgroup v2 directory (a walk of the kubelet's tree under `--cgroup-root`, by pod
-UID and container ID), comparing with what the driver holds (Get), setting what differs (Set: soft 0, hard = the
-quota's hard limit), clearing limits no longer wanted, and reading back each limited cgroup's usage as the
-driver counts it (every context, which per-process rows can miss).
+(`collect`, for Events, metrics and the log); the cgroup watcher hands over each new pod and container cgroup
+(`appeared`), programmed at once from the agent's sources (`plan`). Everything that touches the file system or
+NVML runs on the worker: finding cgroup v2 directories (a walk of the kubelet's tree by pod UID and container
+ID), comparing with what the driver holds (Get), setting what differs (Set: soft 0, hard = the quota's hard
+limit), clearing limits no longer wanted, and reading back each limited cgroup's usage as the driver counts it.
 
 Idempotent: a limit the driver already holds is left alone (an agent restart sets nothing), a changed quota is
-set again, a container whose cgroup is not there yet is retried every `retry_s`, and everything is compared
-again every `resync_s`. Where the node cannot hold limits at all (no cgroup v2 hierarchy, a driver before R615)
-the limiter says so once (`unavailable`) and stops; a GPU that answers NOT_SUPPORTED is left out. The reactive
-loop enforces every quota either way.
+set again, and everything is compared again every `resync_s`. A failing call is retried for its own cgroup and
+GPU with back-off and reported once per run of failures. Without the watcher, a container whose cgroup is not
+there yet is looked for again every `retry_s`. Where the node cannot hold limits at all (no cgroup v2, a driver
+before R615) the limiter says so once (`unavailable`) and stops; a GPU that answers NOT_SUPPORTED is left out.
+The reactive loop enforces every quota either way.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ class DriverLimiter:
         self.max_retry_s = max_retry_s
         self.clock = clock
         self.plan = plan
+        self.watching = False  # set once a `CgroupWatcher` hands over new cgroups
         self.log = log if log is not None else structlog.get_logger("vramguard.limits")
         self._lock = threading.Lock()
         self._outcomes: list[LimitOutcome] = []
@@ -349,7 +351,7 @@ class DriverLimiter:
             outcomes += self._clear_unwanted(wanted, computed_at)
         except _GiveUp:
             return
-        if missing:
+        if missing and not self.watching:  # with the watcher, a cgroup that appears is programmed then
             self._relocate_at = now + self.retry_s
         self._publish(outcomes, (ticket, self._read))
 

@@ -203,6 +203,7 @@ def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str) -> CgroupWatc
     if problem is not None:
         log.warning("cgroup_watch_unavailable", reason=problem, fallback="reconcile")
         return None
+    limiter.watching = True
     log.info("cgroup_watch", root=root)
     return watcher
 
