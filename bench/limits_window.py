@@ -51,7 +51,7 @@ from kubernetes import client  # noqa: E402
 from helm_fixtures import HELM  # noqa: E402
 from integration.containerd import IMAGES  # noqa: E402
 from integration.node import raw  # noqa: E402
-from integration.real_cluster import GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
+from integration.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
 from vramguard import __version__  # noqa: E402
 from vramguard.model import MiB  # noqa: E402
 from vramguard_testbed.fakenvml import LimitCall, limit_calls  # noqa: E402
@@ -351,10 +351,25 @@ def print_summary(rows: list[Row]) -> None:
         print(f"exec after the first process: median {statistics.median(execs):.2f} s, max {max(execs):.2f} s")
 
 
+def agent_diagnosis(cluster: Cluster) -> None:
+    """What the agent's pod says about itself, for a run that never saw it Ready."""
+    for args in (
+        ("describe", "pods"),
+        ("logs", "daemonset/vramguard", "--tail=40"),
+        ("logs", "daemonset/vramguard", "--previous"),
+    ):
+        done = cluster.node.kubectl(*args, "--namespace", AGENT_NS, check=False)
+        print(f"$ kubectl {' '.join(args)} --namespace {AGENT_NS}\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
+
+
 def measure(cluster: Cluster, pods: int, running_timeout_s: float, limits_timeout_s: float) -> None:
     began = time.monotonic()
     cluster.gpu({}, memory_limits=True)
-    cluster.helm_install(mode="kill")
+    try:
+        cluster.helm_install(mode="kill")
+    except TimeoutError as e:
+        agent_diagnosis(cluster)
+        raise SystemExit(f"limits_window: {e}") from None
 
     def capacity() -> bool:
         node = raw(cluster.api, cluster.core.read_node(cluster.node.name))
