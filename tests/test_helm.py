@@ -33,7 +33,7 @@ def helm() -> Path:
 EVERYTHING = (
     "serviceMonitor.enabled=true",
     "prometheusRule.enabled=true",
-    "hardened=true",
+    "privileged=true",
     "advertiseCapacity=true",
     "runtimeClassName=nvidia",
     "imagePullSecrets[0].name=registry",
@@ -95,7 +95,7 @@ def test_defaults_are_a_gpu_node_agent(helm: Path) -> None:
     assert "runtimeClassName" not in spec
     c = container(objects)
     assert c["image"] == "ghcr.io/vramguard/vramguard:0.1.0"
-    assert c["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert c["securityContext"] == NARROW
     assert "--advertise-capacity" not in c["args"]
     assert {o["kind"] for o in objects}.isdisjoint({"Service", "ServiceMonitor", "PrometheusRule"})
 
@@ -134,11 +134,68 @@ def test_args_replace_the_defaults(helm: Path) -> None:
     assert c["args"] == ["run", "--mode=warn", "--dry-run"]
 
 
-def test_hardened_is_the_hardened_patch(helm: Path) -> None:
-    """`hardened: true` gives the pod exactly the security context deploy/hardened-patch.yaml documents."""
-    patch = yaml.safe_load((REPO / "deploy" / "hardened-patch.yaml").read_text())
-    (patched,) = patch["spec"]["template"]["spec"]["containers"]
-    assert container(render(helm, "hardened=true"))["securityContext"] == patched["securityContext"]
+# The chart's default security context: what the agent needs, each item with its reason in values.yaml.
+NARROW_CAPABILITIES = ["KILL", "SYS_PTRACE"]
+NARROW: dict[str, Any] = {
+    "privileged": False,
+    "runAsUser": 0,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"], "add": NARROW_CAPABILITIES},
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "appArmorProfile": {"type": "Unconfined"},
+}
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        pytest.param((), NARROW, id="default"),
+        pytest.param(("privileged=false",), NARROW, id="privileged-false"),
+        pytest.param(("privileged=true",), {"privileged": True, "runAsUser": 0}, id="privileged-opt-in"),
+        pytest.param(
+            ("securityContext.capabilities.add={KILL,SYS_PTRACE,SYS_ADMIN}",),
+            {**NARROW, "capabilities": {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE", "SYS_ADMIN"]}},
+            id="a-capability-added",
+        ),
+        pytest.param(
+            ("privileged=true", "securityContext.capabilities.add={SYS_ADMIN}"),
+            {"privileged": True, "runAsUser": 0},
+            id="privileged-ignores-the-narrow-context",
+        ),
+    ],
+)
+def test_security_context(helm: Path, sets: tuple[str, ...], expected: dict[str, Any]) -> None:
+    assert container(render(helm, *sets))["securityContext"] == expected
+
+
+def test_the_old_hardened_value_is_refused_naming_its_replacement(helm: Path) -> None:
+    for value in ("true", "false"):
+        result = subprocess.run(
+            [str(helm), "template", "x", str(CHART), "--kube-version", KUBE_VERSION, "--set", f"hardened={value}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode != 0 and "/hardened" in result.stderr and "privileged" in result.stderr
+
+
+def test_every_privilege_has_its_reason_in_values(helm: Path) -> None:
+    """Each capability the narrow context adds has a comment on its line or just above it, and each node path
+    the pod gets (its hostPath volumes, hostPID's /proc) is named in the values' comments: adding one without
+    saying why fails here. The hostPaths are the two the agent needs, whichever `privileged` says."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for cap in NARROW_CAPABILITIES:
+        (at,) = [i for i, line in enumerate(lines) if line.strip().startswith(f"- {cap}")]
+        assert "#" in lines[at] or lines[at - 1].strip().startswith("#"), f"{cap} without its reason"
+    comments = "\n".join(line for line in lines if line.strip().startswith("#"))
+    for sets in ((), ("privileged=true",)):
+        spec = one(render(helm, *sets), "DaemonSet")["spec"]["template"]["spec"]
+        host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        assert host_paths == {"/sys/fs/cgroup", "/var/lib/vramguard"}
+        assert spec["hostPID"] is True
+        for path in [*host_paths, "hostPID"]:
+            assert path in comments, f"{path} is not explained in values.yaml"
 
 
 def test_admission_policy_names_the_releases_service_account(helm: Path) -> None:

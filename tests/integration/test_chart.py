@@ -1,4 +1,5 @@
-"""The real API server validates what the Helm chart renders (server-side dry run), with every option on.
+"""The real API server validates what the Helm chart renders (server-side dry run), with every option on, the
+agent's container both ways: the narrow security context (the default) and `privileged: true`.
 
 The default rendering is applied for real by the `deployed` fixture (deploy/daemonset.yaml is generated from the
 chart). Kinds whose CRDs this API server does not have (ServiceMonitor, PrometheusRule) are left out here; their
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from kubernetes import client, utils
 
 from helm_fixtures import need_helm, render
@@ -18,13 +20,16 @@ from .controlplane import ControlPlane
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
-def test_api_server_accepts_every_object_the_chart_renders(control_plane: ControlPlane, namespace: str) -> None:
+@pytest.mark.parametrize("privileged", ["false", "true"])
+def test_api_server_accepts_every_object_the_chart_renders(
+    control_plane: ControlPlane, namespace: str, privileged: str
+) -> None:
     release = f"vg-{uuid.uuid4().hex[:8]}"
     objects = render(
         need_helm(),
         "serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
-        "hardened=true",
+        f"privileged={privileged}",
         "advertiseCapacity=true",
         "capacityReserve=1Gi",
         "imagePullSecrets[0].name=registry",
@@ -44,7 +49,8 @@ def test_api_server_accepts_every_object_the_chart_renders(control_plane: Contro
         for obj in objects:
             if obj["kind"] in CRD_KINDS:
                 continue
-            # Raises FailToCreateError with the API server's reasons for any object it would refuse.
-            utils.create_from_dict(api, obj, dry_run="All")  # type: ignore[no-untyped-call]
+            # Raises FailToCreateError with the API server's reasons for any object it would refuse, an unknown
+            # field included (Strict: a field this server does not know is an error, not a warning).
+            utils.create_from_dict(api, obj, dry_run="All", field_validation="Strict")  # type: ignore[no-untyped-call]
         # A dry run stores nothing.
         assert not client.AppsV1Api(api).list_namespaced_daemon_set(namespace).items
