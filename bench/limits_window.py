@@ -17,9 +17,10 @@ limit calls (each stamped on CLOCK_BOOTTIME) against /proc start times (clock ti
   negative is before it, "never" is not within the timeout;
 - own limit: the same for the container's own (leaf) cgroup (``.../pod<uid>/<container id>``);
 - exec: when the container's command ran, seen from inside: its shell reads /proc/uptime (CLOCK_BOOTTIME too)
-  before it execs sleep, in seconds after the start. runc forks its init, puts it in the cgroup it creates for
-  the container and holds it until the kubelet starts the container, so the command runs later than the start:
-  a limit set on the leaf cgroup the moment it is created comes after the start but before the exec.
+  before it execs sleep, in seconds after the start. runc creates the container's cgroup while it sets up the
+  init (the leaf can appear a little before or after the init's start) and holds the init until the kubelet
+  starts the container, so the command runs later than the start: a limit set on the leaf the moment it is
+  created may come just after the start, and still before the exec, the workload's first instruction.
 
 Only successful sets with a hard limit count (a clear is a set to NVML_DEVICE_MEMORY_LIMIT_MAX). Start times and
 /proc/uptime have the resolution of a clock tick (10 ms at 100 Hz): a limit within one tick after a start is
