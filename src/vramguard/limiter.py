@@ -286,6 +286,11 @@ class DriverLimiter:
             return
         self._publish(outcomes)
 
+    def _take_appeared(self, outcomes: list[LimitOutcome]) -> None:
+        """Between two calls of a long task: a cgroup that just appeared goes first, before its process starts."""
+        if self._appeared:
+            self._program_appeared(outcomes)
+
     def _program_appeared(self, outcomes: list[LimitOutcome]) -> None:
         """Program the cgroups that appeared since the last task, and those parked until their pod is known."""
         with self._lock:
@@ -346,6 +351,7 @@ class DriverLimiter:
                     wanted.setdefault((path, t.gpu_index), (t, True))
             now = self.clock()
             for (path, gpu), (t, provisional) in wanted.items():
+                self._take_appeared(outcomes)
                 if gpu not in self._unsupported_gpus:
                     self._try(path, t, now, outcomes, provisional=provisional)
             outcomes += self._clear_unwanted(wanted, computed_at)
@@ -448,18 +454,19 @@ class DriverLimiter:
             for (path, _), f in list(self._failing.items()):
                 if now >= f.due_at:
                     self._try(path, f.target, now, outcomes, provisional=f.provisional)
+            usage: dict[LimitKey, int] = {}
+            for (path, gpu), t in list(self._programmed.items()):
+                if t.pending or t.container is None:
+                    continue  # a pod's own cgroup: its containers' rows carry the usage
+                self._take_appeared(outcomes)
+                try:
+                    current = self.memory.get(gpu, path)
+                except (LimitsUnavailable, LimitFailed):
+                    continue  # the next reconcile reports it
+                if current is not None:
+                    usage[t.key] = current.used_bytes
         except _GiveUp:
             return
-        usage: dict[LimitKey, int] = {}
-        for (path, gpu), t in list(self._programmed.items()):
-            if t.pending:
-                continue
-            try:
-                current = self.memory.get(gpu, path)
-            except (LimitsUnavailable, LimitFailed):
-                continue  # the next reconcile reports it
-            if current is not None:
-                usage[t.key] = current.used_bytes
         self._publish(outcomes, (ticket, usage))
 
     def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[LimitKey, int]] | None = None) -> None:
