@@ -135,7 +135,7 @@ def test_args_replace_the_defaults(helm: Path) -> None:
 
 
 # The chart's default security context: what the agent needs, each item with its reason in values.yaml.
-NARROW_CAPABILITIES = ["KILL", "SYS_PTRACE"]
+NARROW_CAPABILITIES = ["KILL", "SYS_PTRACE", "DAC_READ_SEARCH"]
 NARROW: dict[str, Any] = {
     "privileged": False,
     "runAsUser": 0,
@@ -154,8 +154,8 @@ NARROW: dict[str, Any] = {
         pytest.param(("privileged=false",), NARROW, id="privileged-false"),
         pytest.param(("privileged=true",), {"privileged": True, "runAsUser": 0}, id="privileged-opt-in"),
         pytest.param(
-            ("securityContext.capabilities.add={KILL,SYS_PTRACE,SYS_ADMIN}",),
-            {**NARROW, "capabilities": {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE", "SYS_ADMIN"]}},
+            ("securityContext.capabilities.add={KILL,SYS_PTRACE,DAC_READ_SEARCH,SYS_ADMIN}",),
+            {**NARROW, "capabilities": {"drop": ["ALL"], "add": [*NARROW_CAPABILITIES, "SYS_ADMIN"]}},
             id="a-capability-added",
         ),
         pytest.param(

@@ -1,13 +1,19 @@
 """End to end on a real node: the chart installed with the locally built image on a one-node cluster (a real
 kubelet on containerd, tests/integration/real_cluster.py), enforcing on real workload containers: the agent pod's
 probes, ServiceAccount token and restarts are the kubelet's, and so are the workloads' cgroups.
+
+The agent runs with the chart's default security context (not privileged: uid 0 with only KILL, SYS_PTRACE and
+DAC_READ_SEARCH), and every test here is a check that this is enough: the kill signals another user's processes,
+finds one by its open device file, and freezes the container first; evictions, driver limits, `top`, the probes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -18,17 +24,84 @@ from vramguard.limiter import v2_root
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import DriverLimit, driver_limits
 
+from .inotify import DirectoryWatch
 from .node import raw
-from .real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason, wait
+from .real_cluster import (
+    AGENT_NS,
+    GPU_TOTAL,
+    QUOTA,
+    WORKLOAD_IMAGE,
+    Cluster,
+    real_cluster,
+    unavailable_reason,
+    wait,
+)
 
 pytestmark = pytest.mark.slow
+
+# The workloads have no GPU: a file they open stands in for /dev/nvidia* (the agent's hidden --gpu-device-prefix).
+DEVICE = "/dev/zero"
+# The chart's hostPath for the agent's state, and the freeze journal the agent keeps in it (freezes.py).
+FREEZES = Path("/var/lib/vramguard/freezes")
+CAPABILITIES = {"DAC_READ_SEARCH": 2, "KILL": 5, "SYS_PTRACE": 19}  # bits of /proc/<pid>/status
+DISCOVERY = ["SYS_PTRACE", "DAC_READ_SEARCH"]  # what reading other users' /proc/<pid>/fd takes
+WORKLOAD_USER = 1000
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     need(unavailable_reason(), skip="no real node", ci="build the real node's parts first (scripts/test.sh does)")
     with real_cluster(need_helm()) as found:
+        found.values["extraArgs"] = [*found.values["extraArgs"], f"--gpu-device-prefix={DEVICE}"]
         yield found
+
+
+def agent_pid(cluster: Cluster) -> int:
+    """The host PID of the agent (its container's first process)."""
+    pod = cluster.agent_pod()
+    assert pod is not None
+    return cluster.pid(pod)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def container_cgroup(pod: dict[str, Any]) -> str:
+    """The v2 cgroup directory of the pod's one container, as the host sees it."""
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    root = v2_root("/sys/fs/cgroup")
+    assert root is not None
+    return f"{root}/kubepods/besteffort/pod{pod['metadata']['uid']}/{container_id}"
+
+
+def forking_workload(cluster: Cluster, namespace: str, name: str, quota: str) -> dict[str, Any]:
+    """A running pod whose container runs as another user than the agent (WORKLOAD_USER) and holds the stand-in
+    device in two processes: its first one, and a worker it forked before it exec'd (a DataLoader worker, say)."""
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
+        spec=client.V1PodSpec(
+            termination_grace_period_seconds=2,
+            security_context=client.V1PodSecurityContext(run_as_user=WORKLOAD_USER, run_as_group=WORKLOAD_USER),
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image=WORKLOAD_IMAGE,
+                    image_pull_policy="Never",
+                    command=["sh", "-c", f"exec 3<{DEVICE}; sleep 1000000 & exec sleep 1000000"],
+                    resources=client.V1ResourceRequirements(limits={QUOTA: quota}),
+                )
+            ],
+        ),
+    )
+    cluster.core.create_namespaced_pod(namespace, pod)
+    wait(lambda: cluster.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
+    found = cluster.pod(namespace, name)
+    assert found is not None
+    procs = Path(container_cgroup(found), "cgroup.procs")
+    wait(lambda: len(procs.read_text().split()) == 2, 30, f"{namespace}/{name}'s worker forked")
+    return found
 
 
 def test_the_chart_runs_the_agent_on_a_real_kubelet(cluster: Cluster) -> None:
@@ -42,6 +115,15 @@ def test_the_chart_runs_the_agent_on_a_real_kubelet(cluster: Cluster) -> None:
     assert "readinessProbe" in container and "livenessProbe" in container
     assert any("projected" in v for v in pod["spec"]["volumes"]), "the token volume the kubelet mounts"
 
+    # Not privileged: the chart's default security context, and the running agent holds what it says and no more
+    # (uid 0 with three capabilities, none to gain: no_new_privs, the bounding set, seccomp filtering).
+    assert container["securityContext"]["privileged"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL", *DISCOVERY]}
+    status = proc_status(agent_pid(cluster))
+    caps = sum(1 << bit for bit in CAPABILITIES.values())
+    assert [int(status[k], 16) for k in ("CapEff", "CapPrm", "CapBnd")] == [caps, caps, caps], status
+    assert status["Uid"].split() == ["0"] * 4 and status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+
     # It talked to the API server as itself: the node's capacity is its PATCH, allowed by RBAC and the own-node
     # admission policy.
     def published() -> bool:
@@ -52,31 +134,48 @@ def test_the_chart_runs_the_agent_on_a_real_kubelet(cluster: Cluster) -> None:
 
 
 def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
+    """The unprivileged agent kills the trainer whole: its processes run as another user (signalling them takes
+    KILL), NVML reports only the worker it forked, and its first process is found holding the device through its
+    /proc/<pid>/fd (listing another user's takes DAC_READ_SEARCH, its links SYS_PTRACE) in the listing of the
+    container's processes that the agent takes with the container frozen."""
     cluster.helm_install(mode="kill")
     ns = cluster.namespace("ml-kill")
-    trainer = cluster.workload(ns, "trainer", "4Gi")
+    trainer = forking_workload(cluster, ns, "trainer", "4Gi")
     notebook = cluster.workload(ns, "notebook", "4Gi")
     trainer_pid, notebook_pid = cluster.pid(trainer), cluster.pid(notebook)
+    (worker_pid,) = {int(p) for p in Path(container_cgroup(trainer), "cgroup.procs").read_text().split()} - {
+        trainer_pid
+    }
+    assert proc_status(worker_pid)["Uid"].split() == [str(WORKLOAD_USER)] * 4
     # Attribution goes through the cgroups the kubelet and containerd made for these containers.
     cgroup = Path(f"/proc/{trainer_pid}/cgroup").read_text()
     assert f"/kubepods/besteffort/pod{trainer['metadata']['uid']}/" in cgroup
     assert trainer["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://") in cgroup
 
-    cluster.gpu({trainer_pid: 9 * GiB, notebook_pid: 3 * GiB})
+    # The kill writes down its freeze of the trainer's container before it happens, and forgets it once thawed:
+    # an entry named by the cgroup (as the agent sees the host's) and the agent's PID, there for milliseconds.
+    entry = hashlib.sha256(f"/host{container_cgroup(trainer)}".encode()).hexdigest()[:20] + f"-{agent_pid(cluster)}"
+    with DirectoryWatch(FREEZES) as journal:
+        cluster.gpu({worker_pid: 9 * GiB, notebook_pid: 3 * GiB})
 
-    def restarted() -> bool:
-        status = cluster.status(ns, "trainer")
-        return bool(status["restartCount"] >= 1 and "running" in status["state"])
+        def restarted() -> bool:
+            status = cluster.status(ns, "trainer")
+            return bool(status["restartCount"] >= 1 and "running" in status["state"])
 
-    wait(restarted, 60, "the trainer killed and restarted by the kubelet")
+        wait(restarted, 60, "the trainer killed and restarted by the kubelet")
+        assert entry in journal.names(), f"no freeze of the trainer written down: {journal.names()}"
+    assert not list(FREEZES.iterdir()), "every freeze thawed and forgotten"
+    # Its first process was killed too (the container ended), not only the worker NVML reported.
     assert cluster.status(ns, "trainer")["lastState"]["terminated"]["exitCode"] == 137  # SIGKILL
-    assert not Path(f"/proc/{trainer_pid}").exists()
+    assert not Path(f"/proc/{trainer_pid}").exists() and not Path(f"/proc/{worker_pid}").exists()
     wait(lambda: "VRAMKilled" in cluster.reasons(ns, "trainer"), 30, "the VRAMKilled Event on the trainer")
     assert cluster.status(ns, "notebook")["restartCount"] == 0
     assert Path(f"/proc/{notebook_pid}").exists()
 
     described = cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout
     assert "VRAMKilled" in described and "uses 9.0GiB" in described, described
+    killed = sorted((trainer_pid, worker_pid))
+    assert f"killed PIDs {killed[0]}, {killed[1]}:" in described, described
 
     # A user's view: `vramguard top` from inside the agent's pod.
     agent = cluster.agent_pod()
@@ -93,6 +192,24 @@ def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
         "--policy=/etc/vramguard/policy.yaml",
     )
     assert "notebook" in top.stdout and "3.0GiB" in top.stdout, top.stdout + top.stderr
+
+    # The freeze itself, done by hand from the agent's container (what the kill does): uid 0 without
+    # DAC_OVERRIDE writes the root-owned cgroup.freeze of another container, and the kernel freezes it.
+    try:
+        freeze_from(cluster, agent["metadata"]["name"], container_cgroup(notebook), frozen=True)
+        freeze_from(cluster, agent["metadata"]["name"], container_cgroup(notebook), frozen=False)
+    finally:
+        Path(container_cgroup(notebook), "cgroup.freeze").write_text("0")
+
+
+def freeze_from(cluster: Cluster, agent: str, directory: str, *, frozen: bool) -> None:
+    """Freeze (or thaw) the cgroup `directory` (the host's path) from a shell in the agent's container; wait until
+    the kernel reports it done."""
+    value = int(frozen)
+    command = f"echo {value} > /host{directory}/cgroup.freeze"
+    cluster.node.kubectl("exec", "--namespace", AGENT_NS, agent, "--", "sh", "-c", command)
+    events = Path(directory, "cgroup.events")
+    wait(lambda: f"frozen {value}" in events.read_text(), 10, f"{events} at frozen {value}")
 
 
 def test_evict_mode_on_real_containers(cluster: Cluster) -> None:
