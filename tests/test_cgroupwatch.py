@@ -23,10 +23,12 @@ class Seen:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, CgroupIdentity]] = []
+        self.fresh: dict[str, bool] = {}
 
-    def __call__(self, path: str, identity: CgroupIdentity) -> None:
+    def __call__(self, path: str, identity: CgroupIdentity, fresh: bool) -> None:
         with self.lock:
             self.calls.append((path, identity))
+            self.fresh[path] = fresh
 
     def of(self, uid: str) -> list[tuple[str, str | None]]:
         with self.lock:
@@ -55,6 +57,24 @@ def test_new_pod_and_container_cgroups_are_reported_once(
     expected = [(pod.dirs[0], None), (first.dirs[0], first.container_id), (second.dirs[0], second.container_id)]
     wait_until(lambda: len(watched.of(pod.uid)) >= 3, what="the pod and both containers reported")
     assert sorted(watched.of(pod.uid), key=str) == sorted(expected, key=str)
+    assert all(watched.fresh[p] for p, _ in expected), "created while watched"
+
+
+def test_cgroups_there_before_the_start_are_reported_not_fresh(make_cgroups: CgroupsFactory) -> None:
+    need_cgroups(2)
+    cgroups: KubeletCgroups = make_cgroups(driver="cgroupfs", version=2)
+    pod = cgroups.pod(qos="burstable")
+    ctr = pod.container()
+    root = v2_root("/sys/fs/cgroup")
+    assert root is not None
+    seen = Seen()
+    watcher = CgroupWatcher(root, seen)
+    assert watcher.start() is None
+    try:
+        wait_until(lambda: len(seen.of(pod.uid)) >= 2, what="the existing pod and container reported")
+        assert seen.fresh[pod.dirs[0]] is False and seen.fresh[ctr.dirs[0]] is False
+    finally:
+        assert watcher.stop(2.0)
 
 
 def test_a_containers_sub_cgroups_are_not_entered(watched: Seen, make_cgroups: CgroupsFactory) -> None:
@@ -73,6 +93,6 @@ def test_a_containers_sub_cgroups_are_not_entered(watched: Seen, make_cgroups: C
 
 
 def test_no_inotify_on_a_missing_root_says_why(tmp_path: object) -> None:
-    watcher = CgroupWatcher(f"{tmp_path}/absent", lambda p, i: None)
+    watcher = CgroupWatcher(f"{tmp_path}/absent", lambda p, i, f: None)
     problem = watcher.start()
     assert problem is not None and "cannot watch" in problem and "absent" in problem

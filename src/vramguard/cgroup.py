@@ -138,6 +138,13 @@ def _match_pod(segments: list[str], i: int) -> tuple[str, str | None] | None:
     return m.group(1), qos
 
 
+def leaf_container_id(name: str) -> str | None:
+    """The container ID a runtime's leaf directory name carries (``<id>``, ``crio-<id>``,
+    ``cri-containerd-<id>.scope``...), or None (conmon's, or not a container's)."""
+    m = _CONTAINER_LEAF.fullmatch(name)
+    return m.group(2) if m is not None else None
+
+
 def cgroup_lines(text: str) -> list[tuple[str, tuple[str, ...], str]]:
     """The lines of /proc/<pid>/cgroup as (hierarchy ID, controllers, path); v2's line is ("0", (), path).
 

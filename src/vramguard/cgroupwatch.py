@@ -69,14 +69,15 @@ class _Inotify:
 
 
 class CgroupWatcher:
-    """Calls `appeared(path, identity)` on its own thread for each pod or container cgroup created under the v2
-    `root` (and, once at start, for each that already exists); calls `tick()` every `tick_s` while it returns
-    True (the limiter's retry of cgroups whose pod it did not know yet)."""
+    """Calls `appeared(path, identity, fresh)` on its own thread for each pod or container cgroup created under the
+    v2 `root` (`fresh`), and once at start for each that already exists (not `fresh`: it may have run for long);
+    calls `tick()` every `tick_s` while it returns True (the limiter's retry of cgroups whose pod it did not know
+    yet)."""
 
     def __init__(
         self,
         root: str,
-        appeared: Callable[[str, CgroupIdentity], None],
+        appeared: Callable[[str, CgroupIdentity, bool], None],
         *,
         tick: Callable[[], bool] = lambda: False,
         tick_s: float = 0.1,
@@ -136,7 +137,7 @@ class CgroupWatcher:
         poller = select.poll()
         poller.register(self._inotify.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        self._scan(self.root)
+        self._scan(self.root, fresh=False)
         ticking = True
         while not self._stopping.is_set():
             ready = poller.poll(self.tick_s * 1000 if ticking else None)
@@ -171,7 +172,7 @@ class CgroupWatcher:
         if mask & _IN_Q_OVERFLOW:  # events were lost: look at everything again
             self.log.warning("cgroup_watch_overflow", action="rescan")
             for watched in list(self._watches.values()):
-                self._scan(watched)
+                self._scan(watched, fresh=False)
             return
         directory = self._watches.get(wd)
         if mask & _IN_IGNORED:  # the directory is gone, and its watch with it
@@ -185,9 +186,9 @@ class CgroupWatcher:
         if mask & _IN_DELETE:
             self._seen.discard(path)
             return
-        self._found(path)
+        self._found(path, fresh=True)
 
-    def _found(self, path: str) -> None:
+    def _found(self, path: str, *, fresh: bool) -> None:
         """A directory under a watched one: report it if it is a pod's or a container's, and descend into the
         kubelet's levels and into pods."""
         if path in self._seen:
@@ -199,13 +200,13 @@ class CgroupWatcher:
             return
         self._seen.add(path)
         if identity is not None:
-            self.appeared(path, identity)
+            self.appeared(path, identity, fresh)
             if identity.container_id is not None:
                 return  # a container: not entered
         if depth < _MAX_DEPTH:
-            self._watch(path)
+            self._watch(path, fresh=fresh)
 
-    def _watch(self, directory: str) -> None:
+    def _watch(self, directory: str, *, fresh: bool) -> None:
         assert self._inotify is not None
         try:
             wd = self._inotify.add(directory)
@@ -215,13 +216,13 @@ class CgroupWatcher:
                 self.log.warning("cgroup_watch_limit", directory=directory, error=str(e), fallback="reconcile")
             return  # or removed already (ENOENT)
         self._watches[wd] = directory
-        self._scan(directory)
+        self._scan(directory, fresh=fresh)
 
-    def _scan(self, directory: str) -> None:
+    def _scan(self, directory: str, *, fresh: bool) -> None:
         """Every subdirectory, as if just created: those made before the watch was in place are not missed."""
         try:
             entries = [e.path for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
         except OSError:
             return
         for path in entries:
-            self._found(path)
+            self._found(path, fresh=fresh)

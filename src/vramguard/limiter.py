@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from vramguard.backoff import Backoff
-from vramguard.cgroup import parse_cgroup_path
+from vramguard.cgroup import leaf_container_id, parse_cgroup_path
 from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
 from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
@@ -161,8 +161,10 @@ class DriverLimiter:
         self._usage_ticket = -1
         self._unavailable: str | None = None
         self._unsupported_gpus: dict[int, str] = {}
-        # New cgroups from the watcher, waiting for the worker (under _lock).
+        # New cgroups from the watcher, waiting for the worker, and those it saw created (under _lock).
         self._appeared: list[tuple[str, CgroupIdentity]] = []
+        self._fresh: set[str] = set()
+        self._waiting = 0  # appeared cgroups not programmed yet: handed over, or parked
         # Worker-only: what this agent knows the driver holds, by (cgroup directory, GPU index), and when it set
         # it; which of those went on a container cgroup not yet identified (its pod's not-started containers all
         # call for the same limit; the sandbox's cgroup may get it too, harmlessly: it never allocates); the
@@ -241,22 +243,29 @@ class DriverLimiter:
 
     # -- the watcher's side ------------------------------------------------------------------------------------
 
-    def appeared(self, path: str, identity: CgroupIdentity) -> None:
-        """A pod's or a container's cgroup was just created (`cgroupwatch.CgroupWatcher`): program its limits
-        now, before anything runs in it. Never blocks: the worker takes it as its next task, or as the first
-        thing of the task already queued."""
+    def appeared(self, path: str, identity: CgroupIdentity, fresh: bool = True) -> None:
+        """A pod's or a container's cgroup (`cgroupwatch.CgroupWatcher`): program its limits now, before anything
+        runs in it. `fresh`: created while watched (not found already there at start), so a process in it when
+        its limit goes on is one that started with the cgroup, not one found running without its limit. Never
+        blocks: the worker takes it as its next task, or as the first thing of the task already queued."""
         if self._unavailable is not None:
             return
         with self._lock:
             self._appeared.append((path, identity))
+            self._waiting += 1
+            if fresh:
+                self._fresh.add(path)
         self.runner.submit(self._drain)
 
     def retry_parked(self) -> bool:
-        """Try again the new cgroups whose pod was not known yet; whether any are still waiting."""
-        if not self._parked:
-            return False
-        self.runner.submit(self._drain)
-        return bool(self._parked)
+        """Try again the new cgroups whose pod was not known yet; whether any are still waiting (handed over and
+        not programmed yet, or parked), so the watcher knows to call again."""
+        with self._lock:
+            waiting = self._waiting
+        if waiting:
+            self.runner.submit(self._drain)
+        with self._lock:
+            return self._waiting > 0
 
     # -- the worker's side -------------------------------------------------------------------------------------
 
@@ -286,6 +295,10 @@ class DriverLimiter:
             return
         self._publish(outcomes)
 
+    def _is_fresh(self, path: str) -> bool:
+        with self._lock:
+            return path in self._fresh
+
     def _take_appeared(self, outcomes: list[LimitOutcome]) -> None:
         """Between two calls of a long task: a cgroup that just appeared goes first, before its process starts."""
         if self._appeared:
@@ -313,10 +326,12 @@ class DriverLimiter:
             else:
                 chosen = [t for t in targets if t.container_id == identity.container_id and t.container is not None]
                 if not chosen:
-                    chosen, provisional = _unambiguous(targets), True
+                    chosen, provisional = _unambiguous(targets, _living_siblings(path)), True
             for t in chosen:
                 if t.gpu_index not in self._unsupported_gpus:
                     self._try(path, t, now, outcomes, provisional=provisional)
+        with self._lock:
+            self._waiting = len(self._appeared) + len(self._parked)
 
     def _reconcile(self, targets: tuple[LimitTarget, ...], ticket: int, computed_at: float) -> None:
         outcomes: list[LimitOutcome] = []
@@ -343,11 +358,15 @@ class DriverLimiter:
                     continue
                 wanted[(path, t.gpu_index)] = (t, False)
             # Container cgroups the pod's status does not name yet: the not-started containers' limit, if theirs.
+            living: dict[str, set[str]] = {}
+            for uid, container_id in located:
+                if container_id is not None:
+                    living.setdefault(uid, set()).add(container_id)
             for (uid, container_id), path in located.items():
                 pod_targets = self._latest[uid]
                 if container_id is None or pod_targets[0].pod.container_by_id(container_id) is not None:
                     continue
-                for t in _unambiguous(pod_targets):
+                for t in _unambiguous(pod_targets, living[uid]):
                     wanted.setdefault((path, t.gpu_index), (t, True))
             now = self.clock()
             for (path, gpu), (t, provisional) in wanted.items():
@@ -355,6 +374,11 @@ class DriverLimiter:
                 if gpu not in self._unsupported_gpus:
                     self._try(path, t, now, outcomes, provisional=provisional)
             outcomes += self._clear_unwanted(wanted, computed_at)
+            with self._lock:  # forget the cgroups that are gone
+                fresh = list(self._fresh)
+            gone = {p for p in fresh if not os.path.isdir(p)}
+            with self._lock:
+                self._fresh -= gone
         except _GiveUp:
             return
         if missing and not self.watching:  # with the watcher, a cgroup that appears is programmed then
@@ -415,7 +439,7 @@ class DriverLimiter:
         if announced:
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
-        if t.container is not None and _populated(path):
+        if t.container is not None and not provisional and not self._is_fresh(path) and _populated(path):
             return LimitOutcome(t, "late", f"{t.describe()}{was}: the container was already running")
         return LimitOutcome(t, "applied", f"{t.describe()}{was}")
 
@@ -494,14 +518,15 @@ class _GiveUp(Exception):
 _PARK_S = 30.0
 
 
-def _unambiguous(targets: tuple[LimitTarget, ...]) -> list[LimitTarget]:
+def _unambiguous(targets: tuple[LimitTarget, ...], living: set[str]) -> list[LimitTarget]:
     """The limit a new container cgroup of this pod gets before the pod's status names it: that of the pod's
-    not-started containers when they all call for the same one (one container, or identical quotas), else none
+    containers not running now (no ID yet, or an ID whose cgroup is gone: a restart; `living` are the IDs of the
+    pod's container cgroups) when they all call for the same one (one container, or identical quotas), else none
     (the reconcile sets it once the status names the container; the pod's cgroup holds meanwhile)."""
     if not targets:
         return []
     pod = targets[0].pod
-    not_started = {c.name for c in pod.containers if not c.container_id}
+    not_started = {c.name for c in pod.containers if not c.container_id or c.container_id not in living}
     per_container: dict[str, dict[int, int]] = {}
     for t in targets:
         if t.pending and t.container is not None:
@@ -513,6 +538,16 @@ def _unambiguous(targets: tuple[LimitTarget, ...]) -> list[LimitTarget]:
         return []
     name = next(iter(per_container))
     return [t for t in targets if t.pending and t.container == name]
+
+
+def _living_siblings(path: str) -> set[str]:
+    """The container IDs of the cgroups next to a container's cgroup (in its pod's), itself included."""
+    parent = os.path.dirname(path)
+    try:
+        names = [e.name for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return set()
+    return {cid for name in names if (cid := leaf_container_id(name)) is not None}
 
 
 def _populated(path: str) -> bool:
