@@ -248,7 +248,7 @@ class Enforcer:
             if result == "applied":
                 message = (
                     f"the driver now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
-                    "an allocation beyond it fails in this container only"
+                    f"an allocation beyond it fails in this {'container' if t.container is not None else 'pod'} only"
                 )
                 self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
             elif result == "late":

@@ -10,6 +10,7 @@ finds one by its open device file, and freezes the container first; evictions, d
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from helm_fixtures import need_helm
 from real_parts import need
 from vramguard.limiter import v2_root
 from vramguard.model import GiB
-from vramguard_testbed.fakenvml import DriverLimit, driver_limits
+from vramguard_testbed.fakenvml import DriverLimit, driver_limits, limit_calls
 
 from .inotify import DirectoryWatch
 from .node import raw
@@ -259,6 +260,18 @@ def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None
     (limit,) = held()
     assert (limit.soft_bytes, limit.hard_bytes) == (0, 6 * GiB)
     assert limit.cgroup == f"/host{v2_root('/sys/fs/cgroup')}{leaf}", "the agent's view of the host's v2 hierarchy"
-    wait(lambda: "VRAMLimitApplied" in cluster.reasons(ns, "trainer"), 30, "the VRAMLimitApplied Event")
-    described = cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout
-    assert "the driver now holds container main to 6.0GiB on GPU 0" in described, described
+
+    def described() -> str:
+        return str(cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout)
+
+    wait(lambda: "the driver now holds container main to 6.0GiB on GPU 0" in described(), 30, "the container's Event")
+    assert "the driver now holds pod trainer to 6.0GiB on GPU 0" in described(), described()
+    # At creation: the pod's cgroup held the pod's limit before the container's first process started (the
+    # test NVML logs each call on CLOCK_BOOTTIME, the clock of /proc's start times), and nothing was late.
+    pod_dir = f"/kubepods/besteffort/pod{trainer['metadata']['uid']}"
+    sets = [c for c in limit_calls(cluster.gpu_state) if c.verb == "set" and c.result == 0]
+    pod_set = min(c.at_s for c in sets if c.cgroup.endswith(pod_dir) and c.hard_bytes == 6 * GiB)
+    ticks = int(Path(f"/proc/{cluster.pid(trainer)}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    started = ticks / os.sysconf("SC_CLK_TCK")
+    assert pod_set < started, f"the pod's limit at {pod_set:.2f} s, its container's process at {started:.2f} s"
+    assert "VRAMLimitLate" not in cluster.reasons(ns, "trainer")
