@@ -43,6 +43,7 @@ def watched() -> Iterator[Seen]:
     seen = Seen()
     watcher = CgroupWatcher(root, seen)
     assert watcher.start() is None
+    assert watcher.walked.wait(10), "the walk of the cgroups there at start"
     yield seen
     assert watcher.stop(2.0)
 

@@ -94,6 +94,8 @@ class CgroupWatcher:
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # Set once the cgroups there at start are reported: one made after that is reported `fresh`.
+        self.walked = threading.Event()
         self.exhausted: str | None = None  # why some directory could not be watched (the kernel's limit)
 
     def start(self) -> str | None:
@@ -138,6 +140,7 @@ class CgroupWatcher:
         poller.register(self._inotify.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         self._scan(self.root, fresh=False)
+        self.walked.set()
         ticking = True
         while not self._stopping.is_set():
             ready = poller.poll(self.tick_s * 1000 if ticking else None)
