@@ -390,6 +390,7 @@ class DriverLimiter:
         key = (path, t.gpu_index)
         failing = self._failing.get(key)
         if failing is not None and now < failing.due_at:
+            failing.target, failing.provisional = t, provisional  # its retry sets what is wanted now
             return
         try:
             outcome = self._program(path, t, provisional=provisional)
