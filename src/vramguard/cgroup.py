@@ -138,6 +138,12 @@ def _match_pod(segments: list[str], i: int) -> tuple[str, str | None] | None:
     return m.group(1), qos
 
 
+# The directories the kubelet makes above its pods (cgroupfs, systemd, kind's nesting): a walk for pod cgroups
+# enters these and nothing else. kind nests the pods five levels down; a container may have sub-cgroups.
+KUBELET_LEVELS = ("kubepods", "kubelet", "besteffort", "burstable")
+MAX_POD_DEPTH = 7
+
+
 def leaf_container_id(name: str) -> str | None:
     """The container ID a runtime's leaf directory name carries (``<id>``, ``crio-<id>``,
     ``cri-containerd-<id>.scope``...), or None (conmon's, or not a container's)."""

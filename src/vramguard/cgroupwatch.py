@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import structlog
 
-from vramguard.cgroup import parse_cgroup_path
+from vramguard.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path
 from vramguard.model import CgroupIdentity
 
 _IN_CREATE = 0x00000100
@@ -36,9 +36,6 @@ _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")
 _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR
-# The directories above the pods that the kubelet makes (cgroupfs, systemd, kind's nesting).
-_KUBELET_LEVELS = ("kubepods", "kubelet", "besteffort", "burstable")
-_MAX_DEPTH = 7  # as `limiter.locate_cgroups`: kind nests the pods five levels down
 
 
 class InotifyUnavailable(OSError):
@@ -199,14 +196,14 @@ class CgroupWatcher:
         relative = path[len(self.root) :] if self.root != "/" else path
         depth = relative.count("/")
         identity = parse_cgroup_path(relative)
-        if identity is None and not os.path.basename(path).startswith(_KUBELET_LEVELS):
+        if identity is None and not os.path.basename(path).startswith(KUBELET_LEVELS):
             return
         self._seen.add(path)
         if identity is not None:
             self.appeared(path, identity, fresh)
             if identity.container_id is not None:
                 return  # a container: not entered
-        if depth < _MAX_DEPTH:
+        if depth < MAX_POD_DEPTH:
             self._watch(path, fresh=fresh)
 
     def _watch(self, directory: str, *, fresh: bool) -> None:

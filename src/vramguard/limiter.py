@@ -27,15 +27,11 @@ from dataclasses import dataclass, replace
 import structlog
 
 from vramguard.backoff import Backoff
-from vramguard.cgroup import leaf_container_id, parse_cgroup_path
+from vramguard.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, leaf_container_id, parse_cgroup_path
 from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
 from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
 from vramguard.worker import Runner, Worker
-
-# How deep below the v2 root a container's directory may sit: kind nests kubelet.slice/kubelet-kubepods.slice/
-# kubelet-kubepods-burstable.slice/<pod>/<container>, and a container may have sub-cgroups of its own.
-_MAX_DEPTH = 7
 
 
 def v2_root(cgroup_root: str) -> str | None:
@@ -70,9 +66,9 @@ def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | 
                 found.setdefault(key, entry.path)
                 if identity.container_id is not None:
                     continue
-            elif not entry.name.startswith(("kubepods", "kubelet", "besteffort", "burstable")):
+            elif not entry.name.startswith(KUBELET_LEVELS):
                 continue
-            if depth < _MAX_DEPTH:
+            if depth < MAX_POD_DEPTH:
                 walk(entry.path, path, depth + 1)
 
     walk(root, "", 1)

@@ -127,16 +127,17 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
     (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
     targets: list[LimitTarget] = []
     for gpu in gpus:
-        total, covered, source = 0, True, "the sum of its containers' limits"
+        total, covered, owned = 0, True, False
         for container in pod.containers:
             own = pod_quota.own(container.name, gpu.uuid)
             if own is not None:
-                total += own.hard_for(gpu.total_bytes)
+                total, owned = total + own.hard_for(gpu.total_bytes), True
             elif pod_quota.pod is None:
                 covered = False
+        source = "the sum of its containers' limits"
         if pod_quota.pod is not None:
             total += pod_quota.pod.hard_for(gpu.total_bytes)
-            if not any(pod_quota.own(c.name, gpu.uuid) for c in pod.containers):
+            if not owned:
                 source = pod_quota.pod.source
         if covered and total > 0:
             targets.append(_target(pod, None, None, gpu, total, source))
