@@ -187,6 +187,7 @@ def build_agent(
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
+        limiter.clock = agent.clock.now  # the scan's clock: a limit set after the targets were computed is newer
     return agent
 
 
