@@ -15,16 +15,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff, TokenBucket
-from vramguard.kube import (
-    EVENT_REPEAT_WINDOW_S,
-    KubeCapacityPublisher,
-    KubeEventRecorder,
-    KubePodSource,
-    WatchExpired,
-    advertisable_bytes,
-    watch_events,
-)
-from vramguard.kube_dra import KubeClaimSource
+from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
+from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
+from vramguard.kube.events import EventRecord, KubeEventRecorder
+from vramguard.kube.pods import KubePodSource
+from vramguard.kube.reflector import WatchExpired, watch_events, watched_object
 from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample
 from vramguard.testing.fakes import FakePodSource, pod
 from vramguard.worker import Inline
@@ -59,29 +55,29 @@ def test_watch_events_update_the_cache(
     """ADDED/MODIFIED/DELETED change the cache, BOOKMARK only the resourceVersion; bad objects are skipped."""
     s = source()
     rv = "1"
-    for kind, obj in events:
-        rv = s.apply_watch_event({"type": kind, "object": obj}, rv)
-    assert set(s.pods()) == pods
+    for event_type, event_object in events:
+        kind, obj, rv = watched_object({"type": event_type, "object": event_object}, rv)
+        if kind != "BOOKMARK":
+            s.apply(kind, obj)
+    assert set(s._pods) == pods
     assert rv == resource_version
 
 
 def test_watch_410_means_relist() -> None:
     """An ERROR event with code 410 (resourceVersion too old) asks for a relist; other errors are errors."""
     with pytest.raises(WatchExpired):
-        source().apply_watch_event(
-            {"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "1"
-        )
+        watched_object({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "1")
     with pytest.raises(RuntimeError, match="500"):
-        source().apply_watch_event({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "1")
+        watched_object({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "1")
 
 
 def test_unchanged_pod_keeps_its_object() -> None:
     """A MODIFIED event that changes nothing the agent reads keeps the cached object (quotas stay resolved)."""
     s = source()
-    s.apply_watch_event({"type": "ADDED", "object": POD}, "1")
-    first = s.pods()["u1"]
-    s.apply_watch_event({"type": "MODIFIED", "object": {**POD, "status": {"phase": "Running"}}}, "1")
-    assert s.pods()["u1"] is first
+    s.apply("ADDED", POD)
+    first = s._pods["u1"]
+    s.apply("MODIFIED", {**POD, "status": {"phase": "Running"}})
+    assert s._pods["u1"] is first
 
 
 class ChunkedResponse:
@@ -194,45 +190,49 @@ def test_backoff_spreads_a_fleet() -> None:
 
 
 class FakeEventsApi:
-    """The two calls the recorder makes, over a dict of Events; `fail` holds statuses to answer with, in order."""
+    """An `EventSink` over a dict of Events; `fail` holds statuses to answer with, in order."""
 
     def __init__(self, fail: list[int] | None = None) -> None:
         self.stored: dict[str, int] = {}  # name -> count
         self.calls: list[tuple[str, str, int]] = []  # (verb, name, count)
-        self.bodies: list[client.CoreV1Event] = []
+        self.bodies: list[EventRecord] = []
         self.fail = list(fail or [])
 
-    def create_namespaced_event(self, namespace: str, body: client.CoreV1Event, **_: object) -> None:
-        name, count = str(body.metadata.name), int(body.count or 0)
-        self.calls.append(("create", name, count))
-        self.bodies.append(body)
+    def create(self, event: EventRecord) -> bool:
+        self.calls.append(("create", event.name, event.count))
+        self.bodies.append(event)
         if self.fail[:1] == [409]:  # an earlier attempt got through, its answer was lost
-            self.stored[name] = count
+            self.stored[event.name] = event.count
+            self.fail.pop(0)
         self._maybe_fail()
-        if name in self.stored:
-            raise ApiException(status=409, reason="AlreadyExists")
-        self.stored[name] = count
+        if event.name in self.stored:
+            return False
+        self.stored[event.name] = event.count
+        return True
 
-    def patch_namespaced_event(self, name: str, namespace: str, body: dict[str, Any], **_: object) -> None:
-        self.calls.append(("patch", name, body["count"]))
+    def bump(self, namespace: str, name: str, count: int, last: object) -> bool:
+        self.calls.append(("patch", name, count))
         self._maybe_fail()
         if name not in self.stored:
-            raise ApiException(status=404, reason="NotFound")
-        self.stored[name] = body["count"]
+            return False
+        self.stored[name] = count
+        return True
 
     def _maybe_fail(self) -> None:
         if self.fail:
             raise ApiException(status=self.fail.pop(0))
 
 
-def _recorder(core: FakeEventsApi | None = None, **kwargs: object) -> tuple[KubeEventRecorder, dict[str, int]]:
+def _recorder(
+    core: FakeEventsApi | None = None, *, spam_burst: int = 25, now: Any = time.monotonic, **kwargs: Any
+) -> tuple[KubeEventRecorder, dict[str, int]]:
     counts: dict[str, int] = {}
     recorder = KubeEventRecorder(
-        client.ApiClient(),
-        "node-1",
+        core or FakeEventsApi(),
         count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
-        core=core or FakeEventsApi(),
-        **{"bucket": TokenBucket(burst=1000, per_minute=60_000), **kwargs},  # type: ignore[arg-type]
+        correlator=EventCorrelator(spam_burst=spam_burst, now=now),
+        now=now,
+        **{"bucket": TokenBucket(burst=1000, per_minute=60_000), **kwargs},
     )
     return recorder, counts
 
@@ -275,7 +275,7 @@ M = "container main uses 5GiB"
             id="repeats-after-the-write-patch-its-count",
         ),
         pytest.param(
-            [(0, M), (EVENT_REPEAT_WINDOW_S + 1, M)],
+            [(0, M), (REPEAT_WINDOW_S + 1, M)],
             [],
             [("create", 1), ("create", 1)],
             {"written": 2},
@@ -314,7 +314,7 @@ M = "container main uses 5GiB"
 def test_event_repeat_patch(
     steps: list[tuple[float | str, str]], fail: list[int], calls: list[tuple[str, int]], results: dict[str, int]
 ) -> None:
-    """Said again within EVENT_REPEAT_WINDOW_S of being written, an Event is a PATCH of its count; otherwise (a
+    """Said again within REPEAT_WINDOW_S of being written, an Event is a PATCH of its count; otherwise (a
     new message, the window passed, the Event deleted) it is created afresh. Retries keep the Event's name."""
     core = FakeEventsApi(fail)
     t = [0.0]
@@ -452,7 +452,7 @@ def test_what_the_event_bound_drops(
     recorder.record(pod("late", "ml"), "VRAMKilled", "y", important=record_important)
     assert recorder.queued() == queued_after and counts == {"dropped": dropped}
     write_all(recorder)
-    assert all(body.involved_object.name != "late" for body in core.bodies)
+    assert all(body.pod.name != "late" for body in core.bodies)
 
 
 @pytest.mark.parametrize(
@@ -504,7 +504,7 @@ def test_event_messages_and_names_are_bounded() -> None:
     recorder.record(pod("x" * 250, "ml"), "VRAMQuotaInvalid", "v" * 10_000_000)
     write_all(recorder)
     (body,) = core.bodies
-    assert len(str(body.message)) == 1024 and len(str(body.metadata.name)) <= 253
+    assert len(str(body.message)) == 1024 and len(str(body.name)) <= 253
 
 
 class QuietWatch:

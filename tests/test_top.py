@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from vramguard.top import (
     render_json,
     render_table,
 )
+from vramguard_testbed.simnode import wait_for
 
 # Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and
 # a return, a tab and a newline that would forge a row.
@@ -35,6 +37,8 @@ def describe_sleeper(argument: str) -> tuple[int, ProcessDetail]:
     """A sleeping Python process whose last argument is `argument`: its PID and what describe_process says."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", argument])
     try:
+        # Popen returns once exec has begun; the kernel sets the new command line a moment later.
+        assert wait_for(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes() != b"", timeout_s=10)
         return proc.pid, describe_process(proc.pid)
     finally:
         proc.kill()

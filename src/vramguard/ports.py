@@ -1,6 +1,6 @@
 """The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
 
-Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, `kube.py`, `kube_dra.py`,
+Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, the `kube` package,
 `pods.py`); honest fakes live in `vramguard.testing.fakes`. The decision core sees none of them.
 """
 

@@ -28,8 +28,12 @@ from vramguard.freezes import FreezeJournal
 from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
 from vramguard.kill import PidfdKiller
-from vramguard.kube import KubeCapacityPublisher, KubeEventRecorder, KubeEvictor, KubePodSource, load_api_client
-from vramguard.kube_dra import KubeClaimSource
+from vramguard.kube.capacity import KubeCapacityPublisher
+from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.client import load_api_client
+from vramguard.kube.events import KubeEventRecorder, KubeEventSink
+from vramguard.kube.eviction import KubeEvictor
+from vramguard.kube.pods import KubePodSource
 from vramguard.limiter import DriverLimiter, v2_root
 from vramguard.limits import limits_enabled
 from vramguard.metrics import Metrics
@@ -117,11 +121,13 @@ def connect(
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
-        api = load_api_client(kubeconfig)
+        api = load_api_client(kubeconfig, node_name)
     except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
         where = kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
-    events = KubeEventRecorder(api, node_name, count=lambda result: metrics.events.labels(result=result).inc()).start()
+    events = KubeEventRecorder(
+        KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc()
+    ).start()
     pods = KubePodSource(api, node_name).start()
     claims = KubeClaimSource(api, node_name, pods).start() if claim_sources else None
     return Cluster(pods, events, KubeEvictor(api), api, claims)

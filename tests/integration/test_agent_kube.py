@@ -17,8 +17,11 @@ from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
 from vramguard.backoff import TokenBucket
-from vramguard.kube import KubeEventRecorder, KubeEvictor, KubePodSource
-from vramguard.kube_dra import KubeClaimSource
+from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.correlator import EventCorrelator
+from vramguard.kube.events import KubeEventRecorder, KubeEventSink
+from vramguard.kube.eviction import KubeEvictor
+from vramguard.kube.pods import KubePodSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
 from vramguard_testbed.simnode import SimProcess, wait_for
@@ -63,7 +66,10 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(
             "watch pods": lambda: core.list_pod_for_all_namespaces(
                 watch=True, timeout_seconds=1, _preload_content=False
             ),
-            "get its node": lambda: core.read_node(node.name),
+            "list its node": lambda: core.list_node(field_selector=f"metadata.name={node.name}"),
+            "watch its node": lambda: core.list_node(
+                field_selector=f"metadata.name={node.name}", watch=True, timeout_seconds=1, _preload_content=False
+            ),
             "patch its node's vram": lambda: core.patch_node_status(node.name, vram_patch, _content_type=MERGE),
             "create an event": lambda: core.create_namespaced_event(
                 namespace,
@@ -91,7 +97,6 @@ def test_agent_credentials_allow_what_it_needs_and_nothing_else(
             "change its node's cpu capacity": lambda: core.patch_node_status(
                 node.name, {"status": {"capacity": {"cpu": "999"}}}, _content_type=MERGE
             ),
-            "list nodes": lambda: core.list_node(),
         }
         objects = client.CustomObjectsApi(agent_api)
         if serves_dra(kubernetes_version):
@@ -204,11 +209,10 @@ def test_events_are_aggregated_spam_filtered_and_written_once(node: KubeNode, na
     counts: dict[str, int] = {}
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
         recorder = KubeEventRecorder(
-            agent_api,
-            node.name,
+            KubeEventSink(agent_api, node.name),
             count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
             bucket=TokenBucket(burst=100, per_minute=600),
-            spam_burst=2,
+            correlator=EventCorrelator(spam_burst=2),
         ).start()
         try:
             info = pod.info

@@ -27,8 +27,8 @@ import yaml
 from kubernetes import client, utils
 
 from cgroup_fixtures import need_cgroups
-from vramguard.kube import KubePodSource
-from vramguard.kube_dra import KubeClaimSource
+from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.pods import KubePodSource
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import driver_limits
 from vramguard_testbed.simnode import wait_for

@@ -1,37 +1,27 @@
-"""The DRA adapter: this node's ResourceSlices and the ResourceClaims of its pods, read into `dra.PodShares`.
+"""The claim source: this node's ResourceSlices (a reflector) and the ResourceClaims of its pods, read into
+`dra.PodShares`.
 
-Contract with the API server, made so that a 5,000-node cluster costs what the kubelet's own DRA manager costs
-(never a cluster-wide claim watch, where every claim change would fan out to every agent):
-- ResourceSlices (resource.k8s.io/v1): one LIST with `fieldSelector=spec.nodeName=<node>`, then one WATCH from
-  its resourceVersion, renewed every 5 to 10 minutes, as the pod watch; a 410 relists; errors back off 1 s → 60 s.
-  An API server that does not serve resource.k8s.io/v1 (Kubernetes before 1.34) is asked again every 5 minutes
-  and `problem()` says so: claim quota sources then give nothing and the next source applies.
-- ResourceClaims: one GET by name for each claim a pod of this node uses, when the pod appears (or names a
-  claim it did not name before), again while the claim is missing or not allocated (when the pod changes, or
-  `RETRY_S` later, doubling up to `REFRESH_S` while it stays so; the same after an error), and every `REFRESH_S`
-  (jittered) once allocated: an allocation does not change while a pod uses
-  it, so the slow re-read only catches a claim deallocated and reallocated under the same name. GETs are paced
-  (`GETS_PER_S`, burst `GETS_BURST`), so a node filling with 200 pods reads their claims within seconds without
-  a burst of 200 requests.
-- Nothing per scan: `shares()` is read from memory, replaced whole when something changed.
-RBAC: get on resourceclaims; get, list and watch on resourceslices.
+Claims are read by name, one GET per claim when a pod naming it appears (never a cluster-wide claim watch, where
+every claim change would fan out to every agent): a claim allocated to a running pod does not change while the pod
+uses it, so once read it is not read again. A claim missing or not allocated yet is read again when its pod
+changes, or `RETRY_S` later, doubling up to `RETRY_MAX_S` while it stays so. GETs are paced (`GETS_PER_S`, burst
+`GETS_BURST`), so a node filling with 200 pods reads their claims within seconds without a burst of 200 requests.
+RBAC: get on resourceclaims; list and watch on resourceslices.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vramguard.backoff import Backoff, TokenBucket
+from vramguard.backoff import TokenBucket
 from vramguard.dra import (
     Claim,
     ClaimKey,
@@ -43,25 +33,23 @@ from vramguard.dra import (
     pod_shares,
     slice_devices,
 )
-from vramguard.kube import _TIMEOUT_LIST, WatchingThreads, WatchStream, _describe, watched_object
+from vramguard.kube.client import TIMEOUT_GET, describe
+from vramguard.kube.reflector import Log, Reflector
 from vramguard.model import PodInfo
 from vramguard.ports import PodSource
 
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
-REFRESH_S: Final = 300.0
 RETRY_S: Final = 10.0
+RETRY_MAX_S: Final = 300.0
 GETS_PER_S: Final = 20.0
 GETS_BURST: Final = 50
 CYCLE_S: Final = 0.5  # how often the claim reader looks at the pod cache (memory only)
 UNSERVED_RETRY_S: Final = 300.0
-_TIMEOUT_GET = (3.0, 5.0)
-
-Log = structlog.typing.FilteringBoundLogger
 
 
-class KubeClaimSource(WatchingThreads):
-    """The DRA shares of the pods of one node (`ClaimSource`), kept by two background threads."""
+class KubeClaimSource:
+    """The DRA shares of the pods of one node (`ClaimSource`): a reflector for the slices, a thread for the claims."""
 
     def __init__(
         self,
@@ -69,18 +57,17 @@ class KubeClaimSource(WatchingThreads):
         node_name: str,
         pods: PodSource,
         *,
-        refresh_s: float = REFRESH_S,
         retry_s: float = RETRY_S,
+        retry_max_s: float = RETRY_MAX_S,
         gets_per_s: float = GETS_PER_S,
-        watch_timeout_s: int = 300,
         log: Log | None = None,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.objects = client.CustomObjectsApi(api)
         self.node_name = node_name
         self.pods = pods
-        self.refresh_s = refresh_s
         self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
         self.log = log if log is not None else structlog.get_logger("vramguard.claims")
         self.now = now
         self._stop = threading.Event()
@@ -88,21 +75,40 @@ class KubeClaimSource(WatchingThreads):
         self._slices: dict[str, dict[DeviceKey, SliceDevice]] = {}  # by ResourceSlice name
         self._devices: Mapping[DeviceKey, SliceDevice] = {}
         self._claims: dict[ClaimKey, Claim | None] = {}  # None: the API server says it does not exist
-        self._due: dict[ClaimKey, float] = {}  # when each claim is to be read again
+        self._due: dict[ClaimKey, float] = {}  # when each unsettled claim is to be read (again)
         self._misses: dict[ClaimKey, int] = {}  # reads in a row that found it unusable (missing, unallocated, error)
         self._shares: Mapping[str, PodShares] = {}
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
-        self._slice_error: str | None = None
         self._unserved = False  # the API server answered 404 for the slices: it has no resource.k8s.io/v1
         self._read_error: str | None = None  # the last claim GET's error, while they fail
-        self._stream = WatchStream(self._stop, watch_timeout_s)
         self.claim_gets = 0  # requests made, for tests and logs
-        self.slice_lists = 0
-        self._threads = (
-            threading.Thread(target=self._watch_slices, name="vramguard-slice-watch", daemon=True),
-            threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True),
+        self.slices = Reflector(
+            "resourceslices", self._slice_call, self, log=self.log, now=now, retry_after=self._unserved_retry
         )
+        self._thread = threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True)
+
+    def start(self) -> KubeClaimSource:
+        self.slices.start()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        self._stop.set()
+        self.slices.stop(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.synced() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.synced()
+
+    @property
+    def slice_lists(self) -> int:
+        return self.slices.lists
 
     # -- ClaimSource ----------------------------------------------------------------------------------------
 
@@ -111,7 +117,9 @@ class KubeClaimSource(WatchingThreads):
         return self._shares
 
     def problem(self) -> str | None:
-        return self._slice_error
+        if self._unserved:
+            return f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
+        return self.slices.problem()
 
     def synced(self) -> bool:
         """The slices were listed and every claim the pods name was read at least once (or the API server does not
@@ -119,63 +127,32 @@ class KubeClaimSource(WatchingThreads):
         if self._unserved:
             return True  # nothing to read: no claim source on this API server, as problem() says
         pods_named = {key for pod in self.pods.pods().values() for key in claim_keys(pod)}
-        slices_known = self.slice_lists > 0
         seen = self._seen  # and the shares published are those of what was read
         published = seen is not None and seen[1] is self._devices and seen[2] == self._version
         # Membership tests only: the claim thread may be adding to the dict meanwhile.
-        return slices_known and published and all(key in self._claims for key in pods_named)
+        return self.slices.listed and published and all(key in self._claims for key in pods_named)
 
     # -- ResourceSlices --------------------------------------------------------------------------------------
 
-    def _watch_slices(self) -> None:
-        self._list_and_watch(self._list_slices, self._watch, self._slices_failed)
-
-    def _slices_failed(self, e: Exception, backoff: Backoff) -> float:
-        self._unserved = isinstance(e, ApiException) and e.status == 404
-        if self._unserved:
-            problem = f"the API server does not serve {GROUP}/{VERSION} (Kubernetes 1.34 or later has it)"
-            delay = UNSERVED_RETRY_S
-        else:
-            problem, delay = f"ResourceSlice watch: {_describe(e)}", backoff.next()
-        if problem != self._slice_error:
-            self.log.warning("claim_source_unavailable", problem=problem, retry_in_s=round(delay, 1))
-        self._slice_error = problem
-        return delay
-
-    def _selector(self) -> str:
-        return f"spec.nodeName={self.node_name}"
-
-    def _list_slices(self) -> str:
-        resp: Any = self.objects.list_cluster_custom_object(
-            GROUP,
-            VERSION,
-            "resourceslices",
-            field_selector=self._selector(),
-            _preload_content=False,
-            _request_timeout=_TIMEOUT_LIST,
+    def _slice_call(self, **kwargs: Any) -> Any:
+        return self.objects.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={self.node_name}", **kwargs
         )
-        body = json.loads(resp.data)
-        self._slices = {
-            str((item.get("metadata") or {}).get("name")): slice_devices(item) for item in body.get("items") or []
-        }
-        self._publish_devices()
-        self.slice_lists += 1
-        if self._slice_error is not None:
-            self.log.info("claim_source_available", slices=len(self._slices))
-        self._slice_error = None
+
+    def _unserved_retry(self, e: Exception) -> float | None:
+        """A 404 for the slices: this API server has no resource.k8s.io/v1; ask again, rarely."""
+        unserved = isinstance(e, ApiException) and e.status == 404
+        if unserved and not self._unserved:
+            self.log.warning("claim_source_unavailable", problem=self.problem() or "", retry_in_s=UNSERVED_RETRY_S)
+        self._unserved = unserved
+        return UNSERVED_RETRY_S if unserved else None
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self._slices = {str((item.get("metadata") or {}).get("name")): slice_devices(item) for item in items}
         self._unserved = False
-        return str(body["metadata"]["resourceVersion"])
+        self._publish_devices()
 
-    def _watch(self, resource_version: str) -> str:
-        selected = functools.partial(
-            self.objects.list_cluster_custom_object, GROUP, VERSION, "resourceslices", field_selector=self._selector()
-        )
-        return self._stream.run(selected, resource_version, self.apply_slice_event)
-
-    def apply_slice_event(self, event: Mapping[str, Any], resource_version: str) -> str:
-        kind, obj, rv = watched_object(event, resource_version)
-        if kind == "BOOKMARK":
-            return rv
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
         slices = dict(self._slices)
         if kind == "DELETED":
@@ -184,7 +161,6 @@ class KubeClaimSource(WatchingThreads):
             slices[name] = slice_devices(obj)
         self._slices = slices
         self._publish_devices()
-        return rv
 
     def _publish_devices(self) -> None:
         devices: dict[DeviceKey, SliceDevice] = {}
@@ -207,7 +183,7 @@ class KubeClaimSource(WatchingThreads):
             # Claims are read once the slices were listed: where the API server does not serve resource.k8s.io/v1
             # every GET would answer 404, and a claim that merely cannot be read would be reported missing; and
             # without this node's slices no share could be placed on a GPU anyway.
-            readable = self.slice_lists > 0 and not self._unserved
+            readable = self.slices.listed and not self._unserved
             for key in sorted(k for k, at in self._due.items() if at <= now) if readable else ():
                 if self._stop.is_set() or not self._gets.take():
                     break  # paced: the rest next cycle
@@ -218,8 +194,9 @@ class KubeClaimSource(WatchingThreads):
     def _note_pods(
         self, pods: Mapping[str, PodInfo], known: dict[str, frozenset[ClaimKey]], now: float
     ) -> dict[str, frozenset[ClaimKey]]:
-        """Which claims to read: those of new pods (or newly named ones) now, those of a changed pod now if they
-        are missing or unallocated; forget the claims no pod uses any more."""
+        """Which claims to read: every claim of a pod new to the agent (a claim may be reallocated between the pods
+        that use it), a claim newly named by a pod, and the missing or unallocated claims of a changed pod; forget
+        the claims no pod uses any more."""
         named: dict[str, frozenset[ClaimKey]] = {}
         for uid, pod in pods.items():
             keys = frozenset(claim_keys(pod))
@@ -227,11 +204,11 @@ class KubeClaimSource(WatchingThreads):
             before = known.get(uid)
             for key in keys:
                 unsettled = key in self._claims and not _settled(self._claims[key])
-                if key not in self._claims or (before is not None and (key not in before or unsettled)):
+                if before is None or key not in before or key not in self._claims or unsettled:
                     self._due[key] = min(self._due.get(key, now), now)
         used = frozenset().union(*named.values()) if named else frozenset()
-        for key in [k for k in self._due if k not in used]:
-            del self._due[key]
+        for key in [k for k in self._due.keys() | self._claims.keys() if k not in used]:
+            self._due.pop(key, None)
             self._misses.pop(key, None)
             if key in self._claims:
                 del self._claims[key]
@@ -243,7 +220,7 @@ class KubeClaimSource(WatchingThreads):
         self.claim_gets += 1
         try:
             resp: Any = self.objects.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False, _request_timeout=_TIMEOUT_GET
+                GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False, _request_timeout=TIMEOUT_GET
             )
             claim: Claim | None = claim_from_manifest(json.loads(resp.data))
         except Exception as e:
@@ -251,8 +228,8 @@ class KubeClaimSource(WatchingThreads):
                 # A timeout, a refused connection, a 5xx: keep what was read, try again soon. Logged once per
                 # run of failures, not once per claim: 200 claims on a frozen API server are one line.
                 if self._read_error is None:
-                    self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=_describe(e))
-                self._read_error = _describe(e)
+                    self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=describe(e))
+                self._read_error = describe(e)
                 self._due[key] = self.now() + self._retry_in(key)
                 return
             claim = None
@@ -262,18 +239,18 @@ class KubeClaimSource(WatchingThreads):
         if key not in self._claims or self._claims[key] != claim:
             self._claims[key] = claim
             self._version += 1
-        if _settled(claim):
+        if _settled(claim):  # read again only when a pod new to the agent names it
             self._misses.pop(key, None)
-            self._due[key] = self.now() + self.refresh_s * (0.75 + 0.5 * random.random())
+            self._due.pop(key, None)
         else:
             self._due[key] = self.now() + self._retry_in(key)
 
     def _retry_in(self, key: ClaimKey) -> float:
-        """When to read an unusable claim again: `retry_s`, doubling with each miss in a row up to `refresh_s`, so
-        pods naming claims that never come (a tenant can bind pods to a node by hand) cost little."""
+        """When to read an unusable claim again: `retry_s`, doubling with each miss in a row up to `retry_max_s`,
+        so pods naming claims that never come (a tenant can bind pods to a node by hand) cost little."""
         misses = self._misses.get(key, 0)
         self._misses[key] = misses + 1
-        return min(self.refresh_s, self.retry_s * float(2 ** min(misses, 16)))
+        return min(self.retry_max_s, self.retry_s * float(2 ** min(misses, 16)))
 
     def _publish_shares(self, pods: Mapping[str, PodInfo]) -> None:
         """Recompute every pod's shares from what was read; an unchanged pod keeps its object (QuotaBook's cache)."""

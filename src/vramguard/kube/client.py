@@ -1,0 +1,66 @@
+"""Client set-up and what every request shares: the user agent, the timeouts, and how errors are told apart.
+
+urllib3's own retries are off: every retry is the caller's, with jittered back-off (`vramguard.backoff`), so a
+request timeout is never silently multiplied.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from typing import Final
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from vramguard import __version__
+
+# (connect, read) seconds. The read timeout bounds each wait for the server's next bytes.
+TIMEOUT_WRITE: Final = (5.0, 10.0)
+TIMEOUT_LIST: Final = (5.0, 30.0)
+TIMEOUT_GET: Final = (3.0, 5.0)
+
+MAX_ERROR_CHARS: Final = 300
+
+
+def user_agent(node_name: str | None) -> str:
+    """`vramguard/<version> (<os>/<arch>) node/<name>`, client-go's shape: an operator can tell the agents' load
+    apart in the audit log, and one agent from another."""
+    system = f"{platform.system().lower()}/{platform.machine().lower()}"
+    agent = f"vramguard/{__version__} ({system})"
+    return f"{agent} node/{node_name}" if node_name else agent
+
+
+def load_api_client(kubeconfig: str | None, node_name: str | None = None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or the in-cluster ServiceAccount when none is given."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.retries = False
+    api = client.ApiClient(configuration)
+    api.user_agent = user_agent(node_name)
+    return api
+
+
+def describe(e: BaseException) -> str:
+    """An error in one short line, for logs and probes."""
+    if isinstance(e, ApiException):
+        return f"{e.status} {e.reason}"
+    return f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+
+
+def transient(e: BaseException) -> bool:
+    """Worth retrying: no answer (timeouts, refused connections) or the server saying "later"."""
+    if isinstance(e, ApiException):
+        return not e.status or e.status == 429 or e.status >= 500
+    return True
+
+
+def status_message(e: ApiException) -> str:
+    """The message of the Status object the API server answered with."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)[:MAX_ERROR_CHARS]
+    except ValueError:
+        return str(e.reason)

@@ -1,0 +1,61 @@
+"""policy/v1 Eviction of a pod, so PodDisruptionBudgets are respected: one POST per decided eviction, made on the
+enforcer's worker; a 429 (a budget says no) is retried `attempts` times with jittered back-off, then reported
+refused."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from vramguard.backoff import Backoff
+from vramguard.kube.client import TIMEOUT_WRITE, describe, status_message
+from vramguard.model import PodInfo
+from vramguard.ports import EvictResult
+
+
+class KubeEvictor:
+    """policy/v1 Eviction, so PodDisruptionBudgets are respected. Preconditioned on the pod's UID: a pod
+    re-created under the same name is never evicted for its predecessor's usage.
+
+    Blocking, with request timeouts: the enforcer calls it from its background worker, never from the scan.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        attempts: int = 3,
+        backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 4.0),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.attempts = attempts
+        self.backoff = backoff
+        self.sleep = sleep
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)),
+        )
+        last = ""
+        backoff = self.backoff()
+        for attempt in range(self.attempts):
+            try:
+                self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _request_timeout=TIMEOUT_WRITE)
+                return EvictResult(evicted=True, refused=False)
+            except ApiException as e:
+                if e.status == 429:
+                    last = status_message(e)
+                    if attempt + 1 < self.attempts:
+                        self.sleep(backoff.next())
+                    continue
+                if e.status in (404, 409):  # gone already, or a new pod under the old name
+                    return EvictResult(evicted=False, refused=False, gone=True, message=status_message(e))
+                return EvictResult(evicted=False, refused=False, message=f"{e.status}: {status_message(e)}")
+            except Exception as e:  # no answer: a timeout, a refused connection
+                return EvictResult(evicted=False, refused=False, message=describe(e))
+        return EvictResult(evicted=False, refused=True, message=last)

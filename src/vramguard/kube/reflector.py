@@ -1,0 +1,278 @@
+"""The reflector: one kind of object kept in memory by a LIST and then a WATCH, as client-go's reflector keeps it.
+
+Every object the agent reads from the API server (its pods, its Node, its ResourceSlices) comes through one
+`Reflector`, and in steady state each costs the server one WATCH renewal every 5 to 10 minutes and nothing else.
+What the agent costs a fleet's API server, request by request, is in the README ("At fleet scale").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ReadTimeoutError
+
+from vramguard.backoff import Backoff
+from vramguard.kube.client import TIMEOUT_LIST, describe
+
+# A watch is renewed after a random 5 to 10 minutes, so a fleet's renewals never line up.
+WATCH_TIMEOUT_S: Final = (300, 600)
+# The API server's watch cache sends a bookmark on every watch that asks for them once a minute (and 2 s before
+# the watch's own timeout), so a watch silent for longer is on a server that stopped answering, or one whose
+# cache has had nothing to say since it started: either way the watch is renewed, which tells them apart.
+SILENCE_S: Final = 75.0
+# How long a renewal after silence may take before the API server is reported unreachable.
+RENEWAL_GRACE_S: Final = 10.0
+# After a working watch breaks (an API server restart breaks every agent's at once), the first retry waits a
+# random part of this, so a fleet's LISTs and WATCHes reach the restarted server spread out, not in one burst.
+SPREAD_S: Final = 20.0
+# A watch open this long before it broke was working: the next failure starts a new run of back-off.
+WORKING_S: Final = 30.0
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is older than the API server keeps: relist."""
+
+
+class WatchSilent(Exception):
+    """Nothing arrived on the watch for `SILENCE_S`, not even a bookmark: renew it."""
+
+
+class Store(Protocol):
+    """What a reflector fills: a whole LIST, then each watch event."""
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Everything there is, from a LIST: what is not in `items` is gone."""
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """One watch event: ADDED, MODIFIED or DELETED."""
+
+
+# The client's list method for one kind, its selectors bound; the reflector adds what makes it a LIST or a WATCH.
+ListCall = Callable[..., Any]
+
+Log = structlog.typing.FilteringBoundLogger
+
+
+class Reflector:
+    """List, then watch from the list's resourceVersion, for as long as it runs, on one daemon thread.
+
+    - The first LIST asks for `resourceVersion=0`, later ones for `resourceVersion=<last seen>` with
+      `resourceVersionMatch=NotOlderThan`: the API server answers both from its watch cache, never from etcd. A
+      LIST that answers 410 (that version is gone) is repeated without a version.
+    - A WATCH that ends (its timeout) is renewed at once from the last resourceVersion seen (bookmarks advance it).
+      A 410 relists; any other error keeps the cache and the resourceVersion and watches again after a delay: a
+      random part of `spread_s` after a working watch broke, then jittered exponential back-off (1 s to 30 s).
+    - `problem()` says when the cache is incomplete, the watch broken, or the API server silent.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        list_call: ListCall,
+        store: Store,
+        *,
+        log: Log,
+        now: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+        watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
+        silence_s: float = SILENCE_S,
+        spread_s: float = SPREAD_S,
+        retry_after: Callable[[Exception], float | None] = lambda e: None,
+        wait: Callable[[float], object] | None = None,
+    ) -> None:
+        """`retry_after` may set the delay after an error instead of the back-off (the claim source waits long
+        on an API server that does not serve its group). `wait` sleeps between retries (tests record it); it
+        returns early when the reflector is stopped."""
+        self.name = name
+        self.list_call = list_call
+        self.store = store
+        self.log = log
+        self.now = now
+        self.rng = rng
+        self.watch_timeout_s = watch_timeout_s
+        self.silence_s = silence_s
+        self.spread_s = spread_s
+        self.retry_after = retry_after
+        self.lists = 0  # requests made, for tests and logs
+        self.watches = 0
+        self.listed = False  # a LIST succeeded: the cache was complete once
+        self.connected = False  # the last request succeeded and no watch failed since
+        self.error: str | None = None  # the last failure, until the next success
+        self.last_heard: float | None = None  # when the API server last answered
+        self.resource_version: str | None = None  # where the watch resumes; None: LIST first
+        self._connected_since: float | None = None
+        self._unreachable_since: float | None = None  # the server has not answered since (no reply at all)
+        self._renewing_since: float | None = None  # a silent watch's renewal, while in flight
+        self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"vramguard-{name}-reflector", daemon=True)
+
+    def start(self) -> Reflector:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """End the thread; returns within `timeout_s` even if a request is stuck (the thread is a daemon)."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            response.shutdown()  # interrupts the read blocked in the thread; close() alone would wait for data
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def synced(self) -> bool:
+        return self.listed and self.connected
+
+    def problem(self) -> str | None:
+        if not self.listed:
+            return f"{self.name} not listed yet" + (f": {self.error}" if self.error else "")
+        if not self.connected:
+            if self._unreachable_since is not None:
+                down_s = self.now() - self._unreachable_since
+                return f"API server unreachable for {down_s:.0f}s ({self.name} watch: {self.error})"
+            return f"{self.name} watch failed: {self.error}"
+        renewing, heard = self._renewing_since, self.last_heard
+        if renewing is not None and heard is not None and self.now() - renewing > RENEWAL_GRACE_S:
+            return f"API server unreachable: no answer on the {self.name} watch for {self.now() - heard:.0f}s"
+        return None
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = Backoff(1.0, 30.0, jitter=1.0, rng=self.rng)
+        list_version = "0"  # the first LIST: whatever the watch cache has
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._list(list_version)
+                self._watch()
+                backoff.reset()
+            except WatchSilent:
+                self._renewing_since = self.now()
+            except WatchExpired:
+                self.log.info("watch_expired", watch=self.name, detail="410 Gone: relisting")
+                list_version, self.resource_version = self.resource_version or "", None
+            except Exception as e:
+                if self._stop.is_set():
+                    break
+                if self.resource_version is None and _version_gone(e):
+                    list_version = ""  # asked for a version the server no longer has: the latest, then
+                delay = self.retry_after(e)
+                if delay is None and self._working():
+                    backoff.reset()
+                    delay = self.spread_s * self.rng()
+                elif delay is None:
+                    delay = backoff.next()
+                self._failed(e, delay)
+                self._wait(delay)
+
+    def _working(self) -> bool:
+        """Whether the watch that just broke had been working for a while (not failing again at once)."""
+        since = self._connected_since
+        return self.connected and since is not None and self.now() - since >= WORKING_S
+
+    def _failed(self, e: Exception, delay: float) -> None:
+        error = describe(e)
+        if self.connected or self.error is None:  # once per run of failures, not once per retry
+            self.log.warning("watch_failed", watch=self.name, error=error, retry_in_s=round(delay, 1))
+        if isinstance(e, ApiException) and e.status:
+            self._unreachable_since = None  # it answered, with an error
+        elif self._unreachable_since is None:
+            self._unreachable_since = self._renewing_since or self.now()
+        self.connected = False
+        self.error = error
+        self._renewing_since = None
+
+    def _heard(self) -> None:
+        self.last_heard = self.now()
+        self._renewing_since = self._unreachable_since = None
+        if not self.connected:
+            self._connected_since = self.last_heard
+            if self.listed and self.error is not None:
+                self.log.info("watch_restored", watch=self.name, after=self.error)
+        self.connected = True
+        self.error = None
+
+    def _list(self, resource_version: str) -> None:
+        match = {"resource_version_match": "NotOlderThan"} if resource_version not in ("", "0") else {}
+        self.lists += 1
+        # Raw JSON (`_preload_content=False`): the stores read plain dicts, skipping the client's model objects.
+        resp = self.list_call(
+            resource_version=resource_version, _preload_content=False, _request_timeout=TIMEOUT_LIST, **match
+        )
+        body = json.loads(resp.data)
+        self.store.replace(body.get("items") or [])
+        self.listed = True
+        self._heard()
+        self.resource_version = str(body["metadata"]["resourceVersion"])
+
+    def _watch(self) -> None:
+        """Watch from `resource_version` until the server ends the watch, advancing `resource_version`."""
+        low, high = self.watch_timeout_s
+        timeout_s = int(low + (high - low) * self.rng())
+        self.watches += 1
+        resp = self.list_call(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=self.resource_version,
+            timeout_seconds=timeout_s,
+            _preload_content=False,  # raw JSON lines, read by watch_events
+            # The read timeout bounds each wait for the server's next bytes: a bookmark comes at least once a minute.
+            _request_timeout=(TIMEOUT_LIST[0], self.silence_s),
+        )
+        self._response = resp
+        try:
+            if self._stop.is_set():
+                return
+            self._heard()
+            for event in watch_events(resp):
+                if self._stop.is_set():
+                    break
+                self.last_heard = self.now()
+                kind, obj, self.resource_version = watched_object(event, self.resource_version or "")
+                if kind != "BOOKMARK":
+                    self.store.apply(kind, obj)
+        except ReadTimeoutError as e:
+            raise WatchSilent() from e
+        finally:
+            self._response = None
+            resp.release_conn()
+
+
+def _version_gone(e: Exception) -> bool:
+    """A LIST's resourceVersion the server cannot serve: expired (410), or newer than it has (etcd restored)."""
+    if not isinstance(e, ApiException):
+        return False
+    return e.status == 410 or (e.status == 504 and "Too large resource version" in str(e.body or ""))
+
+
+def watched_object(event: Mapping[str, Any], resource_version: str) -> tuple[str, Mapping[str, Any], str]:
+    """(type, object, resourceVersion to resume from) of one watch event. Raises WatchExpired for a 410
+    (relist), RuntimeError for any other ERROR event."""
+    kind, obj = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise WatchExpired()
+        raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
+    return kind, obj, str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
+
+
+def watch_events(resp: Any) -> Iterator[dict[str, Any]]:
+    """Watch events, one JSON object per line of a chunked response."""
+    pending = b""
+    for chunk in resp.stream(amt=65536, decode_content=False):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if pending.strip():
+        yield json.loads(pending)

@@ -1,0 +1,222 @@
+"""The reflector's requests, without a server: what it asks for, in which order, and how long it waits between.
+
+The API server's side of each (served from the watch cache, bookmarks) is tested against a real one in
+tests/integration/test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import structlog
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import ReadTimeoutError
+
+from vramguard.kube.reflector import SPREAD_S, WORKING_S, Reflector
+
+LOG = structlog.get_logger("test")
+
+
+@dataclass
+class Listed:
+    """A LIST's answer."""
+
+    resource_version: str
+    names: Sequence[str] = ()
+
+
+@dataclass
+class Watched:
+    """A WATCH's answer: these events, then the server ends it — or `then` is raised while reading."""
+
+    events: Sequence[tuple[str, str, str]] = ()  # (type, name, resourceVersion)
+    then: Exception | None = None
+    lasts_s: float = 60.0  # the clock moves this much while it runs
+
+
+class WatchResponse:
+    def __init__(self, answer: Watched, clock: list[float]) -> None:
+        self.answer = answer
+        self.clock = clock
+
+    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        for kind, name, rv in self.answer.events:
+            if kind == "ERROR":
+                obj: dict[str, Any] = {"code": int(name), "message": "gone"}
+            else:
+                obj = {"metadata": {"name": name, "resourceVersion": rv}}
+            yield json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        self.clock[0] += self.answer.lasts_s
+        if self.answer.then is not None:
+            raise self.answer.then
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+@dataclass
+class FakeServer:
+    """The list method of one kind, answering from a script; stops the reflector when the script runs out."""
+
+    script: list[Listed | Watched | Exception]
+    clock: list[float] = field(default_factory=lambda: [1000.0])
+    requests: list[str] = field(default_factory=list)
+    reflector: Reflector | None = None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        verb = "WATCH" if kwargs.get("watch") else "LIST"
+        rv = kwargs.get("resource_version")
+        match = kwargs.get("resource_version_match")
+        self.requests.append(f"{verb} rv={rv}" + (f" {match}" if match else ""))
+        if not self.script:
+            assert self.reflector is not None
+            self.reflector._stop.set()
+            raise ConnectionError("script done")
+        answer = self.script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, Listed):
+            items = [{"metadata": {"name": n}} for n in answer.names]
+            return type("R", (), {"data": json.dumps({"metadata": {"resourceVersion": answer.resource_version},
+                                                      "items": items})})()  # fmt: skip
+        return WatchResponse(answer, self.clock)
+
+
+class Names:
+    """A store of object names."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        self.names = {str(i["metadata"]["name"]) for i in items}
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        name = str(obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.names.discard(name)
+        else:
+            self.names.add(name)
+
+
+def run(script: list[Listed | Watched | Exception], draw: float = 0.5) -> tuple[list[str], list[float], Names]:
+    """Run a reflector over `script` to its end: the requests it made, the delays it waited, its store."""
+    server = FakeServer(script)
+    store = Names()
+    delays: list[float] = []
+    reflector = Reflector(
+        "things", server, store, log=LOG, now=lambda: server.clock[0], rng=lambda: draw, wait=delays.append
+    )
+    server.reflector = reflector
+    reflector._run()
+    return server.requests, delays, store
+
+
+REFUSED = ConnectionRefusedError("refused")
+GONE = ApiException(status=410, reason="Gone")
+SILENT = ReadTimeoutError(None, None, "Read timed out.")  # type: ignore[arg-type]  # urllib3's, from a pool
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    script: list[Listed | Watched | Exception]
+    requests: list[str]
+    delays: list[float]
+    names: set[str]
+
+
+CASES = [
+    Case(
+        "first-list-from-the-cache-then-watch-renewed-from-the-last-bookmark",
+        [Listed("5", ["a"]), Watched([("ADDED", "b", "6"), ("BOOKMARK", "", "9")]), Watched()],
+        ["LIST rv=0", "WATCH rv=5", "WATCH rv=9", "WATCH rv=9"],
+        [],
+        {"a", "b"},
+    ),
+    Case(
+        "a-broken-watch-resumes-from-where-it-was-after-a-random-spread-no-relist",
+        [Listed("5"), Watched([("ADDED", "b", "7")], then=REFUSED), Watched([("DELETED", "b", "8")])],
+        ["LIST rv=0", "WATCH rv=5", "WATCH rv=7", "WATCH rv=8"],
+        [0.5 * SPREAD_S],
+        set(),
+    ),
+    Case(
+        "410-on-the-watch-relists-not-older-than-what-it-had",
+        [Listed("5", ["a"]), Watched([("ADDED", "b", "7"), ("ERROR", "410", "")]), Listed("20", ["c"])],
+        ["LIST rv=0", "WATCH rv=5", "LIST rv=7 NotOlderThan", "WATCH rv=20"],
+        [],
+        {"c"},
+    ),
+    Case(
+        "410-on-a-list-lists-the-latest",
+        [Listed("5"), Watched([("ERROR", "410", "")]), GONE, Listed("30")],
+        ["LIST rv=0", "WATCH rv=5", "LIST rv=5 NotOlderThan", "LIST rv=", "WATCH rv=30"],
+        [1.5],
+        set(),
+    ),
+    Case(
+        "failures-before-any-list-back-off-exponentially-with-jitter",
+        [REFUSED, REFUSED, REFUSED, Listed("1")],
+        ["LIST rv=0"] * 4 + ["WATCH rv=1"],
+        [1.5, 3.0, 6.0],
+        set(),
+    ),
+    Case(
+        "a-watch-failing-at-once-again-and-again-backs-off-it-does-not-spread",
+        [Listed("5"), Watched(then=REFUSED), Watched(then=REFUSED, lasts_s=0), REFUSED, Watched()],
+        ["LIST rv=0", "WATCH rv=5", "WATCH rv=5", "WATCH rv=5", "WATCH rv=5", "WATCH rv=5"],
+        [0.5 * SPREAD_S, 1.5, 3.0],
+        set(),
+    ),
+    Case(
+        "a-silent-watch-is-renewed-at-once",
+        [
+            Listed("5"),
+            Watched([("BOOKMARK", "", "6")], then=SILENT),
+            Watched(),
+        ],
+        ["LIST rv=0", "WATCH rv=5", "WATCH rv=6", "WATCH rv=6"],
+        [],
+        set(),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reflector_requests(case: Case) -> None:
+    requests, delays, store = run(list(case.script))
+    assert requests == case.requests
+    assert delays[: len(case.delays)] == case.delays
+    assert store.names == case.names
+
+
+def test_working_watch_means_open_long_enough() -> None:
+    """The spread after a break is for a watch that had been working; the threshold is what the cases assume."""
+    assert Watched().lasts_s >= WORKING_S
+
+
+@pytest.mark.parametrize(
+    ("error", "problem"),
+    [
+        pytest.param(REFUSED, "API server unreachable for 0s (things watch: ConnectionRefusedError: refused)",
+                     id="no-answer-is-unreachable"),
+        pytest.param(ApiException(status=403, reason="Forbidden"), "things watch failed: 403 Forbidden",
+                     id="an-answer-is-a-failure"),
+    ],
+)  # fmt: skip
+def test_problem_tells_no_answer_from_an_error(error: Exception, problem: str) -> None:
+    server = FakeServer([Listed("5"), Watched(then=error)])
+    reflector = Reflector("things", server, Names(), log=LOG, now=lambda: server.clock[0], wait=lambda s: None)
+    server.reflector = reflector
+    seen: list[str | None] = []
+    reflector._wait = lambda s: seen.append(reflector.problem())
+    reflector._run()
+    assert seen[0] == problem
