@@ -247,6 +247,7 @@ def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Pat
         "VramguardUnattributedMemoryGrowing",
         "VramguardDriverLimitsFailing",
         "VramguardClaimSourceDown",
+        "VramguardRelisting",
     } <= alerts
     exported = _exported_metric_names()
     for rule in rules:

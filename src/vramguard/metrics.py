@@ -173,6 +173,13 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.api_requests = Counter(
+            "vramguard_api_requests_total",
+            "LIST and WATCH requests the agent made to the API server, by resource and verb. In steady state only "
+            "WATCH grows, by one per watched resource every 5 to 10 minutes; LISTs are relists (start, 410 Gone).",
+            ["resource", "verb"],
+            registry=self.registry,
+        )
         self.driver_limit_results = Counter(
             "vramguard_driver_limits_total",
             "Driver memory limits programmed, by outcome: applied, late (applied to a container already running), "

@@ -128,8 +128,12 @@ def connect(
     events = KubeEventRecorder(
         KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc()
     ).start()
-    pods = KubePodSource(api, node_name).start()
-    claims = KubeClaimSource(api, node_name, pods).start() if claim_sources else None
+
+    def count(resource: str, verb: str) -> None:
+        metrics.api_requests.labels(resource=resource, verb=verb).inc()
+
+    pods = KubePodSource(api, node_name, count=count).start()
+    claims = KubeClaimSource(api, node_name, pods, count=count).start() if claim_sources else None
     return Cluster(pods, events, KubeEvictor(api), api, claims)
 
 

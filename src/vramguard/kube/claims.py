@@ -34,7 +34,7 @@ from vramguard.dra import (
     slice_devices,
 )
 from vramguard.kube.client import TIMEOUT_GET, describe
-from vramguard.kube.reflector import Log, Reflector
+from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
 from vramguard.model import PodInfo
 from vramguard.ports import PodSource
 
@@ -62,6 +62,7 @@ class KubeClaimSource:
         gets_per_s: float = GETS_PER_S,
         log: Log | None = None,
         now: Callable[[], float] = time.monotonic,
+        count: RequestCounter = uncounted,
     ) -> None:
         self.objects = client.CustomObjectsApi(api)
         self.node_name = node_name
@@ -84,7 +85,13 @@ class KubeClaimSource:
         self._read_error: str | None = None  # the last claim GET's error, while they fail
         self.claim_gets = 0  # requests made, for tests and logs
         self.slices = Reflector(
-            "resourceslices", self._slice_call, self, log=self.log, now=now, retry_after=self._unserved_retry
+            "resourceslices",
+            self._slice_call,
+            self,
+            log=self.log,
+            now=now,
+            retry_after=self._unserved_retry,
+            count=count,
         )
         self._thread = threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True)
 

@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 from kubernetes import client
 
-from vramguard.kube.reflector import Log, Reflector
+from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
 
 
 class NodeSource:
@@ -27,6 +27,7 @@ class NodeSource:
         *,
         log: Log | None = None,
         now: Callable[[], float] = time.monotonic,
+        count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
         self.log = log if log is not None else structlog.get_logger("vramguard.node")
@@ -34,11 +35,12 @@ class NodeSource:
         self._found: bool | None = None  # None until listed
         core = client.CoreV1Api(api)
         self.reflector = Reflector(
-            "node",
+            "nodes",
             functools.partial(core.list_node, field_selector=f"metadata.name={node_name}"),
             self,
             log=self.log,
             now=now,
+            count=count,
         )
 
     def labels(self) -> Mapping[str, str]:

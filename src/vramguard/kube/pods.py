@@ -12,7 +12,7 @@ from kubernetes import client
 
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
-from vramguard.kube.reflector import Log, Reflector
+from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
 from vramguard.model import PodInfo
 from vramguard.pods import PodSourceError, pod_info_from_manifest
 
@@ -32,11 +32,12 @@ class KubePodSource:
         *,
         log: Log | None = None,
         now: Callable[[], float] = time.monotonic,
+        count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
         self.log = log if log is not None else structlog.get_logger("vramguard.pods")
         self._pods: Mapping[str, PodInfo] = {}
-        self.node = NodeSource(api, node_name, now=now)
+        self.node = NodeSource(api, node_name, now=now, count=count)
         core = client.CoreV1Api(api)
         self.reflector = Reflector(
             "pods",
@@ -44,6 +45,7 @@ class KubePodSource:
             self,
             log=self.log,
             now=now,
+            count=count,
         )
 
     def start(self) -> KubePodSource:

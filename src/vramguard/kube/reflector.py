@@ -56,6 +56,13 @@ class Store(Protocol):
 
 # The client's list method for one kind, its selectors bound; the reflector adds what makes it a LIST or a WATCH.
 ListCall = Callable[..., Any]
+# Hears of each request a reflector makes: (resource, verb).
+RequestCounter = Callable[[str, str], None]
+
+
+def uncounted(resource: str, verb: str) -> None:
+    """The default `RequestCounter`: counts nothing."""
+
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -86,10 +93,11 @@ class Reflector:
         spread_s: float = SPREAD_S,
         retry_after: Callable[[Exception], float | None] = lambda e: None,
         wait: Callable[[float], object] | None = None,
+        count: RequestCounter = uncounted,
     ) -> None:
         """`retry_after` may set the delay after an error instead of the back-off (the claim source waits long
         on an API server that does not serve its group). `wait` sleeps between retries (tests record it); it
-        returns early when the reflector is stopped."""
+        returns early when the reflector is stopped. `count` hears of each request (resource, verb), for metrics."""
         self.name = name
         self.list_call = list_call
         self.store = store
@@ -100,6 +108,7 @@ class Reflector:
         self.silence_s = silence_s
         self.spread_s = spread_s
         self.retry_after = retry_after
+        self.count = count
         self.lists = 0  # requests made, for tests and logs
         self.watches = 0
         self.listed = False  # a LIST succeeded: the cache was complete once
@@ -204,6 +213,7 @@ class Reflector:
     def _list(self, resource_version: str) -> None:
         match = {"resource_version_match": "NotOlderThan"} if resource_version not in ("", "0") else {}
         self.lists += 1
+        self.count(self.name, "LIST")
         # Raw JSON (`_preload_content=False`): the stores read plain dicts, skipping the client's model objects.
         resp = self.list_call(
             resource_version=resource_version, _preload_content=False, _request_timeout=TIMEOUT_LIST, **match
@@ -219,6 +229,7 @@ class Reflector:
         low, high = self.watch_timeout_s
         timeout_s = int(low + (high - low) * self.rng())
         self.watches += 1
+        self.count(self.name, "WATCH")
         resp = self.list_call(
             watch=True,
             allow_watch_bookmarks=True,
