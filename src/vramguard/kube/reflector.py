@@ -71,7 +71,7 @@ class Reflector:
     """List, then watch from the list's resourceVersion, for as long as it runs, on one daemon thread.
 
     - The first LIST asks for `resourceVersion=0`, later ones for `resourceVersion=<last seen>` with
-      `resourceVersionMatch=NotOlderThan`: the API server answers both from its watch cache, never from etcd. A
+      `resourceVersionMatch=NotOlderThan`: the API server answers both from its watch cache, not from its storage. A
       LIST that answers 410 (that version is gone) is repeated without a version.
     - A WATCH that ends (its timeout) is renewed at once from the last resourceVersion seen (bookmarks advance it).
       A 410 relists; any other error keeps the cache and the resourceVersion and watches again after a delay: a
@@ -259,7 +259,7 @@ class Reflector:
 
 
 def _version_gone(e: Exception) -> bool:
-    """A LIST's resourceVersion the server cannot serve: expired (410), or newer than it has (etcd restored)."""
+    """A LIST's resourceVersion the server cannot serve: expired (410), or newer than it has (its storage restored from a backup)."""
     if not isinstance(e, ApiException):
         return False
     return e.status == 410 or (e.status == 504 and "Too large resource version" in str(e.body or ""))
