@@ -34,10 +34,16 @@ RENEWAL_GRACE_S: Final = 10.0
 SPREAD_S: Final = 20.0
 # A watch open this long before it broke was working: the next failure starts a new run of back-off.
 WORKING_S: Final = 30.0
+# A watch the server ends sooner than this, with no event on it, counts as a failure (client-go does the same).
+SHORT_WATCH_S: Final = 1.0
 
 
 class WatchExpired(Exception):
     """The watch's resourceVersion is older than the API server keeps: relist."""
+
+
+class ShortWatch(Exception):
+    """The server ended a watch at once, with nothing on it (a proxy cutting long requests?): back off, do not spin."""
 
 
 class WatchSilent(Exception):
@@ -240,13 +246,16 @@ class Reflector:
             _request_timeout=(TIMEOUT_LIST[0], self.silence_s),
         )
         self._response = resp
+        events = 0
         try:
             if self._stop.is_set():
                 return
             self._heard()
+            opened = self.now()
             for event in watch_events(resp):
                 if self._stop.is_set():
-                    break
+                    return
+                events += 1
                 self.last_heard = self.now()
                 kind, obj, self.resource_version = watched_object(event, self.resource_version or "")
                 if kind != "BOOKMARK":
@@ -256,10 +265,12 @@ class Reflector:
         finally:
             self._response = None
             resp.release_conn()
+        if not events and self.now() - opened < SHORT_WATCH_S:
+            raise ShortWatch(f"the server ended the {self.name} watch at once, with no event")
 
 
 def _version_gone(e: Exception) -> bool:
-    """A LIST's resourceVersion the server cannot serve: expired (410), or newer than it has (its storage restored from a backup)."""
+    """A LIST's resourceVersion the server cannot serve: expired (410), or newer than it has (a restored backup)."""
     if not isinstance(e, ApiException):
         return False
     return e.status == 410 or (e.status == 504 and "Too large resource version" in str(e.body or ""))
