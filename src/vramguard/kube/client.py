@@ -39,6 +39,9 @@ def load_api_client(kubeconfig: str | None, node_name: str | None = None) -> cli
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.retries = False
+    # TCP keepalive with client-go's timings: a watch on a connection that a proxy or a NAT dropped silently is
+    # found dead within 30 + 9 x 15 s, not only when the watch's own timeout has passed.
+    configuration.keep_alive = True
     api = client.ApiClient(configuration)
     api.user_agent = user_agent(node_name)
     return api

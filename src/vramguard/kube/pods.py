@@ -12,7 +12,7 @@ from kubernetes import client
 
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
-from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
+from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
 from vramguard.model import PodInfo
 from vramguard.pods import PodSourceError, pod_info_from_manifest
 
@@ -46,6 +46,7 @@ class KubePodSource:
             log=self.log,
             now=now,
             count=count,
+            silence_s=SILENCE_S,  # the agent's liveness probe: /readyz says when the API server stops answering
         )
 
     def start(self) -> KubePodSource:

@@ -23,10 +23,14 @@ from vramguard.kube.client import TIMEOUT_LIST, describe
 
 # A watch is renewed after a random 5 to 10 minutes, so a fleet's renewals never line up.
 WATCH_TIMEOUT_S: Final = (300, 600)
-# The API server's watch cache sends a bookmark on every watch that asks for them once a minute (and 2 s before
-# the watch's own timeout), so a watch silent for longer is on a server that stopped answering, or one whose
-# cache has had nothing to say since it started: either way the watch is renewed, which tells them apart.
+# Liveness: the API server's watch cache sends a bookmark once a minute on a watch that asks for them, whenever the
+# resource changed anywhere in the cluster since the watch's resourceVersion (in a real cluster, pods always do).
+# A watch silent for longer is on a server that stopped answering, or on a quiet resource: the watch is renewed,
+# which tells the two apart. The pod source's watch does this for the agent; the others only guard against a dead
+# connection (TCP keepalive, `load_api_client`, finds most sooner).
 SILENCE_S: Final = 75.0
+# A watch that outlives its own timeout by this much without a byte is on a dead connection.
+DEAD_AFTER_S: Final = 30.0
 # How long a renewal after silence may take before the API server is reported unreachable.
 RENEWAL_GRACE_S: Final = 10.0
 # After a working watch breaks (an API server restart breaks every agent's at once), the first retry waits a
@@ -95,13 +99,15 @@ class Reflector:
         now: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
         watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
-        silence_s: float = SILENCE_S,
+        silence_s: float | None = None,
         spread_s: float = SPREAD_S,
         retry_after: Callable[[Exception], float | None] = lambda e: None,
         wait: Callable[[float], object] | None = None,
         count: RequestCounter = uncounted,
     ) -> None:
-        """`retry_after` may set the delay after an error instead of the back-off (the claim source waits long
+        """`silence_s`: renew the watch after this long without a byte from the server, and report the server
+        unreachable when the renewal gets no answer (None: only after the watch's own timeout, a dead connection).
+        `retry_after` may set the delay after an error instead of the back-off (the claim source waits long
         on an API server that does not serve its group). `wait` sleeps between retries (tests record it); it
         returns early when the reflector is stopped. `count` hears of each request (resource, verb), for metrics."""
         self.name = name
@@ -242,8 +248,8 @@ class Reflector:
             resource_version=self.resource_version,
             timeout_seconds=timeout_s,
             _preload_content=False,  # raw JSON lines, read by watch_events
-            # The read timeout bounds each wait for the server's next bytes: a bookmark comes at least once a minute.
-            _request_timeout=(TIMEOUT_LIST[0], self.silence_s),
+            # The read timeout bounds each wait for the server's next bytes.
+            _request_timeout=(TIMEOUT_LIST[0], self.silence_s or timeout_s + DEAD_AFTER_S),
         )
         self._response = resp
         events = 0
