@@ -12,6 +12,10 @@ outside the repo (``find_binaries()`` reads the same path) and installs Debian's
     plane.restart_apiserver()                                        # same port and certificates; etcd keeps data
     plane.stop()
 
+With ``ControlPlane(..., audit_log=True)`` the apiserver writes an audit log of every request (`audit_events()`
+reads it, one `AuditEvent` per request); `apiserver_metrics()` and `etcd_metrics()` return their /metrics, and
+`pid(name)` the process of a component (for its CPU time in /proc/<pid>/stat).
+
 What is real: authentication (an admin client certificate from our own CA; ServiceAccount tokens from the
 TokenRequest API, signed with our RSA key), authorization (``Node,RBAC``), admission (the default plugins except
 ``ServiceAccount``, which would demand a ``default`` ServiceAccount that only kube-controller-manager creates),
@@ -33,6 +37,8 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -76,6 +82,18 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 _MERGE_PATCH = "application/merge-patch+json"
+# Every request at level Metadata (who, what, when, the answer's code; no bodies). RequestReceived is left out: each
+# request then logs ResponseComplete, and a long-running one (a WATCH) ResponseStarted too, when its response
+# begins.
+_AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
+# The user extra the apiserver puts in a token bound to a pod: the pod's node.
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 _WORKDIR_PREFIX = "vramguard-controlplane-"
 _OWNER_FILE = "owner.pid"
 _LOG_TAIL_LINES = 40
@@ -270,6 +288,90 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None, *, body: bytes | N
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One request as the apiserver's audit log records it (level Metadata).
+
+    `at_s` is when the apiserver received the request (requestReceivedTimestamp, seconds since the epoch);
+    `verb` is the audit log's: get, list, watch, create, patch, update, delete (a LIST with ``watch=true`` is a
+    watch); `node_name` is the node recorded in a pod-bound ServiceAccount token (empty for other users);
+    `code` is the response's status code, None where the log has none; `completed_s` is when the response ended
+    (stageTimestamp of ResponseComplete), None for a WATCH still open when the log was read, or cut by the
+    apiserver's death (a SIGKILL logs no ResponseComplete).
+    """
+
+    audit_id: str
+    at_s: float
+    stage: str
+    verb: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    request_uri: str
+    user_agent: str
+    username: str
+    node_name: str
+    code: int | None
+    completed_s: float | None
+
+
+def _timestamp_s(text: str) -> float:
+    # RFC 3339 with microseconds and a "Z", which datetime.fromisoformat reads only from Python 3.11.
+    return datetime.strptime(text.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+
+def read_audit_log(path: Path) -> list[AuditEvent]:
+    """Each request in the JSON audit log at `path` once, in the order logged.
+
+    A long-running request (a WATCH) logs ResponseStarted when its response begins and ResponseComplete when it
+    ends (if it ended), both under one auditID; it is kept once, as first logged, so a watch counts when it
+    starts, with the time it ended as `completed_s`. A request refused before its response began logs
+    ResponseComplete only. Lines cut short (the apiserver writing as this reads) are skipped.
+    """
+    events: dict[str, AuditEvent] = {}
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        audit_id = entry.get("auditID", "")
+        complete = entry.get("stage") == "ResponseComplete"
+        completed_s = _timestamp_s(entry["stageTimestamp"]) if complete else None
+        known = events.get(audit_id)
+        if known is not None:
+            if completed_s is not None:
+                events[audit_id] = dataclasses.replace(known, completed_s=completed_s)
+            continue
+        ref = entry.get("objectRef") or {}
+        user = entry.get("user") or {}
+        node_names = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or [""]
+        code = (entry.get("responseStatus") or {}).get("code")
+        events[audit_id] = AuditEvent(
+            audit_id=audit_id,
+            at_s=_timestamp_s(entry["requestReceivedTimestamp"]),
+            stage=entry.get("stage", ""),
+            verb=entry.get("verb", ""),
+            resource=ref.get("resource", ""),
+            subresource=ref.get("subresource", ""),
+            namespace=ref.get("namespace", ""),
+            name=ref.get("name", ""),
+            request_uri=entry.get("requestURI", ""),
+            user_agent=entry.get("userAgent", ""),
+            username=user.get("username", ""),
+            node_name=node_names[0],
+            code=int(code) if code is not None else None,
+            completed_s=completed_s,
+        )
+    return list(events.values())
+
+
 # ECDSA P-256 for the TLS keys: generated in milliseconds, where RSA takes a noticeable share of start-up on a
 # busy 2-core machine. The ServiceAccount signing key stays RSA (RS256), the common choice for clusters.
 _EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
@@ -360,7 +462,8 @@ class ControlPlane:
     `binaries_dir` holds kube-apiserver, kube-scheduler and kube-controller-manager (`find_binaries()`);
     `etcd` defaults to the one on PATH; `workdir` (certificates, etcd data, kubeconfigs, logs) defaults to a
     fresh temporary directory, removed by `stop()` unless `keep_workdir`. `apiserver_args` are appended to the
-    apiserver's flags (a later flag wins).
+    apiserver's flags (a later flag wins). With `audit_log`, the apiserver logs every request at level Metadata
+    to `audit_log_path` (JSON lines, never rotated), read by `audit_events()`.
 
     With `kubelets`, real kubelets can join (tests/integration/node.py): the ServiceAccount admission plugin is on
     (pods get their token volume; kube-controller-manager's serviceaccount controller must then make each
@@ -375,9 +478,11 @@ class ControlPlane:
     start_timeout_s: float = 90.0
     apiserver_args: Sequence[str] = ()
     kubelets: bool = False
+    audit_log: bool = False
     components: dict[str, Component] = field(default_factory=dict, init=False)
     _owns_workdir: bool = field(default=False, init=False)
     _apiserver_port: int = field(default=0, init=False)
+    _etcd_url: str = field(default="", init=False)
     _pki: _Pki | None = field(default=None, init=False)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -413,7 +518,7 @@ class ControlPlane:
         client_port = free_port()
         peer_port = free_port(avoid=[client_port])
         self._apiserver_port = free_port(avoid=[client_port, peer_port])
-        etcd_url = f"http://127.0.0.1:{client_port}"
+        etcd_url = self._etcd_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         # etcd 3.4 has no --unsafe-no-fsync (added in 3.5); its fsyncs cost little at test write rates.
         etcd_component = self._component(
@@ -460,10 +565,25 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_args(),
                 *self.apiserver_args,
             ],
         )
         self.start_apiserver()
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit_log:
+            return []
+        policy = self._dir / "audit-policy.yaml"
+        policy.write_text(_AUDIT_POLICY)
+        self.audit_log_path.parent.mkdir(parents=True, exist_ok=True)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log_path}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # each event written before the response: a read after it sees it
+            "--audit-log-maxsize=0",  # never rotated: one file holds the whole run
+        ]
 
     def _admission_and_kubelet_args(self, pki: _Pki) -> list[str]:
         if not self.kubelets:
@@ -627,12 +747,40 @@ class ControlPlane:
             write_kubeconfig(path, self.host, self._keys.ca_cert, f"node-{node_name}", user)
         return path
 
+    @property
+    def audit_log_path(self) -> Path:
+        """Where the apiserver writes its audit log (with `audit_log`)."""
+        return self._dir / "audit" / "audit.log"
+
+    def audit_events(self) -> list[AuditEvent]:
+        """Every request in the audit log so far, once each (`read_audit_log`); empty without `audit_log`."""
+        return read_audit_log(self.audit_log_path)
+
+    def pid(self, name: str) -> int:
+        """The process ID of the running component `name` ("etcd", "kube-apiserver", ...): the shim execs it."""
+        component = self.components.get(name)
+        if component is None or component.popen is None or not component.running():
+            raise ControlPlaneError(f"{name} is not running")
+        return component.popen.pid
+
+    def apiserver_metrics(self) -> str:
+        """The apiserver's /metrics (Prometheus text), read as admin."""
+        with urllib.request.urlopen(f"{self.host}/metrics", context=self._admin_ssl_context(), timeout=10) as resp:
+            text: str = resp.read().decode()
+        return text
+
+    def etcd_metrics(self) -> str:
+        """etcd's /metrics (Prometheus text), from its client URL."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{self._etcd_url}/metrics", timeout=10) as resp:
+            text: str = resp.read().decode()
+        return text
+
     def request_count(self, resource: str, verb: str, group: str = "", metric: str = "apiserver_request_total") -> int:
         """How many `verb` requests (GET, LIST, POST, ...) for `resource` the apiserver has served since it
         started, from its own /metrics (apiserver_request_total, summed over response codes and scopes). A WATCH
         is counted there when it ends: `metric="apiserver_longrunning_requests"` counts the open ones."""
-        with urllib.request.urlopen(f"{self.host}/metrics", context=self._admin_ssl_context(), timeout=10) as resp:
-            text = resp.read().decode()
+        text = self.apiserver_metrics()
         total = 0.0
         for line in text.splitlines():
             if not line.startswith(metric + "{"):
