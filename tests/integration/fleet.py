@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from kubernetes import client, utils
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.model import GiB
-from vramguard_testbed.simnode import SimProcess, free_port, metric_value
+from vramguard_testbed.simnode import SimProcess, metric_value
 
 from .controlplane import _PDEATHSIG_SHIM, AuditEvent, ControlPlane, _create_ignoring_conflict
 from .kube_fixtures import AGENT_NAMESPACE, MANIFEST, KubeNode
@@ -202,9 +203,9 @@ class Fleet:
 
     def start_agents(self, extra_args: Sequence[str] = ()) -> None:
         """Start every node's agent (`vramguard run --mode warn`), logging to the node's directory."""
-        for node in self.nodes:
+        for node, port in zip(self.nodes, listen_ports(len(self.nodes)), strict=True):
             sim = node.kube.sim
-            sim.metrics_port = free_port()
+            sim.metrics_port = port
             argv = sim.vramguard_argv(
                 "run", "--metrics-port", str(sim.metrics_port), "--metrics-bind-address", "127.0.0.1",
                 "--log-format", "json", "--mode", "warn", "--poll-interval", f"{self.poll_interval_s:g}",
@@ -302,3 +303,22 @@ def _sample_labels(text: str, name: str) -> list[Mapping[str, str]]:
         for sample in family.samples
         if sample.name == name
     ]
+
+
+def listen_ports(count: int, start: int = 20000) -> list[int]:
+    """`count` ports free now, below the kernel's ephemeral range (32768 and up): a port that bind(0) picked there
+    can be taken by an outgoing connection (fifty agents hold hundreds) before its agent listens on it."""
+    ports: list[int] = []
+    port = start
+    while len(ports) < count and port < 32768:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                pass
+            else:
+                ports.append(port)
+        port += 1
+    if len(ports) < count:
+        raise RuntimeError(f"only {len(ports)} free ports between {start} and 32767, {count} wanted")
+    return ports
