@@ -439,6 +439,7 @@ class RestartResult:
     audit: list[AuditEvent]  # the agents' requests from the stop to the end
     expected_watches: set[tuple[str, str]]  # (node, resource) each agent watched before the restart
     open_watches: dict[tuple[str, str], float]  # (node, resource) → when its watch open at the end started
+    first_watches: dict[tuple[str, str], float]  # (node, resource) → when its first watch after the stop started
     gauge: list[tuple[float, dict[str, float]]]  # apiserver_longrunning_requests WATCH by resource, over time
     gauge_before: dict[str, float]
     scans_before: dict[str, float]
@@ -486,10 +487,13 @@ def restart(plane: ControlPlane, fleet: Fleet, after_s: float, agents_since_s: f
     events = agent_requests(plane.audit_events(), since_s=agents_since_s)
     expected = {(e.node_name, e.resource) for e in events if e.verb == "watch" and e.at_s < stopped_s}
     open_watches: dict[tuple[str, str], float] = {}
+    first_watches: dict[tuple[str, str], float] = {}
     for e in events:
-        if e.verb == "watch" and e.at_s >= stopped_s and e.completed_s is None and e.code == 200:
+        if e.verb == "watch" and e.at_s >= stopped_s and e.code == 200:
             key = (e.node_name, e.resource)
-            open_watches[key] = min(open_watches.get(key, math.inf), e.at_s)
+            first_watches[key] = min(first_watches.get(key, math.inf), e.at_s)
+            if e.completed_s is None:
+                open_watches[key] = min(open_watches.get(key, math.inf), e.at_s)
     return RestartResult(
         stopped_s=stopped_s,
         starting_s=starting_s,
@@ -498,6 +502,7 @@ def restart(plane: ControlPlane, fleet: Fleet, after_s: float, agents_since_s: f
         audit=[e for e in events if stopped_s <= e.at_s <= end_s],
         expected_watches=expected,
         open_watches=open_watches,
+        first_watches=first_watches,
         gauge=gauge,
         gauge_before=gauge_before,
         scans_before=scans_before,
@@ -557,10 +562,16 @@ def restart_lines(r: RestartResult, agents: int) -> list[str]:
     waits = [r.open_watches[k] - r.back_s for k in r.expected_watches if k in r.open_watches]
     resources = sorted({res for _, res in r.expected_watches})
     lines += ["", f"watching again (audit log): each agent's watches before the restart: {', '.join(resources) or '-'}"]
+    back = [r.first_watches[k] - r.back_s for k in r.expected_watches if k in r.first_watches]
+    if back:
+        lines.append(
+            f"  {len(back)} of {len(r.expected_watches)} (agent, resource) watches back: the last at "
+            f"{max(back):+.1f}s (median {statistics.median(back):+.1f}s), first WATCH answered 200 after the stop"
+        )
     if waits:
         lines.append(
-            f"  {len(waits)} of {len(r.expected_watches)} (agent, resource) watches open at the end; the last one "
-            f"started {max(waits):+.1f}s (median {statistics.median(waits):+.1f}s)"
+            f"  {len(waits)} of {len(r.expected_watches)} open at the end; the last of those started "
+            f"{max(waits):+.1f}s (a renewal counts)"
         )
     if missing:
         shown = ", ".join(f"{node}:{res}" for node, res in missing[:5])
