@@ -5,7 +5,7 @@ has built the parts.
     sudo .venv/bin/python bench/agent_pod.py                 # 8 GPU pods, 15 s warm-up, 60 s measured
     sudo .venv/bin/python bench/agent_pod.py --seconds 20    # shorter
 
-It starts the real one-node cluster of the end-to-end tests (tests/integration/real_cluster.py: kube-apiserver,
+It starts the real one-node cluster of the end-to-end tests (tests/cluster/real_cluster.py: kube-apiserver,
 scheduler, controller-manager, a kubelet on containerd), installs the chart with the locally built image and
 `--poll-interval=1`, starts `--pods` workload pods that each hold GPU memory within their quota (so the agent
 watches and never acts), and then reads the agent container's cgroup once a second: CPU from `cpuacct.usage`
@@ -28,7 +28,7 @@ sys.path[:0] = [str(REPO / "tests")]
 import yaml  # noqa: E402
 
 from helm_fixtures import CHART, HELM  # noqa: E402
-from integration.real_cluster import Cluster, real_cluster, unavailable_reason  # noqa: E402
+from cluster.real_cluster import Cluster, real_cluster, unavailable_reason  # noqa: E402
 from vramguard.model import GiB, MiB  # noqa: E402
 from vramguard_testbed.simnode import metric_value  # noqa: E402
 

@@ -5,9 +5,9 @@
     git clone -q /work/main /tmp/before && git -C /tmp/before checkout -q 9e0be43
     sudo .venv/bin/python bench/fleet.py --src /tmp/before/src # the agent of another checkout, same run shape
 
-It starts a real etcd and kube-apiserver (tests/integration/controlplane.py) with an audit log of every request
+It starts a real etcd and kube-apiserver (tests/cluster/controlplane.py) with an audit log of every request
 (level Metadata), applies the agent's manifest (RBAC and admission policy; from the checkout of --src where it
-has one), and builds the fleet of tests/integration/fleet.py: --agents Nodes, each with --pods-per-node running
+has one), and builds the fleet of tests/cluster/fleet.py: --agents Nodes, each with --pods-per-node running
 pods bound to it (a share of them quota'd by annotation, the rest by `vramguard.io/vram` limits), each pod's
 process real, in a real kubelet-shaped cgroup, listed in the node's own test NVML state under its quota; with DRA
 (on where the API server serves resource.k8s.io/v1) each node publishes a ResourceSlice and the agents read quotas
@@ -41,9 +41,9 @@ a real cluster's kubelets and controllers change them all the time. Without watc
 LISTs (resourceVersion unset) are served by etcd rather than the watch cache too. The header says which case a
 run was.
 
-Agents on one machine keep to their own pods (see tests/integration/fleet.py: no cgroup watcher in warn mode,
+Agents on one machine keep to their own pods (see tests/cluster/fleet.py: no cgroup watcher in warn mode,
 NVML states per node, pod caches per node); the run checks it from each agent's metrics. It creates kubepods
-cgroups, so it holds the host's real-node lock (tests/integration/real_cluster.py) while it runs: a real node's
+cgroups, so it holds the host's real-node lock (tests/cluster/real_cluster.py) while it runs: a real node's
 kubelet would kill processes in pod cgroups it does not know. Exit status 2: not runnable here (not root, no
 cgroup v2, no control plane built, or another real node held the lock for --lock-timeout).
 """
@@ -75,7 +75,7 @@ sys.path[:0] = [str(REPO / "tests")]
 
 from kubernetes import client  # noqa: E402
 
-from integration.controlplane import (  # noqa: E402
+from cluster.controlplane import (  # noqa: E402
     NEWEST,
     AuditEvent,
     ControlPlane,
@@ -83,7 +83,7 @@ from integration.controlplane import (  # noqa: E402
     serves_dra,
     unavailable_reason,
 )
-from integration.fleet import (  # noqa: E402
+from cluster.fleet import (  # noqa: E402
     AGENT_USER,
     QUOTA,
     Fleet,
@@ -91,8 +91,8 @@ from integration.fleet import (  # noqa: E402
     deploy_agent_manifest,
     describe,
 )
-from integration.kube_fixtures import MANIFEST  # noqa: E402
-from integration.real_cluster import NODE_LOCK, one_node_at_a_time  # noqa: E402
+from cluster.kube_fixtures import MANIFEST  # noqa: E402
+from cluster.real_cluster import NODE_LOCK, one_node_at_a_time  # noqa: E402
 from vramguard_testbed.cgroups import cgroups_unavailable  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")

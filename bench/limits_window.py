@@ -4,7 +4,7 @@ after scripts/test.sh (or controlplane.sh, helm.sh, image.sh and node.sh) has bu
     sudo .venv/bin/python bench/limits_window.py              # 50 pods
     sudo .venv/bin/python bench/limits_window.py --quick      # 3 pods, a smoke test
 
-It starts the real one-node cluster of the end-to-end tests (tests/integration/real_cluster.py: a kubelet on
+It starts the real one-node cluster of the end-to-end tests (tests/cluster/real_cluster.py: a kubelet on
 containerd), makes the test NVML an R615 driver that holds per-cgroup limits, installs the chart in kill mode with
 the image scripts/image.sh last built (never rebuilt here: the header says when it was built and whether the
 agent's sources changed since), creates all the pods at once, each with one container and a VRAM quota, waits for
@@ -50,9 +50,9 @@ sys.path[:0] = [str(REPO / "tests")]
 from kubernetes import client  # noqa: E402
 
 from helm_fixtures import HELM  # noqa: E402
-from integration.containerd import IMAGES  # noqa: E402
-from integration.node import raw  # noqa: E402
-from integration.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
+from cluster.containerd import IMAGES  # noqa: E402
+from cluster.node import raw  # noqa: E402
+from cluster.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
 from vramguard import __version__  # noqa: E402
 from vramguard.model import MiB  # noqa: E402
 from vramguard_testbed.fakenvml import LimitCall, limit_calls  # noqa: E402

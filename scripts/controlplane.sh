@@ -8,7 +8,7 @@
 #   bash scripts/controlplane.sh v1.37      # one
 #
 # Binaries go to ${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/k8s/<version>/, outside the repo, keyed by the
-# k8s.io/kubernetes version pinned in the go.mod; tests/integration/controlplane.py find_binaries() reads the
+# k8s.io/kubernetes version pinned in the go.mod; tests/cluster/controlplane.py find_binaries() reads the
 # same path. Only missing binaries are built, into a temporary directory beside the cache and renamed into place
 # afterwards, so an interrupted build never leaves a file that looks finished. A second run only checks that the
 # files exist.

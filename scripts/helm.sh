@@ -4,7 +4,7 @@
 # is there. The build goes to a temporary directory renamed into place, so an interrupted one leaves nothing
 # that looks finished. Prints the binary's path as its last line.
 set -euo pipefail
-version=v3.22.0   # tests/test_helm.py reads the binary from the same place
+version=v3.22.0   # tests/cluster/test_helm.py reads the binary from the same place
 dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/tools/helm-$version"
 if [ ! -x "$dir/helm" ]; then
   command -v go >/dev/null || { echo "helm: Go is needed to build helm $version" >&2; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders the plain manifest deploy/daemonset.yaml from the Helm chart (release "vramguard" in namespace
-# "vramguard", default values, no Helm labels), so the two never drift; tests/test_helm.py checks it is current.
+# "vramguard", default values, no Helm labels), so the two never drift; tests/cluster/test_helm.py checks it is current.
 # Usage: bash scripts/render-manifest.sh [OUTPUT]   (default: deploy/daemonset.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@ agent's container both ways: the narrow security context (the default) and `priv
 
 The default rendering is applied for real by the `deployed` fixture (deploy/daemonset.yaml is generated from the
 chart). Kinds whose CRDs this API server does not have (ServiceMonitor, PrometheusRule) are left out here; their
-shape is checked in tests/test_helm.py.
+shape is checked in tests/cluster/test_helm.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
+from unit.test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
 from vramguard.model import MiB, Policy
 from vramguard.pods import MAX_VALUE_CHARS, FilePodSource, parse_pod_list
 from vramguard.quota import resolve_pod_quota

@@ -1,6 +1,6 @@
 """A fleet of real agents on a real API server that keeps an audit log: what each agent asks once it is ready.
 
-Three real `vramguard run` agents (tests/integration/fleet.py: each its own Node, pods, test NVML state and
+Three real `vramguard run` agents (tests/cluster/fleet.py: each its own Node, pods, test NVML state and
 token bound to its pod on that node), on a control plane of their own, since the session's keeps no audit log.
 In steady state an agent's only requests are WATCH renewals: its pods, its Node and its ResourceSlices reach it
 through watches, so a fleet of thousands costs the API server no periodic read. And bench/fleet.py stays

@@ -81,7 +81,7 @@ def test_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None
         "import sys, time\n"
         "from pathlib import Path\n"
         f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-        "from integration.controlplane import Component\n"
+        "from cluster.controlplane import Component\n"
         "c = Component('sleeper', ['/bin/sleep', '300'], Path(sys.argv[1]))\n"
         "c.start()\n"
         "print(c.popen.pid, flush=True)\n"

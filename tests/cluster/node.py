@@ -1,5 +1,5 @@
 """A real Kubernetes node for tests: a kubelet built from the same go.mod as the control plane, on a private
-containerd (tests/integration/containerd.py), joined to a `ControlPlane(kubelets=True)`.
+containerd (tests/cluster/containerd.py), joined to a `ControlPlane(kubelets=True)`.
 
     plane = ControlPlane(find_binaries(), kubelets=True).start()
     plane.start_controller_manager(controllers=NODE_CONTROLLERS)

@@ -465,7 +465,7 @@ class ControlPlane:
     apiserver's flags (a later flag wins). With `audit_log`, the apiserver logs every request at level Metadata
     to `audit_log_path` (JSON lines, never rotated), read by `audit_events()`.
 
-    With `kubelets`, real kubelets can join (tests/integration/node.py): the ServiceAccount admission plugin is on
+    With `kubelets`, real kubelets can join (tests/cluster/node.py): the ServiceAccount admission plugin is on
     (pods get their token volume; kube-controller-manager's serviceaccount controller must then make each
     namespace's ``default`` ServiceAccount), and the apiserver reaches kubelets at their InternalIP with the
     admin client certificate, for ``kubectl exec`` and ``logs``.

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
-# The bench lives in testbed/ and tests/integration/: none of it may reach the wheel, by name or by content.
+# The bench lives in testbed/ and tests/cluster/: none of it may reach the wheel, by name or by content.
 BENCH_MODULES = ("controlplane", "cgroups", "fakenvml", "simnode", "demo", "vramguard_testbed")
 BENCH_CONTENT = (b"kube-apiserver", b"etcd", b"KubeletCgroups", b"nvmlDeviceGetCount_v2(unsigned")
 

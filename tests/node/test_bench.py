@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 def test_quick_benchmark_prints_its_figures() -> None:
     """The scan-cost table (8x64 and 1x1) and the reaction-time table come out of a quick run."""
     need_cgroups(2)
-    bench = Path(__file__).resolve().parents[1] / "bench" / "scan.py"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "scan.py"
     result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()

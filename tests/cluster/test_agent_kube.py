@@ -1,6 +1,6 @@
 """The agent against a real kube-apiserver: RBAC from the manifest, the pod cache, Events, Eviction, capacity.
 
-Every test here uses the real control plane (tests/integration/conftest.py), the real `vramguard run` as a
+Every test here uses the real control plane (tests/cluster/conftest.py), the real `vramguard run` as a
 subprocess where the agent acts, real processes in cgroups named by the pods' real UIDs, and the test NVML.
 """
 

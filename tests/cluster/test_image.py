@@ -63,7 +63,7 @@ def test_the_agent_in_the_image_starts(image: dict[str, Any]) -> None:
 def test_image_holds_the_agent_and_no_bench(root: Path) -> None:
     (package,) = [p for p in root.glob("usr/local/lib/python3*/*-packages/vramguard") if p.is_dir()]
     shipped = {str(p.relative_to(package)) for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    source = Path(__file__).resolve().parents[1] / "src" / "vramguard"
+    source = Path(__file__).resolve().parents[2] / "src" / "vramguard"
     expected = {str(p.relative_to(source)) for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert shipped == expected
     site = package.parent

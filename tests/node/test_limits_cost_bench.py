@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 def test_quick_benchmark_prints_its_figures() -> None:
     """A row per driver (works, unsupported, failing) with every column filled, and the failing/unsupported line."""
     need_cgroups(2)
-    bench = Path(__file__).resolve().parents[1] / "bench" / "limits_cost.py"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "limits_cost.py"
     result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()

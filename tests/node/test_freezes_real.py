@@ -49,35 +49,6 @@ def _container(make_cgroups: CgroupsFactory, version: int) -> tuple[ContainerCgr
     return ctr, next(d for d in ctr.dirs if version == 2 or "/freezer/" in d)
 
 
-def test_record_and_forget(tmp_path: Path) -> None:
-    """An entry names the cgroup and this process; forgetting it removes it; forgetting twice is harmless."""
-    journal = FreezeJournal(str(tmp_path / "freezes"))
-    path = journal.record("/sys/fs/cgroup/kubepods/pod1/abc", v2=True)
-    (entry,) = journal.entries()
-    assert (entry.cgroup, entry.v2, entry.pid) == ("/sys/fs/cgroup/kubepods/pod1/abc", True, os.getpid())
-    assert journal.abandoned() == [], "this process is alive: its freezes are its own to thaw"
-    journal.forget(path)
-    journal.forget(path)
-    assert journal.entries() == []
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        pytest.param("{", id="cut-short"),
-        pytest.param('{"cgroup": "/x"}', id="fields-missing"),
-        pytest.param('{"cgroup": "/x", "v2": true, "pid": "many", "start_time": 1}', id="pid-not-a-number"),
-        pytest.param(json.dumps({"cgroup": "/" + "x" * 5000, "v2": True, "pid": 1, "start_time": 1}), id="too-long"),
-    ],
-)
-def test_a_malformed_entry_is_dropped(tmp_path: Path, content: str) -> None:
-    """What does not read as an entry is removed, never acted on."""
-    journal = FreezeJournal(str(tmp_path))
-    Path(tmp_path, "junk").write_text(content)
-    assert journal.entries() == []
-    assert not Path(tmp_path, "junk").exists()
-
-
 @pytest.mark.cgroups
 @pytest.mark.parametrize("version", [2, 1], ids=["v2", "v1-freezer"])
 def test_thaws_what_a_dead_agent_left_frozen_and_nothing_else(
@@ -109,11 +80,3 @@ def test_thaws_what_a_dead_agent_left_frozen_and_nothing_else(
         Path(directory, "cgroup.freeze" if v2 else "freezer.state").write_text("0" if v2 else "THAWED")
     assert freeze_state(left_dir, v2) in (b"0", b"THAWED")
     assert left.pids() and foreign.pids() and live.pids()
-
-
-def test_an_unwritable_journal_says_so(tmp_path: Path) -> None:
-    """Where the state directory cannot hold the journal, recording raises (and the killer then never freezes)."""
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("")
-    with pytest.raises(OSError):
-        FreezeJournal(str(blocker / "freezes")).record("/sys/fs/cgroup/x", v2=True)

@@ -1,5 +1,5 @@
 """End to end on a real node: the chart installed with the locally built image on a one-node cluster (a real
-kubelet on containerd, tests/integration/real_cluster.py), enforcing on real workload containers: the agent pod's
+kubelet on containerd, tests/cluster/real_cluster.py), enforcing on real workload containers: the agent pod's
 probes, ServiceAccount token and restarts are the kubelet's, and so are the workloads' cgroups.
 
 The agent runs with the chart's default security context (not privileged: uid 0 with only KILL, SYS_PTRACE and

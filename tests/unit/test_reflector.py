@@ -1,7 +1,7 @@
 """The reflector's requests, without a server: what it asks for, in which order, and how long it waits between.
 
 The API server's side of each (served from the watch cache, bookmarks) is tested against a real one in
-tests/integration/test_fleet.py.
+tests/cluster/test_fleet.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 helm is built from the Go module proxy by scripts/helm.sh (scripts/test.sh runs it first) into the tool cache;
 without it these tests skip, or fail under CI. The API server's own validation of the rendered objects is in
-tests/integration/test_chart.py.
+tests/cluster/test_chart.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from vramguard.model import GiB, Mode
 from vramguard.policy import parse_policy
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A fleet of real agents on one real control plane, for bench/fleet.py and tests/integration/test_fleet.py.
+"""A fleet of real agents on one real control plane, for bench/fleet.py and tests/cluster/test_fleet.py.
 
     fleet = Fleet(plane, api, workdir, poll_interval_s=5.0)
     fleet.add_nodes(50, pods_per_node=3, annotated_share=0.3)   # Nodes, pods bound to them, GPU processes

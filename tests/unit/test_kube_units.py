@@ -1,6 +1,6 @@
 """The Kubernetes adapters' own logic, without a server: watch events, the Event bound, advertisable memory.
 
-Everything that talks to the API server is tested against a real one in tests/integration/.
+Everything that talks to the API server is tested against a real one in tests/cluster/.
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""Driver-level memory limits, pure: which limits the quotas call for (a table), and which rows the driver's own
+count replaces."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from vramguard.limits import LimitKey, limits_enabled, wanted_limits, with_driver_usage
+from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy
+from vramguard.quota import QuotaBook
+from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+
+QUOTA = "vramguard.io/vram"
+KILL = Policy(mode=Mode.KILL)
+MIG_PARENT = gpu(2, 80 * GiB)
+MIG_SLICE = replace(gpu(3, 10 * GiB), uuid="MIG-aaaa", mig_index=0, parent_uuid=MIG_PARENT.uuid)
+
+
+def targets_for(
+    pods: list[PodInfo], devices: list[GpuDevice], policy: Policy = KILL, agent_pod_uid: str | None = None
+) -> list[tuple[str, str | None, int, int]]:
+    by_uid = {p.uid: p for p in pods}
+    quotas, _ = QuotaBook(policy).resolve(by_uid, {})
+    found = wanted_limits(by_uid, quotas, devices, policy, agent_pod_uid=agent_pod_uid)
+    return [(t.pod.name, t.container, t.gpu_index, t.hard_bytes) for t in found]
+
+
+TRAINER = pod("trainer", "ml", containers={"main": {QUOTA: "8Gi"}, "sidecar": {}})
+PAIR = pod("pair", "ml", containers={"a": {QUOTA: "8Gi"}, "b": {QUOTA: "4Gi"}})
+MIXED = pod("mixed", "ml", containers={"own": {QUOTA: "8Gi"}, "rest": {}},
+            annotations={"vramguard.io/vram-limit": "2Gi", "vramguard.io/vram-containers": "rest"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "pods", "devices", "policy", "expected"),
+    [
+        ("a container quota on every GPU; none on the pod, whose sidecar has none", [TRAINER], [gpu(0), gpu(1)], KILL,
+         [("trainer", "main", 0, 8 * GiB), ("trainer", "main", 1, 8 * GiB)]),
+        ("the pod holds the sum of its containers'", [PAIR], [gpu(0)], KILL,
+         [("pair", None, 0, 12 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
+        ("own quotas and a pod-wide one add up", [MIXED], [gpu(0)], KILL,
+         [("mixed", None, 0, 10 * GiB), ("mixed", "own", 0, 8 * GiB)]),
+        ("evict mode too", [PAIR], [gpu(0)], Policy(mode=Mode.EVICT),
+         [("pair", None, 0, 12 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
+        ("never in warn mode", [TRAINER], [gpu(0)], Policy(mode=Mode.WARN), []),
+        ("a namespace in warn mode", [TRAINER], [gpu(0)],
+         replace(KILL, namespaces={"ml": NamespacePolicy(mode=Mode.WARN)}), []),
+        ("a namespace in kill mode under a warn policy", [TRAINER], [gpu(0)],
+         Policy(mode=Mode.WARN, namespaces={"ml": NamespacePolicy(mode=Mode.KILL)}), [("trainer", "main", 0, 8 * GiB)]),
+        ("an exempt namespace", [pod("agent", "kube-system", containers={"main": {QUOTA: "1Gi"}})], [gpu(0)], KILL, []),
+        ("the burst is the hard limit",
+         [pod("b", "ml", containers={"main": {QUOTA: "4Gi"}}, annotations={"vramguard.io/vram-burst": "6Gi"})],
+         [gpu(0)], KILL, [("b", None, 0, 6 * GiB), ("b", "main", 0, 6 * GiB)]),
+        ("capped at the GPU's memory", [PAIR], [gpu(0, 10 * GiB)], KILL,
+         [("pair", None, 0, 10 * GiB), ("pair", "a", 0, 8 * GiB), ("pair", "b", 0, 4 * GiB)]),
+        ("a pod-wide quota goes on the pod's cgroup",
+         [pod("p", "ml", annotations={"vramguard.io/vram-limit": "6Gi"})], [gpu(0)], KILL, [("p", None, 0, 6 * GiB)]),
+        ("no MIG instance, nor its parent", [TRAINER], [MIG_PARENT, MIG_SLICE], KILL, []),
+        ("no unhealthy GPU", [TRAINER], [gpu(0, healthy=False), gpu(1)], KILL, [("trainer", "main", 1, 8 * GiB)]),
+        ("no container without a quota", [pod("free", "ml")], [gpu(0)], KILL, []),
+    ],
+)  # fmt: skip
+def test_wanted_limits(
+    case: str, pods: list[PodInfo], devices: list[GpuDevice], policy: Policy, expected: list[object]
+) -> None:
+    assert targets_for(pods, devices, policy) == expected, case
+
+
+def test_not_the_agents_own_pod_and_pending_before_the_container_runs() -> None:
+    assert targets_for([PAIR], [gpu(0)], agent_pod_uid=PAIR.uid) == []
+    not_started = replace(PAIR, containers=tuple(replace(c, container_id=None) for c in PAIR.containers))
+    by_uid = {not_started.uid: not_started}
+    quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
+    found = wanted_limits(by_uid, quotas, [gpu(0)], KILL)
+    assert [(t.container, t.pending, t.hard_bytes) for t in found] == [
+        (None, False, 12 * GiB), ("a", True, 8 * GiB), ("b", True, 4 * GiB)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "dry_run", "enabled"),
+    [
+        (KILL, False, True),
+        (KILL, True, False),
+        (replace(KILL, driver_limits=DriverLimits.OFF), False, False),
+        (replace(KILL, driver_limits=DriverLimits.REQUIRE), False, True),
+    ],
+)
+def test_limits_enabled(policy: Policy, dry_run: bool, enabled: bool) -> None:
+    assert limits_enabled(policy, dry_run) is enabled
+
+
+def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> None:
+    gpu0 = gpu(0, 24 * GiB)
+    other = pod("other", "ml", containers={"main": {QUOTA: "8Gi"}})
+    quiet = pod("quiet", "ml", containers={"main": {QUOTA: "8Gi"}})
+    snapshot = SnapshotBuilder().use(TRAINER, "main", gpu0, 3 * GiB).use(other, "main", gpu0, 2 * GiB).build()
+    by_uid = {p.uid: p for p in (TRAINER, other, quiet)}
+    quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
+    held = {t.key: t for t in wanted_limits(by_uid, quotas, [gpu0], KILL)}
+    usage: dict[LimitKey, int] = {
+        (TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
+        (other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
+        (quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
+    }
+    merged, disagreements = with_driver_usage(snapshot, held, usage)
+    used = {(u.pod.name, u.container): (u.used_bytes, len(u.processes)) for u in merged.containers}
+    assert used == {("trainer", "main"): (5 * GiB, 1), ("other", "main"): (2 * GiB, 1), ("quiet", "main"): (1 * GiB, 0)}
+    assert [(d.target.pod.name, d.rows_bytes, d.driver_bytes) for d in disagreements] == [
+        ("trainer", 3 * GiB, 5 * GiB), ("quiet", 0, 1 * GiB)
+    ]  # fmt: skip
+    assert with_driver_usage(snapshot, held, {}) == (snapshot, ())
