@@ -85,3 +85,34 @@ def configure_logging(log_format: str = "auto", level: str = "info") -> None:
         logger_factory=lambda *args: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+class FailureRun:
+    """Log once per run of failures: the first failure of a run, and again only when the error changes; a success
+    ends the run. A retry loop that fails every second logs one line, not one a second.
+
+    >>> run = FailureRun()
+    >>> [run.failed("timeout"), run.failed("timeout"), run.failed("refused"), run.ok(), run.ok()]
+    [True, False, True, True, False]
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: str | None = None  # the error of the run going on, None between runs
+
+    def failed(self, error: str) -> bool:
+        """Record a failure; True when it should be logged (a run starts, or its error changed)."""
+        new = error != self.error
+        self.error = error
+        return new
+
+    def ok(self) -> bool:
+        """Record a success; True when it ended a run of failures (worth a "recovered" line)."""
+        ended = self.error is not None
+        self.error = None
+        return ended
+
+    @property
+    def failing(self) -> bool:
+        return self.error is not None

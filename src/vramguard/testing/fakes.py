@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,12 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self._now += seconds
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Returns at once: the time passes unless `stop` is already set."""
+        if not stop.is_set():
+            self._now += max(0.0, seconds)
+        return stop.is_set()
 
 
 class FakeSampler:
