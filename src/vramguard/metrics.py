@@ -7,6 +7,7 @@ registered on the registry passed in: no module-level globals, so tests and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -19,19 +20,27 @@ from vramguard.model import Mode, PodQuota, Reason, Snapshot
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+@dataclass(frozen=True, slots=True)
+class ScanView:
+    """What one scan publishes: replaced whole after each scan, so a scrape never mixes two scans."""
+
+    snapshot: Snapshot
+    quotas: Mapping[str, PodQuota]
+    driver_limits: tuple[LimitTarget, ...] = ()
+    claim_source_up: bool | None = None  # None: no claim quota source
+
+
 class _ScanCollector(Collector):
-    """Gauges computed from the latest scan at scrape time."""
+    """Gauges computed at scrape time from the latest scan's `ScanView`."""
 
     def __init__(self) -> None:
-        self.snapshot: Snapshot | None = None
-        self.quotas: Mapping[str, PodQuota] = {}
-        self.driver_limits: Iterable[LimitTarget] = ()
-        self.claim_source_up: bool | None = None  # None: no claim quota source
+        self.view: ScanView | None = None  # one reference, swapped in one assignment
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        if snap is None:
+        view = self.view  # read once: the scan may publish the next view while this scrape runs
+        if view is None:
             return
+        snap = view.snapshot
         labels = ["namespace", "pod", "container", "gpu", "gpu_uuid"]
         used = GaugeMetricFamily(
             "vramguard_container_gpu_memory_used_bytes", "GPU memory used by a container on one GPU.", labels=labels
@@ -53,7 +62,7 @@ class _ScanCollector(Collector):
             if device is None:
                 continue
             used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
-            pq = self.quotas.get(u.pod.uid)
+            pq = view.quotas.get(u.pod.uid)
             if pq is None:
                 continue
             own = pq.own(u.container, u.device_uuid) if u.container else None
@@ -109,17 +118,17 @@ class _ScanCollector(Collector):
             "a pod's own cgroup): allocations beyond it fail in that container.",
             labels=labels,
         )
-        for t in self.driver_limits:
+        for t in view.driver_limits:
             device = devices.get(t.gpu_uuid)
             label = device.label if device is not None else str(t.gpu_index)
             limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
         yield limits
-        if self.claim_source_up is not None:
+        if view.claim_source_up is not None:
             yield GaugeMetricFamily(
                 "vramguard_claim_source_up",
                 "1 while the claim quota source reads this node's ResourceSlices, 0 while it cannot (then pods with "
                 "DRA claims fall through to the next quota source); absent without a claim: source.",
-                value=1.0 if self.claim_source_up else 0.0,
+                value=1.0 if view.claim_source_up else 0.0,
             )
 
 
@@ -208,10 +217,7 @@ class Metrics:
         driver_limits: Iterable[LimitTarget] = (),
         claim_source_up: bool | None = None,
     ) -> None:
-        self._scan.snapshot = snapshot
-        self._scan.quotas = quotas
-        self._scan.driver_limits = driver_limits
-        self._scan.claim_source_up = claim_source_up
+        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up)
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
