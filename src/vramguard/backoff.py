@@ -1,17 +1,16 @@
-"""Waiting between retries: exponential back-off with jitter, and a token bucket. One helper of each, used by
-every retry loop and every rate bound in the agent.
+"""Waiting between retries: exponential back-off with jitter (`Backoff`), and a rate bound (`TokenBucket`).
 
-Jitter is what keeps a fleet polite: after an API server restart, a thousand agents whose watches all broke at
-the same instant would otherwise relist at the same instant, and again at each doubling. client-go's reflector
-does the same (`wait.Backoff` with a jitter factor); so does this.
+Jitter keeps a fleet polite: agents whose watches broke at the same instant do not all retry at the same instant
+(client-go's `wait.Backoff` has a jitter factor for the same reason).
 """
 
 from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
+
+from vramguard.clock import SYSTEM_CLOCK, Clock
 
 
 class Backoff:
@@ -52,17 +51,18 @@ class Backoff:
 
 
 class TokenBucket:
-    """`burst` tokens, refilled at `per_minute`: `take()` is False when empty; `wait()` blocks for a token."""
+    """`burst` tokens, refilled at `per_minute` on `clock`: `take()` is False when empty; `wait()` blocks for a
+    token (through `clock.wait`, so a test's clock passes the time)."""
 
-    def __init__(self, burst: int, per_minute: float, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, burst: int, per_minute: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self.burst = burst
         self.rate_per_s = per_minute / 60.0
-        self.now = now
+        self.clock = clock
         self.tokens = float(burst)
-        self.updated = now()
+        self.updated = clock.now()
 
     def _refill(self) -> None:
-        t = self.now()
+        t = self.clock.now()
         self.tokens = min(self.burst, self.tokens + (t - self.updated) * self.rate_per_s)
         self.updated = t
 
@@ -78,5 +78,5 @@ class TokenBucket:
         while not stop.is_set():
             if self.take():
                 return True
-            stop.wait((1 - self.tokens) / self.rate_per_s if self.rate_per_s > 0 else 1.0)
+            self.clock.wait(stop, (1 - self.tokens) / self.rate_per_s if self.rate_per_s > 0 else 1.0)
         return False

@@ -1,9 +1,7 @@
 """A bounded background worker: where the agent's slow calls go, so the scan loop never waits on the network.
 
-One daemon thread runs submitted tasks in order. `submit` never blocks: when the queue is full it says so, and
-the caller counts the drop (an Event) or tries again next scan (a capacity patch). `stop` returns within its
-timeout whatever a task is doing: a task stuck in a socket read on a frozen API server is abandoned (the thread is
-a daemon; every API call has its own request timeout, so it ends by itself soon after).
+One daemon thread runs submitted tasks in order; `submit` never blocks (a full queue says so, and the caller
+counts the drop or tries again next scan). `Inline` runs each task on the caller's thread, for unit tests.
 """
 
 from __future__ import annotations
@@ -16,33 +14,46 @@ from typing import Protocol
 
 import structlog
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
+
 Task = Callable[[], None]
 
 
 class Runner(Protocol):
-    """Where background work goes: a `Worker` thread, or `Inline` in tests."""
+    """Where background work goes: a `Worker` thread, or `Inline` in tests. A `lifecycle.Service`."""
 
-    stopping: threading.Event
+    def start(self) -> None: ...
 
     def submit(self, task: Task) -> bool: ...
 
     def pending(self) -> int: ...
 
-    def stop(self, timeout_s: float = 1.0) -> bool: ...
+    def stop(self, deadline: float) -> None: ...
 
 
 class Worker:
-    def __init__(self, name: str, max_queue: int, log: structlog.typing.FilteringBoundLogger | None = None) -> None:
+    """Tasks submitted before `start()` wait in the queue; `stop(deadline)` drops the queued ones."""
+
+    def __init__(
+        self,
+        name: str,
+        max_queue: int,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.name = name
-        self.stopping = threading.Event()  # tasks that retry wait on this, so stop() interrupts their back-off
+        self.clock = clock
         self.log = log if log is not None else structlog.get_logger("vramguard.worker")
+        self._stopping = threading.Event()
         self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def submit(self, task: Task) -> bool:
         """Queue `task`; False (and nothing queued) when the queue is full or the worker is stopping."""
-        if self.stopping.is_set():
+        if self._stopping.is_set():
             return False
         try:
             self._queue.put_nowait(task)
@@ -53,19 +64,25 @@ class Worker:
     def pending(self) -> int:
         return self._queue.qsize()
 
-    def stop(self, timeout_s: float = 1.0) -> bool:
-        """Stop after the current task (queued ones are dropped); True when the thread ended within the timeout."""
-        self.stopping.set()
-        # Wakes the thread if it waits for work; if the queue is full it is busy, and sees `stopping` after its task.
+    def stop(self, deadline: float) -> None:
+        """Stop after the current task, waiting for it until `deadline` at most. A task stuck in a socket read on a
+        frozen API server is abandoned there: the thread is a daemon, and every API call has its own request
+        timeout, so it ends by itself soon after."""
+        self._stopping.set()
+        # Wakes the thread if it waits for work; if the queue is full it is busy, and sees `_stopping` after its task.
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
+        while not self._stopping.is_set():
             task = self._queue.get()
-            if task is None or self.stopping.is_set():
+            if task is None or self._stopping.is_set():
                 return
             try:
                 task()
@@ -77,10 +94,13 @@ class Inline:
     """Runs each task at once on the caller's thread: the deterministic stand-in for a `Worker` in unit tests."""
 
     def __init__(self) -> None:
-        self.stopping = threading.Event()
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        pass
 
     def submit(self, task: Task) -> bool:
-        if self.stopping.is_set():
+        if self._stopping.is_set():
             return False
         task()
         return True
@@ -88,6 +108,5 @@ class Inline:
     def pending(self) -> int:
         return 0
 
-    def stop(self, timeout_s: float = 1.0) -> bool:
-        self.stopping.set()
-        return True
+    def stop(self, deadline: float) -> None:
+        self._stopping.set()
