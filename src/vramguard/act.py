@@ -1,35 +1,28 @@
-"""Carrying out decided actions through the seams: events, eviction, killing. Dry-run turns each into a report.
+"""Carrying out decided actions through the seams: Events, eviction, killing. Dry-run turns each into a report.
 
 Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`), so dry-run is decided in
-one place: in dry-run an Event is logged, never sent.
-
-The Enforcer never decides: it does what an `Action` says, in the way the policy says (`on_eviction_refused`),
-and reports a result for each. A failing seam (the API server is down, the process is gone) is a result, not an
-exception: the loop goes on.
-
-Nothing here waits on the network. Warnings and Events are handed to the recorder's queue. An eviction is an API
-call, so it runs on a background worker: `execute` returns no outcome for it, and a later `collect` returns it
-once the API server answered — or once `policy.eviction_timeout_s` has passed without an answer, which counts
-as "could not evict", so that a frozen API server cannot shield an offender from `on_eviction_refused: kill`.
-Killing is local (signals and /proc), so it happens on the scan itself and keeps its pace whatever the API server
-does.
+one place. The Enforcer never decides: it does what an `Action` says, the way the policy says, and reports a
+result for each; a failing seam is a result, not an exception. Killing is local and happens on the scan; an
+eviction is an API call and runs on the Enforcer's worker (`start()`, `stop(deadline)`), its outcome returned by
+a later `collect`, or counted as failed once `policy.eviction_timeout_s` passes without an answer.
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.limits import LimitOutcome
-from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError, cut, format_bytes
+from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError
 from vramguard.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.quantity import format_duration
 from vramguard.quota import invalid_message
+from vramguard.text import cut, format_bytes
 from vramguard.worker import Runner, Worker
 
 # Event reasons, as they appear on the pod (`kubectl describe pod`).
@@ -81,18 +74,19 @@ class Enforcer:
         policy: Policy,
         dry_run: bool = False,
         log: structlog.typing.FilteringBoundLogger | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         evictions: Runner | None = None,
     ) -> None:
-        """`evictions` runs eviction calls; by default a worker thread with room for 16 queued evictions."""
+        """`evictions` runs eviction calls; by default a worker thread with room for 16 queued evictions, which
+        `start()` starts. `clock` times the evictions' answers (the scan's clock)."""
         self.killer = killer
         self.evictor = evictor
         self.events = events
         self.policy = policy
         self.dry_run = dry_run
         self.log = log if log is not None else structlog.get_logger("vramguard.act")
-        self.now = now
-        self._runner = evictions
+        self.clock = clock
+        self._runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
         self._pending: dict[str, _Eviction] = {}  # by pod UID
         self._answers: queue.SimpleQueue[tuple[int, EvictResult]] = queue.SimpleQueue()
         self._tickets = itertools.count(1)
@@ -139,7 +133,7 @@ class Enforcer:
                 continue
             del self._pending[eviction.action.pod.uid]
             outcomes.append(self._finish_eviction(eviction.action, result))
-        now = self.now()
+        now = self.clock.now()
         for uid, eviction in list(self._pending.items()):
             if now - eviction.started_at >= self.policy.eviction_timeout_s:
                 del self._pending[uid]  # abandoned: an answer that still comes is logged, not acted on
@@ -151,9 +145,13 @@ class Enforcer:
     def evictions_in_flight(self) -> int:
         return len(self._pending)
 
-    def close(self, timeout_s: float = 0.5) -> None:
-        if self._runner is not None:
-            self._runner.stop(timeout_s)
+    def start(self) -> None:
+        """Start the eviction worker."""
+        self._runner.start()
+
+    def stop(self, deadline: float) -> None:
+        """Stop the eviction worker; an eviction in flight at `deadline` is abandoned (its request has a timeout)."""
+        self._runner.stop(deadline)
 
     # -- eviction --------------------------------------------------------------------------------------------
 
@@ -161,8 +159,6 @@ class Enforcer:
         pod = action.pod
         if pod.uid in self._pending:
             return None  # one eviction per pod at a time; the first one's outcome will be reported
-        if self._runner is None:
-            self._runner = Worker("vramguard-evict", max_queue=16)
         ticket = next(self._tickets)
 
         def evict() -> None:
@@ -172,7 +168,7 @@ class Enforcer:
                 result = EvictResult(evicted=False, refused=False, message=f"{type(e).__name__}: {e}")
             self._answers.put((ticket, result))
 
-        self._pending[pod.uid] = _Eviction(action, self.now(), ticket)
+        self._pending[pod.uid] = _Eviction(action, self.clock.now(), ticket)
         if not self._runner.submit(evict):
             del self._pending[pod.uid]
             return self._finish_eviction(

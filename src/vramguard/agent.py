@@ -17,6 +17,7 @@ import structlog
 
 from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.decide import Decision, DecisionState, decide, record_kills
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import (
@@ -41,7 +42,7 @@ from vramguard.model import (
     Snapshot,
     Violation,
 )
-from vramguard.ports import CapacityPublisher, ClaimSource, Clock, GpuSampler, PodSource, ProcessIdentifier
+from vramguard.ports import CapacityPublisher, ClaimSource, GpuSampler, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook, resolve_pod_quota
 
 
@@ -54,14 +55,6 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +76,7 @@ class Agent:
         policy: Policy,
         enforcer: Enforcer,
         metrics: Metrics,
-        clock: Clock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
         capacity: CapacityPublisher | None = None,
@@ -99,7 +92,7 @@ class Agent:
         self.capacity = capacity
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
         self.claims = claims  # None: no claim quota source in the policy
-        self.clock = clock if clock is not None else MonotonicClock()
+        self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
         # The agent finds its own pod the way it finds everyone else's: through its cgroup.
@@ -116,7 +109,7 @@ class Agent:
         ) = None
 
     def scan(self) -> ScanReport:
-        started = time.perf_counter()
+        started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sample = self._sample()
         if self.capacity is not None:
@@ -161,10 +154,11 @@ class Agent:
         return ScanReport(snapshot, quotas, decision, outcomes, duration_s)
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
-        """Scan every `poll_interval_s` until `stop` is set. A failed scan is logged and the loop goes on."""
+        """Scan every `poll_interval_s` until `stop` is set, on the caller's thread (the composition root's main
+        thread). A failed scan is logged and the loop goes on."""
         settled = False
         while not stop.is_set():
-            started = time.monotonic()
+            started = self.clock.now()
             try:
                 self.scan()
             except Exception as e:  # degrade, don't die: the next scan may well succeed
@@ -173,7 +167,7 @@ class Agent:
             if not settled:
                 settle_heap()
                 settled = True
-            stop.wait(max(0.0, poll_interval_s - (time.monotonic() - started)))
+            self.clock.wait(stop, poll_interval_s - (self.clock.now() - started))
 
     def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
         """Re-sample once: a kill is `ok` only when NVML and /proc agree the memory is released. NVML must list

@@ -68,14 +68,6 @@ class ClaimSource(Protocol):
         ...
 
 
-class Clock(Protocol):
-    def now(self) -> float:
-        """Seconds, monotonic."""
-        ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class KillResult:
     """What a kill did: every process signalled, and every one skipped with the reason."""

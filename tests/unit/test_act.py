@@ -28,8 +28,10 @@ class HeldRunner:
     """A worker that runs nothing until told to: an API server that has not answered yet."""
 
     def __init__(self) -> None:
-        self.stopping = threading.Event()
         self.tasks: list[Task] = []
+
+    def start(self) -> None:
+        pass
 
     def submit(self, task: Task) -> bool:
         self.tasks.append(task)
@@ -38,8 +40,8 @@ class HeldRunner:
     def pending(self) -> int:
         return len(self.tasks)
 
-    def stop(self, timeout_s: float = 1.0) -> bool:
-        return True
+    def stop(self, deadline: float) -> None:
+        pass
 
     def answer_all(self) -> None:
         tasks, self.tasks = self.tasks, []
@@ -70,7 +72,7 @@ def _enforcer(
         evictor=evictor,
         events=events,
         policy=policy,
-        now=clock.now,
+        clock=clock,
         evictions=runner,
     )
     return enforcer, runner, clock, events, killer
@@ -187,9 +189,10 @@ def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
         evictor=evictor,
         events=RecordingEventRecorder(),
         policy=Policy(on_eviction_refused=EvictionRefused.KILL),
-        now=clock.now,
-        evictions=Worker("test-evict", max_queue=4),
+        clock=clock,
+        evictions=Worker("test-evict", max_queue=4, clock=clock),
     )
+    enforcer.start()
     try:
         started = time.perf_counter()
         outcomes: list[Outcome] = []
@@ -204,4 +207,4 @@ def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
         assert [o.result for o in outcomes] == ["failed-then-killed"] * 5
     finally:
         evictor.release.set()
-        enforcer.close()
+        enforcer.stop(clock.now() + 1.0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 
 import pytest
@@ -89,7 +88,7 @@ class Node:
                 events=self.events,
                 policy=policy,
                 dry_run=dry_run,
-                now=self.clock.now,
+                clock=self.clock,
                 evictions=Inline(),
             ),
             metrics=self.metrics,
@@ -278,29 +277,32 @@ def test_dry_run_sends_no_event_of_any_kind() -> None:
     assert held_back == [("ml/typo", "VRAMQuotaInvalid")]
 
 
+class StopAfterWaits(FakeClock):
+    """A fake clock that records each wait of the loop and sets `stop` at the `limit`-th."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.waits: list[float] = []
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        self.waits.append(seconds)
+        if len(self.waits) >= self.limit:
+            stop.set()
+        return super().wait(stop, seconds)
+
+
 def test_a_failing_scan_does_not_stop_the_loop() -> None:
-    """An exception in one scan is logged; the loop keeps scanning until told to stop."""
+    """An exception in one scan is logged; the loop keeps scanning, one poll interval apart on its clock, until
+    told to stop."""
     n = Node(Policy())
     n.sampler.inject_error(RuntimeError("driver went away"))
-    stop = threading.Event()
+    clock = n.agent.clock = StopAfterWaits(3)
     calls_before = n.sampler.calls
-
-    def stop_after_three() -> None:
-        # Bounded: if the loop died or stalled, stop it anyway after 5 s; the assertion below then fails.
-        deadline = time.monotonic() + 5.0
-        while n.sampler.calls < calls_before + 3 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        stop.set()
-
-    watcher = threading.Thread(target=stop_after_three, daemon=True)
-    watcher.start()
-    try:
-        n.agent.run(poll_interval_s=0.001, stop=stop)
-    finally:
-        stop.set()
-        watcher.join(timeout=6.0)
-    assert n.sampler.calls >= calls_before + 3
-    assert n.metric("vramguard_scans_failed_total") == n.sampler.calls - calls_before, "each failed scan counted"
+    n.agent.run(poll_interval_s=0.5, stop=threading.Event())
+    assert n.sampler.calls == calls_before + 3
+    assert clock.waits == [0.5, 0.5, 0.5], "a scan that takes no time waits the whole interval"
+    assert n.metric("vramguard_scans_failed_total") == 3, "each failed scan counted"
 
 
 def _action(kind: Mode) -> Action:
