@@ -1,18 +1,9 @@
 """Programs the driver's per-cgroup memory limits (`limits.LimitTarget`s) on a worker thread.
 
-The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
-(`collect`, for Events, metrics and the log); the cgroup watcher hands over each new pod and container cgroup
-(`appeared`), programmed at once from the agent's sources (`plan`). Everything that touches the file system or
-NVML runs on the worker: finding cgroup v2 directories (a walk of the kubelet's tree by pod UID and container
-ID), comparing with what the driver holds (Get), setting what differs (Set: soft 0, hard = the quota's hard
-limit), clearing limits no longer wanted, and reading back each limited cgroup's usage as the driver counts it.
-
-Idempotent: a limit the driver already holds is left alone (an agent restart sets nothing), a changed quota is
-set again, and everything is compared again every `resync_s`. A failing call is retried for its own cgroup and
-GPU with back-off and reported once per run of failures. Without the watcher, a container whose cgroup is not
-there yet is looked for again every `retry_s`. Where the node cannot hold limits at all (no cgroup v2, a driver
-before R615) the limiter says so once (`unavailable`) and stops; a GPU that answers NOT_SUPPORTED is left out.
-The reactive loop enforces every quota either way.
+The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them (`collect`);
+the cgroup watcher hands over each new pod and container cgroup (`appeared`). Everything that touches the file
+system or NVML runs on the worker, started by `start()` and ended by `stop(deadline)`. See docs/design.md
+"Driver limits: the limiter" for how it stays idempotent, retries and gives up.
 """
 
 from __future__ import annotations
@@ -20,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -28,6 +18,7 @@ import structlog
 
 from vramguard.backoff import Backoff
 from vramguard.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, leaf_container_id, parse_cgroup_path
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
 from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
@@ -134,16 +125,17 @@ class DriverLimiter:
         resync_s: float = 30.0,
         retry_s: float = 2.0,
         max_retry_s: float = 300.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         plan: Planner | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.memory = memory
         self.cgroup_root = cgroup_root
-        self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1)
+        self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1, clock=clock)
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
+        # The scan's clock: a limit set after the targets were computed (`update`'s `now`) is newer than them.
         self.clock = clock
         self.plan = plan
         self.watching = False  # set once a `CgroupWatcher` hands over new cgroups
@@ -233,9 +225,12 @@ class DriverLimiter:
         with self._lock:
             return dict(self._unsupported_gpus)
 
-    def close(self, timeout_s: float = 1.0) -> None:
+    def start(self) -> None:
+        self.runner.start()
+
+    def stop(self, deadline: float) -> None:
         """Stop the worker. The limits stay: they protect the neighbours while the agent is away."""
-        self.runner.stop(timeout_s)
+        self.runner.stop(deadline)
 
     # -- the watcher's side ------------------------------------------------------------------------------------
 
@@ -304,7 +299,7 @@ class DriverLimiter:
         """Program the cgroups that appeared since the last task, and those parked until their pod is known."""
         with self._lock:
             appeared, self._appeared = self._appeared, []
-        now = self.clock()
+        now = self.clock.now()
         parked, self._parked = self._parked, {}
         for path, (identity, since) in parked.items():
             if now - since < _PARK_S:  # later, the reconcile's walk finds it once its pod has a quota
@@ -364,7 +359,7 @@ class DriverLimiter:
                     continue
                 for t in _unambiguous(pod_targets, living[uid]):
                     wanted.setdefault((path, t.gpu_index), (t, True))
-            now = self.clock()
+            now = self.clock.now()
             for (path, gpu), (t, provisional) in wanted.items():
                 self._take_appeared(outcomes)
                 if gpu not in self._unsupported_gpus:
@@ -471,7 +466,7 @@ class DriverLimiter:
         outcomes: list[LimitOutcome] = []
         try:
             self._program_appeared(outcomes)
-            now = self.clock()
+            now = self.clock.now()
             for (path, _), f in list(self._failing.items()):
                 if now >= f.due_at:
                     self._try(path, f.target, now, outcomes, provisional=f.provisional)

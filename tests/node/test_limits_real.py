@@ -15,7 +15,7 @@ from vramguard.limits import LimitTarget, wanted_limits
 from vramguard.model import GiB, Mode, PodInfo, Policy
 from vramguard.ports import LIMIT_MAX
 from vramguard.quota import QuotaBook
-from vramguard.testing.fakes import FakeMemoryLimiter, gpu, pod
+from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
 from vramguard.worker import Inline
 from vramguard_testbed.cgroups import KubeletCgroups
 
@@ -48,16 +48,18 @@ class Node:
         )
         self.shared = pod("shared", "ml", annotations={"vramguard.io/vram-limit": "6Gi"}, uid=self.shared_cg.uid)
         self.driver = FakeMemoryLimiter()
-        self.clock = [0.0]
+        self.clock = FakeClock(0.0)
         self.known: dict[str, PodInfo] = {}  # what the agent's sources know, for the limiter's plan
         self.limiter = self.make_limiter()
         self.devices = [gpu(0, 24 * GiB), gpu(1, 24 * GiB)]
         self.policy = KILL
 
     def make_limiter(self) -> DriverLimiter:
-        return DriverLimiter(
-            self.driver, runner=Inline(), resync_s=30, retry_s=2, clock=lambda: self.clock[0], plan=self.plan
-        )
+        return DriverLimiter(self.driver, runner=Inline(), resync_s=30, retry_s=2, clock=self.clock, plan=self.plan)
+
+    def at(self, now: float) -> None:
+        """Set the clock to `now`."""
+        self.clock.step(now - self.clock.now())
 
     def plan(self, uid: str) -> tuple[LimitTarget, ...] | None:
         found = self.known.get(uid)
@@ -69,7 +71,7 @@ class Node:
         return wanted_limits(by_uid, quotas, self.devices, self.policy)
 
     def update(self, targets: tuple[LimitTarget, ...], now: float) -> list[tuple[str, str | None, int, str]]:
-        self.clock[0] = now
+        self.at(now)
         self.limiter.update(targets, [0, 1], now)
         return self.collect()
 
@@ -267,7 +269,7 @@ def test_the_watcher_keeps_ticking_while_a_cgroup_waits(node: Node, v2: KubeletC
     """Handed over but not yet taken by the busy worker, or parked until its pod is known: either way the
     watcher is told to call again, so no new cgroup waits for the next event or scan."""
     queued = _Queued()
-    limiter = DriverLimiter(node.driver, runner=queued, clock=lambda: 0.0, plan=node.plan)
+    limiter = DriverLimiter(node.driver, runner=queued, clock=FakeClock(0.0), plan=node.plan)
     fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
     pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
     limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
@@ -298,10 +300,10 @@ def test_a_limit_set_from_a_fresher_plan_is_not_cleared_by_an_older_reconcile(no
     fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
     node.known[fresh.uid] = fresh
     pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
-    node.clock[0] = 5
+    node.at(5)
     node.limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
     node.collect()
-    node.clock[0] = 6
+    node.at(6)
     node.limiter.update((), [0, 1], 4)  # targets computed at 4, before the cgroup appeared
     assert node.held(pod_cg.dirs[0]) == [3 * GiB, 3 * GiB]
 
