@@ -34,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
-from vramguard.model import ClaimUse, PodInfo, QuotaError, cut
+from vramguard.model import ClaimUse, PodInfo, QuotaError
 from vramguard.quantity import QuantityError, parse_quota_bytes
+from vramguard.text import cut
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): how a claim's allocation result names a device of a ResourceSlice."""

@@ -32,8 +32,8 @@ from vramguard.model import (
     PodQuota,
     Policy,
     Snapshot,
-    format_bytes,
 )
+from vramguard.text import format_bytes
 
 LimitKey = tuple[str, str | None, str]
 """(pod UID, container name or None for the pod's own cgroup, GPU UUID): one limit's identity."""

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-from vramguard.model import MAX_TEXT_CHARS, cut
-from vramguard.text import printable
+from vramguard.text import MAX_TEXT_CHARS, cut, printable
 
 # Log values come from tenants (annotations, pod names, messages built from them): each string is cut to the
 # length an Event message may have, so a 10 MB annotation costs a line, not 10 MB per scan.

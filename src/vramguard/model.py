@@ -13,23 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
+from vramguard.text import MAX_TEXT_CHARS, cut, format_bytes
+
 GiB = 1024**3
 MiB = 1024**2
-
-# Far above any honest value the agent reads (quantities are at most 64 characters, names 253), far below what a
-# tenant can write (an annotation may be 256 KiB on the API server, anything in a pods file). Log values, Event
-# messages, quota errors and pod fields are all held to it.
-MAX_TEXT_CHARS = 1024
-
-
-def cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
-    """`text`, or its head and a marker saying how long it was, in at most `limit` characters.
-
-    A cut quantity is far over the 64-character bound of `vramguard.quantity`, so it is still reported invalid."""
-    if len(text) <= limit:
-        return text
-    marker = f"...[cut: {len(text)} characters]"
-    return text[: limit - len(marker)] + marker
 
 
 def _frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -511,13 +498,3 @@ class Action:
             + (f", burst {format_bytes(v.hard_bytes)}" if v.hard_bytes != v.limit_bytes else "")
             + f" ({v.quota_source}); {self.reason.value}"
         )
-
-
-def format_bytes(n: int | float) -> str:
-    """1.5 GiB → "1.5GiB": binary units, one decimal, as people read Kubernetes quantities."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{value:.1f}TiB"

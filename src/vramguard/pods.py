@@ -37,8 +37,9 @@ from vramguard.dra import (
     pod_shares,
     slice_devices,
 )
-from vramguard.model import MAX_TEXT_CHARS, ClaimUse, ContainerInfo, MiB, PodInfo, cut
+from vramguard.model import ClaimUse, ContainerInfo, MiB, PodInfo
 from vramguard.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
+from vramguard.text import MAX_TEXT_CHARS, cut
 
 Log = structlog.typing.FilteringBoundLogger
 

@@ -80,9 +80,9 @@ from vramguard.quantity import (
     parse_percentage,
     parse_quantity,
     parse_quota_bytes,
-    show_value,
 )
 from vramguard.quota import parse_quota_source
+from vramguard.text import show_value
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=enum.Enum)

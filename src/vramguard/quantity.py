@@ -32,7 +32,6 @@ policy's `pressure_threshold` bytes, the CLI's `--capacity-reserve`) use `parse_
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ from types import MappingProxyType
 from typing import Final
 
 from vramguard.model import GiB, MiB
+from vramguard.text import show_value
 
 MAX_BYTES: Final = 2**63 - 1  # the int64 behind a Kubernetes Quantity
 MIN_QUOTA_BYTES: Final = MiB  # the smallest quota: below it no GPU workload runs at all (see the module docstring)
@@ -80,25 +80,6 @@ class QuantityError(ValueError):
         self.reason = reason
         self.what = what
         super().__init__(f"{show_value(value)} is not a valid {what} ({reason})")
-
-
-def show_value(value: object, limit: int = 80) -> str:
-    """A value as a reader sees it in YAML or JSON: strings in double quotes, so `""` and `" 1Gi"` stay visible."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif value is None:
-        text = "null"
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-    elif isinstance(value, str):
-        # Encode no more than can be shown: a tenant's annotation may be megabytes long.
-        text = json.dumps(value[:limit], ensure_ascii=False) + ("..." if len(value) > limit else "")
-    else:
-        try:
-            text = json.dumps(value, ensure_ascii=False, default=str)
-        except ValueError:  # a circular structure; only reachable from code, never from YAML
-            text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -69,8 +69,8 @@ from vramguard.quantity import (
     QuantityError,
     format_quantity,
     parse_quota_bytes,
-    show_value,
 )
+from vramguard.text import cut, show_value
 
 BURST_ANNOTATION: Final = "vramguard.io/vram-burst"
 REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"  # set by GPU feature discovery; time-slicing replicas per GPU
@@ -237,14 +237,10 @@ def invalid_message(err: QuotaError) -> str:
     Never longer than MAX_MESSAGE_CHARS, whatever the error holds: each part is bounded on its own, so a long
     field or reason never pushes what applies out of the message.
     """
-    text = f"{_clip(err.field, 200)}: {show_value(err.value)} {_clip(err.message, 480)}"
+    text = f"{cut(err.field, 200)}: {show_value(err.value)} {cut(err.message, 480)}"
     if err.applies:
-        text += f"; applies instead: {_clip(err.applies, 240)}"
-    return _clip(text, MAX_MESSAGE_CHARS)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        text += f"; applies instead: {cut(err.applies, 240)}"
+    return cut(text, MAX_MESSAGE_CHARS)
 
 
 class _Governs(enum.Enum):

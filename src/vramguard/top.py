@@ -19,9 +19,8 @@ import psutil
 
 from vramguard.agent import ScanReport
 from vramguard.limits import LimitKey
-from vramguard.model import cut, format_bytes
 from vramguard.procfs import is_gone_error
-from vramguard.text import printable
+from vramguard.text import cut, format_bytes, printable
 
 COMMAND_CHARS = 1024  # a command line is cut to this (with a marker saying so): a tenant controls its length
 TABLE_COMMAND_CHARS = 80  # and its escaped text to this in the table, to keep a row on a screen

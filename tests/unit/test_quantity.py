@@ -17,7 +17,6 @@ from vramguard.quantity import (
     parse_percentage,
     parse_quantity,
     parse_quota_bytes,
-    show_value,
     unit_bytes_for,
 )
 
@@ -106,21 +105,6 @@ def test_parse_quantity_rejects(value: object, reason_part: str) -> None:
     assert info.value.value == value or (isinstance(value, float) and math.isnan(value))
     assert reason_part in info.value.reason
     assert "is not a valid quantity" in str(info.value)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        pytest.param("x" * 10_000_000, '"' + "x" * 76 + "...", id="ten-megabytes-cut-to-the-limit"),
-        pytest.param("\n" * 100, '"' + "\\n" * 38 + "...", id="escapes-count-against-the-limit"),
-        pytest.param("x" * 78, '"' + "x" * 78 + '"', id="fits-exactly-unchanged"),
-        pytest.param("x" * 79, '"' + "x" * 76 + "...", id="one-over-is-cut"),
-    ],
-)
-def test_show_value_is_bounded(value: str, expected: str) -> None:
-    """show_value never returns more than its limit, however long the value, and marks a cut with "..."."""
-    assert show_value(value) == expected
-    assert len(show_value(value)) <= 80
 
 
 def test_quantity_error_quotes_the_value() -> None:

@@ -1,4 +1,5 @@
-"""`text.printable`: tenant text shown to a person, with nothing a terminal would interpret."""
+"""`vramguard.text`: tenant text shown to a person bounded and with nothing a terminal would interpret; values
+quoted; byte counts in binary units."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import unicodedata
 
 import pytest
 
-from vramguard.text import printable
+from vramguard.text import cut, format_bytes, printable, show_value
 
 
 @pytest.mark.parametrize(
@@ -45,3 +46,52 @@ def test_printable_text_is_shown_as_it_is() -> None:
     text = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
     once = printable(text)
     assert printable(once) == once
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        pytest.param("x" * 30, 30, "x" * 30, id="at-the-limit-unchanged"),
+        pytest.param("x" * 40, 30, "x" * 7 + "...[cut: 40 characters]", id="over-the-limit-says-how-long"),
+        pytest.param("x" * 10_000_000, 1024, "x" * 995 + "...[cut: 10000000 characters]", id="ten-megabytes"),
+    ],
+)
+def test_cut_keeps_the_head_and_says_how_long_the_text_was(text: str, limit: int, expected: str) -> None:
+    assert cut(text, limit) == expected
+    assert len(cut(text, limit)) <= limit
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("x" * 78, '"' + "x" * 78 + '"', id="fits-exactly-unchanged"),
+        pytest.param("x" * 79, '"' + "x" * 55 + '...[cut: 79 characters]"', id="one-over-is-cut-inside-its-quotes"),
+        pytest.param(
+            "x" * 10_000_000, '"' + "x" * 49 + '...[cut: 10000000 characters]"', id="ten-megabytes-cut-to-the-limit"
+        ),
+        pytest.param("\n" * 100, '"' + "\\n" * 27 + "\\...[cut: 134 characters]", id="escapes-count-against-the-limit"),
+        pytest.param(" 1Gi", '" 1Gi"', id="padding-visible"),
+        pytest.param(None, "null", id="null"),
+        pytest.param(True, "true", id="boolean"),
+        pytest.param(1.5, "1.5", id="number"),
+        pytest.param({"a": [1]}, '{"a": [1]}', id="mapping-as-json"),
+    ],
+)
+def test_show_value_quotes_and_is_bounded(value: object, expected: str) -> None:
+    """show_value reads as YAML or JSON would, and never returns more than its limit however long the value."""
+    assert show_value(value) == expected
+    assert len(show_value(value)) <= 80
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        pytest.param(0, "0B", id="zero"),
+        pytest.param(1023, "1023B", id="bytes"),
+        pytest.param(1536, "1.5KiB", id="kibibytes"),
+        pytest.param(10 * 1024**3, "10.0GiB", id="gibibytes"),
+        pytest.param(3 * 1024**4, "3.0TiB", id="tebibytes"),
+    ],
+)
+def test_format_bytes(n: int, expected: str) -> None:
+    assert format_bytes(n) == expected

@@ -14,6 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from vramguard import __version__
+from vramguard.text import cut
 
 # (connect, read) seconds. The read timeout bounds each wait for the server's next bytes.
 TIMEOUT_WRITE: Final = (5.0, 10.0)
@@ -51,7 +52,7 @@ def describe(e: BaseException) -> str:
     """An error in one short line, for logs and probes."""
     if isinstance(e, ApiException):
         return f"{e.status} {e.reason}"
-    return f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+    return cut(f"{type(e).__name__}: {e}", MAX_ERROR_CHARS)
 
 
 def transient(e: BaseException) -> bool:
@@ -64,6 +65,6 @@ def transient(e: BaseException) -> bool:
 def status_message(e: ApiException) -> str:
     """The message of the Status object the API server answered with."""
     try:
-        return str(json.loads(e.body or "{}").get("message") or e.reason)[:MAX_ERROR_CHARS]
+        return cut(str(json.loads(e.body or "{}").get("message") or e.reason), MAX_ERROR_CHARS)
     except ValueError:
         return str(e.reason)
