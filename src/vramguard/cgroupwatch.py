@@ -1,12 +1,9 @@
 """Sees the kubelet's pod and container cgroups the moment they are created: inotify on the cgroup v2 tree.
 
-The kubelet creates a pod's cgroup before the pod's sandbox runs, and the runtime creates a container's before
-the container's first instruction, so a limit programmed on `appeared` is in place before anything allocates.
-The watcher descends as directories appear (the kubepods and QoS levels, then each pod), and after adding each
-watch lists the directory once, so a cgroup created between its parent's event and the new watch is not
-missed. A container's cgroup is reported and not entered (its sub-cgroups are its own business). Where inotify
-cannot be had (no cgroup v2, the kernel's watch limit), `start` says why and the agent's reconcile, driven by
-the pod's status, remains the only path.
+A limit programmed when a cgroup appears is in place before the container's first instruction. `start()` raises
+`InotifyUnavailable` where inotify cannot be had (then the agent's reconcile, driven by the pod's status, is the
+only path); `stop(deadline)` ends the watching thread. See docs/design.md "Cgroup watcher" for why no cgroup is
+missed.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from collections.abc import Callable
 import structlog
 
 from vramguard.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.model import CgroupIdentity
 
 _IN_CREATE = 0x00000100
@@ -39,7 +37,7 @@ _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR
 
 
 class InotifyUnavailable(OSError):
-    pass
+    """The root cannot be watched (no inotify, the kernel's limits, no such directory); the message says why."""
 
 
 class _Inotify:
@@ -68,8 +66,8 @@ class _Inotify:
 class CgroupWatcher:
     """Calls `appeared(path, identity, fresh)` on its own thread for each pod or container cgroup created under the
     v2 `root` (`fresh`), and once at start for each that already exists (not `fresh`: it may have run for long);
-    calls `tick()` every `tick_s` while it returns True (the limiter's retry of cgroups whose pod it did not know
-    yet)."""
+    calls `tick()` every `tick_s` on `clock` while it returns True (the limiter's retry of cgroups whose pod it did
+    not know yet)."""
 
     def __init__(
         self,
@@ -78,12 +76,14 @@ class CgroupWatcher:
         *,
         tick: Callable[[], bool] = lambda: False,
         tick_s: float = 0.1,
+        clock: Clock = SYSTEM_CLOCK,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.root = root.rstrip("/") or "/"
         self.appeared = appeared
         self.tick = tick
         self.tick_s = tick_s
+        self.clock = clock
         self.log = log if log is not None else structlog.get_logger("vramguard.cgroupwatch")
         self._inotify: _Inotify | None = None
         self._watches: dict[int, str] = {}  # watch descriptor → directory
@@ -95,32 +95,37 @@ class CgroupWatcher:
         self.walked = threading.Event()
         self.exhausted: str | None = None  # why some directory could not be watched (the kernel's limit)
 
-    def start(self) -> str | None:
-        """Start watching; None, or why it cannot (the caller falls back to the reconcile alone)."""
+    def start(self) -> None:
+        """Start watching; raises `InotifyUnavailable` saying why it cannot (the caller falls back to the
+        reconcile alone)."""
         try:
             self._inotify = _Inotify()
             self._watches[self._inotify.add(self.root)] = self.root  # the walk below it runs on the thread
         except OSError as e:
-            self.close()
-            return f"cannot watch {self.root} with inotify: {e}"
+            self._close()
+            raise InotifyUnavailable(e.errno or 0, f"cannot watch {self.root} with inotify: {e}") from None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._thread = threading.Thread(target=self._run, name="cgroup-watch", daemon=True)
+        first_tick = self.clock.now() + self.tick_s  # from the start, not from when the thread gets going
+        self._thread = threading.Thread(target=self._run, args=(first_tick,), name="cgroup-watch", daemon=True)
         self._thread.start()
-        return None
 
-    def stop(self, timeout_s: float = 1.0) -> bool:
+    def stop(self, deadline: float) -> None:
+        """Stop the thread, waiting for it until `deadline`; its fds are closed once it has ended (a thread still
+        inside `appeared` keeps them until it returns and sees the stop)."""
         self._stopping.set()
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
-        stopped = True
         if self._thread is not None:
-            self._thread.join(timeout_s)
-            stopped = not self._thread.is_alive()
-        if stopped:
-            self.close()
-        return stopped
+            self._thread.join(max(0.0, deadline - self.clock.now()))
+            if self._thread.is_alive():
+                return
+        self._close()
 
-    def close(self) -> None:
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _close(self) -> None:
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
@@ -131,7 +136,7 @@ class CgroupWatcher:
 
     # -- the watcher's thread --------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, tick_at: float) -> None:
         assert self._inotify is not None
         poller = select.poll()
         poller.register(self._inotify.fd, select.POLLIN)
@@ -140,14 +145,21 @@ class CgroupWatcher:
         self.walked.set()
         ticking = True
         while not self._stopping.is_set():
-            ready = poller.poll(self.tick_s * 1000 if ticking else None)
+            # At most `tick_s` of real time: the clock is looked at again then (a test's clock may have moved).
+            timeout_ms = min(self.tick_s, max(0.0, tick_at - self.clock.now())) * 1000 if ticking else None
+            ready = poller.poll(timeout_ms)
             if self._stopping.is_set():
                 return
             if any(fd == self._inotify.fd for fd, _ in ready):
                 try:
                     self._read_events()
+                    ticking = True  # a new cgroup may be parked: tick again until the limiter says none waits
                 except Exception as e:  # a bug here must not stop the watching: the reconcile stays the backstop
                     self.log.exception("cgroup_watch_failed", error=repr(e))
+            now = self.clock.now()
+            if not ticking or now < tick_at:
+                continue
+            tick_at = now + self.tick_s
             try:
                 ticking = self.tick()
             except Exception as e:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups, wait_until
-from vramguard.cgroupwatch import CgroupWatcher
+from vramguard.cgroupwatch import CgroupWatcher, InotifyUnavailable
+from vramguard.clock import SYSTEM_CLOCK
 from vramguard.limiter import v2_root
 from vramguard.model import CgroupIdentity
+from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.cgroups import KubeletCgroups
 
 pytestmark = pytest.mark.cgroups
@@ -42,10 +45,11 @@ def watched() -> Iterator[Seen]:
     assert root is not None
     seen = Seen()
     watcher = CgroupWatcher(root, seen)
-    assert watcher.start() is None
+    watcher.start()
     assert watcher.walked.wait(10), "the walk of the cgroups there at start"
     yield seen
-    assert watcher.stop(2.0)
+    watcher.stop(SYSTEM_CLOCK.now() + 2.0)
+    assert not watcher.running
 
 
 @pytest.mark.parametrize(("driver", "kind"), [("cgroupfs", False), ("systemd", False), ("systemd", True)])
@@ -70,12 +74,13 @@ def test_cgroups_there_before_the_start_are_reported_not_fresh(make_cgroups: Cgr
     assert root is not None
     seen = Seen()
     watcher = CgroupWatcher(root, seen)
-    assert watcher.start() is None
+    watcher.start()
     try:
         wait_until(lambda: len(seen.of(pod.uid)) >= 2, what="the existing pod and container reported")
         assert seen.fresh[pod.dirs[0]] is False and seen.fresh[ctr.dirs[0]] is False
     finally:
-        assert watcher.stop(2.0)
+        watcher.stop(SYSTEM_CLOCK.now() + 2.0)
+        assert not watcher.running
 
 
 def test_a_containers_sub_cgroups_are_not_entered(watched: Seen, make_cgroups: CgroupsFactory) -> None:
@@ -95,5 +100,27 @@ def test_a_containers_sub_cgroups_are_not_entered(watched: Seen, make_cgroups: C
 
 def test_no_inotify_on_a_missing_root_says_why(tmp_path: object) -> None:
     watcher = CgroupWatcher(f"{tmp_path}/absent", lambda p, i, f: None)
-    problem = watcher.start()
-    assert problem is not None and "cannot watch" in problem and "absent" in problem
+    with pytest.raises(InotifyUnavailable, match=r"cannot watch .*absent"):
+        watcher.start()
+    assert not watcher.running
+    watcher.stop(SYSTEM_CLOCK.now())  # stopping one that never started is harmless
+
+
+def test_ticks_follow_the_clock_while_the_tick_asks_for_more(tmp_path: Path) -> None:
+    """The limiter's retry is called each `tick_s` of the watcher's clock, and no more once it says none waits."""
+    clock, ticks = FakeClock(), threading.Semaphore(0)
+    wanted = [True, False]
+
+    def tick() -> bool:
+        ticks.release()
+        return wanted.pop(0) if wanted else False
+
+    watcher = CgroupWatcher(str(tmp_path), lambda p, i, f: None, tick=tick, tick_s=0.05, clock=clock)
+    watcher.start()
+    try:
+        for _ in range(2):
+            clock.step(0.05)
+            assert ticks.acquire(timeout=5), "a tick once its interval passed on the clock"
+    finally:
+        watcher.stop(clock.now() + 2.0)
+    assert not watcher.running and not wanted
