@@ -1,30 +1,10 @@
 """The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness.
 
-Contract: nothing that can reach the port can blind the endpoint or starve the agent's loop.
-
-- One thread. A single daemon thread runs a `selectors` loop over non-blocking sockets: no thread per
-  connection and no pool, so a flood cannot multiply threads or take the GIL from the kill loop.
-- At most `max_connections + 1` file descriptors: the listening socket and at most `max_connections` clients.
-  The poll selector holds no fd of its own, and there is no wake-up pipe (`close()` is noticed within `_TICK_S`).
-- The oldest connection is evicted: one arriving at the cap closes the earliest accepted, so a flood of idle
-  connections can never lock out a real probe, which is always the newest and sends its request at once.
-- One deadline per connection, `request_timeout_s` from accept, covers the whole exchange (reading the request
-  head, writing the response), so an idle, trickling (slowloris) or never-reading client holds its slot at most
-  that long. A head over `max_request_bytes` gets 431. Every write goes through the selector too. Connections
-  given up on (evicted, expired, open at `close()`) are reset, not closed: the kernel frees their buffers at once
-  rather than keeping megabytes of unread /metrics in orphaned sockets.
-- Every response is HTTP/1.1 with `Connection: close`: one request per connection leaves no idle keep-alive
-  connections to manage, and the kubelet and Prometheus are content to reconnect for each probe or scrape.
-- No busy loop when the process runs out of fds: accept() failing with EMFILE/ENFILE closes the oldest
-  connection and retries; with nothing left to close, the listening socket goes unpolled for `_ACCEPT_PAUSE_S`
-  instead of being polled again while it stays readable (the 100 % CPU spin of a thread-per-connection server).
-
-/metrics is client_python's own WSGI app (`make_wsgi_app`), called with an environ built from the request: so
-the endpoint speaks what Prometheus asks for, as the library does — gzip for `Accept-Encoding: gzip`, the
-OpenMetrics format for `Accept: application/openmetrics-text`, `?name[]=` to select metrics. Of the request
-only the request line and those two headers are read, within the bounded head, and request bytes never reach
-the log. The callbacks (the probes, the metrics app) run on the loop thread, so they must be quick and must not
-block; one that raises answers 500 and the loop goes on.
+One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
+the endpoint or starve the agent's loop: bounded connections and fds, the oldest evicted, one deadline per
+connection, no busy loop when out of fds (docs/design.md "The HTTP endpoint"). `start()` binds the port and
+starts the thread; `stop(deadline)` resets every connection and releases the port. /metrics is client_python's
+own WSGI app, so it speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
 """
 
 from __future__ import annotations
@@ -39,7 +19,6 @@ import selectors
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -48,18 +27,20 @@ from http import HTTPStatus
 import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.logs import FailureRun
+
 # Returns (ok, explanation) — the explanation is the response body, so `curl /readyz` says what is missing.
 Probe = Callable[[], tuple[bool, str]]
 _Answer = tuple[int, list[tuple[str, str]], bytes]  # (status, headers, body)
 Route = Callable[[str, Mapping[str, str]], _Answer]  # (query string, the request headers read) → answer
 
 _TEXT = "text/plain; charset=utf-8"
-# The loop checks for close() this often when nothing else wakes it; that bounds how long close() waits.
+# The loop checks for stop() (and looks at its clock) this often when nothing else wakes it.
 _TICK_S = 0.1
 # How long the listening socket goes unpolled when no fd can be had: long enough to cost nothing, short
 # enough that a probe arriving once fds are free again is answered well within its timeout.
 _ACCEPT_PAUSE_S = 0.1
-_CLOSE_JOIN_S = 1.0
 _RECV_BYTES = 16 * 1024
 # Input left unread when a socket is closed turns the FIN into a RST, which can destroy the response before the
 # client has read it; so after answering we read and discard until the client closes, up to this much.
@@ -108,10 +89,11 @@ class _Conn:
 
 
 class HealthServer:
-    """Serves metrics and probes on one background thread until `close()`; see the module docstring.
+    """Serves metrics and probes on one background thread from `start()` to `stop(deadline)`.
 
     `max_connections` bounds the open client connections (and so the fds), `request_timeout_s` the whole exchange
-    on each, from accept to the last byte written, and `max_request_bytes` the request head.
+    on each, from accept to the last byte written (on `clock`), and `max_request_bytes` the request head. `port`
+    0 picks a free one: `port` says which once started.
     """
 
     def __init__(
@@ -125,6 +107,7 @@ class HealthServer:
         max_connections: int = 64,
         request_timeout_s: float = 5.0,
         max_request_bytes: int = 8192,
+        clock: Clock = SYSTEM_CLOCK,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         if max_connections < 1 or request_timeout_s <= 0 or max_request_bytes < 64:
@@ -137,46 +120,53 @@ class HealthServer:
         self._max_connections = max_connections
         self._request_timeout_s = request_timeout_s
         self._max_request_bytes = max_request_bytes
+        self.clock = clock
         self.log = log if log is not None else structlog.get_logger("vramguard.http")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # A deep backlog lets the kernel, not our fds, hold a burst of connections until the loop takes them.
-        self._listener = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
-        self._listener.setblocking(False)
-        self.port: int = self._listener.getsockname()[1]
+        self.host = host
+        self.port = port
         self._selector = selectors.PollSelector()  # no fd of its own, unlike epoll; a few dozen fds poll cheaply
-        self._selector.register(self._listener, selectors.EVENT_READ)
         self._listener_poll = select.poll()  # asks whether a connection waits, without accepting it
-        self._listener_poll.register(self._listener, select.POLLIN)
         # In accept order, so the first is both the oldest and the one with the earliest deadline.
         self._conns: dict[int, _Conn] = {}
         self._round = 0
         self._accept_paused_until: float | None = None
-        self._failing_paths: set[str] = set()
-        self._logged: set[str] = set()
+        # Logged once per run of failures: under attack the same failure repeats thousands of times a second.
+        self._route_failures: dict[str, FailureRun] = {}
+        self._accept_failures = FailureRun()  # a run ends once the backlog is drained without an error
+        self._connection_bugs = FailureRun()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="vramguard-http", daemon=True)
+
+    def start(self) -> None:
+        """Bind the port (raises OSError when it cannot) and start serving."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # A deep backlog lets the kernel, not our fds, hold a burst of connections until the loop takes them.
+        self._listener = socket.create_server((self.host, self.port), family=family, backlog=socket.SOMAXCONN)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._listener_poll.register(self._listener, select.POLLIN)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stops serving, resets every connection and releases the port, within about `_TICK_S`.
-
-        Waits at most `_CLOSE_JOIN_S`: a callback stuck on the loop thread would keep the port until it returns.
-        """
+    def stop(self, deadline: float) -> None:
+        """Stop serving, reset every connection and release the port, within about `_TICK_S`; waits for the
+        thread until `deadline` at most (a callback stuck on the loop thread keeps the port until it returns)."""
         self._stopping.set()
-        self._thread.join(_CLOSE_JOIN_S)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
 
     # The loop: expire, wait, serve the clients that are ready, then accept.
 
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                now = time.monotonic()
+                now = self.clock.now()
                 self._expire(now)
                 if self._accept_paused_until is not None and now >= self._accept_paused_until:
                     self._accept_paused_until = None
                     self._selector.register(self._listener, selectors.EVENT_READ)
                 ready = self._selector.select(self._timeout_s(now))
-                now = time.monotonic()
+                now = self.clock.now()
                 listener_ready = False
                 for key, _ in ready:
                     if key.data is None:
@@ -193,6 +183,7 @@ class HealthServer:
             self._listener.close()
 
     def _timeout_s(self, now: float) -> float:
+        # At most `_TICK_S` of real time, whatever the clock says: the loop looks at the clock again then.
         timeout_s = _TICK_S
         oldest = next(iter(self._conns.values()), None)
         if oldest is not None:
@@ -221,12 +212,15 @@ class HealthServer:
             try:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
+                self._accept_failures.ok()  # the backlog is drained: a run of accept failures is over
                 return
             except OSError as e:
                 if e.errno in _PEER_GONE:
                     continue
-                # Once per errno: an agent out of fds is worth a line, not one per attempt while it lasts.
-                self._log_once(f"accept-{e.errno}", "http_accept_failed", error=errno.errorcode.get(e.errno or 0, "?"))
+                # An agent out of fds is worth a line, not one per attempt while it lasts.
+                name = errno.errorcode.get(e.errno or 0, "?")
+                if self._accept_failures.failed(name):
+                    self.log.warning("http_accept_failed", error=name)
                 if e.errno in _OUT_OF_FDS and self._conns and not evicted_for_fd:
                     if not self._evict_oldest():
                         return  # every connection is from this round: read them, then go on evicting
@@ -284,7 +278,8 @@ class HealthServer:
             self._drop(conn)
         except Exception as e:  # a bug here costs one connection, never the endpoint
             # The type only: a message could quote request bytes.
-            self._log_once(f"bug-{type(e).__name__}", "http_connection_failed", error=type(e).__name__)
+            if self._connection_bugs.failed(type(e).__name__):
+                self.log.warning("http_connection_failed", error=type(e).__name__)
             self._drop(conn)
 
     def _read(self, conn: _Conn) -> None:
@@ -315,16 +310,16 @@ class HealthServer:
         route = self._routes.get(path)
         if route is None:
             return _render(404, _text(), b"not found\n", head_only=method == b"HEAD")
+        failures = self._route_failures.setdefault(path, FailureRun())
         try:
             status, headers, body = route(query, _headers(head))
         except Exception as e:
-            # Logged when a route starts failing, not on every scrape while it keeps failing.
-            if path not in self._failing_paths:
-                self._failing_paths.add(path)
+            # Logged when a route starts failing (or fails another way), not on every scrape while it keeps failing.
+            if failures.failed(type(e).__name__):
                 self.log.error("http_route_failed", path=path, error=repr(e))
             status, headers, body = 500, _text(), f"{path[1:]} failed: {type(e).__name__}\n".encode()
         else:
-            self._failing_paths.discard(path)
+            failures.ok()
         return _render(status, headers, body, head_only=method == b"HEAD")
 
     def _respond(self, conn: _Conn, response: bytes) -> None:
@@ -361,12 +356,6 @@ class HealthServer:
         if conn.events != events:
             conn.events = events
             self._selector.modify(conn.sock, events, conn)
-
-    def _log_once(self, key: str, event: str, **fields: object) -> None:
-        # Under attack the same failure repeats thousands of times a second; once per server is enough.
-        if key not in self._logged:
-            self._logged.add(key)
-            self.log.warning(event, **fields)
 
 
 def _probe(probe: Probe) -> _Answer:

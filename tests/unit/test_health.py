@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,10 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from vramguard.clock import SYSTEM_CLOCK
 from vramguard.health import HealthServer, Probe
+from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.waiting import wait_until
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -47,6 +50,7 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
         readyz=lambda: (ready["ok"], "ready" if ready["ok"] else "pod cache not synced"),
         host="127.0.0.1",
     )
+    server.start()
     try:
         status, body = _get(server.port, "/metrics")
         assert status == 200 and "vramguard_test_total 3.0" in body
@@ -56,10 +60,10 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
         assert _get(server.port, "/readyz") == (200, "ready\n")
         assert _get(server.port, "/nope")[0] == 404
     finally:
-        server.close()
+        server.stop(SYSTEM_CLOCK.now() + 1.0)
 
 
-# Helpers: a server that is always closed, raw exchanges, and what /proc says about threads and CPU time.
+# Helpers: a server that is always stopped, raw exchanges, and what /proc says about threads and CPU time.
 
 
 def _alive() -> tuple[bool, str]:
@@ -81,10 +85,11 @@ def _serving(
     **limits: Any,
 ) -> Iterator[HealthServer]:
     server = HealthServer(0, registry or _gauge_registry(), healthz, readyz, host="127.0.0.1", **limits)
+    server.start()
     try:
         yield server
     finally:
-        server.close()
+        server.stop(server.clock.now() + 1.0)
 
 
 def _read_to_eof(sock: socket.socket) -> bytes:
@@ -132,18 +137,9 @@ def _closed_by_peer(sock: socket.socket, wait_s: float = 0.0) -> bool:
 
 
 def _count_closed_by_peer(socks: list[socket.socket], at_least: int, timeout_s: float) -> int:
-    """How many of `socks` the peer has closed, once that is `at_least` or `timeout_s` has passed."""
-    _wait_for(lambda: sum(_closed_by_peer(s) for s in socks) >= at_least, timeout_s)
+    """How many of `socks` the peer has closed, once that is `at_least` (else fails after `timeout_s`)."""
+    wait_until(lambda: sum(_closed_by_peer(s) for s in socks) >= at_least, timeout_s, f"{at_least} closed by the peer")
     return sum(_closed_by_peer(s) for s in socks)
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _cpu_s(stat_path: str) -> float:
@@ -317,7 +313,8 @@ def test_idle_flood_neither_blinds_nor_grows_threads_nor_spins() -> None:
 
         idle = _connect_many(stack, server.port, flood)
         assert _timed_healthz(server.port) < 1.0
-        time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # at least a second of flood
+        # A measurement, not a wait for an event: the server's CPU over at least a second of flood.
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
         cpu_s, wall_s = _cpu_s(server_stat) - cpu_before, time.monotonic() - started
 
         assert len(_tasks()) <= len(threads_before) + 1
@@ -329,19 +326,23 @@ def test_idle_flood_neither_blinds_nor_grows_threads_nor_spins() -> None:
 
 
 def test_slowloris_is_cut_at_the_deadline_while_others_are_served() -> None:
-    """A client trickling a byte every 0.3 s is closed at its deadline; meanwhile /healthz answers promptly."""
-    with _serving(request_timeout_s=1.0) as server, socket.create_connection(("127.0.0.1", server.port)) as slow:
-        started = time.monotonic()
+    """A client trickling its request is closed once its deadline passes on the server's clock; meanwhile
+    /healthz answers promptly."""
+    clock = FakeClock()
+    with (
+        _serving(request_timeout_s=1.0, clock=clock) as server,
+        socket.create_connection(("127.0.0.1", server.port)) as slow,
+    ):
         served_s: list[float] = []
-        closed_after_s = None
-        for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 20:
+        for i, byte in enumerate(b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 20):
             slow.send(bytes([byte]))
             served_s.append(_timed_healthz(server.port))
-            if _closed_by_peer(slow, wait_s=0.3):
-                closed_after_s = time.monotonic() - started
-                break
-        assert closed_after_s is not None and 0.9 <= closed_after_s < 1.8
+            if i in (10, 20, 30):
+                clock.step(0.3)  # 0.9 s in all: still within its deadline
+        assert not _closed_by_peer(slow)
         assert max(served_s) < 0.5
+        clock.step(0.2)
+        assert _closed_by_peer(slow, wait_s=5.0), "closed once past its deadline"
 
 
 class _PaddingCollector(Collector):
@@ -359,15 +360,16 @@ def test_a_client_that_never_reads_blocks_no_one() -> None:
     registry = CollectorRegistry()
     registry.register(_PaddingCollector())
     full_bytes = len(generate_latest(registry))
-    with _serving(registry, request_timeout_s=0.8) as server, socket.socket() as stuck:
+    clock = FakeClock()
+    with _serving(registry, request_timeout_s=0.8, clock=clock) as server, socket.socket() as stuck:
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stuck.connect(("127.0.0.1", server.port))
-        started = time.monotonic()
         stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
         assert max(_timed_healthz(server.port) for _ in range(3)) < 0.5
 
-        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
-        received = _read_to_eof(stuck)
+        clock.step(0.8)
+        stuck.settimeout(5.0)
+        received = _read_to_eof(stuck)  # returns once the server gives up on it at its deadline
     assert 0 < len(received) < full_bytes  # it was answered, then cut off mid-response at the deadline
 
 
@@ -381,6 +383,7 @@ structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # 
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 alive = lambda: (True, "alive")
 server = HealthServer(0, CollectorRegistry(), alive, alive, host="127.0.0.1")
+server.start()
 print(server.port, flush=True)
 hogged = []
 for command in sys.stdin:
@@ -426,7 +429,7 @@ def test_flood_past_the_fd_limit_is_survived_without_spinning(tmp_path: Path) ->
     with _fd_limited_server(tmp_path / "child.log") as (child, port), ExitStack() as stack:
         cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
         idle = _connect_many(stack, port, 300)
-        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # a measurement: CPU over a second of flood
         cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
 
         assert _timed_healthz(port) < 1.0
@@ -441,7 +444,7 @@ def test_no_fd_to_free_pauses_accepting_instead_of_spinning(tmp_path: Path) -> N
         assert _command(child, "hog") > 0
         cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
         waiting = _connect_many(stack, port, 20)  # the kernel completes them; the server cannot accept them
-        time.sleep(1.0)
+        time.sleep(1.0)  # a measurement: CPU over a second of connections it cannot accept
         cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
         assert cpu_s < 0.3 * wall_s, f"server used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
 
@@ -451,17 +454,20 @@ def test_no_fd_to_free_pauses_accepting_instead_of_spinning(tmp_path: Path) -> N
     assert (tmp_path / "child.log").read_text().count("EMFILE") == 1
 
 
-def test_close_is_prompt_and_releases_the_port() -> None:
-    """close() with idle clients connected returns within a second, stops the thread, and frees the port."""
+def test_stop_is_prompt_and_releases_the_port() -> None:
+    """stop() with idle clients connected returns within a second, stops the thread, and frees the port."""
     threads_before = _tasks()
     with ExitStack() as stack:
         server = HealthServer(0, _gauge_registry(), _alive, _alive, host="127.0.0.1")
+        assert _tasks() == threads_before, "constructed idle"
+        server.start()
         idle = _connect_many(stack, server.port, 10)
         _timed_healthz(server.port)
         started = time.monotonic()
-        server.close()
+        server.stop(SYSTEM_CLOCK.now() + 1.0)
         assert time.monotonic() - started < 1.0
-        assert _wait_for(lambda: _tasks() == threads_before, timeout_s=0.5)  # the OS thread outlives join() briefly
+        # The OS thread outlives join() briefly.
+        wait_until(lambda: _tasks() == threads_before, 0.5, "the server's thread gone")
         assert all(_closed_by_peer(s, wait_s=1.0) for s in idle)
         with socket.create_server(("127.0.0.1", server.port)):
             pass
