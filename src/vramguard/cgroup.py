@@ -31,7 +31,9 @@ Decisions:
 from __future__ import annotations
 
 import functools
+import os
 import re
+from collections.abc import Iterable, Iterator
 
 from vramguard.model import CgroupIdentity
 
@@ -138,12 +140,6 @@ def _match_pod(segments: list[str], i: int) -> tuple[str, str | None] | None:
     return m.group(1), qos
 
 
-# The directories the kubelet makes above its pods (cgroupfs, systemd, kind's nesting): a walk for pod cgroups
-# enters these and nothing else. kind nests the pods five levels down; a container may have sub-cgroups.
-KUBELET_LEVELS = ("kubepods", "kubelet", "besteffort", "burstable")
-MAX_POD_DEPTH = 7
-
-
 def leaf_container_id(name: str) -> str | None:
     """The container ID a runtime's leaf directory name carries (``<id>``, ``crio-<id>``,
     ``cri-containerd-<id>.scope``...), or None (conmon's, or not a container's)."""
@@ -176,3 +172,65 @@ def container_cgroup_path(path: str, container_id: str) -> str | None:
         if found is not None and found.container_id is not None:
             return prefix if found.container_id == container_id else None
     return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The directories on the cgroup filesystem
+
+# The directories the kubelet makes above its pods (cgroupfs, systemd, kind's nesting): a walk for pod cgroups
+# enters these and nothing else. kind nests the pods five levels down; a container may have sub-cgroups.
+KUBELET_LEVELS = ("kubepods", "kubelet", "besteffort", "burstable")
+MAX_POD_DEPTH = 7
+
+
+def v2_root(cgroup_root: str) -> str | None:
+    """The cgroup v2 hierarchy under `cgroup_root`: itself on a pure v2 host, ``unified`` on a hybrid one."""
+    for candidate in (cgroup_root, os.path.join(cgroup_root, "unified")):
+        if os.path.exists(os.path.join(candidate, "cgroup.controllers")):
+            return candidate
+    return None
+
+
+def pod_cgroups(root: str, pod_uids: Iterable[str]) -> Iterator[tuple[CgroupIdentity, str]]:
+    """The directories of the pods in `pod_uids` under the hierarchy mounted at `root` (v2, or one of v1's):
+    each pod's own and each container's own (not the sub-cgroups a container made), with whose they are.
+
+    Only the kubelet's directories are entered (`KUBELET_LEVELS`, at most `MAX_POD_DEPTH` deep), in name order.
+    A directory removed while walking, or unreadable, is passed over: the next walk sees it again."""
+    wanted = set(pod_uids)
+    if not wanted:
+        return
+
+    def walk(directory: str, relative: str, depth: int) -> Iterator[tuple[CgroupIdentity, str]]:
+        try:
+            entries = sorted((e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)), key=_name)
+        except OSError:
+            return
+        for entry in entries:
+            path = f"{relative}/{entry.name}"
+            identity = parse_cgroup_path(path)
+            if identity is not None:
+                if identity.pod_uid not in wanted:
+                    continue
+                yield identity, entry.path
+                if identity.container_id is not None:
+                    continue
+            elif not entry.name.startswith(KUBELET_LEVELS):
+                continue
+            if depth < MAX_POD_DEPTH:
+                yield from walk(entry.path, path, depth + 1)
+
+    yield from walk(root, "", 1)
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | None], str]:
+    """(pod UID, container ID or None for the pod's own cgroup) → directory, for the pods in `pod_uids`
+    (`pod_cgroups`; where two directories name one container, the first found)."""
+    found: dict[tuple[str, str | None], str] = {}
+    for identity, directory in pod_cgroups(root, pod_uids):
+        found.setdefault((identity.pod_uid, identity.container_id), directory)
+    return found

@@ -13,12 +13,11 @@ supervisor too, so that the runtime's restart policy and the kubelet's back-off 
 Finishing the job. A container that keeps forking can outrun a kill that lists its processes and then signals
 them: a child forked after the listing survives. So, for each violating container:
 
-1. find its cgroup directory: the v2 path (``0::``) of one of its processes under the cgroup2 mount
-   (``<cgroup_root>`` or ``<cgroup_root>/unified``), else its v1 ``freezer`` path under
-   ``<cgroup_root>/freezer``. A path read through a private cgroup namespace starts with ``/..``: the rest is
-   tried at the mount's root and one to four levels below it. A directory is accepted only when its path names
-   the violating container and its ``cgroup.procs`` lists the process the path was read from: a process is in
-   exactly one cgroup per hierarchy, so a wrong guess (a look-alike directory elsewhere) is never accepted;
+1. find its cgroup directory: in the cgroup2 hierarchy (``0::``), else in v1's ``freezer``, the path one of its
+   processes names must be the violating container's; the directory naming that container is then found from
+   the mount's root (`cgroup.pod_cgroups`), so a path read through a private cgroup namespace (``/../..``)
+   needs no guessing. A directory is accepted only when its ``cgroup.procs`` lists the process the path was
+   read from: a process is in exactly one cgroup per hierarchy, so a look-alike directory is never accepted;
 2. freeze it (v2 ``cgroup.freeze``, v1 ``freezer.state``; waiting at most `freeze_timeout_s` for the kernel to
    report it frozen) — never when the agent itself is inside, and only once the freeze is written down in the
    journal (`freezes.py`), so that an agent killed mid-freeze leaves its successor a cgroup to thaw; without a
@@ -64,7 +63,6 @@ the killer checks that and signals nothing otherwise.
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import signal
 import time
@@ -73,7 +71,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path
+from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path, pod_cgroups, v2_root
 from vramguard.freezes import FreezeJournal
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
@@ -112,8 +110,6 @@ UNKNOWN_START_TIME = -1
 # Total time one kill may spend waiting for fds to free up (EMFILE/ENFILE), across all its retries.
 _FD_WAIT_S = 0.5
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
-# How deep below the mount's root a path read through a private cgroup namespace is looked for.
-_MAX_NAMESPACE_DEPTH = 4
 
 _T = TypeVar("_T")
 
@@ -132,17 +128,20 @@ def find_container_cgroup(
 ) -> ContainerCgroup | None:
     """The cgroup directory of the container `pid` is in, from its /proc/<pid>/cgroup text; None if not found.
 
-    The v2 path is tried first (under `cgroup_root` or `cgroup_root`/unified), then v1's freezer (under
-    `cgroup_root`/freezer). Only a directory whose path names one of `container_ids` of `pod_uid` and whose
-    ``cgroup.procs`` (or that of the sub-cgroup the path continues into) lists `pid` is accepted.
+    The v2 hierarchy is tried first (`cgroup.v2_root`), then v1's freezer (under `cgroup_root`/freezer). In each,
+    the path the process names must be one of `container_ids` of `pod_uid`; that container's directory is then
+    found from the mount's root (`cgroup.pod_cgroups`) and accepted only if its ``cgroup.procs`` (or that of the
+    sub-cgroup the path continues into) lists `pid`.
     """
-    v2_mounts = [m for m in (cgroup_root, f"{cgroup_root}/unified") if os.path.exists(f"{m}/cgroup.controllers")]
+    v2 = v2_root(cgroup_root)
     freezer = f"{cgroup_root}/freezer"
     lines = cgroup_lines(cgroup_text)
-    tries = [(path, v2_mounts, True) for hid, controllers, path in lines if hid == "0" and not controllers]
+    tries: list[tuple[str, str, bool]] = []
+    if v2 is not None:
+        tries += [(path, v2, True) for hid, controllers, path in lines if hid == "0" and not controllers]
     if os.path.exists(f"{freezer}/cgroup.procs"):
-        tries += [(path, [freezer], False) for _, controllers, path in lines if "freezer" in controllers]
-    for path, mounts, v2 in tries:
+        tries += [(path, freezer, False) for _, controllers, path in lines if "freezer" in controllers]
+    for path, mount, is_v2 in tries:
         identity = parse_cgroup_path(path)
         if identity is None or identity.pod_uid != pod_uid or identity.container_id not in container_ids:
             continue
@@ -150,20 +149,11 @@ def find_container_cgroup(
         if own is None:
             continue
         below = path[len(own) :]  # the sub-cgroup the process is in, inside the container ("" mostly)
-        segments = [s for s in own.split("/") if s]
-        hidden = 0
-        while hidden < len(segments) and segments[hidden] == "..":
-            hidden += 1
-        rest = "/".join(segments[hidden:])
-        if not rest or ".." in segments[hidden:]:
-            continue
-        for mount in mounts:
-            depths = range(_MAX_NAMESPACE_DEPTH + 1) if hidden else range(1)
-            for depth in depths:
-                pattern = "/".join([glob.escape(mount), *(["*"] * depth), glob.escape(rest)])
-                for directory in sorted(glob.glob(pattern)) if depth else [f"{mount}/{rest}"]:
-                    if pid in _read_procs_or_nothing(f"{directory}{below}"):
-                        return ContainerCgroup(identity.container_id, directory, v2)
+        # The directory is looked for from the mount's root: the path read may be relative to a private cgroup
+        # namespace ("/../../burstable/pod…"), and a look-alike elsewhere fails the membership check.
+        for found, directory in pod_cgroups(mount, (pod_uid,)):
+            if found.container_id == identity.container_id and pid in _read_procs_or_nothing(f"{directory}{below}"):
+                return ContainerCgroup(identity.container_id, directory, is_v2)
     return None
 
 

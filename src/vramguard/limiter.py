@@ -17,53 +17,12 @@ from dataclasses import dataclass, replace
 import structlog
 
 from vramguard.backoff import Backoff
-from vramguard.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, leaf_container_id, parse_cgroup_path
+from vramguard.cgroup import leaf_container_id, locate_cgroups, v2_root
 from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
 from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
 from vramguard.worker import Runner, Worker
-
-
-def v2_root(cgroup_root: str) -> str | None:
-    """The cgroup v2 hierarchy under `cgroup_root`: itself on a pure v2 host, ``unified`` on a hybrid one."""
-    for candidate in (cgroup_root, os.path.join(cgroup_root, "unified")):
-        if os.path.exists(os.path.join(candidate, "cgroup.controllers")):
-            return candidate
-    return None
-
-
-def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | None], str]:
-    """(pod UID, container ID or None for the pod's own cgroup) → directory, for the pods in `pod_uids`, from a
-    walk of the kubelet's directories under the v2 `root` (other directories are not entered)."""
-    wanted = set(pod_uids)
-    found: dict[tuple[str, str | None], str] = {}
-    if not wanted:
-        return found
-
-    def walk(directory: str, relative: str, depth: int) -> None:
-        try:
-            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            return  # removed while walking, or unreadable: the next walk sees it again
-        for entry in entries:
-            path = f"{relative}/{entry.name}"
-            identity = parse_cgroup_path(path)
-            if identity is not None:
-                if identity.pod_uid not in wanted:
-                    continue
-                key = (identity.pod_uid, identity.container_id)
-                # The first (shallowest) directory of a container is its own; deeper ones are its sub-cgroups.
-                found.setdefault(key, entry.path)
-                if identity.container_id is not None:
-                    continue
-            elif not entry.name.startswith(KUBELET_LEVELS):
-                continue
-            if depth < MAX_POD_DEPTH:
-                walk(entry.path, path, depth + 1)
-
-    walk(root, "", 1)
-    return found
 
 
 def read_held_limits(

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups, wait_until
+from vramguard.cgroup import v2_root
 from vramguard.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard.clock import SYSTEM_CLOCK
-from vramguard.limiter import v2_root
 from vramguard.model import CgroupIdentity
 from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.cgroups import KubeletCgroups

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.limiter import DriverLimiter, locate_cgroups, v2_root
+from vramguard.cgroup import locate_cgroups, v2_root
+from vramguard.limiter import DriverLimiter
 from vramguard.limits import LimitTarget, wanted_limits
 from vramguard.model import GiB, Mode, PodInfo, Policy
 from vramguard.ports import LIMIT_MAX

@@ -82,7 +82,7 @@ FIND_CASES = [
         False,
         None,
         True,
-        id="private-namespace-deeper-than-four-levels",
+        id="private-namespace-outside-the-kubelets-directories",
     ),
     pytest.param(
         f"6:freezer:/{REAL}\n0::/\n", {f"freezer/{REAL}": [PID]}, (), True, f"freezer/{REAL}", False, id="v1-freezer"
