@@ -5,14 +5,15 @@ Everything that talks to the API server is tested against a real one in tests/cl
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from structlog.testing import capture_logs
 
 from vramguard.backoff import Backoff, TokenBucket
 from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
@@ -20,11 +21,11 @@ from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
 from vramguard.kube.events import EventRecord, KubeEventRecorder
 from vramguard.kube.pods import KubePodSource
-from vramguard.kube.reflector import WatchExpired, watch_events, watched_object
-from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample
-from vramguard.testing.fakes import FakePodSource, pod
+from vramguard.kube.reflector import Reflector, WatchExpired, watch_events, watched_object
+from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample, PodInfo
+from vramguard.testing.fakes import FakeClock, FakePodSource, pod
 from vramguard.worker import Inline
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.waiting import wait_until
 
 POD = {
     "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "resourceVersion": "10"},
@@ -97,14 +98,14 @@ def test_events_split_across_chunks() -> None:
 
 def test_token_bucket_bounds_bursts_and_rate() -> None:
     """`burst` at once, then `per_minute` spread over the minute."""
-    t = [0.0]
-    bucket = TokenBucket(burst=3, per_minute=6, now=lambda: t[0])
+    clock = FakeClock(0.0)
+    bucket = TokenBucket(burst=3, per_minute=6, clock=clock)
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
-    t[0] = 9.9
+    clock.step(9.9)
     assert not bucket.take()
-    t[0] = 10.0
+    clock.step(0.1)
     assert bucket.take()
-    t[0] = 1000.0
+    clock.step(990.0)
     assert sum(bucket.take() for _ in range(10)) == 3, "refills cap at the burst"
 
 
@@ -149,20 +150,24 @@ class RefusingCore:
 
 def test_capacity_publisher_backs_off_after_a_refusal() -> None:
     """A denied PATCH is not raised; it is retried after 10 s, then 20 s, ... — not once per scan."""
-    t = [0.0]
+    clock = FakeClock(0.0)
     publisher = KubeCapacityPublisher(
-        client.ApiClient(), "node-1", now=lambda: t[0], runner=Inline(), backoff=Backoff(10.0, 600.0, jitter=0.0)
+        client.ApiClient(), "node-1", clock=clock, runner=Inline(), backoff=Backoff(10.0, 600.0, jitter=0.0)
     )
     core = RefusingCore()
     publisher.core = core  # type: ignore[assignment]
     sample = GpuSample((_device("GPU-a", 24),), ())
+    publisher.start()
     attempts = []
-    for second in range(0, 40):
-        t[0] = float(second)
-        publisher.publish(sample)
-        attempts.append(core.calls)
+    with capture_logs() as logs:
+        for _ in range(0, 40):
+            publisher.publish(sample)
+            attempts.append(core.calls)
+            clock.step(1.0)
+    publisher.stop(clock.now())
     assert core.calls == 3  # at 0 s, 10 s and 30 s
     assert attempts[9] == 1 and attempts[10] == 2 and attempts[29] == 2 and attempts[30] == 3
+    assert [e["event"] for e in logs] == ["capacity_publish_failed"], "one line for a run of the same refusal"
 
 
 @pytest.mark.parametrize(
@@ -224,17 +229,24 @@ class FakeEventsApi:
 
 
 def _recorder(
-    core: FakeEventsApi | None = None, *, spam_burst: int = 25, now: Any = time.monotonic, **kwargs: Any
+    core: FakeEventsApi | None = None, *, spam_burst: int = 25, clock: FakeClock | None = None, **kwargs: Any
 ) -> tuple[KubeEventRecorder, dict[str, int]]:
+    """A recorder on a FakeClock (its retries' back-off passes at once), with a write budget that never runs out."""
+    clock = clock if clock is not None else FakeClock(0.0)
     counts: dict[str, int] = {}
     recorder = KubeEventRecorder(
         core or FakeEventsApi(),
         count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
-        correlator=EventCorrelator(spam_burst=spam_burst, now=now),
-        now=now,
-        **{"bucket": TokenBucket(burst=1000, per_minute=60_000), **kwargs},
+        correlator=EventCorrelator(spam_burst=spam_burst, clock=clock),
+        clock=clock,
+        **{"bucket": TokenBucket(burst=1000, per_minute=60_000, clock=clock), **kwargs},
     )
     return recorder, counts
+
+
+def stop(recorder: KubeEventRecorder) -> None:
+    """Stop the writer, giving it 5 s (real: it joins the thread) to finish the Event it is writing."""
+    recorder.stop(recorder.clock.now() + 5)
 
 
 def write_all(recorder: KubeEventRecorder) -> None:
@@ -243,7 +255,7 @@ def write_all(recorder: KubeEventRecorder) -> None:
     try:
         assert recorder.flush(15)
     finally:
-        recorder.stop()
+        stop(recorder)
 
 
 def test_event_repeats_fold_into_the_queued_event() -> None:
@@ -317,8 +329,8 @@ def test_event_repeat_patch(
     """Said again within REPEAT_WINDOW_S of being written, an Event is a PATCH of its count; otherwise (a
     new message, the window passed, the Event deleted) it is created afresh. Retries keep the Event's name."""
     core = FakeEventsApi(fail)
-    t = [0.0]
-    recorder, counts = _recorder(core, now=lambda: t[0])
+    clock = FakeClock(0.0)
+    recorder, counts = _recorder(core, clock=clock)
     recorder.start()
     p = pod("noisy", "ml")
     try:
@@ -327,11 +339,11 @@ def test_event_repeat_patch(
                 core.stored.clear()
             else:
                 assert isinstance(at, float | int)
-                t[0] = float(at)
+                clock.step(max(0.0, at - clock.now()))  # a retry's back-off may have passed it already
             recorder.record(p, R, message)
             assert recorder.flush(15)
     finally:
-        recorder.stop()
+        stop(recorder)
     assert [(verb, count) for verb, _, count in core.calls] == calls
     assert counts == results
     names = [name for verb, name, _ in core.calls]
@@ -341,8 +353,8 @@ def test_event_repeat_patch(
 
 def test_one_noisy_pod_cannot_starve_the_others() -> None:
     """The spam filter is per (pod, reason): a pod past its burst is dropped, a quiet pod still gets through."""
-    t = [0.0]
-    recorder, counts = _recorder(spam_burst=3, now=lambda: t[0])
+    clock = FakeClock(0.0)
+    recorder, counts = _recorder(spam_burst=3, clock=clock)
     noisy, quiet = pod("noisy", "ml"), pod("quiet", "ml")
     for i in range(10):
         recorder.record(noisy, "VRAMKilled", f"killed PID {i}")
@@ -350,7 +362,7 @@ def test_one_noisy_pod_cannot_starve_the_others() -> None:
     recorder.record(noisy, "VRAMQuotaInvalid", "bad annotation")
     assert counts == {"dropped": 7}
     assert recorder.queued() == 5
-    t[0] = 300.0  # one token back after EVENT_SPAM_REFILL_S
+    clock.step(300.0)  # one token back after EVENT_SPAM_REFILL_S
     recorder.record(noisy, "VRAMKilled", "killed PID 100")
     assert recorder.queued() == 6
 
@@ -361,7 +373,7 @@ def test_event_queue_is_bounded() -> None:
     for i in range(10):
         recorder.record(pod(f"p{i}", "ml"), "VRAMKilled", "killed")
     assert recorder.queued() == 4 and counts == {"dropped": 6}
-    recorder.stop()
+    stop(recorder)
     assert counts == {"dropped": 10}, "what is still queued at stop is dropped, and counted"
 
 
@@ -391,6 +403,33 @@ def test_a_kill_event_goes_ahead_of_queued_warnings(warnings: int, max_queue: in
     assert len(core.bodies) == min(warnings, max_queue - 1) + 1
 
 
+class SteppedClock(FakeClock):
+    """A FakeClock whose `wait` blocks (a thread waiting for a token stays waiting) until `step` passes the time
+    it waits for, or its `stop` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self._moved = threading.Condition()
+        self.waiting = 0  # threads blocked in wait()
+
+    def step(self, seconds: float) -> float:
+        with self._moved:
+            now = super().step(seconds)
+            self._moved.notify_all()
+        return now
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        until = self.now() + seconds
+        with self._moved:
+            self.waiting += 1
+            try:
+                while not stop.is_set() and self.now() < until:
+                    self._moved.wait(0.01)  # `stop` cannot notify this condition: look at it every 10 ms
+            finally:
+                self.waiting -= 1
+        return stop.is_set()
+
+
 @pytest.mark.parametrize(
     ("warnings", "tokens_at_start", "written_before"),
     [
@@ -404,30 +443,23 @@ def test_the_next_write_token_goes_to_an_important_event(
     """While the writer waits for a token (the pace is spent on warnings), an enforcement Event recorded meanwhile
     takes the next one: the warnings wait, not the kill."""
     core = FakeEventsApi()
-    t = [0.0]
-    polls = [0]  # reads of the bucket's clock: one per try for a token
-
-    def bucket_clock() -> float:
-        polls[0] += 1
-        return t[0]
-
-    bucket = TokenBucket(burst=1, per_minute=600, now=bucket_clock)  # a token per 0.1 s of the fake clock
+    clock = SteppedClock()
+    bucket = TokenBucket(burst=1, per_minute=600, clock=clock)  # a token per 0.1 s of the clock
     for _ in range(1 - tokens_at_start):
         assert bucket.take()
-    recorder, counts = _recorder(core, bucket=bucket, now=lambda: t[0])
+    recorder, counts = _recorder(core, bucket=bucket, clock=clock)
     for i in range(warnings):
         recorder.record(pod(f"p{i}", "ml"), "VRAMQuotaExceeded", "over")
     recorder.start()
     try:
-        assert wait_for(lambda: len(core.bodies) == len(written_before), timeout_s=5)
-        tried = polls[0]
-        assert wait_for(lambda: polls[0] >= tried + 2, timeout_s=5)  # the writer found the bucket empty
+        wait_until(lambda: len(core.bodies) == len(written_before), 5, "the warnings the bucket had tokens for")
+        wait_until(lambda: clock.waiting, 5, "the writer waiting for a token")
         assert _written(core) == written_before, "no token, no write, though warnings are queued"
         recorder.record(pod("greedy", "ml"), "VRAMEvicted", "evicted", important=True)
-        t[0] = 0.1  # the next token is due
-        assert wait_for(lambda: len(core.bodies) == len(written_before) + 1, timeout_s=5)
+        clock.step(0.1)  # the next token is due
+        wait_until(lambda: len(core.bodies) == len(written_before) + 1, 5, "the next write")
     finally:
-        recorder.stop()
+        stop(recorder)
     assert _written(core) == [*written_before, "VRAMEvicted"]
     assert counts["dropped"] == warnings - len(written_before), "the warnings still queued are dropped at stop"
 
@@ -477,8 +509,7 @@ def test_event_messages_are_shown_escaped(value: str, shown: str) -> None:
 
 def test_a_pods_warnings_never_spend_its_kill_events_budget() -> None:
     """The spam filter counts per (pod, reason): a pod past its warnings' burst still gets its kill Event queued."""
-    t = [0.0]
-    recorder, counts = _recorder(spam_burst=3, now=lambda: t[0])  # the clock never moves: no budget comes back
+    recorder, counts = _recorder(spam_burst=3)  # the clock never moves: no budget comes back
     greedy = pod("greedy", "ml")
     for i in range(10):
         recorder.record(greedy, "VRAMQuotaExceeded", f"uses {i}GiB")
@@ -507,18 +538,21 @@ def test_event_messages_and_names_are_bounded() -> None:
     assert len(str(body.message)) == 1024 and len(str(body.name)) <= 253
 
 
-class QuietWatch:
-    """A watch on which nothing happens for a while, then the server ends it."""
+class HangingWatch:
+    """A watch on which nothing comes until the reflector is stopped (it shuts the response down)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
 
     def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
-        time.sleep(0.2)
+        self.closed.wait(30)
         yield from ()
 
     def release_conn(self) -> None:
         pass
 
     def shutdown(self) -> None:
-        pass
+        self.closed.set()
 
 
 class ListResponse:
@@ -527,48 +561,113 @@ class ListResponse:
 
 
 class FakeDraApi:
-    """resource.k8s.io/v1 as an API server serves it (`served`) or does not (every request: 404), with no claims:
-    counts the requests."""
+    """resource.k8s.io/v1 as an API server serves it (`served`) or does not (every request: 404), with no claims
+    (GETs answer 404, or `get_error`): counts the requests. With `stop_slices_at`, it stops the slice reflector at
+    that request, so a test can run the reflector on its own thread."""
 
-    def __init__(self, served: bool) -> None:
+    def __init__(self, served: bool, stop_slices_at: int | None = None) -> None:
         self.served = served
-        self.lists = self.gets = 0
+        self.stop_slices_at = stop_slices_at
+        self.slices: Reflector | None = None
+        self.slice_requests = self.gets = 0
+        self.get_error: ApiException | None = None
 
     def list_cluster_custom_object(self, *args: Any, watch: bool = False, **kwargs: Any) -> Any:
+        self.slice_requests += 1
+        if self.slice_requests == self.stop_slices_at:
+            assert self.slices is not None
+            self.slices.stop(self.slices.clock.now())
         if not self.served:
             raise ApiException(status=404, reason="Not Found")
         if watch:
-            return QuietWatch()
-        self.lists += 1
+            return HangingWatch()
         return ListResponse(b'{"metadata": {"resourceVersion": "1"}, "items": []}')
 
     def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
         self.gets += 1
-        raise ApiException(status=404, reason="Not Found")
+        raise self.get_error or ApiException(status=404, reason="Not Found")
+
+
+class StablePods(FakePodSource):
+    """Pods as the kube pod cache gives them: the same mapping object while nothing changed (the claim reader
+    reads a missing claim again when its pod changes)."""
+
+    def __init__(self, pods: list[PodInfo]) -> None:
+        super().__init__(pods)
+        self._mapping = super().pods()
+
+    def pods(self) -> Mapping[str, PodInfo]:
+        return self._mapping
+
+
+def claim_pod(name: str) -> PodInfo:
+    """A pod whose one container holds the claim `<name>-gpu`."""
+    named = replace(pod(name, "ml"), claims={"gpu": f"{name}-gpu"})
+    return replace(named, containers=(replace(named.containers[0], claims=(ClaimUse("gpu"),)),))
+
+
+def listed_claim_source(api: FakeDraApi, pods: list[PodInfo], clock: FakeClock) -> KubeClaimSource:
+    """A claim source whose slice reflector made its requests on this thread (its LIST and WATCH, or its 404s) until
+    `api` stopped it; its claim thread not started: the test runs its cycles (`read_once`)."""
+    source = KubeClaimSource(client.ApiClient(), "node-a", StablePods(pods), clock=clock)
+    source.objects = api  # type: ignore[assignment]
+    api.slices = source.slices
+    source.slices._run()
+    return source
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["v1-served", "no-resource.k8s.io/v1"])
 def test_claims_are_read_only_where_the_api_server_serves_them(served: bool) -> None:
     """A pod naming a claim: with resource.k8s.io/v1 the claim is read (after the slices) and reported missing;
     without it, no claim is read at all (each GET would 404, and the claim be reported missing for nothing)."""
-    named = replace(pod("p", "ml"), claims={"gpu": "p-gpu"})
-    named = replace(named, containers=(replace(named.containers[0], claims=(ClaimUse("gpu"),)),))
-    api = FakeDraApi(served)
-    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([named]))
+    named = claim_pod("p")
+    api = FakeDraApi(served, stop_slices_at=2)  # the WATCH after the LIST; or the retry after the first 404
+    source = listed_claim_source(api, [named], FakeClock())
+    for _ in range(3):  # three cycles of the claim reader
+        source.read_once()
+    assert source.wait_synced(0)
+    if served:
+        ((missing,),) = source.shares()[named.uid].values()
+        assert missing.error is not None and missing.error.message == "does not exist"
+        assert api.gets == 1 and source.problem() is None
+    else:
+        assert api.gets == 0 and source.shares() == {}
+        assert source.problem() == "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later has it)"
+
+
+def test_claim_read_failures_are_logged_once_per_run() -> None:
+    """Claims of 3 pods failing to be read on a failing API server: one `claim_read_failed` line, not one per claim;
+    read again `retry_s` later, the first success logs one `claim_read_recovered`."""
+    clock = FakeClock()
+    api = FakeDraApi(served=True, stop_slices_at=2)
+    source = listed_claim_source(api, [claim_pod("a"), claim_pod("b"), claim_pod("c")], clock)
+    api.get_error = ApiException(status=503, reason="Service Unavailable")
+    with capture_logs() as logs:
+        source.read_once()
+        assert api.gets == 3 and not source.wait_synced(0)
+        api.get_error = None
+        source.read_once()
+        assert api.gets == 3, "not read again before retry_s"
+        clock.step(source.retry_s)
+        source.read_once()
+    assert api.gets == 6 and source.wait_synced(0)
+    failed = ("claim_read_failed", "503 Service Unavailable")
+    recovered = ("claim_read_recovered", "503 Service Unavailable")
+    seen = [(e["event"], e.get("error") or e.get("last_error")) for e in logs if e["event"].startswith("claim_")]
+    assert seen == [failed, recovered]
+
+
+def test_claim_source_starts_and_stops() -> None:
+    """Constructed idle (no request); `start()` lists the slices and reads claims on its threads; `stop(deadline)`
+    ends both while the slice watch waits on a silent server."""
+    named = claim_pod("p")
+    api = FakeDraApi(served=True)
+    source = KubeClaimSource(client.ApiClient(), "node-a", StablePods([named]))
     source.objects = api  # type: ignore[assignment]
+    assert api.slice_requests == 0 and not source.wait_synced(0)
     source.start()
     try:
-        assert source.wait_synced(5)
-        if served:
-            assert wait_for(lambda: named.uid in source.shares(), 5)
-            ((missing,),) = source.shares()[named.uid].values()
-            assert missing.error is not None and missing.error.message == "does not exist"
-            assert api.gets == 1 and source.problem() is None
-        else:
-            time.sleep(1.5)  # three cycles of the claim reader
-            assert api.gets == 0 and source.shares() == {}
-            assert (
-                source.problem() == "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later has it)"
-            )
+        assert source.wait_synced(5) and api.gets == 1
     finally:
-        source.stop()
+        source.stop(source.clock.now() + 5)
+    assert not source._thread.is_alive() and not source.slices._thread.is_alive()

@@ -7,18 +7,36 @@ tests/cluster/test_fleet.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import structlog
 from kubernetes.client.exceptions import ApiException
+from structlog.testing import capture_logs
 from urllib3.exceptions import ReadTimeoutError
 
 from vramguard.kube.reflector import SPREAD_S, WORKING_S, Reflector
+from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.waiting import wait_until
 
 LOG = structlog.get_logger("test")
+
+
+class WaitingClock(FakeClock):
+    """A FakeClock that records each wait's length, and calls `on_wait` before the time passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+        self.on_wait: Callable[[], None] = lambda: None
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        self.waits.append(seconds)
+        self.on_wait()
+        return super().wait(stop, seconds)
 
 
 @dataclass
@@ -29,17 +47,44 @@ class Listed:
     names: Sequence[str] = ()
 
 
+class Ev(NamedTuple):
+    """One watch event as the server sends it."""
+
+    type: str
+    name: str
+    resource_version: str
+
+
 @dataclass
 class Watched:
     """A WATCH's answer: these events, then the server ends it — or `then` is raised while reading."""
 
-    events: Sequence[tuple[str, str, str]] = ()  # (type, name, resourceVersion)
+    events: Sequence[Ev] = ()
     then: Exception | None = None
     lasts_s: float = 60.0  # the clock moves this much while it runs
 
 
+class Hang:
+    """A WATCH's answer on which nothing comes until the reflector is stopped (it shuts the response down)."""
+
+
+class HangingResponse:
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        self.closed.wait(30)
+        yield from ()
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.closed.set()
+
+
 class WatchResponse:
-    def __init__(self, answer: Watched, clock: list[float]) -> None:
+    def __init__(self, answer: Watched, clock: FakeClock) -> None:
         self.answer = answer
         self.clock = clock
 
@@ -50,7 +95,7 @@ class WatchResponse:
             else:
                 obj = {"metadata": {"name": name, "resourceVersion": rv}}
             yield json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-        self.clock[0] += self.answer.lasts_s
+        self.clock.step(self.answer.lasts_s)
         if self.answer.then is not None:
             raise self.answer.then
 
@@ -65,8 +110,8 @@ class WatchResponse:
 class FakeServer:
     """The list method of one kind, answering from a script; stops the reflector when the script runs out."""
 
-    script: list[Listed | Watched | Exception]
-    clock: list[float] = field(default_factory=lambda: [1000.0])
+    script: list[Listed | Watched | Hang | Exception]
+    clock: WaitingClock = field(default_factory=WaitingClock)
     requests: list[str] = field(default_factory=list)
     reflector: Reflector | None = None
 
@@ -77,7 +122,7 @@ class FakeServer:
         self.requests.append(f"{verb} rv={rv}" + (f" {match}" if match else ""))
         if not self.script:
             assert self.reflector is not None
-            self.reflector._stop.set()
+            self.reflector.stop(self.clock.now())
             raise ConnectionError("script done")
         answer = self.script.pop(0)
         if isinstance(answer, Exception):
@@ -86,6 +131,8 @@ class FakeServer:
             items = [{"metadata": {"name": n}} for n in answer.names]
             return type("R", (), {"data": json.dumps({"metadata": {"resourceVersion": answer.resource_version},
                                                       "items": items})})()  # fmt: skip
+        if isinstance(answer, Hang):
+            return HangingResponse()
         return WatchResponse(answer, self.clock)
 
 
@@ -106,17 +153,14 @@ class Names:
             self.names.add(name)
 
 
-def run(script: list[Listed | Watched | Exception], draw: float = 0.5) -> tuple[list[str], list[float], Names]:
+def run(script: list[Listed | Watched | Hang | Exception], draw: float = 0.5) -> tuple[list[str], list[float], Names]:
     """Run a reflector over `script` to its end: the requests it made, the delays it waited, its store."""
     server = FakeServer(script)
     store = Names()
-    delays: list[float] = []
-    reflector = Reflector(
-        "things", server, store, log=LOG, now=lambda: server.clock[0], rng=lambda: draw, wait=delays.append
-    )
+    reflector = Reflector("things", server, store, log=LOG, clock=server.clock, rng=lambda: draw)
     server.reflector = reflector
     reflector._run()
-    return server.requests, delays, store
+    return server.requests, server.clock.waits, store
 
 
 REFUSED = ConnectionRefusedError("refused")
@@ -127,7 +171,7 @@ SILENT = ReadTimeoutError(None, None, "Read timed out.")  # type: ignore[arg-typ
 @dataclass(frozen=True)
 class Case:
     id: str
-    script: list[Listed | Watched | Exception]
+    script: list[Listed | Watched | Hang | Exception]
     requests: list[str]
     delays: list[float]
     names: set[str]
@@ -136,28 +180,28 @@ class Case:
 CASES = [
     Case(
         "first-list-from-the-cache-then-watch-renewed-from-the-last-bookmark",
-        [Listed("5", ["a"]), Watched([("ADDED", "b", "6"), ("BOOKMARK", "", "9")]), Watched()],
+        [Listed("5", ["a"]), Watched([Ev("ADDED", "b", "6"), Ev("BOOKMARK", "", "9")]), Watched()],
         ["LIST rv=0", "WATCH rv=5", "WATCH rv=9", "WATCH rv=9"],
         [],
         {"a", "b"},
     ),
     Case(
         "a-broken-watch-resumes-from-where-it-was-after-a-random-spread-no-relist",
-        [Listed("5"), Watched([("ADDED", "b", "7")], then=REFUSED), Watched([("DELETED", "b", "8")])],
+        [Listed("5"), Watched([Ev("ADDED", "b", "7")], then=REFUSED), Watched([Ev("DELETED", "b", "8")])],
         ["LIST rv=0", "WATCH rv=5", "WATCH rv=7", "WATCH rv=8"],
         [0.5 * SPREAD_S],
         set(),
     ),
     Case(
         "410-on-the-watch-relists-not-older-than-what-it-had",
-        [Listed("5", ["a"]), Watched([("ADDED", "b", "7"), ("ERROR", "410", "")]), Listed("20", ["c"])],
+        [Listed("5", ["a"]), Watched([Ev("ADDED", "b", "7"), Ev("ERROR", "410", "")]), Listed("20", ["c"])],
         ["LIST rv=0", "WATCH rv=5", "LIST rv=7 NotOlderThan", "WATCH rv=20"],
         [],
         {"c"},
     ),
     Case(
         "410-on-a-list-lists-the-latest",
-        [Listed("5"), Watched([("ERROR", "410", "")]), GONE, Listed("30")],
+        [Listed("5"), Watched([Ev("ERROR", "410", "")]), GONE, Listed("30")],
         ["LIST rv=0", "WATCH rv=5", "LIST rv=5 NotOlderThan", "LIST rv=", "WATCH rv=30"],
         [1.5],
         set(),
@@ -187,7 +231,7 @@ CASES = [
         "a-silent-watch-is-renewed-at-once",
         [
             Listed("5"),
-            Watched([("BOOKMARK", "", "6")], then=SILENT),
+            Watched([Ev("BOOKMARK", "", "6")], then=SILENT),
             Watched(),
         ],
         ["LIST rv=0", "WATCH rv=5", "WATCH rv=6", "WATCH rv=6"],
@@ -221,9 +265,37 @@ def test_working_watch_means_open_long_enough() -> None:
 )  # fmt: skip
 def test_problem_tells_no_answer_from_an_error(error: Exception, problem: str) -> None:
     server = FakeServer([Listed("5"), Watched(then=error)])
-    reflector = Reflector("things", server, Names(), log=LOG, now=lambda: server.clock[0], wait=lambda s: None)
+    reflector = Reflector("things", server, Names(), log=LOG, clock=server.clock)
     server.reflector = reflector
     seen: list[str | None] = []
-    reflector._wait = lambda s: seen.append(reflector.problem())
+    server.clock.on_wait = lambda: seen.append(reflector.problem())
     reflector._run()
     assert seen[0] == problem
+
+
+def test_constructed_idle_started_then_stopped_by_its_deadline() -> None:
+    """The constructor asks nothing; `start()` lists then watches on the reflector's thread; `stop(deadline)` ends
+    it while the watch waits on a silent server."""
+    server = FakeServer([Listed("5", ["a"]), Hang()])
+    store = Names()
+    reflector = Reflector("things", server, store, log=LOG, clock=server.clock)
+    server.reflector = reflector
+    assert server.requests == [] and not reflector.wait_listed(server.clock.now())
+    reflector.start()
+    assert reflector.wait_listed(server.clock.now() + 5) and store.names == {"a"}
+    wait_until(lambda: server.requests == ["LIST rv=0", "WATCH rv=5"], 5, "the watch")
+    reflector.stop(server.clock.now() + 5)
+    assert not reflector._thread.is_alive()
+
+
+def test_a_run_of_failures_is_logged_once() -> None:
+    """Three failures in a row, then a success: one `watch_failed` and one `watch_restored`, naming the last error."""
+    refused_again = ConnectionRefusedError("refused again")
+    script: list[Listed | Watched | Hang | Exception] = [REFUSED, REFUSED, refused_again, Listed("1"), Watched()]
+    with capture_logs() as logs:
+        run(script)
+    seen = [(e["event"], e.get("error") or e.get("after")) for e in logs if e["event"].startswith("watch_")]
+    assert seen == [
+        ("watch_failed", "ConnectionRefusedError: refused"),
+        ("watch_restored", "ConnectionRefusedError: refused again"),
+    ]

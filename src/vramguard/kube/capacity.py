@@ -1,17 +1,16 @@
-"""`vramguard.io/vram` in the Node's status: one status PATCH when the advertised amount changes, none otherwise;
-failures back off (10 s doubling to 10 min, jittered)."""
+"""`vramguard.io/vram` in the Node's status: what the scheduler may hand out, advertised by a status PATCH."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Final
 
 import structlog
 from kubernetes import client
 
 from vramguard.backoff import Backoff
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.client import TIMEOUT_WRITE, describe
+from vramguard.logs import FailureRun
 from vramguard.model import GpuSample
 from vramguard.worker import Runner, Worker
 
@@ -46,21 +45,22 @@ class KubeCapacityPublisher:
         node_name: str,
         reserve_bytes: int = 0,
         log: Log | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         runner: Runner | None = None,
         backoff: Backoff | None = None,
     ) -> None:
+        """Nothing is patched before `start()`: until then, the latest `publish` or `withdraw` waits."""
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.reserve_bytes = reserve_bytes
         self.log = log if log is not None else structlog.get_logger("vramguard.capacity")
-        self.now = now
-        self.runner: Runner = runner if runner is not None else Worker("vramguard-capacity", max_queue=1)
+        self.clock = clock
+        self.runner: Runner = runner if runner is not None else Worker("vramguard-capacity", max_queue=1, clock=clock)
         self._published: int | str | None = _UNKNOWN
         self._in_flight = False
         self._retry_at = 0.0
         self._backoff = backoff if backoff is not None else Backoff(10.0, 600.0, jitter=0.2)
-        self._last_error: str | None = None
+        self._failures = FailureRun()  # PATCHes failing: logged once per distinct error, not once per retry
 
     def publish(self, sample: GpuSample) -> None:
         self._submit(advertisable_bytes(sample, self.reserve_bytes))
@@ -68,11 +68,14 @@ class KubeCapacityPublisher:
     def withdraw(self) -> None:
         self._submit(None)
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        self.runner.stop(timeout_s)
+    def start(self) -> None:
+        self.runner.start()
+
+    def stop(self, deadline: float) -> None:
+        self.runner.stop(deadline)
 
     def _submit(self, total_bytes: int | None) -> None:
-        if self._in_flight or total_bytes == self._published or self.now() < self._retry_at:
+        if self._in_flight or total_bytes == self._published or self.clock.now() < self._retry_at:
             return
         self._in_flight = True
         if not self.runner.submit(lambda: self._patch(total_bytes)):
@@ -89,14 +92,13 @@ class KubeCapacityPublisher:
         except Exception as e:  # best effort: the scheduler's view must never hold up enforcement
             error = describe(e)
             delay = self._backoff.next()
-            if error != self._last_error:  # once per distinct error, not once per retry
+            if self._failures.failed(error):
                 self.log.warning("capacity_publish_failed", node=self.node_name, error=error, retry_in_s=round(delay))
-            self._last_error = error
-            self._retry_at = self.now() + delay
+            self._retry_at = self.clock.now() + delay
             self._in_flight = False
             return
         self.log.info("capacity_published", node=self.node_name, resource=VRAM_RESOURCE, bytes=total_bytes)
         self._published = total_bytes
         self._backoff.reset()
-        self._last_error = None
+        self._failures.ok()
         self._in_flight = False  # last: a scan that sees it false also sees what was published

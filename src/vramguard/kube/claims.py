@@ -1,20 +1,14 @@
-"""The claim source: this node's ResourceSlices (a reflector) and the ResourceClaims of its pods, read into
-`dra.PodShares`.
+"""The claim source: this node's ResourceSlices (a reflector) and the ResourceClaims of its pods (one paced GET
+per claim, by name), read into `dra.PodShares`. RBAC: get on resourceclaims; list and watch on resourceslices.
 
-Claims are read by name, one GET per claim when a pod naming it appears (never a cluster-wide claim watch, where
-every claim change would fan out to every agent): a claim allocated to a running pod does not change while the pod
-uses it, so once read it is not read again. A claim missing or not allocated yet is read again when its pod
-changes, or `RETRY_S` later, doubling up to `RETRY_MAX_S` while it stays so. GETs are paced (`GETS_PER_S`, burst
-`GETS_BURST`), so a node filling with 200 pods reads their claims within seconds without a burst of 200 requests.
-RBAC: get on resourceclaims; list and watch on resourceslices.
+Why claims are read by name and when they are read again: docs/design.md "Reading DRA claims".
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import structlog
@@ -22,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import TokenBucket
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.dra import (
     Claim,
     ClaimKey,
@@ -35,13 +30,16 @@ from vramguard.dra import (
 )
 from vramguard.kube.client import TIMEOUT_GET, describe
 from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
+from vramguard.logs import FailureRun
 from vramguard.model import PodInfo
 from vramguard.ports import PodSource
 
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
+# A claim missing or not allocated yet is read again after RETRY_S, doubling up to RETRY_MAX_S while it stays so.
 RETRY_S: Final = 10.0
 RETRY_MAX_S: Final = 300.0
+# A node filling with 200 pods reads their claims within seconds, without a burst of 200 requests.
 GETS_PER_S: Final = 20.0
 GETS_BURST: Final = 50
 CYCLE_S: Final = 0.5  # how often the claim reader looks at the pod cache (memory only)
@@ -61,7 +59,7 @@ class KubeClaimSource:
         retry_max_s: float = RETRY_MAX_S,
         gets_per_s: float = GETS_PER_S,
         log: Log | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         count: RequestCounter = uncounted,
     ) -> None:
         self.objects = client.CustomObjectsApi(api)
@@ -70,9 +68,10 @@ class KubeClaimSource:
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.log = log if log is not None else structlog.get_logger("vramguard.claims")
-        self.now = now
+        self.clock = clock
         self._stop = threading.Event()
-        self._gets = TokenBucket(GETS_BURST, gets_per_s * 60.0, now)
+        self._synced = threading.Event()  # set by the claim thread once `synced()` held with the pods synced
+        self._gets = TokenBucket(GETS_BURST, gets_per_s * 60.0, clock)
         self._slices: dict[str, dict[DeviceKey, SliceDevice]] = {}  # by ResourceSlice name
         self._devices: Mapping[DeviceKey, SliceDevice] = {}
         self._claims: dict[ClaimKey, Claim | None] = {}  # None: the API server says it does not exist
@@ -82,36 +81,35 @@ class KubeClaimSource:
         self._version = 0  # bumped whenever a claim read differs (by the claim thread only)
         self._seen: tuple[object, object, int] | None = None  # (pods, devices, version) of the shares
         self._unserved = False  # the API server answered 404 for the slices: it has no resource.k8s.io/v1
-        self._read_error: str | None = None  # the last claim GET's error, while they fail
+        self._read_failures = FailureRun()  # claim GETs failing: logged once per run, not once per claim
+        self._known: dict[str, frozenset[ClaimKey]] = {}  # pod UID → the claims it named when last seen
+        self._seen_pods: object = None  # the pods as the claim thread last saw them
         self.claim_gets = 0  # requests made, for tests and logs
         self.slices = Reflector(
             "resourceslices",
             self._slice_call,
             self,
             log=self.log,
-            now=now,
+            clock=clock,
             retry_after=self._unserved_retry,
             count=count,
         )
         self._thread = threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True)
 
-    def start(self) -> KubeClaimSource:
+    def start(self) -> None:
         self.slices.start()
         self._thread.start()
-        return self
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        deadline = time.monotonic() + timeout_s
+    def stop(self, deadline: float) -> None:
         self._stop.set()
-        self.slices.stop(timeout_s)
-        if self._thread.is_alive():
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+        self.slices.stop(deadline)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
 
     def wait_synced(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.synced() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.synced()
+        """Block until the pods were synced and every claim they name was read once (`synced()`), `timeout_s` at
+        most; True when that happened."""
+        return self._synced.wait(timeout_s)
 
     @property
     def slice_lists(self) -> int:
@@ -179,24 +177,28 @@ class KubeClaimSource:
     # -- ResourceClaims --------------------------------------------------------------------------------------
 
     def _read_claims(self) -> None:
-        known: dict[str, frozenset[ClaimKey]] = {}  # pod UID → the claims it named when last seen
-        seen_pods: object = None
         while not self._stop.is_set():
-            pods = self.pods.pods()
-            now = self.now()
-            if pods is not seen_pods:
-                known = self._note_pods(pods, known, now)
-                seen_pods = pods
-            # Claims are read once the slices were listed: where the API server does not serve resource.k8s.io/v1
-            # every GET would answer 404, and a claim that merely cannot be read would be reported missing; and
-            # without this node's slices no share could be placed on a GPU anyway.
-            readable = self.slices.listed and not self._unserved
-            for key in sorted(k for k, at in self._due.items() if at <= now) if readable else ():
-                if self._stop.is_set() or not self._gets.take():
-                    break  # paced: the rest next cycle
-                self._get(key)
-            self._publish_shares(pods)
-            self._stop.wait(CYCLE_S)
+            self.read_once()
+            self.clock.wait(self._stop, CYCLE_S)
+
+    def read_once(self) -> None:
+        """One cycle of the claim thread: note the pods' claims, read those due (paced), publish the shares."""
+        pods = self.pods.pods()
+        now = self.clock.now()
+        if pods is not self._seen_pods:
+            self._known = self._note_pods(pods, self._known, now)
+            self._seen_pods = pods
+        # Claims are read once the slices were listed: where the API server does not serve resource.k8s.io/v1
+        # every GET would answer 404, and a claim that merely cannot be read would be reported missing; and
+        # without this node's slices no share could be placed on a GPU anyway.
+        readable = self.slices.listed and not self._unserved
+        for key in sorted(k for k, at in self._due.items() if at <= now) if readable else ():
+            if self._stop.is_set() or not self._gets.take():
+                break  # paced: the rest next cycle
+            self._get(key)
+        self._publish_shares(pods)
+        if not self._synced.is_set() and self.pods.synced() and self.synced():
+            self._synced.set()
 
     def _note_pods(
         self, pods: Mapping[str, PodInfo], known: dict[str, frozenset[ClaimKey]], now: float
@@ -233,16 +235,17 @@ class KubeClaimSource:
         except Exception as e:
             if not (isinstance(e, ApiException) and e.status == 404):
                 # A timeout, a refused connection, a 5xx: keep what was read, try again soon. Logged once per
-                # run of failures, not once per claim: 200 claims on a frozen API server are one line.
-                if self._read_error is None:
+                # run of failures, not once per claim nor per error text: 200 claims on a frozen API server
+                # are one line.
+                if not self._read_failures.failing:
                     self.log.warning("claim_read_failed", claim=f"{namespace}/{name}", error=describe(e))
-                self._read_error = describe(e)
-                self._due[key] = self.now() + self._retry_in(key)
+                self._read_failures.failed(describe(e))
+                self._due[key] = self.clock.now() + self._retry_in(key)
                 return
             claim = None
-        if self._read_error is not None:
-            self.log.info("claim_read_recovered", claim=f"{namespace}/{name}", last_error=self._read_error)
-            self._read_error = None
+        last_error = self._read_failures.error
+        if self._read_failures.ok():
+            self.log.info("claim_read_recovered", claim=f"{namespace}/{name}", last_error=last_error)
         if key not in self._claims or self._claims[key] != claim:
             self._claims[key] = claim
             self._version += 1
@@ -250,7 +253,7 @@ class KubeClaimSource:
             self._misses.pop(key, None)
             self._due.pop(key, None)
         else:
-            self._due[key] = self.now() + self._retry_in(key)
+            self._due[key] = self.clock.now() + self._retry_in(key)
 
     def _retry_in(self, key: ClaimKey) -> float:
         """When to read an unusable claim again: `retry_s`, doubling with each miss in a row up to `retry_max_s`,

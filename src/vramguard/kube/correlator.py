@@ -8,13 +8,12 @@ calls `allow` under its lock and the rest from its writer thread only.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from vramguard.backoff import TokenBucket
+from vramguard.clock import SYSTEM_CLOCK, Clock
 
 SPAM_BURST: Final = 25
 SPAM_REFILL_S: Final = 300.0
@@ -47,12 +46,12 @@ class EventCorrelator:
         spam_burst: int = SPAM_BURST,
         spam_refill_s: float = SPAM_REFILL_S,
         repeat_window_s: float = REPEAT_WINDOW_S,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.spam_burst = spam_burst
         self.spam_per_minute = 60.0 / spam_refill_s
         self.repeat_window_s = repeat_window_s
-        self.now = now
+        self.clock = clock
         self._spam: OrderedDict[tuple[str, str], TokenBucket] = OrderedDict()
         self._written: dict[EventKey, Written] = {}
 
@@ -61,7 +60,7 @@ class EventCorrelator:
         key = (pod_uid, reason)
         bucket = self._spam.get(key)
         if bucket is None:
-            bucket = self._spam[key] = TokenBucket(self.spam_burst, self.spam_per_minute, self.now)
+            bucket = self._spam[key] = TokenBucket(self.spam_burst, self.spam_per_minute, self.clock)
             if len(self._spam) > SPAM_KEYS:
                 self._spam.popitem(last=False)
         else:
@@ -70,14 +69,14 @@ class EventCorrelator:
 
     def repeat_of(self, key: EventKey) -> Written | None:
         """The Event written for `key` within the repeat window, whose count a repeat bumps; None: write anew."""
-        t = self.now()
+        t = self.clock.now()
         if any(t - w.at >= self.repeat_window_s for w in self._written.values()):
             self._written = {k: w for k, w in self._written.items() if t - w.at < self.repeat_window_s}
         return self._written.get(key)
 
     def wrote(self, key: EventKey, name: str, namespace: str, count: int) -> None:
         """The Event for `key` now stands on the server with this count (created, or its count bumped)."""
-        self._written[key] = Written(name, namespace, count, self.now())
+        self._written[key] = Written(name, namespace, count, self.clock.now())
 
     def gone(self, key: EventKey) -> None:
         """The Event for `key` is no longer on the server (it expired or was deleted): the next is written anew."""

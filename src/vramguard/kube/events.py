@@ -1,13 +1,6 @@
 """The Event writer: core/v1 Events on pods, queued by `record` (never blocks, never raises) and written by one
-background thread through an `EventSink` (client-go's `event.go`); what is written, and as what, the correlator
-decides (`vramguard.kube.correlator`).
-
-Bounds: at most `EVENT_QUEUE` waiting; an Event said again while queued is one Event whose count grows; writes
-paced at `EVENT_BURST` at once and `EVENT_PER_MINUTE` after that. Each Event's name is fixed when it is recorded,
-so a create retried after a timeout can never write it twice. What is over a bound is dropped and counted.
-Enforcement Events (`important`) take the next token before any other, and a full queue makes room for one by
-dropping its oldest other Event. Messages are shown to people by `kubectl describe`: their control and bidi
-characters are escaped (`text.printable`).
+background thread through an `EventSink` (client-go's `event.go`); which are written, and as what, the correlator
+decides (`vramguard.kube.correlator`). Its bounds and priorities: docs/design.md "Writing Events".
 """
 
 from __future__ import annotations
@@ -25,14 +18,16 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff, TokenBucket
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.client import TIMEOUT_WRITE, describe, transient
 from vramguard.kube.correlator import EventCorrelator, EventKey
+from vramguard.logs import FailureRun
 from vramguard.model import PodInfo
 from vramguard.text import MAX_TEXT_CHARS, cut, printable
 
 COMPONENT: Final = "vramguard"
-EVENT_QUEUE: Final = 256
-EVENT_BURST: Final = 25
+EVENT_QUEUE: Final = 256  # Events waiting at most; past it, what is recorded is dropped and counted
+EVENT_BURST: Final = 25  # writes paced at this many at once, then EVENT_PER_MINUTE
 EVENT_PER_MINUTE: Final = 20
 EVENT_MAX_AGE_S: Final = 600.0  # an Event still unwritten after this long is stale news: dropped as failed
 EVENT_MESSAGE_CHARS: Final = MAX_TEXT_CHARS
@@ -137,8 +132,11 @@ class _Pending:
 class KubeEventRecorder:
     """core/v1 Events on pods, written by one background thread. `record` never blocks and never raises.
 
-    The bounds and the aggregation are in the module docstring. Results are counted through `count` (written,
-    patched, aggregated, dropped, failed).
+    An Event said again while queued is one Event whose count grows; each Event's name is fixed when it is
+    recorded, so a create retried after a timeout never writes it twice. Enforcement Events (`important`) take the
+    next write before any other, and a full queue drops its oldest other Event to make room for one. Messages are
+    shown to people by `kubectl describe`: their control and bidi characters are escaped (`text.printable`).
+    Results are counted through `count` (written, patched, aggregated, dropped, failed).
     """
 
     def __init__(
@@ -149,29 +147,28 @@ class KubeEventRecorder:
         max_queue: int = EVENT_QUEUE,
         bucket: TokenBucket | None = None,
         correlator: EventCorrelator | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         log: Log | None = None,
     ) -> None:
         """Nothing is written before `start()`: until then, what `record` queues stays queued."""
         self.sink = sink
         self.log = log if log is not None else structlog.get_logger("vramguard.events")
-        self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, now)
-        self.correlator = correlator if correlator is not None else EventCorrelator(now=now)
-        self.now = now
+        self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, clock)
+        self.correlator = correlator if correlator is not None else EventCorrelator(clock=clock)
+        self.clock = clock
         self.max_queue = max_queue
         self._count = count if count is not None else (lambda result: None)
         self._queue: OrderedDict[EventKey, _Pending] = OrderedDict()  # oldest first
         self._urgent: OrderedDict[EventKey, _Pending] = OrderedDict()  # important Events, oldest first; same bound
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._last_error: str | None = None
+        self._failures = FailureRun()  # writes failing: logged once per distinct error, not once per retry
         self._writing = False  # an Event taken off the queue is being written
         self._thread = threading.Thread(target=self._run, name="vramguard-events", daemon=True)
 
-    def start(self) -> KubeEventRecorder:
+    def start(self) -> None:
         """Start the writer thread."""
         self._thread.start()
-        return self
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
         # Cut, escape, and cut again: an escape is up to ten characters, so escaping can lengthen the message.
@@ -190,7 +187,7 @@ class KubeEventRecorder:
                 return
             stamp = _now()
             queue[key] = _Pending(
-                pod, reason, message, warning, important, _event_name(pod.name), 1, stamp, stamp, self.now()
+                pod, reason, message, warning, important, _event_name(pod.name), 1, stamp, stamp, self.clock.now()
             )
             self._cond.notify()
 
@@ -210,8 +207,9 @@ class KubeEventRecorder:
         with self._cond:
             return len(self._queue) + len(self._urgent) + self._writing
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """Stop the writer; Events still queued are dropped (counted). Returns within `timeout_s`."""
+    def stop(self, deadline: float) -> None:
+        """Stop the writer; Events still queued are dropped (counted). Waits for the one being written until
+        `deadline` at most: a request stuck there is abandoned (the thread is a daemon)."""
         self._stop.set()
         with self._cond:
             left = len(self._queue) + len(self._urgent)
@@ -220,15 +218,14 @@ class KubeEventRecorder:
             self._cond.notify_all()
         for _ in range(left):
             self._count("dropped")
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until the queue is empty (tests; a graceful stop). True when it emptied in time."""
-        deadline = time.monotonic() + timeout_s
-        while self.queued() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return not self.queued()
+        """Block until nothing is queued or being written, `timeout_s` at most (real time: it waits on the writer
+        thread); True when it emptied in time."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._queue or self._urgent or self._writing), timeout_s)
 
     # -- the writer thread -------------------------------------------------------------------------------------
 
@@ -251,11 +248,12 @@ class KubeEventRecorder:
             finally:
                 with self._cond:
                     self._writing = False
+                    self._cond.notify_all()  # `flush` may be waiting for the queue to empty
 
     def _deliver(self, key: EventKey, item: _Pending) -> None:
         backoff = Backoff(1.0, 10.0)  # short: Events owed during an outage should arrive soon after it
         while not self._stop.is_set():
-            if self.now() - item.queued_at > EVENT_MAX_AGE_S:
+            if self.clock.now() - item.queued_at > EVENT_MAX_AGE_S:
                 self._count("failed")
                 self.log.warning("event_expired", pod=item.pod.key, reason=item.reason, age_s=EVENT_MAX_AGE_S)
                 return
@@ -263,15 +261,14 @@ class KubeEventRecorder:
                 self._write(key, item)
             except Exception as e:
                 error = describe(e)
-                if error != self._last_error:  # once per distinct error, not once per retry
+                if self._failures.failed(error):
                     self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
-                    self._last_error = error
                 if not transient(e):
                     self._count("failed")
                     return
-                self._stop.wait(backoff.next())
+                self.clock.wait(self._stop, backoff.next())
                 continue
-            self._last_error = None
+            self._failures.ok()
             return
 
     def _write(self, key: EventKey, item: _Pending) -> None:

@@ -4,16 +4,20 @@ refused."""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.client import TIMEOUT_WRITE, describe, status_message
 from vramguard.model import PodInfo
 from vramguard.ports import EvictResult
+
+# Never set: a back-off of a few seconds on the enforcer's worker is waited out (stopping abandons that thread).
+_NEVER = threading.Event()
 
 
 class KubeEvictor:
@@ -29,12 +33,12 @@ class KubeEvictor:
         *,
         attempts: int = 3,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 4.0),
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.attempts = attempts
         self.backoff = backoff
-        self.sleep = sleep
+        self.clock = clock
 
     def evict(self, pod: PodInfo, message: str) -> EvictResult:
         body = client.V1Eviction(
@@ -51,7 +55,7 @@ class KubeEvictor:
                 if e.status == 429:
                     last = status_message(e)
                     if attempt + 1 < self.attempts:
-                        self.sleep(backoff.next())
+                        self.clock.wait(_NEVER, backoff.next())
                     continue
                 if e.status in (404, 409):  # gone already, or a new pod under the old name
                     return EvictResult(evicted=False, refused=False, gone=True, message=status_message(e))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 from kubernetes import client
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
 
 
@@ -26,7 +26,7 @@ class NodeSource:
         node_name: str,
         *,
         log: Log | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
@@ -39,7 +39,7 @@ class NodeSource:
             functools.partial(core.list_node, field_selector=f"metadata.name={node_name}"),
             self,
             log=self.log,
-            now=now,
+            clock=clock,
             count=count,
         )
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 from kubernetes import client
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
 from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
@@ -32,39 +32,37 @@ class KubePodSource:
         node_name: str,
         *,
         log: Log | None = None,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
         self.log = log if log is not None else structlog.get_logger("vramguard.pods")
+        self.clock = clock
         self._pods: Mapping[str, PodInfo] = {}
-        self.node = NodeSource(api, node_name, now=now, count=count)
+        self.node = NodeSource(api, node_name, clock=clock, count=count)
         core = client.CoreV1Api(api)
         self.reflector = Reflector(
             "pods",
             functools.partial(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}"),
             self,
             log=self.log,
-            now=now,
+            clock=clock,
             count=count,
             silence_s=SILENCE_S,  # the agent's liveness probe: /readyz says when the API server stops answering
         )
 
-    def start(self) -> KubePodSource:
+    def start(self) -> None:
         self.node.reflector.start()
         self.reflector.start()
-        return self
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        self.reflector.stop(timeout_s)
-        self.node.reflector.stop(max(0.0, deadline - time.monotonic()))
+    def stop(self, deadline: float) -> None:
+        self.reflector.stop(deadline)
+        self.node.reflector.stop(deadline)
 
     def wait_synced(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.synced() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.synced()
+        """Block until the Node and the pods were listed once, `timeout_s` at most; True when they were."""
+        deadline = self.clock.now() + timeout_s
+        return self.node.reflector.wait_listed(deadline) and self.reflector.wait_listed(deadline)
 
     # -- PodSource -----------------------------------------------------------------------------------------------
 

@@ -1,8 +1,7 @@
 """The reflector: one kind of object kept in memory by a LIST and then a WATCH, as client-go's reflector keeps it.
 
 Every object the agent reads from the API server (its pods, its Node, its ResourceSlices) comes through one
-`Reflector`, and in steady state each costs the server one WATCH renewal every 5 to 10 minutes and nothing else.
-What the agent costs a fleet's API server, request by request, is in the README ("At fleet scale").
+`Reflector`; what that costs the server is in the README ("At fleet scale").
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -19,7 +17,9 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
 from vramguard.backoff import Backoff
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.client import TIMEOUT_LIST, describe
+from vramguard.logs import FailureRun
 
 # A watch is renewed after a random 5 to 10 minutes, so a fleet's renewals never line up.
 WATCH_TIMEOUT_S: Final = (300, 600)
@@ -99,25 +99,24 @@ class Reflector:
         store: Store,
         *,
         log: Log,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         watch_timeout_s: tuple[int, int] = WATCH_TIMEOUT_S,
         silence_s: float | None = None,
         spread_s: float = SPREAD_S,
         retry_after: Callable[[Exception], float | None] = lambda e: None,
-        wait: Callable[[float], object] | None = None,
         count: RequestCounter = uncounted,
     ) -> None:
         """`silence_s`: renew the watch after this long without a byte from the server, and report the server
         unreachable when the renewal gets no answer (None: only after the watch's own timeout, a dead connection).
         `retry_after` may set the delay after an error instead of the back-off (the claim source waits long
-        on an API server that does not serve its group). `wait` sleeps between retries (tests record it); it
-        returns early when the reflector is stopped. `count` hears of each request (resource, verb), for metrics."""
+        on an API server that does not serve its group). The delays pass on `clock` (`Clock.wait`), cut short by
+        `stop`. `count` hears of each request (resource, verb), for metrics."""
         self.name = name
         self.list_call = list_call
         self.store = store
         self.log = log
-        self.now = now
+        self.clock = clock
         self.rng = rng
         self.watch_timeout_s = watch_timeout_s
         self.silence_s = silence_s
@@ -128,29 +127,38 @@ class Reflector:
         self.watches = 0
         self.listed = False  # a LIST succeeded: the cache was complete once
         self.connected = False  # the last request succeeded and no watch failed since
-        self.error: str | None = None  # the last failure, until the next success
         self.last_heard: float | None = None  # when the API server last answered
         self.resource_version: str | None = None  # where the watch resumes; None: LIST first
+        self._failures = FailureRun()  # the error of the failures since the last success
+        self._listed = threading.Event()  # set with `listed`: what `wait_listed` waits on
         self._connected_since: float | None = None
         self._unreachable_since: float | None = None  # the server has not answered since (no reply at all)
         self._renewing_since: float | None = None  # a silent watch's renewal, while in flight
         self._stop = threading.Event()
-        self._wait = wait if wait is not None else self._stop.wait
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"vramguard-{name}-reflector", daemon=True)
 
-    def start(self) -> Reflector:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """End the thread; returns within `timeout_s` even if a request is stuck (the thread is a daemon)."""
+    def stop(self, deadline: float) -> None:
+        """End the thread, waiting for it until `deadline` at most: a request stuck there is abandoned (the thread
+        is a daemon, and every request has its own timeout)."""
         self._stop.set()
         response = self._response
         if response is not None:
             response.shutdown()  # interrupts the read blocked in the thread; close() alone would wait for data
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
+
+    def wait_listed(self, deadline: float) -> bool:
+        """Block until the first LIST landed, or until `deadline` (on the clock's scale); True when it did."""
+        return self._listed.wait(max(0.0, deadline - self.clock.now()))
+
+    @property
+    def error(self) -> str | None:
+        """The last failure, until the next success."""
+        return self._failures.error
 
     def synced(self) -> bool:
         return self.listed and self.connected
@@ -160,12 +168,13 @@ class Reflector:
             return f"{self.name} not listed yet" + (f": {self.error}" if self.error else "")
         if not self.connected:
             if self._unreachable_since is not None:
-                down_s = self.now() - self._unreachable_since
+                down_s = self.clock.now() - self._unreachable_since
                 return f"API server unreachable for {down_s:.0f}s ({self.name} watch: {self.error})"
             return f"{self.name} watch failed: {self.error}"
         renewing, heard = self._renewing_since, self.last_heard
-        if renewing is not None and heard is not None and self.now() - renewing > RENEWAL_GRACE_S:
-            return f"API server unreachable: no answer on the {self.name} watch for {self.now() - heard:.0f}s"
+        now = self.clock.now()
+        if renewing is not None and heard is not None and now - renewing > RENEWAL_GRACE_S:
+            return f"API server unreachable: no answer on the {self.name} watch for {now - heard:.0f}s"
         return None
 
     # -- the loop ----------------------------------------------------------------------------------------------
@@ -180,7 +189,7 @@ class Reflector:
                 self._watch()
                 backoff.reset()
             except WatchSilent:
-                self._renewing_since = self.now()
+                self._renewing_since = self.clock.now()
             except WatchExpired:
                 self.log.info("watch_expired", watch=self.name, detail="410 Gone: relisting")
                 list_version, self.resource_version = self.resource_version or "", None
@@ -196,34 +205,36 @@ class Reflector:
                 elif delay is None:
                     delay = backoff.next()
                 self._failed(e, delay)
-                self._wait(delay)
+                self.clock.wait(self._stop, delay)
 
     def _working(self) -> bool:
         """Whether the watch that just broke had been working for a while (not failing again at once)."""
         since = self._connected_since
-        return self.connected and since is not None and self.now() - since >= WORKING_S
+        return self.connected and since is not None and self.clock.now() - since >= WORKING_S
 
     def _failed(self, e: Exception, delay: float) -> None:
         error = describe(e)
-        if self.connected or self.error is None:  # once per run of failures, not once per retry
+        # Once per run of failures, not once per retry, nor again when the error's text changes (a refused
+        # connection's names the connection object).
+        if not self._failures.failing:
             self.log.warning("watch_failed", watch=self.name, error=error, retry_in_s=round(delay, 1))
+        self._failures.failed(error)
         if isinstance(e, ApiException) and e.status:
             self._unreachable_since = None  # it answered, with an error
         elif self._unreachable_since is None:
-            self._unreachable_since = self._renewing_since or self.now()
+            self._unreachable_since = self._renewing_since or self.clock.now()
         self.connected = False
-        self.error = error
         self._renewing_since = None
 
     def _heard(self) -> None:
-        self.last_heard = self.now()
+        self.last_heard = self.clock.now()
         self._renewing_since = self._unreachable_since = None
         if not self.connected:
             self._connected_since = self.last_heard
-            if self.listed and self.error is not None:
-                self.log.info("watch_restored", watch=self.name, after=self.error)
+        after = self._failures.error
+        if self._failures.ok() and self.listed:
+            self.log.info("watch_restored", watch=self.name, after=after)
         self.connected = True
-        self.error = None
 
     def _list(self, resource_version: str) -> None:
         match = {"resource_version_match": "NotOlderThan"} if resource_version not in ("", "0") else {}
@@ -238,6 +249,7 @@ class Reflector:
         self.listed = True
         self._heard()
         self.resource_version = str(body["metadata"]["resourceVersion"])
+        self._listed.set()
 
     def _watch(self) -> None:
         """Watch from `resource_version` until the server ends the watch, advancing `resource_version`."""
@@ -260,12 +272,12 @@ class Reflector:
             if self._stop.is_set():
                 return
             self._heard()
-            opened = self.now()
+            opened = self.clock.now()
             for event in watch_events(resp):
                 if self._stop.is_set():
                     return
                 events += 1
-                self.last_heard = self.now()
+                self.last_heard = self.clock.now()
                 kind, obj, self.resource_version = watched_object(event, self.resource_version or "")
                 if kind != "BOOKMARK":
                     self.store.apply(kind, obj)
@@ -274,7 +286,7 @@ class Reflector:
         finally:
             self._response = None
             resp.release_conn()
-        if not events and self.now() - opened < SHORT_WATCH_S:
+        if not events and self.clock.now() - opened < SHORT_WATCH_S:
             raise ShortWatch(f"the server ended the {self.name} watch at once, with no event")
 
 
