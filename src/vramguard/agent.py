@@ -21,7 +21,6 @@ from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.decide import Decision, DecisionState, decide, record_kills
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import (
-    LimitKey,
     LimitOutcome,
     LimitTarget,
     UsageDisagreement,
@@ -40,6 +39,7 @@ from vramguard.model import (
     PodQuota,
     Policy,
     Snapshot,
+    SubjectKey,
     Violation,
 )
 from vramguard.ports import CapacityPublisher, ClaimSource, GpuSampler, PodSource, ProcessIdentifier
@@ -102,7 +102,7 @@ class Agent:
         self.state = DecisionState()
         self.last_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
-        self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
+        self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
         self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
         self._limits_memo: (
             tuple[tuple[object, ...], tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None

@@ -42,11 +42,9 @@ from vramguard.model import (
     Quota,
     Reason,
     Snapshot,
+    SubjectKey,
     Violation,
 )
-
-# (pod UID, container name or None for a pod-wide quota, device UUID)
-SubjectKey = tuple[str, str | None, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +153,6 @@ def _judge(snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, conta
     )
 
 
-def _key(v: Violation) -> SubjectKey:
-    return (v.pod.uid, v.container, v.device.uuid)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Step 2: episodes (first observed, hard since, warned)
 
@@ -169,12 +163,12 @@ def track_episodes(
     """Carry each ongoing episode forward; start new ones; drop the ones whose subject is back under its limit."""
     episodes: dict[SubjectKey, Episode] = {}
     for v in violations:
-        prev = previous.get(_key(v))
+        prev = previous.get(v.key)
         if prev is None:
-            episodes[_key(v)] = Episode(first_observed_at=now, hard_since=now if v.hard else None)
+            episodes[v.key] = Episode(first_observed_at=now, hard_since=now if v.hard else None)
         else:
             hard_since = (prev.hard_since if prev.hard_since is not None else now) if v.hard else None
-            episodes[_key(v)] = replace(prev, hard_since=hard_since)
+            episodes[v.key] = replace(prev, hard_since=hard_since)
     return episodes
 
 
@@ -362,25 +356,25 @@ def decide(
     actions: list[Action] = []
     # 3.
     for v in violations:
-        ep = episodes[_key(v)]
+        ep = episodes[v.key]
         if ep.warned or v.pod.uid == snapshot.agent_pod_uid:
             continue
         actions.append(Action(kind=Mode.WARN, reason=Reason.OVER_QUOTA, violation=v))
-        episodes[_key(v)] = replace(ep, warned=True)
+        episodes[v.key] = replace(ep, warned=True)
 
     # 4.
     kills = {cid: t for cid, t in state.kills.items() if now - t < policy.cooldown_s}
-    repeats = {_key(v): e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
+    repeats = {v.key: e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
     due: dict[SubjectKey, tuple[Violation, Reason]] = {}
     for v in violations:
-        reason = due_reason(v, episodes[_key(v)], policy, now, repeat=_key(v) in repeats)
+        reason = due_reason(v, episodes[v.key], policy, now, repeat=v.key in repeats)
         if reason is not None:
-            due[_key(v)] = (v, reason)
+            due[v.key] = (v, reason)
     pressured_devices = tuple(d.uuid for d in snapshot.devices if d.uuid in pressure)
     for uuid in pressured_devices:
         on_device = rank(v for v in violations if v.device.uuid == uuid)
         if on_device and not any(v.device.uuid == uuid for v, _ in due.values()):
-            due[_key(on_device[0])] = (on_device[0], Reason.GPU_PRESSURE)
+            due[on_device[0].key] = (on_device[0], Reason.GPU_PRESSURE)
 
     # 5.
     held: list[Held] = []
@@ -388,9 +382,9 @@ def decide(
     acted_pods: set[str] = set()
     taken = 0
     ranked = rank(v for v, _ in due.values())
-    for v, reason in ((v, due[_key(v)][1]) for v in ranked):
+    for v, reason in ((v, due[v.key][1]) for v in ranked):
         why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
-        escalation = repeats.get(_key(v))
+        escalation = repeats.get(v.key)
         why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now, repeat=escalation is not None)
         if why is None and taken >= policy.max_actions_per_scan:
             why = f"max_actions_per_scan={policy.max_actions_per_scan} reached"

@@ -19,15 +19,15 @@ import structlog
 from vramguard.backoff import Backoff
 from vramguard.cgroup import leaf_container_id, locate_cgroups, v2_root
 from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.limits import LimitKey, LimitOutcome, LimitTarget
-from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice
+from vramguard.limits import LimitOutcome, LimitTarget
+from vramguard.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
 from vramguard.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
 from vramguard.worker import Runner, Worker
 
 
 def read_held_limits(
     memory: MemoryLimiter, cgroup_root: str, containers: Iterable[ContainerUsage], devices: Iterable[GpuDevice]
-) -> dict[LimitKey, int]:
+) -> dict[SubjectKey, int]:
     """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key: what
     `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop."""
     root = v2_root(cgroup_root)
@@ -36,14 +36,14 @@ def read_held_limits(
         return {}
     index = {d.uuid: d.index for d in devices if d.mig_index is None}
     located = locate_cgroups(root, {u.pod.uid for u in rows})
-    held: dict[LimitKey, int] = {}
+    held: dict[SubjectKey, int] = {}
     for u in rows:
         gpu = index.get(u.device_uuid)
         if gpu is None:
             continue
         for name, container_id in ((u.container, u.container_id), (None, None)):
             path = located.get((u.pod.uid, container_id))
-            if path is None or (u.pod.uid, name, u.device_uuid) in held:
+            if path is None or SubjectKey(u.pod.uid, name, u.device_uuid) in held:
                 continue
             try:
                 found = memory.get(gpu, path)
@@ -54,7 +54,7 @@ def read_held_limits(
             except LimitFailed:
                 continue
             if found is not None and found.hard_bytes != LIMIT_MAX:
-                held[(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
+                held[SubjectKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
     return held
 
 
@@ -101,8 +101,8 @@ class DriverLimiter:
         self.log = log if log is not None else structlog.get_logger("vramguard.limits")
         self._lock = threading.Lock()
         self._outcomes: list[LimitOutcome] = []
-        self._held: dict[LimitKey, LimitTarget] = {}
-        self._usage: dict[LimitKey, int] = {}
+        self._held: dict[SubjectKey, LimitTarget] = {}
+        self._usage: dict[SubjectKey, int] = {}
         # Each task handed to the worker gets a ticket; usage counts as fresh only when read by the latest one.
         self._ticket = 0
         self._usage_ticket = -1
@@ -122,7 +122,7 @@ class DriverLimiter:
         self._failing: dict[tuple[str, int], _Failing] = {}
         self._latest: dict[str, tuple[LimitTarget, ...]] = {}
         self._parked: dict[str, tuple[CgroupIdentity, float]] = {}
-        self._read: dict[LimitKey, int] = {}  # the usage the current reconcile read back
+        self._read: dict[SubjectKey, int] = {}  # the usage the current reconcile read back
         self._probed = False
         # Written by the worker, read by the loop: when to look for cgroups that were not there yet.
         self._relocate_at = math.inf
@@ -160,12 +160,12 @@ class DriverLimiter:
             outcomes, self._outcomes = self._outcomes, []
         return outcomes
 
-    def held(self) -> Mapping[LimitKey, LimitTarget]:
+    def held(self) -> Mapping[SubjectKey, LimitTarget]:
         """The limits the driver holds, as of the last reconcile."""
         with self._lock:
             return dict(self._held)
 
-    def fresh_usage(self) -> Mapping[LimitKey, int]:
+    def fresh_usage(self) -> Mapping[SubjectKey, int]:
         """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (by
         the task it handed over); empty when that task has not finished, so a scan never takes an old figure."""
         with self._lock:
@@ -429,7 +429,7 @@ class DriverLimiter:
             for (path, _), f in list(self._failing.items()):
                 if now >= f.due_at:
                     self._try(path, f.target, now, outcomes, provisional=f.provisional)
-            usage: dict[LimitKey, int] = {}
+            usage: dict[SubjectKey, int] = {}
             for (path, gpu), t in list(self._programmed.items()):
                 if t.pending or t.container is None:
                     continue  # a pod's own cgroup: its containers' rows carry the usage
@@ -444,7 +444,7 @@ class DriverLimiter:
             return
         self._publish(outcomes, (ticket, usage))
 
-    def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[LimitKey, int]] | None = None) -> None:
+    def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[SubjectKey, int]] | None = None) -> None:
         with self._lock:
             self._outcomes += outcomes
             self._held = {t.key: t for t in self._programmed.values()}

@@ -32,11 +32,9 @@ from vramguard.model import (
     PodQuota,
     Policy,
     Snapshot,
+    SubjectKey,
 )
 from vramguard.text import format_bytes
-
-LimitKey = tuple[str, str | None, str]
-"""(pod UID, container name or None for the pod's own cgroup, GPU UUID): one limit's identity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +52,8 @@ class LimitTarget:
     source: str  # the quota's source, for messages
 
     @property
-    def key(self) -> LimitKey:
-        return (self.pod.uid, self.container, self.gpu_uuid)
+    def key(self) -> SubjectKey:
+        return SubjectKey(self.pod.uid, self.container, self.gpu_uuid)
 
     @property
     def pending(self) -> bool:
@@ -162,7 +160,7 @@ class UsageDisagreement:
 
 
 def with_driver_usage(
-    snapshot: Snapshot, held: Mapping[LimitKey, LimitTarget], usage: Mapping[LimitKey, int]
+    snapshot: Snapshot, held: Mapping[SubjectKey, LimitTarget], usage: Mapping[SubjectKey, int]
 ) -> tuple[Snapshot, tuple[UsageDisagreement, ...]]:
     """The snapshot with each limited container's usage as the driver counts it for its cgroup (every context,
     which per-process rows can miss), and where the two disagree. `usage` must be fresh (read since the last
@@ -171,7 +169,7 @@ def with_driver_usage(
     if not usage:
         return snapshot, ()
     rows = list(snapshot.containers)
-    index: dict[LimitKey, int] = {(u.pod.uid, u.container, u.device_uuid): i for i, u in enumerate(rows)}
+    index = {SubjectKey(u.pod.uid, u.container, u.device_uuid): i for i, u in enumerate(rows)}
     disagreements = []
     for key, driver_bytes in usage.items():
         target = held.get(key)

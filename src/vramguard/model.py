@@ -436,6 +436,15 @@ class Snapshot:
 # What the decision core outputs
 
 
+class SubjectKey(NamedTuple):
+    """Whose memory on which device: a container, or a pod as a whole, on one GPU (or MIG instance). The key of a
+    violation's episode, of a driver limit and of the usage the driver counts for it."""
+
+    pod_uid: str
+    container: str | None  # the container's name; None for the pod as a whole (a pod-wide quota, its own cgroup)
+    gpu_uuid: str
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     """A subject (a container, or a whole pod with a pod-wide quota) above its limit on one device."""
@@ -461,6 +470,10 @@ class Violation:
     @property
     def subject(self) -> str:
         return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
+
+    @property
+    def key(self) -> SubjectKey:
+        return SubjectKey(self.pod.uid, self.container, self.device.uuid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import psutil
 
 from vramguard.agent import ScanReport
-from vramguard.limits import LimitKey
+from vramguard.model import SubjectKey, Violation
 from vramguard.procfs import is_gone_error
 from vramguard.text import cut, format_bytes, printable
 
@@ -99,14 +99,14 @@ class TopRow:
 def rows_from_report(
     report: ScanReport,
     describe: Callable[[int], ProcessDetail] = describe_process,
-    driver_limits: Mapping[LimitKey, int] | None = None,
+    driver_limits: Mapping[SubjectKey, int] | None = None,
 ) -> list[TopRow]:
     """The rows of one scan; `driver_limits` (`limiter.read_held_limits`) says which quotas the driver holds."""
     snap, quotas = report.snapshot, report.quotas
     held = driver_limits or {}
     # A container's violation: its own, its pod's (pod-wide quota), or its share's (containers holding one DRA
     # share are one subject).
-    violated = {(v.pod.uid, v.container, v.device.uuid): v for v in report.decision.violations}
+    violated: dict[tuple[str, str | None, str], Violation] = {v.key: v for v in report.decision.violations}
     violated |= {(v.pod.uid, cid, v.device.uuid): v for v in report.decision.violations for cid in v.container_ids}
     rows: list[TopRow] = []
     for u in snap.containers:
@@ -125,8 +125,8 @@ def rows_from_report(
             state = "ok"
         else:
             state = "over-hard" if v.hard else "over-soft"
-        key = (u.pod.uid, u.container if own is not None else None, u.device_uuid)
-        pod_key = (u.pod.uid, None, u.device_uuid)
+        key = SubjectKey(u.pod.uid, u.container if own is not None else None, u.device_uuid)
+        pod_key = SubjectKey(u.pod.uid, None, u.device_uuid)
         held_by = "-" if quota is None else "driver" if key in held else "driver:pod" if pod_key in held else "agent"
         rows.append(
             TopRow(

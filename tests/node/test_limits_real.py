@@ -13,7 +13,7 @@ from cgroup_fixtures import CgroupsFactory
 from vramguard.cgroup import locate_cgroups, v2_root
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import LimitTarget, wanted_limits
-from vramguard.model import GiB, Mode, PodInfo, Policy
+from vramguard.model import GiB, Mode, PodInfo, Policy, SubjectKey
 from vramguard.ports import LIMIT_MAX
 from vramguard.quota import QuotaBook
 from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
@@ -332,7 +332,7 @@ def test_locate_finds_containers_and_pods_by_uid(node: Node) -> None:
 def test_usage_counts_only_when_read_since_the_last_update(node: Node) -> None:
     targets = node.targets(node.trainer)
     node.update(targets, now=0)
-    key = (node.trainer.uid, "main", node.devices[0].uuid)
+    key = SubjectKey(node.trainer.uid, "main", node.devices[0].uuid)
     node.driver.used[(0, node.trainer_ctr.dirs[0])] = 3 * GiB
     assert key not in node.limiter.fresh_usage()  # just set: nothing read back yet
     node.update(targets, now=1)  # a usage refresh

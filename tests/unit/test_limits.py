@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard.limits import LimitKey, limits_enabled, wanted_limits, with_driver_usage
-from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy
+from vramguard.limits import limits_enabled, wanted_limits, with_driver_usage
+from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
 from vramguard.quota import QuotaBook
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
@@ -100,10 +100,10 @@ def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> 
     by_uid = {p.uid: p for p in (TRAINER, other, quiet)}
     quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
     held = {t.key: t for t in wanted_limits(by_uid, quotas, [gpu0], KILL)}
-    usage: dict[LimitKey, int] = {
-        (TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
-        (other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
-        (quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
+    usage: dict[SubjectKey, int] = {
+        SubjectKey(TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
+        SubjectKey(other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
+        SubjectKey(quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
     }
     merged, disagreements = with_driver_usage(snapshot, held, usage)
     used = {(u.pod.name, u.container): (u.used_bytes, len(u.processes)) for u in merged.containers}
