@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
@@ -13,6 +12,8 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 
 from vramguard import __version__
+from vramguard.clock import SYSTEM_CLOCK
+from vramguard.lifecycle import Services
 from vramguard.limiter import read_held_limits
 from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
@@ -22,7 +23,17 @@ from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
 from vramguard.text import printable
 from vramguard.top import render_json, render_table, rows_from_report, use_proc_root
-from vramguard.wiring import RunConfig, WiringError, build_agent, connect, policy_for, serve, stop_on_signals
+from vramguard.wiring import (
+    SHUTDOWN_BUDGET_S,
+    Closing,
+    RunConfig,
+    WiringError,
+    build_agent,
+    connect,
+    policy_for,
+    serve,
+    stop_on_signals,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
@@ -173,37 +184,41 @@ def top(
     policy = _or_exit(lambda: policy_for(policy_path, None, None))
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
-    if not cluster.pods.wait_synced(timeout_s=15):
-        _fail(f"could not read this node's pods within 15s: {cluster.pods.problem()}", 1)
-    if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
-        _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
+    services = Services()
     try:
-        sampler = NvmlSampler(proc_root=proc_root)
-    except NvmlUnavailable as e:
-        _fail(str(e), 1)
-    agent = build_agent(
-        sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
-    )
-    memory = NvmlMemoryLimiter()
-    try:
-        while True:
-            report = agent.scan()
-            held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
-            rows = rows_from_report(report, driver_limits=held)
-            if as_json:
-                typer.echo(render_json(rows))
-            else:
-                if not once and sys.stdout.isatty():
-                    typer.echo("\x1b[H\x1b[2J", nl=False)
-                typer.echo(render_table(rows))
-            if once:
-                return
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+        cluster.start(services)
+        if not cluster.pods.wait_synced(timeout_s=15):
+            _fail(f"could not read this node's pods within 15s: {cluster.pods.problem()}", 1)
+        if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
+            _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
+        try:
+            sampler = NvmlSampler(proc_root=proc_root)
+        except NvmlUnavailable as e:
+            _fail(str(e), 1)
+        services.start("nvml", Closing(sampler))
+        agent = build_agent(
+            sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
+        )
+        memory = NvmlMemoryLimiter()
+        with stop_on_signals() as stop:
+            try:
+                while not stop.is_set():
+                    report = agent.scan()
+                    held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
+                    rows = rows_from_report(report, driver_limits=held)
+                    if as_json:
+                        typer.echo(render_json(rows))
+                    else:
+                        if not once and sys.stdout.isatty():
+                            typer.echo("\x1b[H\x1b[2J", nl=False)
+                        typer.echo(render_table(rows))
+                    if once:
+                        return
+                    SYSTEM_CLOCK.wait(stop, interval)
+            finally:
+                memory.close()
     finally:
-        memory.close()
-        sampler.close()
+        services.stop(SHUTDOWN_BUDGET_S)
 
 
 @policy_app.command("check")

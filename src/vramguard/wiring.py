@@ -1,7 +1,9 @@
 """The composition root: which real part goes behind each seam, and the agent's life from start to stop.
 
 `cli.py` turns flags into a `RunConfig`; everything here builds parts from it and never touches a terminal. A
-configuration the agent cannot run with raises `WiringError` with a message for the user.
+configuration the agent cannot run with raises `WiringError` with a message for the user. Every background part
+is built idle, started here in dependency order into one `lifecycle.Services` group, and stopped in reverse
+within `SHUTDOWN_BUDGET_S`; one `Clock` is handed to every part that reads time.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import os
 import resource
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -23,7 +24,9 @@ from vramguard import __version__
 from vramguard.act import Enforcer
 from vramguard.agent import Agent
 from vramguard.backoff import Backoff
-from vramguard.cgroupwatch import CgroupWatcher
+from vramguard.cgroup import v2_root
+from vramguard.cgroupwatch import CgroupWatcher, InotifyUnavailable
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.freezes import FreezeJournal
 from vramguard.health import HealthServer
 from vramguard.identify import ProcIdentifier
@@ -34,8 +37,10 @@ from vramguard.kube.client import load_api_client
 from vramguard.kube.events import KubeEventRecorder, KubeEventSink
 from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
-from vramguard.limiter import DriverLimiter, v2_root
+from vramguard.lifecycle import Service, Services
+from vramguard.limiter import DriverLimiter
 from vramguard.limits import limits_enabled
+from vramguard.logs import FailureRun
 from vramguard.metrics import Metrics
 from vramguard.model import DriverLimits, Mode, PodInfo, Policy
 from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
@@ -43,6 +48,12 @@ from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, load_policy
 from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
 from vramguard.quota import reads_claims
+
+# What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
+# kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
+# ends it within 2 s) because the node is unguarded from the stop until its successor scans. A part still busy at
+# the deadline (a request to a frozen API server) is abandoned: its thread is a daemon.
+SHUTDOWN_BUDGET_S = 1.5
 
 
 class WiringError(Exception):
@@ -68,22 +79,20 @@ class NoApiEvictor:
 
 @dataclass
 class Cluster:
-    """Where pods come from and where Events and evictions go: the API server, or a pods file and the log."""
+    """Where pods come from and where Events and evictions go: the API server, or a pods file and the log.
+    `parts` are its background parts, built idle, in the order they start (`start`)."""
 
     pods: FilePodSource | KubePodSource
     events: EventRecorder
     evictor: Evictor
     api: ApiClient | None = None
     claims: KubeClaimSource | FilePodSource | None = None  # with a `claim:` quota source
+    parts: tuple[tuple[str, Service], ...] = ()
 
-    def close(self, timeout_s: float) -> None:
-        """Stop the background threads, within `timeout_s` in all (a stuck request is abandoned, not awaited)."""
-        deadline = time.monotonic() + timeout_s
-        if isinstance(self.claims, KubeClaimSource):
-            self.claims.stop(max(0.05, (deadline - time.monotonic()) / 3))
-        self.pods.stop(max(0.05, deadline - time.monotonic()))
-        if isinstance(self.events, KubeEventRecorder):
-            self.events.stop(max(0.05, deadline - time.monotonic()))
+    def start(self, services: Services) -> None:
+        """Start the background parts in `services`, which stops them in reverse."""
+        for name, part in self.parts:
+            services.start(name, part)
 
 
 def policy_for(
@@ -110,14 +119,18 @@ def connect(
     node_name: str | None,
     metrics: Metrics,
     policy: Policy | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Cluster:
     """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
-    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims)."""
+    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
+    started: `Cluster.start`."""
     claim_sources = policy is not None and reads_claims(policy.quota_sources)
     if pods_file is not None:
-        from_file = FilePodSource(str(pods_file), node_name=node_name).start()
+        from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock)
         # The file's ResourceClaims and ResourceSlices, read with its pods.
-        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=from_file if claim_sources else None)
+        file_claims = from_file if claim_sources else None
+        parts: tuple[tuple[str, Service], ...] = (("pods-file", from_file),)
+        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts)
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
@@ -126,15 +139,19 @@ def connect(
         where = kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
     events = KubeEventRecorder(
-        KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc()
-    ).start()
+        KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc(), clock=clock
+    )
 
     def count(resource: str, verb: str) -> None:
         metrics.api_requests.labels(resource=resource, verb=verb).inc()
 
-    pods = KubePodSource(api, node_name, count=count).start()
-    claims = KubeClaimSource(api, node_name, pods, count=count).start() if claim_sources else None
-    return Cluster(pods, events, KubeEvictor(api), api, claims)
+    pods = KubePodSource(api, node_name, count=count, clock=clock)
+    kube_parts: list[tuple[str, Service]] = [("events", events), ("pods", pods)]
+    claims = None
+    if claim_sources:
+        claims = KubeClaimSource(api, node_name, pods, count=count, clock=clock)
+        kube_parts.append(("claims", claims))  # after the pods: it reads the claims the pods name
+    return Cluster(pods, events, KubeEvictor(api), api, claims, tuple(kube_parts))
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -174,8 +191,10 @@ def build_agent(
     capacity: KubeCapacityPublisher | None = None,
     limiter: DriverLimiter | None = None,
     journal: FreezeJournal | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Agent:
-    """The loop with its real parts. Dry-run is the Enforcer's business alone (its Events go to the log)."""
+    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
+    the Enforcer's business alone (its Events go to the log)."""
     killer = PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal)
     enforcer = Enforcer(
         killer=killer,
@@ -183,6 +202,7 @@ def build_agent(
         events=cluster.events,
         policy=policy,
         dry_run=dry_run,
+        clock=clock,
     )
     agent = Agent(
         sampler=sampler,
@@ -194,32 +214,34 @@ def build_agent(
         capacity=capacity,  # None in dry-run: capacity_publisher makes none
         limiter=limiter,  # None in dry-run: driver_limiter makes none
         claims=cluster.claims,
+        clock=clock,
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
-        limiter.clock = agent.clock.now  # the scan's clock: a limit set after the targets were computed is newer
     return agent
 
 
-def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str) -> CgroupWatcher | None:
-    """Limits at cgroup creation: the kubelet's cgroup v2 tree watched with inotify, each new pod and container
-    cgroup handed to the limiter. None where there is nothing to program or no way to watch (then the limiter
-    programs each container once the pod's status names it)."""
+def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Services, clock: Clock) -> None:
+    """Limits at cgroup creation: the kubelet's cgroup v2 tree watched with inotify (started in `services`), each
+    new pod and container cgroup handed to the limiter. Nothing where there is nothing to program or no way to
+    watch (then the limiter programs each container once the pod's status names it)."""
     root = v2_root(cgroup_root)
     if limiter is None or root is None:
-        return None
-    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked)
-    problem = watcher.start()
+        return
+    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock)
     log = structlog.get_logger("vramguard")
-    if problem is not None:
-        log.warning("cgroup_watch_unavailable", reason=problem, fallback="reconcile")
-        return None
+    try:
+        services.start("cgroup-watch", watcher)
+    except InotifyUnavailable as e:
+        log.warning("cgroup_watch_unavailable", reason=str(e), fallback="reconcile")
+        return
     limiter.watching = True
     log.info("cgroup_watch", root=root)
-    return watcher
 
 
-def driver_limiter(policy: Policy, dry_run: bool, cgroup_root: str) -> DriverLimiter | None:
+def driver_limiter(
+    policy: Policy, dry_run: bool, cgroup_root: str, clock: Clock = SYSTEM_CLOCK
+) -> DriverLimiter | None:
     """The driver-limits programmer, where the policy enforces anywhere (evict or kill) and allows them; None in
     --dry-run, with `driver_limits: off`, or with a warn-only policy. Call once NVML is up."""
     enforcing = policy.mode is not Mode.WARN or any(
@@ -227,46 +249,68 @@ def driver_limiter(policy: Policy, dry_run: bool, cgroup_root: str) -> DriverLim
     )
     if not enforcing or not limits_enabled(policy, dry_run):
         return None
-    return DriverLimiter(NvmlMemoryLimiter(), cgroup_root)
+    return DriverLimiter(NvmlMemoryLimiter(), cgroup_root, clock=clock)
 
 
 def capacity_publisher(
-    cluster: Cluster, node_name: str | None, reserve_bytes: int, advertise: bool, dry_run: bool
+    cluster: Cluster, node_name: str | None, reserve_bytes: int, advertise: bool, dry_run: bool, clock: Clock
 ) -> KubeCapacityPublisher | None:
-    """The publisher; it withdraws what an earlier run may have advertised when not advertising (in the
-    background, like every publish: a failure is logged, never raised, never waited for)."""
+    """The publisher, not started; it withdraws what an earlier run may have advertised when not advertising
+    (once started, in the background like every publish: a failure is logged, never raised, never waited for)."""
     if cluster.api is None or node_name is None or dry_run:
         return None
-    publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes)
+    publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes, clock=clock)
     if not advertise:
         publisher.withdraw()
     return publisher
 
 
 def open_sampler(
-    proc_root: str, stop: threading.Event, unavailable: Callable[[str | None], None]
+    proc_root: str, stop: threading.Event, clock: Clock, problem: Callable[[str | None], None]
 ) -> NvmlSampler | None:
     """NVML, once it loads: it may come up after the agent (a driver container still installing), so retry with
-    back-off until `stop`. `unavailable` hears why it failed, and None once it is up."""
+    back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears once
+    per run of the same failure."""
+    log = structlog.get_logger("vramguard")
     backoff = Backoff(1.0, 60.0)
+    failures = FailureRun()
     while not stop.is_set():
         try:
             sampler = NvmlSampler(proc_root=proc_root)
         except NvmlUnavailable as e:
-            unavailable(str(e))
-            stop.wait(backoff.next())
+            if failures.failed(str(e)):
+                log.error("nvml_unavailable", error=str(e))
+            problem(str(e))
+            clock.wait(stop, backoff.next())
             continue
-        unavailable(None)
+        problem(None)
         return sampler
     return None
+
+
+class Closing:
+    """A resource in a `Services` group: nothing to start, closed when the group stops. The NVML sampler is one:
+    a handle on the driver, not a background part (its deadline thread runs only the calls a scan waits for)."""
+
+    def __init__(self, resource: NvmlSampler) -> None:
+        self.resource = resource
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, deadline: float) -> None:
+        self.resource.close()
 
 
 class Probes:
     """/healthz: the loop is scanning. /readyz: NVML is up, the pod list is current and a scan completed."""
 
-    def __init__(self, pods: PodSource, poll_interval_s: float, require_limits: bool = False) -> None:
+    def __init__(
+        self, pods: PodSource, poll_interval_s: float, *, clock: Clock = SYSTEM_CLOCK, require_limits: bool = False
+    ) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
+        self.clock = clock  # the agent's: `last_scan_at` is on its scale
         self.require_limits = require_limits  # driver_limits: require
         self.agent: Agent | None = None
         self.nvml_problem: str | None = "NVML not initialised yet"
@@ -274,7 +318,7 @@ class Probes:
     def healthz(self) -> tuple[bool, str]:
         if self.agent is None or self.agent.last_scan_at is None:
             return True, "starting"
-        age = time.monotonic() - self.agent.last_scan_at
+        age = self.clock.now() - self.agent.last_scan_at
         return age < max(30.0, 10 * self.poll_interval_s), f"last scan {age:.1f}s ago"
 
     def readyz(self) -> tuple[bool, str]:
@@ -282,6 +326,10 @@ class Probes:
         if not problems and (self.agent is None or self.agent.last_scan_at is None):
             problems.append("no scan completed yet")
         return (not problems), "; ".join(problems) or "ready"
+
+    def nvml(self, problem: str | None) -> None:
+        """Why NVML is not up (`open_sampler`), or None once it is."""
+        self.nvml_problem = problem
 
     def limits_problem(self) -> str | None:
         """With `driver_limits: require`, why the driver cannot hold this node's quotas, or None."""
@@ -349,42 +397,57 @@ def freeze_journal(state_dir: str) -> FreezeJournal | None:
     return journal
 
 
-def serve(config: RunConfig, stop: threading.Event) -> None:
-    """Run the agent until `stop`: connect, serve the probes and metrics, wait for NVML, scan, shut down."""
+def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Run the agent until `stop`: start the cluster's parts and the probes and metrics, wait for NVML, start the
+    enforcement parts, scan; then stop everything in reverse within `SHUTDOWN_BUDGET_S`."""
     log = structlog.get_logger("vramguard")
     if config.advertise_capacity and config.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
     journal = None if config.dry_run else freeze_journal(config.state_dir)
     metrics = Metrics()
-    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy)
+    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy, clock)
     capacity = capacity_publisher(
-        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run
+        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
     )
     probes = Probes(
-        cluster.pods, config.poll_interval_s, require_limits=config.policy.driver_limits is DriverLimits.REQUIRE
+        cluster.pods,
+        config.poll_interval_s,
+        clock=clock,
+        require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
     )
     server = HealthServer(
-        config.metrics_port, metrics.registry, probes.healthz, probes.readyz, host=config.metrics_bind_address
+        config.metrics_port,
+        metrics.registry,
+        probes.healthz,
+        probes.readyz,
+        host=config.metrics_bind_address,
+        clock=clock,
     )
-    log.info(
-        "starting",
-        version=__version__,
-        node=config.node_name,
-        mode=config.policy.mode.value,
-        dry_run=config.dry_run,
-        address=f"{config.metrics_bind_address or '*'}:{server.port}",
-        open_file_limit=open_files[1],
-    )
-
-    def nvml_unavailable(problem: str | None) -> None:
-        if problem is not None and problem != probes.nvml_problem:
-            log.error("nvml_unavailable", error=problem)
-        probes.nvml_problem = problem
-
-    sampler = open_sampler(config.proc_root, stop, nvml_unavailable)
-    if sampler is not None:
-        probes.agent = build_agent(
+    services = Services(clock)
+    try:
+        cluster.start(services)
+        if capacity is not None:
+            services.start("capacity", capacity)
+        try:
+            services.start("http", server)
+        except OSError as e:
+            where = f"{config.metrics_bind_address or '*'}:{config.metrics_port}"
+            raise WiringError(f"cannot serve metrics and probes on {where}: {e.strerror or e}") from None
+        log.info(
+            "starting",
+            version=__version__,
+            node=config.node_name,
+            mode=config.policy.mode.value,
+            dry_run=config.dry_run,
+            address=f"{config.metrics_bind_address or '*'}:{server.port}",
+            open_file_limit=open_files[1],
+        )
+        sampler = open_sampler(config.proc_root, stop, clock, probes.nvml)
+        if sampler is None:
+            return
+        services.start("nvml", Closing(sampler))
+        agent = build_agent(
             sampler=sampler,
             cluster=cluster,
             policy=config.policy,
@@ -394,23 +457,16 @@ def serve(config: RunConfig, stop: threading.Event) -> None:
             cgroup_root=config.cgroup_root,
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
-            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root),
+            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, clock),
             journal=journal,
+            clock=clock,
         )
-        watcher = watch_cgroups(probes.agent.limiter, config.cgroup_root)
-        probes.agent.run(config.poll_interval_s, stop)
-        if watcher is not None:
-            watcher.stop(0.1)
-    # Shutting down never waits on the API server: every background thread gets a fraction of a second, and
-    # one stuck in a request is abandoned (they are daemons). SIGTERM ends the agent within 2 s.
-    if probes.agent is not None:
-        probes.agent.enforcer.close(0.3)
-        if probes.agent.limiter is not None:
-            probes.agent.limiter.close(0.2)
-    if capacity is not None:
-        capacity.stop(0.2)
-    cluster.close(0.6)
-    if sampler is not None:
-        sampler.close()
-    server.close()
-    log.info("stopped")
+        services.start("evictions", agent.enforcer)
+        if agent.limiter is not None:
+            services.start("driver-limits", agent.limiter)
+            watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+        probes.agent = agent
+        agent.run(config.poll_interval_s, stop)
+    finally:
+        services.stop(SHUTDOWN_BUDGET_S)
+        log.info("stopped")
