@@ -24,7 +24,8 @@ from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
 from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
 from vramguard.quota import resolve_pod_quota
-from vramguard_testbed.simnode import SimProcess, wait_for
+from vramguard_testbed.simnode import SimProcess
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import ControlPlane, kubeconfig_api_client, serves_dra
 from .kube_fixtures import MERGE, POLL_S, ApiPod, KubeNode, metric, wait_scans
@@ -158,7 +159,8 @@ QUOTA_FORMS: list[tuple[str, dict[str, str], dict[str, str], int]] = [
 def test_pod_cache_sees_every_quota_form(node: KubeNode, namespace: str) -> None:
     """Pods created with each supported quota form are listed and watched, and resolve to the right bytes."""
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
-        source = KubePodSource(agent_api, node.name).start()
+        source = KubePodSource(agent_api, node.name)
+        source.start()
         try:
             assert source.wait_synced(15)
             assert source.node_labels()["nvidia.com/gpu.replicas"] == "4"
@@ -172,7 +174,7 @@ def test_pod_cache_sees_every_quota_form(node: KubeNode, namespace: str) -> None
                 pods = source.pods()
                 return all(uid in pods and pods[uid].containers[0].container_id for uid in expected)
 
-            assert wait_for(arrived, timeout_s=10)
+            wait_until(arrived, 10, "every pod and its container ID through the watch")
             for uid, (form, quota_bytes) in expected.items():
                 info = source.pods()[uid]
                 assert info.containers[0].container_id, f"{form}: the container ID comes from the pod's status"
@@ -181,21 +183,22 @@ def test_pod_cache_sees_every_quota_form(node: KubeNode, namespace: str) -> None
                 assert quota is not None and quota.limit_bytes == quota_bytes, form
             assert source.lists == 1, "new pods come through the watch, not through relists"
         finally:
-            source.stop()
+            source.stop(source.clock.now() + 1.0)
 
 
 def test_fair_share_uses_the_node_replicas_label(node: KubeNode, namespace: str) -> None:
     """A pod with no quota under a fair-share default gets GPU memory ÷ the node's nvidia.com/gpu.replicas."""
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
         pod, _ = node.pod("shared", namespace)
-        source = KubePodSource(agent_api, node.name).start()
+        source = KubePodSource(agent_api, node.name)
+        source.start()
         try:
-            assert wait_for(lambda: pod.uid in source.pods(), timeout_s=10)
+            wait_until(lambda: pod.uid in source.pods(), 10, "the pod in the cache")
             policy = Policy(default=DefaultQuota(kind=DefaultKind.FAIR_SHARE))
             (quota,) = resolve_pod_quota(source.pods()[pod.uid], policy, source.node_labels()).containers.values()
             assert quota.share_divisor == 4 and quota.limit_for(24 * GiB) == 6 * GiB
         finally:
-            source.stop()
+            source.stop(source.clock.now() + 1.0)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -213,7 +216,8 @@ def test_events_are_aggregated_spam_filtered_and_written_once(node: KubeNode, na
             count=lambda r: counts.__setitem__(r, counts.get(r, 0) + 1),
             bucket=TokenBucket(burst=100, per_minute=600),
             correlator=EventCorrelator(spam_burst=2),
-        ).start()
+        )
+        recorder.start()
         try:
             info = pod.info
             recorder.record(info, "VRAMQuotaExceeded", "container main uses 5.0GiB")
@@ -225,8 +229,8 @@ def test_events_are_aggregated_spam_filtered_and_written_once(node: KubeNode, na
             recorder.record(info, "VRAMKilled", "killed PIDs 3")  # past the burst of 2 for (pod, VRAMKilled)
             assert recorder.flush(10)
         finally:
-            recorder.stop()
-    assert wait_for(lambda: sum(counts.get(k, 0) for k in ("written", "patched")) == 4, timeout_s=5), counts
+            recorder.stop(recorder.clock.now() + 1.0)
+    wait_until(lambda: sum(counts.get(k, 0) for k in ("written", "patched")) == 4, 5, f"4 writes: {counts}")
     assert counts == {"written": 3, "patched": 1, "aggregated": 1, "dropped": 1}
     events = {(e.reason, e.message): e.count for e in node.events(pod)}
     assert events == {
@@ -260,10 +264,10 @@ def test_evict_mode_evicts_once_and_records_it(node: KubeNode, namespace: str) -
             and "DisruptionTarget" in conditions
         )
 
-    assert wait_for(evicted, timeout_s=10)
+    wait_until(evicted, 10, "the pod evicted")
     wait_scans(node, 4)
     assert metric(node, "vramguard_actions_total", action="evict", result="ok") == 1.0
-    assert wait_for(lambda: node.reasons(pod) == sorted(["VRAMQuotaExceeded", "VRAMEvicted"]), timeout_s=10)
+    wait_until(lambda: node.reasons(pod) == sorted(["VRAMQuotaExceeded", "VRAMEvicted"]), 10, "both Events")
     assert node.events(neighbour) == []
     assert proc.alive(), "evict mode leaves stopping the container to the kubelet"
 
@@ -299,14 +303,14 @@ def test_eviction_refused_by_a_pdb_follows_the_policy(
     node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
     node.sim.wait_ready()
     result = "refused-then-killed" if killed else "refused"
-    assert wait_for(lambda: metric(node, "vramguard_actions_total", action="evict", result=result) == 1.0, timeout_s=15)
+    wait_until(lambda: metric(node, "vramguard_actions_total", action="evict", result=result) == 1.0, 15, result)
     live = node.core.read_namespaced_pod(pod.name, namespace)
     assert live.metadata is not None and live.metadata.deletion_timestamp is None, "the PDB kept the pod"
     # The refusal is said on the pod (its owner sees why it was not evicted), then what followed.
     expected = sorted(["VRAMQuotaExceeded", "VRAMEvictionRefused", *(["VRAMKilled"] if killed else [])])
-    assert wait_for(lambda: node.reasons(pod) == expected, timeout_s=10), node.reasons(pod)
+    wait_until(lambda: node.reasons(pod) == expected, 10, f"Events {expected}")
     if killed:
-        assert wait_for(lambda: not proc.alive(), timeout_s=5)
+        wait_until(lambda: not proc.alive(), 5, "the process killed")
     else:
         assert proc.alive()
     refusal = next(e for e in node.events(pod) if e.reason == "VRAMEvictionRefused")
@@ -332,15 +336,15 @@ def test_a_repeat_in_kill_mode_may_evict_the_pod(node: KubeNode, namespace: str,
     node.sim.wait_ready()
     supervisor = node.sim.spawn_supervisor(sim_pod, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.3)
 
-    assert wait_for(lambda: _disruption_target(node, pod), timeout_s=15)
-    assert wait_for(lambda: "VRAMEvicted" in node.reasons(pod), timeout_s=10), node.reasons(pod)
+    wait_until(lambda: _disruption_target(node, pod), 15, "the DisruptionTarget condition")
+    wait_until(lambda: "VRAMEvicted" in node.reasons(pod), 10, "a VRAMEvicted Event")
     evicted = next(e for e in node.events(pod) if e.reason == "VRAMEvicted")
     assert "GPU processes came back within" in (evicted.message or "")
     assert metric(node, "vramguard_escalations_total", namespace=namespace, step="evict") == 1.0
     # No kubelet ends the evicted pod here: still over its quota while terminating, it is killed whole.
-    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=10)
+    wait_until(lambda: supervisor.poll() is not None, 10, "the supervisor gone")
     labels = {"namespace": namespace, "step": "kill-container"}
-    assert wait_for(lambda: metric(node, "vramguard_escalations_total", **labels) == 1.0, timeout_s=5)
+    wait_until(lambda: metric(node, "vramguard_escalations_total", **labels) == 1.0, 5, "one escalation")
 
 
 def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
@@ -359,10 +363,11 @@ def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
     node.sim.wait_ready()
     supervisor = node.sim.spawn_supervisor(sim_pod, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.3)
 
-    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=30), "the whole container went"
-    assert wait_for(
+    wait_until(lambda: supervisor.poll() is not None, 30, "the whole container gone")
+    wait_until(
         lambda: metric(node, "vramguard_actions_total", action="evict", result="refused-then-killed") == 2.0,
-        timeout_s=10,
+        10,
+        "two refused-then-killed evictions",
     )
     actions = [line for line in log.read_text().splitlines() if '"event": "action"' in line]
     assert metric(node, "vramguard_escalations_total", namespace=namespace, step="evict") == 1.0, actions
@@ -372,7 +377,7 @@ def test_a_repeat_in_evict_mode_behind_a_pdb_loses_its_whole_container(
     def whole_container_killed() -> bool:
         return any("stopped the whole container" in (e.message or "") for e in node.events(pod))
 
-    assert wait_for(whole_container_killed, timeout_s=10), [e.message for e in node.events(pod)]
+    wait_until(whole_container_killed, 10, "an Event saying the whole container was stopped")
 
 
 def test_a_kill_event_is_not_queued_behind_warnings(node: KubeNode, namespace: str, tmp_path: Path) -> None:
@@ -393,12 +398,12 @@ def test_a_kill_event_is_not_queued_behind_warnings(node: KubeNode, namespace: s
     policy.write_text(f"mode: warn\nnamespaces:\n  {strict}:\n    mode: kill\n")
     node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
     node.sim.wait_ready()
-    assert wait_for(lambda: (metric(node, "vramguard_events_total", result="written") or 0) >= 25, timeout_s=30)
+    wait_until(lambda: (metric(node, "vramguard_events_total", result="written") or 0) >= 25, 30, "25 Events")
 
     proc = node.sim.spawn(sim_offender, "main", 2 * GiB)
-    assert wait_for(lambda: not proc.alive(), timeout_s=5)
+    wait_until(lambda: not proc.alive(), 5, "the process killed")
     killed_at = time.monotonic()
-    assert wait_for(lambda: "VRAMKilled" in node.reasons(offender), timeout_s=30)
+    wait_until(lambda: "VRAMKilled" in node.reasons(offender), 30, "a VRAMKilled Event")
     took_s = time.monotonic() - killed_at
     listed = node.core.list_namespaced_event(namespace).items
     written = sum(1 for e in listed if e.reason == "VRAMQuotaExceeded")
@@ -419,11 +424,11 @@ def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
     node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
     node.sim.wait_ready()
     node.sim.set_usage(bad, 2 * GiB)
-    assert wait_for(lambda: not bad.alive(), timeout_s=2 * POLL_S + 1)
+    wait_until(lambda: not bad.alive(), 2 * POLL_S + 1, "the offender killed")
     wait_scans(node, 3)
     assert good.alive()
     assert metric(node, "vramguard_actions_total", action="kill", result="ok") == 1.0
-    assert wait_for(lambda: (metric(node, "vramguard_events_total", result="written") or 0) >= 3, timeout_s=10)
+    wait_until(lambda: (metric(node, "vramguard_events_total", result="written") or 0) >= 3, 10, "3 Events")
     killed = [e for e in node.events(offender) if e.reason == "VRAMKilled"]
     assert len(killed) == 1 and str(bad.pid) in (killed[0].message or "")
     assert "quota 1.0GiB" in (killed[0].message or "")
@@ -450,7 +455,7 @@ def test_capacity_advertisement_lets_the_scheduler_fit_three_of_four(
             status = core.read_node(kube_node.name).status
             return (status.allocatable or {}).get(VRAM) if status else None
 
-        assert wait_for(lambda: advertised() == str(24 * GiB), timeout_s=10)
+        wait_until(lambda: advertised() == str(24 * GiB), 10, "24Gi advertised")
         for i in range(4):
             core.create_namespaced_pod(
                 namespace,
@@ -480,14 +485,14 @@ def test_capacity_advertisement_lets_the_scheduler_fit_three_of_four(
             )
             return bound, unschedulable
 
-        assert wait_for(lambda: placement() == (3, 1), timeout_s=30), placement()
+        wait_until(lambda: placement() == (3, 1), 30, "3 pods placed, 1 pending")
         time.sleep(2)
         assert placement() == (3, 1), "the fourth pod stays Pending"
 
         kube_node.sim.stop_agents()
         assert agent.returncode is not None
         kube_node.sim.start_agent("--poll-interval", str(POLL_S))
-        assert wait_for(lambda: advertised() is None, timeout_s=10), "without the flag the resource is withdrawn"
+        wait_until(lambda: advertised() is None, 10, "without the flag the resource withdrawn")
     finally:
         scheduler.stop()
         kube_node.close()
@@ -505,14 +510,14 @@ def test_api_server_restart_agent_keeps_enforcing_and_resyncs(node: KubeNode, na
 
     node.plane.stop_apiserver()
     try:
-        assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 503, timeout_s=20)
+        wait_until(lambda: node.sim.http_get("/readyz")[0] == 503, 20, "/readyz 503")
         assert "API server unreachable" in node.sim.http_get("/readyz")[1]
         node.sim.set_usage(a, 2 * GiB)
-        assert wait_for(lambda: not a.alive(), timeout_s=5), "enforcing from the cache while disconnected"
+        wait_until(lambda: not a.alive(), 5, "enforcing from the cache while disconnected")
     finally:
         node.plane.start_apiserver()
     node.core.delete_namespaced_pod(leaving.name, namespace, grace_period_seconds=0)
-    assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 200, timeout_s=90), node.sim.http_get("/readyz")
+    wait_until(lambda: node.sim.http_get("/readyz")[0] == 200, 90, "/readyz 200")
     wait_scans(node, 3)
     node.sim.set_usage(b, 2 * GiB)
     wait_scans(node, 4)
@@ -526,8 +531,10 @@ def test_the_claim_source_says_when_the_api_server_has_no_dra(
     """On 1.34+ the claim source lists the node's ResourceSlices (none here) and is synced; on an older API
     server, which does not serve resource.k8s.io/v1, it says so once and gives no shares: the next quota source
     applies."""
-    pods = KubePodSource(admin_api, "no-dra-node").start()
-    source = KubeClaimSource(admin_api, "no-dra-node", pods).start()
+    pods = KubePodSource(admin_api, "no-dra-node")
+    source = KubeClaimSource(admin_api, "no-dra-node", pods)
+    pods.start()
+    source.start()
     try:
         assert pods.wait_synced(30) and source.wait_synced(30)
         if serves_dra(kubernetes_version):
@@ -538,5 +545,5 @@ def test_the_claim_source_says_when_the_api_server_has_no_dra(
             )
         assert source.shares() == {}
     finally:
-        source.stop()
-        pods.stop()
+        source.stop(source.clock.now() + 1.0)
+        pods.stop(pods.clock.now() + 1.0)

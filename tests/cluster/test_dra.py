@@ -31,7 +31,7 @@ from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.pods import KubePodSource
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import driver_limits
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import NEWEST, ControlPlane, binaries_dir
 from .kube_fixtures import KubeNode, deploy_manifest, metric
@@ -41,14 +41,6 @@ DRIVER = "gpu.nvidia.com"
 NODE = "dra-gpu-node"
 GPUS = 4
 CLASS = "gpu.vramguard.test"
-
-
-def wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not {what} after {timeout_s:.0f}s", pytrace=False)
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +150,7 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
         for i in range(2 * GPUS):
             create(api, share_pod(f"share-{i}"), ns)
 
-        wait(lambda: len(allocated_claims(api, ns)) == 2 * GPUS, 60, "every claim allocated")
+        wait_until(lambda: len(allocated_claims(api, ns)) == 2 * GPUS, 60, "every claim allocated")
         results = [r for c in allocated_claims(api, ns) for r in c["status"]["allocation"]["devices"]["results"]]
         assert {r["consumedCapacity"]["memory"] for r in results} == {"10Gi"}
         assert all(r.get("shareID") for r in results), "each allocation is a share of its device"
@@ -175,7 +167,7 @@ def test_the_scheduler_places_memory_shares_per_gpu(dra_plane: ControlPlane) -> 
             found = [c for c in status.get("conditions", []) if c["type"] == "PodScheduled"]
             return found[0] if found and found[0]["status"] == "False" else None
 
-        wait(lambda: unschedulable() is not None, 60, "the pod reported unschedulable")
+        wait_until(lambda: unschedulable() is not None, 60, "the pod reported unschedulable")
         condition = unschedulable()
         assert condition is not None and condition["reason"] == "Unschedulable"
         print(f"\nPending: {condition['message']}")
@@ -205,9 +197,9 @@ def enforce_shares(api: client.ApiClient, node: KubeNode, tmp_path: Path) -> Non
     create(api, share_pod("small", node.name, "share-10gi"), ns)
     create(api, share_pod("large", node.name, "share-12gi"), ns)
     create(api, share_pod("wide", node.name, "share-20gi", "share-20gi"), ns)
-    wait(lambda: len(allocated_claims(api, ns)) == 4, 60, "every claim allocated")
+    wait_until(lambda: len(allocated_claims(api, ns)) == 4, 60, "every claim allocated")
     core = client.CoreV1Api(api)
-    wait(
+    wait_until(
         lambda: all(
             raw(api, core.read_namespaced_pod(p, ns))["spec"].get("nodeName") for p in ("small", "large", "wide")
         ),
@@ -241,14 +233,21 @@ def enforce_shares(api: client.ApiClient, node: KubeNode, tmp_path: Path) -> Non
     with log.open("w") as out:
         node.sim.start_agent("--policy", str(policy), "--poll-interval", "0.25", stdout=out, stderr=subprocess.STDOUT)
         node.sim.wait_ready()
-        assert wait_for(lambda: not over.alive() and not wide_over.alive(), timeout_s=20), log.read_text()[-3000:]
+        try:
+            wait_until(lambda: not over.alive() and not wide_over.alive(), 20, "the over-share processes killed")
+        except AssertionError as e:
+            raise AssertionError(log.read_text()[-3000:]) from e
         # The driver holds each share on its own GPU only (R615): large's 12Gi on its GPU, nowhere else.
         large_dir = large.containers["main"].dirs[0]
-        assert wait_for(lambda: [(d.gpu, d.hard_bytes) for d in driver_limits(node.sim.state_path)
-                                 if d.cgroup == large_dir] == [(large_gpu, 12 * GiB)], timeout_s=10)  # fmt: skip
+
+        def large_limits() -> list[tuple[int, int]]:
+            return [(d.gpu, d.hard_bytes) for d in driver_limits(node.sim.state_path) if d.cgroup == large_dir]
+
+        wait_until(lambda: large_limits() == [(large_gpu, 12 * GiB)], 10, "large's share as its driver limit")
         assert allocator.allocate(large_gpu, 0), "a process of large on its GPU"
         assert not allocator.allocate(large_gpu, 2 * GiB), "11Gi + 2Gi is over large's 12Gi share on that GPU"
-        time.sleep(1.0)  # a few more scans
+        scans = metric(node, "vramguard_scan_duration_seconds_count") or 0
+        wait_until(lambda: (metric(node, "vramguard_scan_duration_seconds_count") or 0) >= scans + 3, 10, "3 scans")
         assert within.alive(), "large's 11Gi is within its 12Gi share"
         # Judged per GPU, acted on per container: a kill takes all of the container's GPU processes (kill.py).
         assert not wide_ok.alive()
@@ -294,11 +293,13 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             )
 
         before = counts()
-        pod_source = KubePodSource(api, node).start()
-        source = KubeClaimSource(api, node, pod_source).start()
+        pod_source = KubePodSource(api, node)
+        source = KubeClaimSource(api, node, pod_source)
+        pod_source.start()
+        source.start()
         try:
             assert pod_source.wait_synced(30) and source.wait_synced(60)
-            wait(lambda: len(source.shares()) == pods, 30, "every pod's share published")
+            wait_until(lambda: len(source.shares()) == pods, 30, "every pod's share published")
             assert {s.bytes for held in source.shares().values() for s in held["main"]} == {6 * GiB}
             synced = counts()
             assert (synced[0] - before[0], synced[1] - before[1], synced[2] - before[2]) == (pods, 1, 1)
@@ -307,7 +308,7 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             shares = source.shares()
             for _ in range(10_000):  # the agent's scans: memory only
                 assert source.shares() is shares
-            time.sleep(3)
+            time.sleep(3)  # six cycles of the claim reader, counted below by the API server: no request
             # The pod's container starts: a new PodInfo (its container ID), and its claim is allocated already.
             running = {"name": "main", "containerID": "containerd://" + "ab" * 32, "image": "busybox",
                        "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}  # fmt: skip
@@ -316,10 +317,10 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
                 "p-0", ns, {"status": {"phase": "Running", "containerStatuses": [running]}},
                 _content_type="application/merge-patch+json",
             )  # fmt: skip
-            wait(lambda: pod_source.pods() is not before_change, 10, "the changed pod seen")
+            wait_until(lambda: pod_source.pods() is not before_change, 10, "the changed pod seen")
             make_claimed_pod(api, ns, node, pods)
-            wait(lambda: len(source.shares()) == pods + 1, 30, "the new pod's share published")
-            time.sleep(2)
+            wait_until(lambda: len(source.shares()) == pods + 1, 30, "the new pod's share published")
+            time.sleep(2)  # time for a GET too many (the changed pod's claim read again) to be counted
             after = counts()
             print(f"\nAPI requests for {pods} pods with claims: {synced[0] - before[0]} claim GETs, "
                   f"{synced[1] - before[1]} slice LIST, {synced[2] - before[2]} slice WATCH; then "
@@ -329,15 +330,16 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             # A frozen API server: the shares stay as read (the scan never waits), and the source stops at once.
             with dra_plane.frozen_apiserver():
                 held = source.shares()
-                time.sleep(2)
+                time.sleep(2)  # four cycles of the claim reader, and the reflectors' reads blocked on the server
                 assert source.shares() is held
                 started = time.monotonic()
-                source.stop(1.0)
-                pod_source.stop(1.0)
-                assert time.monotonic() - started < 2.5
+                deadline = source.clock.now() + 1.0
+                source.stop(deadline)
+                pod_source.stop(deadline)
+                assert time.monotonic() - started < 1.5
         finally:
-            source.stop()
-            pod_source.stop()
+            source.stop(source.clock.now() + 1.0)
+            pod_source.stop(pod_source.clock.now() + 1.0)
 
 
 def make_claimed_pod(api: client.ApiClient, ns: str, node: str, i: int, *, allocate_it: bool = True) -> None:
@@ -395,20 +397,22 @@ def test_a_claim_allocated_after_its_pod_appeared_is_read_again(dra_plane: Contr
                 "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
             },
         }, ns)  # fmt: skip
-        pod_source = KubePodSource(api, node).start()
-        source = KubeClaimSource(api, node, pod_source, retry_s=1.0).start()
+        pod_source = KubePodSource(api, node)
+        source = KubeClaimSource(api, node, pod_source, retry_s=1.0)
+        pod_source.start()
+        source.start()
         try:
             assert pod_source.wait_synced(30) and source.wait_synced(30)
             orphan = next(uid for uid, p in pod_source.pods().items() if p.name == "orphan")
             late = next(uid for uid, p in pod_source.pods().items() if p.name == "p-0")
-            wait(lambda: orphan in source.shares(), 10, "the missing claim reported")
+            wait_until(lambda: orphan in source.shares(), 10, "the missing claim reported")
             (missing,) = source.shares()[orphan]["main"]
             assert missing.error is not None and missing.error.message == "does not exist"
             assert late not in source.shares(), "an unallocated claim is no share yet"
             allocate(api, ns, node, 0)
-            wait(lambda: late in source.shares(), 10, "the share once allocated")
+            wait_until(lambda: late in source.shares(), 10, "the share once allocated")
             (share,) = source.shares()[late]["main"]
             assert (share.gpu_uuid, share.bytes, share.error) == (gpu_uuid(0), 6 * GiB, None)
         finally:
-            source.stop()
-            pod_source.stop()
+            source.stop(source.clock.now() + 1.0)
+            pod_source.stop(pod_source.clock.now() + 1.0)

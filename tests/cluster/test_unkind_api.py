@@ -8,6 +8,7 @@ none of them twice. Real kube-apiserver, real `vramguard run`, real processes in
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import time
@@ -20,7 +21,8 @@ from kubernetes import client
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import RENEWAL_GRACE_S, SILENCE_S
 from vramguard.model import GiB, MiB
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.simnode import SimProcess
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import kubeconfig_api_client
 from .kube_fixtures import MERGE, ApiPod, KubeNode, metric, wait_scans
@@ -34,6 +36,10 @@ POLL_S = 0.5
 def _event_log(node: KubeNode, pod: ApiPod) -> Counter[tuple[str, str]]:
     """How many Event objects exist per (reason, message) for `pod`: more than 1 is a duplicate."""
     return Counter((e.reason or "", e.message or "") for e in node.events(pod))
+
+
+def _gone(proc: SimProcess) -> bool:
+    return not proc.alive()
 
 
 def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: str) -> None:
@@ -52,21 +58,19 @@ def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: s
         for proc in (a, b):
             node.sim.set_usage(proc, 2 * GiB)
             crossed = time.monotonic()
-            assert wait_for(lambda p=proc: not p.alive(), timeout_s=2 * POLL_S + 1), "killed while frozen"
+            wait_until(functools.partial(_gone, proc), 2 * POLL_S + 1, "killed while frozen")
             assert time.monotonic() - crossed < 2 * POLL_S + 1
         wait_scans(node, 3)
         assert node.sim.http_get("/healthz")[0] == 200
         assert metric(node, "vramguard_actions_total", action="kill", result="ok") == 2.0
         noticed_by = SILENCE_S + RENEWAL_GRACE_S + 10
-        assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 503, timeout_s=noticed_by), node.sim.http_get(
-            "/readyz"
-        )
+        wait_until(lambda: node.sim.http_get("/readyz")[0] == 503, noticed_by, "/readyz 503")
         noticed_s = time.monotonic() - frozen_at
         assert "API server unreachable" in node.sim.http_get("/readyz")[1]
         assert node.sim.http_get("/healthz")[0] == 200
     assert noticed_s < noticed_by, f"/readyz noticed the freeze after {noticed_s:.1f}s"
 
-    assert wait_for(lambda: node.sim.http_get("/readyz")[0] == 200, timeout_s=30), node.sim.http_get("/readyz")
+    wait_until(lambda: node.sim.http_get("/readyz")[0] == 200, 30, "/readyz 200")
     owed = [(first, a), (second, b)]
 
     def delivered() -> bool:
@@ -74,7 +78,7 @@ def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: s
             sorted(r for r, _ in _event_log(node, pod)) == ["VRAMKilled", "VRAMQuotaExceeded"] for pod, _ in owed
         )
 
-    assert wait_for(delivered, timeout_s=45, interval_s=0.5), {p.name: _event_log(node, p) for p, _ in owed}
+    wait_until(delivered, 45, "every Event owed delivered", interval_s=0.5)
     time.sleep(2)  # anything written twice (a create retried after its timeout) would show by now
     for pod, proc in owed:
         log = _event_log(node, pod)
@@ -97,7 +101,7 @@ def test_frozen_api_server_evict_mode_falls_back_to_kill_after_its_bound(
     with node.plane.frozen_apiserver():
         node.sim.set_usage(proc, 2 * GiB)
         crossed = time.monotonic()
-        assert wait_for(lambda: not proc.alive(), timeout_s=8), "killed after the eviction bound"
+        wait_until(lambda: not proc.alive(), 8, "killed after the eviction bound")
         took_s = time.monotonic() - crossed
         assert 2.0 <= took_s < 2.0 + 3 * POLL_S + 1, took_s
         wait_scans(node, 2)
@@ -107,7 +111,7 @@ def test_frozen_api_server_evict_mode_falls_back_to_kill_after_its_bound(
         return {reason for reason, _ in _event_log(node, offender)}
 
     expected = {"VRAMQuotaExceeded", "VRAMEvictionFailed", "VRAMKilled"}
-    assert wait_for(lambda: expected <= delivered(), timeout_s=45, interval_s=0.5), _event_log(node, offender)
+    wait_until(lambda: expected <= delivered(), 45, f"Events {sorted(expected)} delivered", interval_s=0.5)
     assert set(_event_log(node, offender).values()) == {1}
 
 
@@ -130,7 +134,8 @@ def test_sigterm_ends_the_agent_within_two_seconds_while_the_api_server_is_froze
 def test_node_label_change_reaches_the_agent_within_seconds(node: KubeNode) -> None:
     """A changed nvidia.com/gpu.replicas label reaches the pod source with the Node watch's event (fair share)."""
     with kubeconfig_api_client(node.kubeconfig) as agent_api:
-        source = KubePodSource(agent_api, node.name).start()
+        source = KubePodSource(agent_api, node.name)
+        source.start()
         try:
             assert source.wait_synced(15)
             assert source.node_labels()["nvidia.com/gpu.replicas"] == "4"
@@ -138,7 +143,7 @@ def test_node_label_change_reaches_the_agent_within_seconds(node: KubeNode) -> N
                 node.name, {"metadata": {"labels": {"nvidia.com/gpu.replicas": "8"}}}, _content_type=MERGE
             )
             changed = time.monotonic()
-            assert wait_for(lambda: source.node_labels().get("nvidia.com/gpu.replicas") == "8", timeout_s=15)
+            wait_until(lambda: source.node_labels().get("nvidia.com/gpu.replicas") == "8", 15, "the new label")
             assert time.monotonic() - changed < 10
         finally:
-            source.stop()
+            source.stop(source.clock.now() + 1.0)
