@@ -1,19 +1,19 @@
-"""Running blocking calls under a deadline, on a persistent worker thread that can be abandoned.
+"""Blocking calls under a deadline, on a persistent worker thread that can be abandoned.
 
-Nothing here knows NVML: a `Job` is a function of itself, which notes each call it makes (`job.call(name, fn)`)
-so that a late one can be named. `DeadlineRunner.run(jobs)` returns once every job finished or ran past the
-deadline; a late job's thread cannot be stopped (Python cannot interrupt a thread blocked in C), so it is
-abandoned, a fresh thread takes the jobs still queued, and the job's key stays `stuck(key)` until the late
-call returns, so that the caller does not queue more work behind a hung device.
+`DeadlineRunner.run(jobs)` returns once every job finished or ran past the deadline (on its `Clock`). A late
+job's thread cannot be stopped (Python cannot interrupt a thread blocked in C): it is abandoned, a fresh thread
+takes the jobs still queued, and the job's key stays `stuck(key)` until the late call returns. Nothing here
+knows NVML.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
+from vramguard.clock import SYSTEM_CLOCK, Clock
 
 
 class Job:
@@ -64,8 +64,9 @@ class DeadlineRunner:
     the abandoned call returns, so that the caller does not queue more work behind a hung device.
     """
 
-    def __init__(self, timeout_s: float, name: str) -> None:
+    def __init__(self, timeout_s: float, name: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self._timeout_s = timeout_s
+        self.clock = clock
         self._name = name
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # workers wait here for jobs
@@ -95,7 +96,7 @@ class DeadlineRunner:
             self._ensure_worker()
             self._work.notify()
             while True:
-                now = time.monotonic()
+                now = self.clock.now()
                 wait_s = self._timeout_s
                 for job in jobs:
                     if job.done or job.started_at is None:
@@ -107,7 +108,7 @@ class DeadlineRunner:
                         wait_s = min(wait_s, left_s)
                 if all(job.done for job in jobs):
                     return
-                self._done.wait(wait_s)
+                self._done.wait(wait_s)  # at most `timeout_s` of real time: the clock is read again then
 
     def close(self) -> None:
         with self._lock:
@@ -146,7 +147,7 @@ class DeadlineRunner:
                     return
                 job = self._queue.popleft()
                 job.worker = me
-                job.started_at = time.monotonic()
+                job.started_at = self.clock.now()
             try:
                 job.result = job.fn(job)
             except Exception as e:  # handed to the caller (the sampler reports the GPU unhealthy)

@@ -1,26 +1,8 @@
 """The sampler: every GPU and MIG instance, its memory and its processes, read under a deadline.
 
 Narrow on purpose, like dcgm-exporter's nvmlprovider: `NvmlSampler.sample()` returns plain `GpuSample` data and
-hides NVML's quirks behind it.
-
-- Devices: every GPU; where MIG is enabled, also every MIG instance as its own `GpuDevice` (`mig_index`,
-  `parent_uuid`) with its own memory and processes. A MIG-enabled GPU itself carries no processes: they are
-  reported on the instance they run in, so that no byte is counted twice.
-- Processes: the compute, graphics and MPS lists. A PID on several lists of one device (a process with both a
-  CUDA and a graphics context) is one `GpuProcess`: NVML reports the process's memory on the device in each
-  list, so the rows are the same bytes, not a sum; the first list that names it (compute, graphics, MPS)
-  gives its kind, and its usage is the largest the lists report. `NVML_ERROR_NOT_SUPPORTED` on a list means
-  "no processes"; `NVML_VALUE_NOT_AVAILABLE` stays `None`.
-- Memory: `nvmlDeviceGetMemoryInfo_v2` (v1 counts the driver's reservation as used since R510), falling back to
-  v1 for good once a driver says v2 is not there.
-- Rows: decoded by `nvml.rows` (the R535 row-size trap is explained there); the row size the rows confirm is
-  remembered for every list.
-- Sanity: every row is checked; insane rows are dropped, counted in the sample's `errors` and listed in
-  `dropped_rows`.
-- Deadlines: a GPU's calls for one scan run as one unit of work on a persistent worker thread, under
-  `call_timeout_s`. A unit that errors or runs late marks that GPU unhealthy (no processes: never acted on).
-  A late call's thread cannot be stopped, so a new thread takes the remaining GPUs, and the GPU with the stuck
-  call is skipped (reported unhealthy) until that call returns; then it is read again.
+hides NVML's quirks (process lists, memory v1/v2, row sizes, MIG, hung calls) behind it; docs/design.md "The
+NVML sampler" says how each is handled. A resource, not a background part: `close()` shuts NVML down.
 """
 
 from __future__ import annotations
@@ -30,12 +12,12 @@ import ctypes
 import functools
 import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.model import GpuDevice, GpuProcess, GpuSample, ProcessKind
 from vramguard.nvml.deadline import DeadlineRunner, Job
 from vramguard.nvml.errors import (
@@ -98,7 +80,11 @@ class NvmlSampler:
     """
 
     def __init__(
-        self, *, proc_root: str | os.PathLike[str] = "/proc", call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+        self,
+        *,
+        proc_root: str | os.PathLike[str] = "/proc",
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if call_timeout_s <= 0:
             raise ValueError("call_timeout_s must be positive")
@@ -110,7 +96,8 @@ class NvmlSampler:
             for name, value in vars(self._nv).items()
             if name.startswith("NVML_ERROR_") and isinstance(value, int)
         }
-        self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml")
+        self.clock = clock
+        self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml", clock)
         self._lock = threading.Lock()  # one sample() at a time
         self._closed = False
         self._errors = dict.fromkeys(NvmlErrorKind, 0)  # since construction, for `errors`
@@ -138,7 +125,7 @@ class NvmlSampler:
             for index in range(self.gpu_count):
                 stuck = self._runner.stuck(index)
                 if stuck is not None:
-                    since_s = time.monotonic() - (stuck.started_at or time.monotonic())
+                    since_s = self.clock.now() - (stuck.started_at or self.clock.now())
                     skipped[index] = (
                         f"skipped: {stuck.current_call or 'an NVML call'} on this GPU has not returned "
                         f"for {since_s:.1f}s"
