@@ -1,15 +1,7 @@
 """The freeze journal: which containers this agent froze for a kill, so that none is ever left frozen.
 
-A kill freezes a container to list its processes completely, and thaws it in a `finally`. Only a signal that
-ends the agent at once (SIGKILL, the OOM killer, a node-level crash of the container) skips the thaw, and then
-the container's processes stay stopped for good: nothing else in Kubernetes thaws a cgroup. So a freeze is
-written down before it happens, as one file per frozen cgroup in `<state dir>/freezes/`, naming the cgroup and
-the agent (PID and start time), and the file is removed after the thaw. At start the agent thaws every cgroup
-named by a file whose agent is gone and that is still frozen, and removes the file.
-
-A cgroup frozen by anyone else (a checkpoint tool, an operator) has no file, or a file of a live agent: it is
-never touched. Where the journal cannot be written, the killer does not freeze at all (its rounds still reach a
-forking container; see `kill.py`): an incomplete list is better than a container that may stay frozen.
+One file per frozen cgroup in `<state dir>/freezes/`, written before the freeze and removed after the thaw; at
+start the agent thaws what an agent that is gone left frozen (docs/design.md "The freeze journal").
 """
 
 from __future__ import annotations
