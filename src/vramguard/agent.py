@@ -1,7 +1,8 @@
 """The agent's loop: sample → identify → attribute → resolve quotas → (driver limits) → decide → act → report.
 
 This is the only stateful piece, and it is short on purpose: every step is a call into a module that can be read
-and tested alone. Side effects come in through the constructor (kubelet eviction manager style).
+and tested alone. Side effects and the clock come in through the constructor (kubelet eviction manager style).
+`run` is the foreground loop, on the composition root's thread; the Agent has no background part of its own.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from vramguard.testing.fakes import (
     gpu,
     pod,
 )
+from vramguard.wiring import Probes
 from vramguard.worker import Inline
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -426,3 +427,19 @@ def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
         "on GPU 0 (GPU-" in killed[2]
         and "quota 3.0GiB (claim ml/trainer-gpu-x7k2 (request gpu, share 5f0e2a1c))" in killed[2]
     )
+
+
+def test_healthz_is_the_scan_age_on_the_agents_clock() -> None:
+    """The liveness probe ages the last scan on the clock the scan read, and fails past 30 s (or ten intervals)."""
+    n = Node(Policy())
+    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    assert probes.healthz() == (True, "starting")
+    probes.agent = n.agent
+    n.agent.scan()
+    n.clock.step(29.0)
+    assert probes.healthz() == (True, "last scan 29.0s ago")
+    n.clock.step(2.0)
+    assert probes.healthz() == (False, "last scan 31.0s ago")
+    assert probes.readyz() == (False, "NVML not initialised yet")
+    probes.nvml(None)
+    assert probes.readyz() == (True, "ready")
