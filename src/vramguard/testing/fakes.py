@@ -41,9 +41,6 @@ class FakeClock:
         self._now += seconds
         return self._now
 
-    def sleep(self, seconds: float) -> None:
-        self._now += seconds
-
     def wait(self, stop: threading.Event, seconds: float) -> bool:
         """Returns at once: the time passes unless `stop` is already set."""
         if not stop.is_set():
