@@ -3,7 +3,7 @@
 With Dynamic Resource Allocation and consumable capacity (KEP-5075), the scheduler gives a claim a share of one
 GPU's memory and writes it into the claim; nothing holds a process to it. vramguard reads it as a quota, per
 container and per GPU (`claim:<driver or device class>` in `quota_sources`). The mapping, from the API objects
-the kube adapter (`kube_dra.KubeClaimSource`) reads:
+the kube adapter (`vramguard.kube.claims.KubeClaimSource`) reads:
 
 - **The GPU.** This node's ResourceSlices (resource.k8s.io/v1) publish devices under (`spec.driver`,
   `spec.pool.name`, `spec.devices[].name`). The device's GPU is its `uuid` attribute, unqualified or qualified
