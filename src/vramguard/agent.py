@@ -20,11 +20,13 @@ from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.decide import Decision, DecisionState, decide, record_kills
+from vramguard.dra import PodShares
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import (
     LimitOutcome,
     LimitTarget,
     UsageDisagreement,
+    WantedLimits,
     wanted_limits,
     whole_gpus,
     with_driver_usage,
@@ -105,9 +107,7 @@ class Agent:
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
         self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
-        self._limits_memo: (
-            tuple[tuple[object, ...], tuple[tuple[str, int, int], ...], tuple[LimitTarget, ...]] | None
-        ) = None
+        self._limits_memo: WantedLimits | None = None
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
@@ -218,21 +218,19 @@ class Agent:
         self,
         pods: Mapping[str, PodInfo],
         labels: Mapping[str, str],
-        shares: object,
+        shares: Mapping[str, PodShares] | None,
         quotas: Mapping[str, PodQuota],
         sample: GpuSample,
     ) -> tuple[tuple[LimitTarget, ...], list[int]]:
         """The driver limits the quotas call for, and the GPUs that can hold them; recomputed only when the pods,
-        the node's labels, the DRA shares or the GPUs change (each source replaces what it hands out, never
-        mutates it)."""
+        the node's labels, the DRA shares or the GPUs change (`limits.WantedLimits`)."""
         gpus = whole_gpus(sample.devices)
         self._limit_gpus = gpus
-        shape = tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
         memo = self._limits_memo
-        if memo is None or memo[0] != (pods, labels, shares) or memo[1] != shape:
+        if memo is None or not memo.computed_from(pods, labels, shares, gpus):
             targets = wanted_limits(pods, quotas, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
-            memo = self._limits_memo = ((pods, labels, shares), shape, targets)
-        return memo[2], [d.index for d in gpus]
+            memo = self._limits_memo = WantedLimits.of(pods, labels, shares, gpus, targets)
+        return memo.targets, [d.index for d in gpus]
 
     def plan_limits(self, pod_uid: str) -> tuple[LimitTarget, ...] | None:
         """The limits one pod calls for now, read fresh from the sources (the limiter's `plan`, for a cgroup the

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from vramguard.dra import PodShares
 from vramguard.model import (
     ContainerUsage,
     DriverLimits,
@@ -89,6 +90,44 @@ def whole_gpus(devices: Iterable[GpuDevice]) -> list[GpuDevice]:
     devices = list(devices)
     split = {d.parent_uuid for d in devices if d.parent_uuid is not None}
     return [d for d in devices if d.mig_index is None and d.healthy and d.uuid not in split]
+
+
+@dataclass(frozen=True, slots=True)
+class WantedLimits:
+    """The targets `wanted_limits` gave, with what they were computed from, to reuse while nothing changed
+    (`computed_from`). Keyed on the pods, node labels and DRA shares the sources handed out, compared with ``==``
+    (as fast as ``is`` for the same mapping, which a source keeps handing out until something changes:
+    `ports.PodSource`), and on the GPUs by value: UUID, index and size."""
+
+    pods: Mapping[str, PodInfo]
+    node_labels: Mapping[str, str]
+    shares: Mapping[str, PodShares] | None
+    gpus: tuple[tuple[str, int, int], ...]
+    targets: tuple[LimitTarget, ...]
+
+    @classmethod
+    def of(
+        cls,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None,
+        gpus: Iterable[GpuDevice],
+        targets: tuple[LimitTarget, ...],
+    ) -> WantedLimits:
+        return cls(pods, node_labels, shares, _shape(gpus), targets)
+
+    def computed_from(
+        self,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None,
+        gpus: Iterable[GpuDevice],
+    ) -> bool:
+        return (self.pods, self.node_labels, self.shares, self.gpus) == (pods, node_labels, shares, _shape(gpus))
+
+
+def _shape(gpus: Iterable[GpuDevice]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
 
 
 def wanted_limits(

@@ -35,7 +35,11 @@ class ProcessIdentifier(Protocol):
 
 
 class PodSource(Protocol):
-    """The pods bound to this node, from a cache: no API call per scan."""
+    """The pods bound to this node, from a cache: no API call per scan.
+
+    What it hands out it replaces, never mutates, and so does a `ClaimSource`: a new mapping once something in it
+    changes, the same object for a pod (or a pod's shares) while nothing the agent reads of it changes. The
+    memos downstream key on those objects (`quota.QuotaBook`, `limits.WantedLimits`)."""
 
     def pods(self) -> Mapping[str, PodInfo]:
         """Pods by UID."""

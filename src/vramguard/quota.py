@@ -192,9 +192,24 @@ def resolve_pod_quota(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """One pod's quota and what it was resolved from. Keyed on the PodInfo and the PodShares objects themselves,
+    by identity (the sources hand out a new one only when it changes: `ports.PodSource`), and on the node's
+    labels by value."""
+
+    pod: PodInfo
+    node_labels: Mapping[str, str]
+    shares: PodShares | None
+    quota: PodQuota
+
+    def resolved_from(self, pod: PodInfo, node_labels: Mapping[str, str], shares: PodShares | None) -> bool:
+        return self.pod is pod and self.shares is shares and self.node_labels == node_labels
+
+
 class QuotaBook:
-    """Quotas per pod, resolved once per pod object: the pod cache hands out a new PodInfo only when it changes,
-    and the claim source a new `PodShares` only when what the pod's containers hold changes.
+    """Quotas per pod, each resolved again only when its pod, its DRA shares or the node's labels change
+    (`_Resolved`).
 
     `resolve` also says which invalid quota values are new: each is reported once per pod, again only when a
     changed pod carries different errors (an edit that fixes nothing does not repeat the report).
@@ -202,7 +217,7 @@ class QuotaBook:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._book: dict[str, tuple[PodInfo, Mapping[str, str], PodShares | None, PodQuota]] = {}
+        self._book: dict[str, _Resolved] = {}
 
     def resolve(
         self,
@@ -211,20 +226,20 @@ class QuotaBook:
         shares: Mapping[str, PodShares] | None = None,
     ) -> tuple[dict[str, PodQuota], list[tuple[PodInfo, QuotaError]]]:
         """(quota by pod UID, the invalid values to report now). `shares`: by pod UID, from the claim source."""
-        book: dict[str, tuple[PodInfo, Mapping[str, str], PodShares | None, PodQuota]] = {}
+        book: dict[str, _Resolved] = {}
         new_errors: list[tuple[PodInfo, QuotaError]] = []
         for uid, pod in pods.items():
             held = shares.get(uid) if shares is not None else None
             cached = self._book.get(uid)
-            if cached is not None and cached[0] is pod and cached[2] is held and cached[1] == node_labels:
+            if cached is not None and cached.resolved_from(pod, node_labels, held):
                 book[uid] = cached
                 continue
             pq = resolve_pod_quota(pod, self.policy, node_labels, held)
-            if pq.errors and (cached is None or cached[3].errors != pq.errors):
+            if pq.errors and (cached is None or cached.quota.errors != pq.errors):
                 new_errors.extend((pod, err) for err in pq.errors)
-            book[uid] = (pod, dict(node_labels), held, pq)
+            book[uid] = _Resolved(pod, dict(node_labels), held, pq)
         self._book = book  # pods that left the cache leave the book
-        return {uid: entry[3] for uid, entry in book.items()}, new_errors
+        return {uid: entry.quota for uid, entry in book.items()}, new_errors
 
 
 def invalid_message(err: QuotaError) -> str:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard.limits import limits_enabled, wanted_limits, with_driver_usage
+from vramguard.limits import WantedLimits, limits_enabled, wanted_limits, with_driver_usage
 from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
 from vramguard.quota import QuotaBook
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
@@ -112,3 +112,18 @@ def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> 
         ("trainer", 3 * GiB, 5 * GiB), ("quiet", 0, 1 * GiB)
     ]  # fmt: skip
     assert with_driver_usage(snapshot, held, {}) == (snapshot, ())
+
+
+def test_wanted_limits_are_kept_while_the_sources_hand_out_the_same_inputs() -> None:
+    """The memo keys on the mappings the sources handed out and on the GPUs' UUID, index and size."""
+    gpu0 = gpu(0, 24 * GiB)
+    pods = {TRAINER.uid: TRAINER}
+    labels = {"zone": "a"}
+    memo = WantedLimits.of(pods, labels, None, [gpu0], ())
+    assert memo.computed_from(pods, labels, None, [gpu0])
+    assert memo.computed_from(pods, labels, None, [replace(gpu0, healthy=True)]), "the same GPU, read again"
+    assert not memo.computed_from({}, labels, None, [gpu0]), "other pods"
+    assert not memo.computed_from(pods, {"zone": "b"}, None, [gpu0]), "other labels"
+    assert not memo.computed_from(pods, labels, {}, [gpu0]), "DRA shares appeared"
+    assert not memo.computed_from(pods, labels, None, [replace(gpu0, total_bytes=48 * GiB)]), "another size"
+    assert not memo.computed_from(pods, labels, None, []), "the GPU left"

@@ -840,6 +840,18 @@ def test_quota_book_forgets_pods_that_left() -> None:
     assert len(book.resolve({p.uid: p}, {})[1]) == 1
 
 
+def test_quota_book_resolves_again_only_for_a_new_pod_object_or_new_labels() -> None:
+    """The book keys on the pod object itself (sources replace, never mutate) and on the labels by value."""
+    book = QuotaBook(Policy(quota_sources=(f"annotation:{LIMIT}",)))
+    p = _book_pod("4Gi")
+    first = book.resolve({p.uid: p}, {"zone": "a"})[0][p.uid]
+    assert book.resolve({p.uid: p}, {"zone": "a"})[0][p.uid] is first, "same pod, equal labels: kept"
+    assert book.resolve({p.uid: p}, {"zone": "b"})[0][p.uid] is not first, "new labels: resolved again"
+    again = book.resolve({p.uid: p}, {"zone": "b"})[0][p.uid]
+    equal = _book_pod("4Gi")
+    assert book.resolve({equal.uid: equal}, {"zone": "b"})[0][p.uid] is not again, "a new pod object: resolved again"
+
+
 def test_reads_claims_only_with_a_claim_source() -> None:
     assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
     assert not reads_claims(DEFAULT_QUOTA_SOURCES)
