@@ -1,31 +1,10 @@
-"""Which pod and container a process belongs to, from the text of /proc/<pid>/cgroup.
+"""Cgroups of pods and containers: whose a process is, from the text of /proc/<pid>/cgroup (`parse_cgroup`), and
+where their directories are on the cgroup filesystem (`v2_root`, `pod_cgroups`, `locate_cgroups`).
 
-The kubelet names its cgroups after the pod UID and the runtime names the container's leaf after the container
-ID, so the path alone identifies both. The shapes this parser understands:
-
-- cgroupfs driver: ``/kubepods[/burstable|/besteffort]/pod<uid>/<64-hex id>``, CRI-O leaf ``crio-<id>``;
-- systemd driver: ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _>.slice/
-  cri-containerd-<id>.scope`` (also ``crio-<id>.scope``, ``docker-<id>.scope``); Guaranteed pods sit directly
-  under kubepods (``kubepods-pod<uid>.slice``);
-- kind nests the whole tree under ``/kubelet.slice/kubelet-kubepods.slice/...`` or ``/kubelet/kubepods/...``;
-- a reader in a private cgroup namespace sees paths relative to its own cgroup: ``0::/../../kubepods-...``.
-  That is why nothing here is anchored at ``^/kubepods``: the pod segment is found wherever it is.
-
-cgroup v1 lists one line per hierarchy (``N:controller[,controller]:/path``), v2 a single ``0::/path``; a
-hybrid host has both, and often only one of them names the pod (``0::/`` next to v1 kubepods paths). Every
-line is tried; a line naming a container wins over one naming only the pod.
-
-Decisions:
-- ``crio-conmon-<id>`` (CRI-O's container monitor) gives ``None``: conmon is runtime plumbing that happens to
-  live in the pod's cgroup, not the workload. Attributing it to the pod would count it against the pod's quota
-  and, worse, make it a kill candidate; as "not in a pod" it is only ever reported.
-- A process in the pod cgroup itself (no container leaf) gives an identity with ``container_id=None``.
-- A pod cgroup whose leaf is not a container ID this parser knows gives ``None``: an unknown layout must show
-  up as unattributed usage, never be guessed into a container.
-- The pause/sandbox container cannot be told apart from a workload container by its path (both are a runtime
-  leaf with a 64-hex ID), so it parses like any container. It is filtered where the pod is known: its sandbox
-  ID is not among the pod's container statuses, so it never gets a container name and never appears in a
-  violation's ``container_ids``.
+The path alone names the pod (the kubelet's directory) and the container (the runtime's leaf), under the
+cgroupfs and systemd drivers, kind's nesting and a private cgroup namespace alike. The shapes understood and
+the decisions taken (conmon, the sandbox, unknown leaves): `docs/design.md` "Pod and container from a cgroup
+path".
 """
 
 from __future__ import annotations

@@ -85,60 +85,11 @@ _NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 class ProcIdentifier:
     """Reads and caches the identity of host processes: (pid, start time) → cgroup identity. Holds no fds.
 
-    A cached entry must still describe the process now at its PID. Checking that by re-reading field 22 of
-    /proc/<pid>/stat costs ~10-16 µs per process, too much for 512 GPU processes per scan; keeping a pidfd per
-    process (the earlier design) costs an fd per GPU process, and ~1,000 of them exhausted a 1024-fd limit.
-    Instead, a scan asks the kernel where it has handed out PIDs since the previous scan, and re-reads only the
-    entries whose PID is in that range.
-
-    The PID cursor. The kernel hands out PIDs cyclically: the next free number after the last one handed out,
-    wrapping from pid_max - 1 to 300. /proc/loadavg names the last PID handed out in the reader's namespace,
-    /proc/stat counts forks since boot (threads included, all namespaces, so it over-counts for a child
-    namespace, which is safe). Once per `scan()`, before checking entries, the identifier reads that cursor (and
-    pid_max). Between the previous scan's reading A and this one's B, every process created got a PID in the
-    cyclic interval (A, B] — unless the cursor went a whole lap (see `new_pid_window` for how that is ruled
-    out), a read failed, or this is the first scan: then every entry is checked through stat.
-
-    Why an entry outside (A, B] needs no check. The invariant: after a scan, every cached identity is that of
-    the most recent process to have been handed its PID as of that scan's reading (or later). Entries read or
-    stat-checked after the reading satisfy it by construction (so do those `identify()` reads between scans);
-    for the others, take an entry whose PID is outside (A, B]: no process was handed that PID between the
-    readings, so its most recent holder as of B is still the one as of A, the cached one. The process the NVML
-    sample lists at that PID (taken between A and B, before this scan's reading) is therefore the cached one, or
-    an exited process NVML has not let go of yet. An entry inside (A, B] is checked by its stat start time and
-    re-read when that changed; a new PID is read as before. The reading is stored only once every entry inside
-    the window has been checked: a scan that raises half way keeps the older reading, whose window covers more.
-
-    Same tick. Start times count clock ticks (10 ms), so a stat check cannot tell a process from one handed its
-    PID later within the tick it started in. That can only fool an entry read within that tick (the newcomer
-    comes after the read): such entries are marked and re-read, cgroup included, whenever they would be
-    stat-checked (the earlier pidfd design did not have this gap; a PID recycled that fast needs the cursor set
-    by hand or a nearly full PID space).
-
-    The narrow race, as before: a PID recycled between the NVML sample and this scan's reading gives the sampled
-    memory the newcomer's identity (stat would too); the killer re-checks every identity before it signals.
-
-    What can defeat the cursor, and what bounds the damage:
-    - host root can hand out a chosen PID without moving the cursor (clone3 ``set_tid``) or move the cursor by
-      hand (``/proc/sys/kernel/ns_last_pid``); both need CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the host's
-      PID namespace, which a pod only has when it is privileged, and then it owns the node anyway;
-    - a fork that fails after its PID was handed out (a pod's ``pids.max`` reached, a ``CLONE_PIDFD`` without a
-      free fd, a signal arriving mid-fork) moves the cursor but is not counted in /proc/stat. Any process can do
-      this (measured here: ~10,000 per second per core with plain fork() against pids.max). Going a whole lap
-      unnoticed needs more than half the ring burnt that way between two scans (>16,000 failed forks with
-      pid_max 32768; >2 million with the common 4194304), *and* a freed GPU PID taken by a GPU process;
-    - so every scan also re-checks the `audit_per_scan` entries least recently checked through stat (round
-      robin), which bounds how long any wrong identity can survive to cache_size / audit_per_scan scans.
-    Acting on a violation should still re-check the processes it names (`identify()` checks through stat).
-
-    The cursor is used only when `<proc_root>/self` names this process (the procfs is of the agent's own PID
-    namespace, whose cursor /proc/loadavg reports); with a fake tree (tests) or another namespace's /proc, every
-    entry is checked through stat.
-
-    The cache trusts that a process keeps its cgroup for its whole life: the kubelet and runtimes place a
-    container's processes before they exec the workload, so that holds for anything that can hold GPU memory;
-    a process moved by hand later keeps its old attribution until it restarts. The killer never relies on this
-    cache: it re-reads the cgroup right before signalling.
+    A scan re-reads (through /proc/<pid>/stat) only the cached entries whose PID the kernel may have handed out
+    since the previous scan (the PID cursor), plus `audit_per_scan` of the least recently checked; the cursor
+    is used only when `proc_root` is of the agent's own PID namespace. Why that keeps every entry true, and what
+    can defeat it: `docs/design.md` "Identifying GPU processes". The killer never relies on this cache: it
+    re-reads the cgroup right before signalling.
     """
 
     def __init__(
@@ -168,7 +119,7 @@ class ProcIdentifier:
     @property
     def misses(self) -> int:
         """Lookups that read and parsed /proc/<pid>/cgroup: new processes, recycled PIDs, and entries a start
-        time cannot vouch for (see "same tick" in the class docstring)."""
+        time cannot vouch for (`docs/design.md` "Same tick")."""
         return self._misses
 
     @property
@@ -206,9 +157,9 @@ class ProcIdentifier:
     def scan(self, pids: Iterable[int]) -> dict[int, Identity]:
         """Identify every pid of one scan, and forget the cached ones that were not asked about.
 
-        `pids` must come from a sample taken before this call (see the class docstring). Forgetting is what
-        bounds the cache: it holds at most the processes of the latest scan. Gone processes are absent from the
-        result (attribution reports them as "process gone").
+        `pids` must come from a sample taken before this call (`docs/design.md` "Why an entry outside (A, B] needs
+        no check"). Forgetting is what bounds the cache: it holds at most the processes of the latest scan. Gone
+        processes are absent from the result (attribution reports them as "process gone").
         """
         found: dict[int, Identity] = {}
         cache = self._cache

@@ -1,63 +1,9 @@
 """SIGKILL the GPU processes of a violating container, all of them, without ever hitting a recycled PID.
 
-Which processes: the ones NVML reported for the violation (its `processes`, each with the start time it had
-when sampled), plus every other process of the violating containers that holds an open GPU device file. GPU
-memory is freed only when the last holder of /dev/nvidia* exits, and a forked child (a DataLoader worker, a
-shell that spawned the trainer) keeps it alive without NVML necessarily listing it. A process of the container
-that holds no device file is left alone: it holds no GPU memory, and the container's restart (or the next
-scan) takes care of the rest. That keeps the blast radius to what frees the memory, which is also why the
-killer does not use cgroup.kill. A repeat (`every_process`: the container was killed in within the cooldown and
-is over its quota again, so something in it respawns GPU workers) takes every process of the container, the
-supervisor too, so that the runtime's restart policy and the kubelet's back-off take over.
-
-Finishing the job. A container that keeps forking can outrun a kill that lists its processes and then signals
-them: a child forked after the listing survives. So, for each violating container:
-
-1. find its cgroup directory: in the cgroup2 hierarchy (``0::``), else in v1's ``freezer``, the path one of its
-   processes names must be the violating container's; the directory naming that container is then found from
-   the mount's root (`cgroup.pod_cgroups`), so a path read through a private cgroup namespace (``/../..``)
-   needs no guessing. A directory is accepted only when its ``cgroup.procs`` lists the process the path was
-   read from: a process is in exactly one cgroup per hierarchy, so a look-alike directory is never accepted;
-2. freeze it (v2 ``cgroup.freeze``, v1 ``freezer.state``; waiting at most `freeze_timeout_s` for the kernel to
-   report it frozen) — never when the agent itself is inside, and only once the freeze is written down in the
-   journal (`freezes.py`), so that an agent killed mid-freeze leaves its successor a cgroup to thaw; without a
-   journal, nothing is frozen;
-3. while frozen, list its processes from ``cgroup.procs`` (its own and its sub-cgroups'): nothing in it can
-   fork, so the list is complete. Each one holding the device (each one, for `every_process`) is checked and
-   signalled as below;
-4. thaw it, always (a ``finally``; the file is opened before freezing, so the thaw needs no new fd). A
-   SIGKILLed task of a frozen v2 cgroup dies at once; on v1 it dies once thawed;
-5. wait for the signalled processes to exit (polling /proc, no fd held), then look again; repeat for at most
-   `max_rounds` rounds within `exit_timeout_s`. Where the directory cannot be found, or frozen (a read-only
-   cgroupfs), the rounds are the whole mechanism, listing processes from cgroup.procs or, failing that, by
-   walking /proc.
-
-How each process is signalled:
-
-1. ``os.pidfd_open(pid)``: the fd now refers to one process, whatever later happens to the number;
-2. through /proc/<pid>, check that its start time is the expected one and that its cgroup still names the
-   violating pod and one of the violating containers;
-3. ``signal.pidfd_send_signal(fd, SIGKILL)``, and close the fd.
-
-Why checking /proc *after* opening the pidfd is enough: call P the process the pidfd refers to. If P is still
-alive when the signal is sent, it was alive during the checks in step 2 (a process does not come back), and
-while P is alive no other process can have its PID, so /proc/<pid> described P: the checks were about P. If P
-died at any point after step 1, the kernel answers the signal with ESRCH and nothing is sent, even if the number
-now belongs to someone else. Opening first and checking second closes the window that kill(pid) has (check,
-PID recycled, signal hits the newcomer). The start time comparison is what rejects a PID that was already
-recycled between the NVML sample and step 1. (Start times count clock ticks, so a PID reused within the same
-tick would pass it; that needs the whole PID space to wrap within ~10 ms.) The freeze only makes the list
-complete: it never decides what is signalled, so a frozen directory that were somehow the wrong one could
-delay its processes by a few milliseconds, never kill them.
-
-Gone is not unreadable. A process is "gone" only on ENOENT/ESRCH. An EMFILE (the agent out of fds), an EACCES
-(no CAP_SYS_PTRACE for /proc/<pid>/fd) says nothing about the process: it is skipped with a "cannot read"
-reason and, if it may still hold the GPU, reported in `remaining`. The killer holds at most three fds at a time
-(the freeze file of the container being handled, one pidfd, one /proc or cgroupfs file), and when an open fails
-with EMFILE/ENFILE it retries after short sleeps (at most `_FD_WAIT_S` per kill in all).
-
-This requires the PID numbers of `proc_root` to be the agent's own (``hostPID: true`` and the host's /proc);
-the killer checks that and signals nothing otherwise.
+`PidfdKiller` takes the processes NVML reported and every other process of the container holding a GPU device
+file, freezes the container's cgroup while it lists them, and signals each through a pidfd opened before its
+identity is checked. Requires the host's PID namespace (``hostPID: true``). Why each step: `docs/design.md`
+"Killing a container's GPU processes".
 """
 
 from __future__ import annotations
@@ -189,7 +135,7 @@ class _Sweep:
 
 
 class PidfdKiller:
-    """The `Killer` that freezes, lists, verifies and signals through pidfds (see the module docstring).
+    """The `Killer` that freezes, lists, verifies and signals through pidfds (`docs/design.md` "Finishing the job").
 
     `proc_root` must be the host's /proc as the agent sees it (hostPID); `cgroup_root` the host's cgroup
     filesystem (``/sys/fs/cgroup``, or wherever the DaemonSet mounts it, e.g. ``/host/sys/fs/cgroup``): without

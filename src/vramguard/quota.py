@@ -1,55 +1,8 @@
 """Which VRAM quota applies to each container of a pod: sources, policy defaults, burst and namespace caps.
 
 `resolve_pod_quota` is pure: it reads the pod as the pod cache holds it, the policy and the node's labels, and
-never raises on what a user wrote. The rules (DESIGN.md "Quotas"):
-
-1. **Sources, per container, in `policy.quota_sources` order.** Each container walks the list and stops at the
-   first source that gives it a valid value:
-   - `resource:<name>`: the container's own `resources.limits[<name>]`, converted with that name's unit. The
-     container gets its own quota in `PodQuota.containers`.
-   - `annotation:<name>`: the pod's annotation. The container is covered by the one pod-wide quota,
-     `PodQuota.pod`, which the decision core checks against the summed usage of every covered container.
-   - `claim:<driver or device class>`: the GPU memory shares the container's DRA claims hold (`vramguard.dra`),
-     one quota per GPU in `PodQuota.shares`; the container is held to nothing on a GPU it holds no share of. A
-     claim that cannot be read is a `QuotaError` like any bad value, and the walk goes on.
-   So in a pod with a `vramguard.io/vram` limit on `trainer` and a `vramguard.io/vram-limit` annotation,
-   `trainer` has its own quota and every other container shares the annotation's. Reorder the sources to put an
-   annotation first and it covers every container, limits or not.
-2. **The pod-wide quota is the first valid annotation source**, and it is set whenever the pod carries one,
-   even if every listed container has a limit of its own: it then covers usage from containers the pod cache
-   does not list. The invariant the decision core relies on: when `pod` is set, every container absent from
-   `containers` and `shares` is covered by it; when it is not, such containers are unmanaged.
-3. **Invalid values never raise.** A value that does not parse (`12GB`, `-1`, `abc`, an overflow) or is below
-   the 1 MiB minimum of every quota (`0`, `0.5`, `100`, `12m`; `quantity.MIN_QUOTA_BYTES`, whatever the source's
-   unit, the burst included) adds a `QuotaError` naming the field and the value, and the walk goes on to the
-   next source. Only values the walk actually reads are reported: a bad value shadowed by a valid one of higher
-   precedence is never looked at. Once the pod is resolved, each error's `applies` says what governs instead
-   what the bad value would have governed (`limits[nvidia.com/gpumem] 2Gi`, `default fixed 4Gi`, `no quota:
-   unmanaged`), and `invalid_message` builds the VRAMQuotaInvalid text from it, bounded whatever the input.
-4. **Policy default** (`policy.default_for(namespace)`) for a container no source covers, one per container:
-   `none` leaves it unmanaged (absent from `containers`); `fixed` gives it that many bytes; `fair-share` gives
-   it `share_divisor = nvidia.com/gpu.replicas`. A node without that label does not time-slice its GPUs, so the
-   share is the whole GPU (replicas=1). A label that is not a positive integer cannot be trusted either way: the
-   pod gets a `QuotaError` naming the label, and the containers stay unmanaged rather than get a made-up share
-   (outside a capped namespace; see 6).
-5. **Burst**: the `vramguard.io/vram-burst` annotation sets `burst_bytes` on every quota of the pod. A burst
-   below any of the pod's byte quotas (compared before capping) is a `QuotaError` and is ignored for the whole
-   pod; so is a burst on a pod with no quota at all, since it would silently do nothing. A fair share cannot be
-   compared before it meets a device; `Quota.hard_for` takes the larger of the two there.
-6. **Namespace cap** (`policy.cap_for(namespace)`): no quota, from any source or default, and no burst, may
-   exceed it, so users cannot exempt themselves by annotating their own pod. A capped quota's source ends with
-   ` capped by namespace max 16Gi`. Nor can they exempt themselves by writing a quota that is missing or
-   invalid: in a capped namespace every listed container that no source covers and the default leaves without
-   a quota (`none`, or a fair share whose replicas label is invalid) is held to the cap itself, with the source
-   `namespace max_quota 16Gi (no valid quota)`. That includes the containers an invalid pod-wide annotation
-   would have covered. The cap fallback takes no burst: a burst could only ever be capped back to the cap.
-   Limitations: a fair share is only bytes once it meets a device, so its cap travels in `Quota.cap_bytes`; and
-   containers the pod cache does not list (an ephemeral container, a container whose status has no ID yet)
-   are covered only by a pod-wide quota, as rule 2 says, so a pod without a valid annotation leaves them
-   unmanaged even in a capped namespace.
-
-Policies built by `vramguard.policy` contain only valid sources; a `Policy` built in code with a source this
-module cannot read skips that source.
+never raises on what a user wrote. The rules: `docs/design.md` "Quotas". Policies built by `vramguard.policy`
+contain only valid sources; a `Policy` built in code with a source this module cannot read skips that source.
 """
 
 from __future__ import annotations
