@@ -2,24 +2,8 @@
 
 Pure functions only, in the manner of the kubelet's eviction `helpers.go`: `now` is an argument, the previous
 `DecisionState` comes in and the next one goes out, and nothing here reads a clock, logs or touches a process.
-
-Vocabulary:
-- A *subject* is what a quota applies to on one device: a container with its own quota, or a whole pod whose
-  containers share a pod-wide quota (an annotation).
-- A *violation* is a subject whose usage is above its limit (the quota; the soft limit when a burst is set).
-  It is *hard* when usage is also above the hard limit (the burst when set, else the quota).
-- An *episode* is the unbroken run of scans in which a subject violates. It starts with one warning and ends
-  the first scan the subject is back under its limit, so warnings are deduplicated per episode.
-- A GPU is *under pressure* from the scan its free memory drops below the policy's threshold until it has stayed
-  above it for `pressure_transition_s` (the kubelet's pressure transition period), so a GPU hovering around the
-  threshold does not flap.
-- A *repeat* is a due violation of a container instance (its runtime ID) that the agent killed less than
-  `cooldown_s` ago: a supervisor respawned its GPU workers. The cooldown spaces actions on a *restarted*
-  container (a new ID, as after the kubelet restarts it); it never shields the instance that was just killed,
-  which is acted on at once, one step further (`Policy.on_repeat_for`).
-- *Who goes first* is a composition of comparators, as in the kubelet's eviction ranking
-  (`orderedBy(exceedMemoryRequests, priority, memory)`): `VICTIM_ORDER` is `ordered_by(by_overage, by_priority,
-  by_usage, by_uid)`.
+Its words (subject, violation, episode, pressure, repeat, who goes first): `docs/design.md` "The decision core's
+vocabulary".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Driver-level memory limits: which cgroup should hold which hard limit on which GPU. Pure.
 
-NVIDIA's driver R615 added a hard GPU memory limit per cgroup (`nvmlDeviceSetMemoryLimits_v1`): an allocation
-that would take the cgroup over it fails with CUDA out-of-memory *in that cgroup only*, so a neighbour never
-runs short while the agent's poll comes round. In the enforcing modes (evict, kill; never warn or dry-run) the
-agent asks for one limit per container that has a quota, on every whole GPU of the node, or one on the pod's
-cgroup for a pod-wide quota; a DRA share (a `claim:` quota source) goes on its own GPU only:
-
-- the hard limit is the quota's hard limit (its burst where one is set, else the quota itself), capped at the
-  GPU's memory, as the driver refuses more; the soft limit is always 0 (a soft limit reserves memory in every
-  parent cgroup and would outlive a removed cgroup), so the quota stays the reactive soft limit;
-- the pod's own cgroup holds the sum of its containers' limits (NVIDIA enforces a parent's limit on everything
-  below it; the container's own limit is what `cuMemGetInfo` inside it reports);
-- never on a MIG instance (the driver does not support MIG handles), an unhealthy GPU, the agent's own pod or
-  an exempt namespace.
-
-`limiter.DriverLimiter` programs these on a worker; the reactive loop goes on unchanged as the backstop (UVM
-memory, MIG, cgroup v1 hosts, drivers before R615).
+In the enforcing modes, one hard limit per container with a quota (its burst where set, capped at the GPU's
+memory) on each whole GPU, the pod's own cgroup holding the sum, a DRA share on its GPU only; never on a MIG
+instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/design.md` "Driver memory limits".
+`limiter.DriverLimiter` programs them; the reactive loop stays the backstop.
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
 """The policy file: YAML → a validated `model.Policy`.
 
-Schema. Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error,
-so a typo never passes silently (`config/policy.example.yaml` is the commented copy):
-
-    mode: warn                 # warn | evict | kill: what the agent does to an offender
-    hard_grace: 0s             # duration above the hard limit (quota, or burst where set) before acting
-    soft_grace: 60s            # duration above the soft limit (the quota, when a burst is set) before acting
-                               # while the GPU has headroom; under pressure the agent does not wait
-    pressure_threshold: 5%     # a GPU is under pressure when its free memory is below this: a byte quantity
-                               # (2Gi), a percentage of the GPU's memory (5%), or a list of one of each
-                               # ([2Gi, 5%]: under pressure when below either); [] turns pressure off
-    pressure_transition_period: 30s  # duration a GPU's free memory must stay above the threshold before it
-                               # leaves pressure (0s: at once)
-    max_actions_per_scan: 1    # integer >= 1: the most evictions or kills in one scan (warnings, one per
-                               # violation episode, are not counted)
-    cooldown: 60s              # duration during which a pod is left alone after an action on it, except the
-                               # container instance just killed in: found over its quota again, it is a repeat
-    on_repeat: kill-container  # kill-container | evict | wait: what a repeat gets (its supervisor respawned GPU
-                               # workers): every process of the container, the pod evicted, or nothing until the
-                               # cooldown ends. Default: kill-container in kill mode, evict in evict mode
-    on_eviction_refused: wait  # wait | kill: when PodDisruptionBudgets keep refusing an eviction
-    eviction_timeout: 15s      # duration > 0: how long the agent tries to evict a pod, retries included, before
-                               # it counts the eviction as refused (then on_eviction_refused applies)
-    driver_limits: auto        # auto | off | require: program the driver's per-cgroup memory limits (R615+) from
-                               # quotas in evict and kill modes; require makes /readyz fail where they cannot
-    exempt_namespaces: [kube-system]  # never acted on; replaces the default list, so keep kube-system in it.
-                                      # The agent adds its own namespace at runtime.
-    quota_sources:             # precedence order; resource:<name> reads a container limit, annotation:<name> a
-      - resource:vramguard.io/vram  # pod annotation. Only names whose unit vramguard knows are accepted.
-      - ...
-    default: {kind: none}      # for containers no source covers: {kind: none} (unmanaged),
-                               # {kind: fixed, bytes: 8Gi}, or {kind: fair-share} (GPU ÷ gpu.replicas label)
-    namespaces:                # per-namespace overrides, keyed by namespace name
-      team-a:
-        mode: kill             # overrides mode
-        max_quota: 16Gi        # cap on every quota and burst in the namespace, whatever its source; a
-                               # container whose quota is missing or invalid gets the default, else this
-        default: {kind: fixed, bytes: 4Gi}  # overrides default
-        on_repeat: evict       # overrides on_repeat
+Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error, so a typo
+never passes silently. The schema, commented: `config/policy.example.yaml`.
 
 Values: durations are `500ms`, `30s`, `5m`, `1h`, `1m30s` or a number of seconds; byte quantities are
 Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.quantity`). A quota (`default.bytes`,

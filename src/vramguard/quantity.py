@@ -1,33 +1,8 @@
 """Units of measure: Kubernetes byte quantities, the peers' VRAM units, durations and percentages.
 
-Byte quantities follow Kubernetes' `resource.ParseQuantity` followed by `Quantity.Value()`
-(k8s.io/apimachinery/pkg/api/resource/quantity.go):
-
-    quantity ::= [+-] number [suffix]
-    number   ::= digits | digits "." [digits] | "." digits
-    suffix   ::= Ki | Mi | Gi | Ti | Pi | Ei          (powers of 2^10)
-               | k | M | G | T | P | E               (powers of 10^3)
-               | (e | E) [+-] digits                 (exponent: 12e9)
-
-A fractional number of bytes is rounded *up* to a whole byte, as `Value()` does (`1.5` → 2, `1.1Ki` → 1127).
-Where this module is stricter than Kubernetes, it is so on purpose, because a quota that parses to something
-the user did not mean is worse than an error:
-- Sub-unit suffixes `m`, `u`, `n` are rejected: `12m` is 12 milli-bytes to Kubernetes (rounded up to 1 byte)
-  and is almost always a typo for `12M` or `12Mi`; a 1-byte quota would condemn every workload.
-- Values above 2^63-1 bytes are rejected; Kubernetes silently caps them at that maximum.
-- Negative values are rejected; Kubernetes parses them and leaves the rejection to validation.
-- Whitespace is rejected rather than trimmed: annotations are free text and the API server never trims them.
-
-Counts of a peer's unit (`aliyun.com/gpu-mem: 3` is 3 GiB) are Kubernetes quantities that must be whole numbers,
-as the API server requires of every extended resource; binary suffixes are refused there because `2Gi` of a MiB
-count is a byte quantity written in the wrong place.
-
-Quotas. A quota is at least `MIN_QUOTA_BYTES` (1 MiB), whatever its source and unit: every quota source, the
-burst annotation, the policy's fixed default and a namespace's `max_quota` are read with `parse_quota_bytes`,
-which refuses `0`, `-0`, `0.5`, `100` and `1023Ki` the way it refuses `12m`. A quota that small is not a limit
-anyone means: it would kill every workload at its first allocation, so it is an error the tenant sees
-(VRAMQuotaInvalid) and `vramguard policy check` names, never an enforcement. Quantities that are not quotas (the
-policy's `pressure_threshold` bytes, the CLI's `--capacity-reserve`) use `parse_quantity` and accept 0.
+Byte quantities are read as Kubernetes' `resource.ParseQuantity` then `Quantity.Value()` read them, stricter
+where a quota that parses to something the user did not mean is worse than an error; a quota is at least
+`MIN_QUOTA_BYTES`. The grammar and each strictness: `docs/design.md` "Quantities".
 """
 
 from __future__ import annotations
@@ -44,7 +19,7 @@ from vramguard.model import GiB, MiB
 from vramguard.text import show_value
 
 MAX_BYTES: Final = 2**63 - 1  # the int64 behind a Kubernetes Quantity
-MIN_QUOTA_BYTES: Final = MiB  # the smallest quota: below it no GPU workload runs at all (see the module docstring)
+MIN_QUOTA_BYTES: Final = MiB  # the smallest quota: below it no GPU workload runs at all (`docs/design.md` "Quantities")
 # Long enough for any honest quantity (19 digits plus a suffix); bounds the work and the error messages.
 MAX_LENGTH: Final = 64
 
