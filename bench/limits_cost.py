@@ -66,6 +66,7 @@ from vramguard.model import GiB, MiB
 from vramguard_testbed.cgroups import cgroups_unavailable, device_holder_argv
 from vramguard_testbed.fakenvml import NVML_ERROR_UNKNOWN, clear_driver_state
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port
+from vramguard_testbed.waiting import WaitTimeout
 
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -347,7 +348,7 @@ def measure(
     try:
         try:
             node.wait_ready(timeout_s=args.ready_timeout)
-        except TimeoutError:
+        except WaitTimeout:
             tail = log.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the agent ({driver}) was not ready; its log ends:\n{tail}") from None
         time.sleep(args.warmup)

@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,13 +49,15 @@ sys.path[:0] = [str(REPO / "tests")]
 
 from kubernetes import client  # noqa: E402
 
-from helm_fixtures import HELM  # noqa: E402
 from cluster.containerd import IMAGES  # noqa: E402
 from cluster.node import raw  # noqa: E402
 from cluster.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
+from helm_fixtures import HELM  # noqa: E402
 from vramguard import __version__  # noqa: E402
+from vramguard.cgroup import v2_root as find_v2_root  # noqa: E402
 from vramguard.model import MiB  # noqa: E402
 from vramguard_testbed.fakenvml import LimitCall, limit_calls  # noqa: E402
+from vramguard_testbed.waiting import WaitTimeout, wait_until  # noqa: E402
 
 LIMIT_MAX = 0xFFFFFFFFFFFFFFFF  # NVML_DEVICE_MEMORY_LIMIT_MAX: a set to it clears the limit
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -101,10 +103,10 @@ def start_time(pid: int) -> float | None:
 
 
 def v2_root() -> Path:
-    """The cgroup v2 hierarchy: /sys/fs/cgroup on a pure v2 host, its ``unified`` directory on a hybrid one."""
-    for candidate in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        if (candidate / "cgroup.controllers").exists():
-            return candidate
+    """The cgroup v2 hierarchy (`vramguard.cgroup.v2_root`); exits where the host has none."""
+    root = find_v2_root(str(CGROUP_ROOT))
+    if root is not None:
+        return Path(root)
     raise SystemExit("limits_window: no cgroup v2 hierarchy on this host: the driver's limits need one")
 
 
@@ -175,16 +177,6 @@ def describe_build() -> None:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.5) -> bool:
-    """Whether `predicate` came true within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
-
-
 def other_kubelets() -> list[int]:
     """PIDs of kubelets already running: another real node shares this host's /kubepods, address and bridge."""
     found = []
@@ -217,9 +209,13 @@ def wait_running(cluster: Cluster, rows: list[Row], timeout_s: float) -> None:
                 running[pod["metadata"]["name"]] = pod
         return len(running) == len(rows)
 
-    if not wait_for(all_running, timeout_s, interval_s=1.0):
+    try:
+        wait_until(all_running, timeout_s, what="every pod Running", interval_s=1.0)
+    except WaitTimeout:
         pending = sorted(set(by_name) - set(running))
-        raise SystemExit(f"limits_window: {len(pending)} pods not Running after {timeout_s:.0f} s: {pending[:10]}")
+        raise SystemExit(
+            f"limits_window: {len(pending)} pods not Running after {timeout_s:.0f} s: {pending[:10]}"
+        ) from None
     tasks = {}
     for line in cluster.node.containerd.ctr("task", "ls").splitlines()[1:]:
         task, task_pid, task_status = line.split()[:3]
@@ -368,7 +364,7 @@ def measure(cluster: Cluster, pods: int, running_timeout_s: float, limits_timeou
     cluster.gpu({}, memory_limits=True)
     try:
         cluster.helm_install(mode="kill")
-    except TimeoutError as e:
+    except WaitTimeout as e:
         agent_diagnosis(cluster)
         raise SystemExit(f"limits_window: {e}") from None
 
@@ -376,8 +372,10 @@ def measure(cluster: Cluster, pods: int, running_timeout_s: float, limits_timeou
         node = raw(cluster.api, cluster.core.read_node(cluster.node.name))
         return bool(node["status"].get("allocatable", {}).get(QUOTA) == str(GPU_TOTAL))
 
-    if not wait_for(capacity, 60):
-        raise SystemExit("limits_window: the agent did not publish the node's VRAM capacity within 60 s")
+    try:
+        wait_until(capacity, 60, what="the node's VRAM capacity published", interval_s=0.5)
+    except WaitTimeout:
+        raise SystemExit("limits_window: the agent did not publish the node's VRAM capacity within 60 s") from None
     print(f"agent Ready and capacity published {time.monotonic() - began:.1f} s after helm install (kill mode)")
     cluster.namespace(NAMESPACE)
 

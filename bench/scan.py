@@ -41,7 +41,7 @@ from vramguard.testing.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEve
 from vramguard.worker import Inline
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
-from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimProcess, SimulatedNode
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -150,8 +150,7 @@ def reaction_times(workdir: Path, poll_s: float, trials: int) -> tuple[list[floa
         node.wait_ready()
         for _ in range(trials):
             proc = node.spawn(pod, "main", 2 * GiB)
-            seen = _scans(node) + 1
-            assert wait_for(lambda s=seen: _scans(node) >= s, timeout_s=patience_s)
+            node.wait_scans(1, timeout_s=patience_s)  # the agent has seen the new process
             time.sleep(random.uniform(0, poll_s))  # cross at a random point of the poll cycle
             pidfd = os.pidfd_open(proc.pid)
             try:
@@ -171,10 +170,6 @@ def reaction_times(workdir: Path, poll_s: float, trials: int) -> tuple[list[floa
             node.processes.remove(proc)
             node.sync()
     return out, missed
-
-
-def _scans(node: SimulatedNode) -> float:
-    return metric_value(node.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import select
-import time
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-import pytest
-
 from real_parts import need
 from vramguard_testbed.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
+from vramguard_testbed.waiting import (
+    wait_until as wait_until,  # re-exported: tests/node/test_cgroupwatch.py imports it here
+)
 
 
 def need_cgroups(version: int = 2) -> None:
@@ -69,15 +68,6 @@ class CgroupsFactory:
             except CgroupCleanupError as e:
                 errors.append(str(e))
         assert not errors, errors
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
-    """Poll `predicate` every millisecond until it holds; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.001)
 
 
 def pidfd_exited(pidfd: int, timeout_s: float = 0.0) -> bool:

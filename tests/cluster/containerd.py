@@ -10,9 +10,10 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
+
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 NAMESPACE = "k8s.io"  # the CRI's namespace: what the kubelet will see
 IMAGES = Path(os.environ.get("VRAMGUARD_CACHE", Path.home() / ".cache" / "vramguard")) / "images"
@@ -75,11 +76,17 @@ class Containerd:
             self._process = subprocess.Popen(
                 ["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + 30
-        while self.ctr_status("version") != 0:
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not start: see {self.log_path}")
-            time.sleep(0.1)
+        process = self._process
+
+        def serving() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"containerd exited at start: see {self.log_path}")
+            return self.ctr_status("version") == 0
+
+        try:
+            wait_until(serving, 30, what="containerd to answer", interval_s=0.1)
+        except WaitTimeout:
+            raise RuntimeError(f"containerd did not start: see {self.log_path}") from None
         return self
 
     def __exit__(

@@ -48,7 +48,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +59,8 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
+
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 # Must match hack/k8s/<minor>/go.mod (a test checks it): the build script keys the cache by that version. The
 # integration tests run on both: the newest release, and the oldest the README claims (the own-node admission
@@ -237,16 +238,18 @@ class Component:
         return ControlPlaneError(f"{self.name} {what}{state}; last lines of {self.log_path}:\n{self.log_tail()}")
 
     def wait_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
-        """Poll `ready` until it holds; fail at once if the process exits, or after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        """Poll `ready` until it holds (`waiting.wait_until`); fail at once if the process exits, or after
+        `timeout_s`, with the last lines of its log."""
+
+        def ready_while_running() -> bool:
             if not self.running():
                 raise self.failure(f"exited while waiting for {what}")
-            if ready():
-                return
-            if time.monotonic() > deadline:
-                raise self.failure(f"not {what} after {timeout_s:.0f}s")
-            time.sleep(_POLL_S)
+            return ready()
+
+        try:
+            wait_until(ready_while_running, timeout_s, what=f"{self.name} {what}", interval_s=_POLL_S)
+        except WaitTimeout:
+            raise self.failure(f"not {what} after {timeout_s:.0f}s") from None
 
 
 def _ephemeral_low() -> int:

@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.model import GiB
 from vramguard_testbed.simnode import SimProcess, metric_value
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .controlplane import _PDEATHSIG_SHIM, AuditEvent, ControlPlane, _create_ignoring_conflict
 from .kube_fixtures import AGENT_NAMESPACE, MANIFEST, KubeNode
@@ -224,21 +225,24 @@ class Fleet:
         that exited or is still not ready."""
         started = time.monotonic()
         waiting = list(self.nodes)
-        while waiting:
+
+        def all_ready() -> bool:
             for node in list(waiting):
                 if node.agent is not None and node.agent.poll() is not None:
                     code = node.agent.returncode
                     raise RuntimeError(f"the agent of {node.name} exited with {code}; its log ends:\n{node.log_tail()}")
                 if node.kube.sim.http_get("/readyz")[0] == 200:
                     waiting.remove(node)
-            if waiting and time.monotonic() - started > timeout_s:
-                node = waiting[0]
-                raise RuntimeError(
-                    f"{len(waiting)} of {len(self.nodes)} agents not ready after {timeout_s:.0f}s; {node.name}'s "
-                    f"/readyz: {node.kube.sim.http_get('/readyz')}; its log ends:\n{node.log_tail()}"
-                )
-            if waiting:
-                time.sleep(0.5)
+            return not waiting
+
+        try:
+            wait_until(all_ready, timeout_s, what="every agent's /readyz to answer 200", interval_s=0.5)
+        except WaitTimeout:
+            node = waiting[0]
+            raise RuntimeError(
+                f"{len(waiting)} of {len(self.nodes)} agents not ready after {timeout_s:.0f}s; {node.name}'s "
+                f"/readyz: {node.kube.sim.http_get('/readyz')}; its log ends:\n{node.log_tail()}"
+            ) from None
         return time.monotonic() - started
 
     def agent_pids(self) -> list[int]:

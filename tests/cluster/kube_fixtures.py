@@ -20,7 +20,7 @@ from kubernetes import client, utils
 
 from vramguard.model import PodInfo
 from vramguard.pods import pod_info_from_manifest
-from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 
 from .controlplane import ControlPlane, write_kubeconfig
 
@@ -185,13 +185,9 @@ def pod_info(pod: client.V1Pod) -> PodInfo:
 
 
 def wait_scans(kube_node: KubeNode, n: int) -> None:
-    """Wait until the node's agent has finished `n` more scans."""
-
-    def scans() -> float:
-        return metric_value(kube_node.sim.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
-
-    target = scans() + n
-    assert wait_for(lambda: scans() >= target, timeout_s=n * POLL_S * 10 + 10)
+    """Wait until the node's agent has finished `n` more scans (10 s more than a simulated node waits: the agent
+    here also talks to an API server)."""
+    kube_node.sim.wait_scans(n, timeout_s=n * POLL_S * 10 + 10)
 
 
 def metric(kube_node: KubeNode, name: str, **labels: str) -> float | None:

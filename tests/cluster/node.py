@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,8 @@ from typing import Any
 
 import yaml
 from kubernetes import client
+
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .containerd import Containerd
 from .containerd import unavailable_reason as containerd_unavailable
@@ -203,9 +204,13 @@ class RealNode:
                 meta = pod["metadata"]
                 with contextlib.suppress(client.ApiException):
                     core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
-            deadline = time.monotonic() + timeout_s
-            while self.containerd.ctr("containers", "ls", "-q").split() and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
+            with contextlib.suppress(WaitTimeout):  # best effort: stop() tears down what is left anyway
+                wait_until(
+                    lambda: not self.containerd.ctr("containers", "ls", "-q").split(),
+                    timeout_s,
+                    what="the kubelet to tear down the node's containers",
+                    interval_s=_POLL_S,
+                )
 
     def _ready(self) -> bool:
         with self.plane.api_client() as api:

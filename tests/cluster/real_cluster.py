@@ -21,7 +21,6 @@ import fcntl
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from helm_fixtures import CHART
 from vramguard import __version__
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, build_fake_nvml
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .containerd import IMAGES
 from .controlplane import ControlPlane, binaries_dir, free_port
@@ -90,7 +90,12 @@ class Cluster:
              "--create-namespace", "--kubeconfig", str(self.plane.kubeconfig_path), "-f", str(path)],
             check=True, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        wait(lambda: self.agent_pod() is not None, 120, f"the agent pod with policy {values['policy']} Ready")
+        wait_until(
+            lambda: self.agent_pod() is not None,
+            120,
+            what=f"the agent pod with policy {values['policy']} Ready",
+            interval_s=0.25,
+        )
 
     def agent_pod(self) -> dict[str, Any] | None:
         """The agent's pod when it is Ready, alone and of the DaemonSet's current template (a rollout finished)."""
@@ -106,7 +111,9 @@ class Cluster:
     def workload(self, namespace: str, name: str, quota: str) -> dict[str, Any]:
         """A running pod of the workload image with `quota` as its VRAM limit, placed by the scheduler."""
         self.create_workload(namespace, name, quota)
-        wait(lambda: self.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
+        wait_until(
+            lambda: self.phase(namespace, name) == "Running", 60, what=f"{namespace}/{name} Running", interval_s=0.25
+        )
         found = self.pod(namespace, name)
         assert found is not None
         return found
@@ -161,16 +168,13 @@ class Cluster:
     def namespace(self, name: str) -> str:
         self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         # Pods need the namespace's "default" ServiceAccount, which kube-controller-manager creates.
-        wait(lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)), 30, "default SA")
+        wait_until(
+            lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)),
+            30,
+            what="default SA",
+            interval_s=0.25,
+        )
         return name
-
-
-def wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout_s:.0f}s")
-        time.sleep(0.25)
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -193,16 +197,19 @@ def one_node_at_a_time(timeout_s: float = 900.0) -> Iterator[None]:
     """Hold the host's real-node lock: a node takes what is the host's, not its work directory's (its address on
     `lo`, the bridge, /var/lib/kubelet, the kubelet's /kubepods cgroups, /run/containerd), so two at once, from
     two test runs or a test and a benchmark, break each other. Waits up to `timeout_s` for the holder to finish."""
-    deadline = time.monotonic() + timeout_s
     with open(NODE_LOCK, "a") as lock:
-        while True:
+
+        def locked() -> bool:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"another real node held {NODE_LOCK} for {timeout_s:.0f}s") from None
-                time.sleep(1.0)
+                return False
+            return True
+
+        try:
+            wait_until(locked, timeout_s, what=f"the real-node lock {NODE_LOCK}", interval_s=1.0)
+        except WaitTimeout:
+            raise TimeoutError(f"another real node held {NODE_LOCK} for {timeout_s:.0f}s") from None
         yield  # closing the file releases the lock, also when this process dies
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from real_parts import need
 from vramguard import __version__
+from vramguard_testbed.waiting import wait_until
 
 from .containerd import IMAGES, PAUSE_IMAGE, Containerd, unavailable_reason
 
@@ -53,7 +54,5 @@ def test_the_pause_image_runs_and_stops_on_term(containerd: Containerd) -> None:
     assert Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == b"/pause"
     assert Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0] == "65535"
     containerd.ctr("task", "kill", "--signal", "TERM", "sandbox")
-    deadline = time.monotonic() + 10
-    while "RUNNING" in containerd.ctr("task", "ls") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "RUNNING" not in containerd.ctr("task", "ls"), 10, what="the sandbox to stop", interval_s=0.05)
     assert "STOPPED" in containerd.ctr("task", "ls"), "pause exits on SIGTERM, as a sandbox must"

@@ -8,15 +8,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import urllib3
 from kubernetes import client
+
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import (
     _OWNER_FILE,
@@ -29,20 +28,7 @@ from .controlplane import (
     kubeconfig_api_client,
 )
 
-T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def eventually(probe: Callable[[], T | None], timeout_s: float = 30.0, what: str = "condition") -> T:
-    """Poll `probe` until it returns something other than None."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout_s}s")
-        time.sleep(0.1)
 
 
 def pod(name: str, *, node_name: str | None = None, node_selector: dict[str, str] | None = None) -> client.V1Pod:
@@ -93,7 +79,9 @@ def test_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     assert parent.stdout is not None
     child_pid = int(parent.stdout.readline())
     # The shim exec'ed into sleep: the PID started by the component is sleep itself.
-    eventually(lambda: Path(f"/proc/{child_pid}/cmdline").read_bytes().startswith(b"/bin/sleep") or None, 5)
+    wait_until(
+        lambda: Path(f"/proc/{child_pid}/cmdline").read_bytes().startswith(b"/bin/sleep"), 5, what="the exec into sleep"
+    )
     parent.send_signal(signal.SIGKILL)
     parent.wait()
 
@@ -104,7 +92,7 @@ def test_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None
             return True
         return True if state in ("Z", "X") else None
 
-    assert eventually(gone, 5, "component exit")
+    wait_until(gone, 5, what="the component to exit")
 
 
 def test_workdirs_of_dead_sessions_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +181,7 @@ def test_service_account_token_is_authenticated_and_rbac_decides(
                 return None
             return True
 
-        assert eventually(allowed, 10, "RoleBinding in effect")
+        wait_until(allowed, 10, what="the RoleBinding in effect")
 
 
 def test_scheduler_binds_a_pod_to_a_ready_node(
@@ -211,7 +199,7 @@ def test_scheduler_binds_a_pod_to_a_ready_node(
             spec = core.read_namespaced_pod("pending", namespace).spec
             return spec.node_name if spec and spec.node_name else None
 
-        assert eventually(bound, 30, "pod bound") == node
+        assert wait_until(bound, 30, what="the pod bound") == node
     finally:
         scheduler.stop()
 
@@ -243,7 +231,7 @@ def test_controller_manager_computes_disruption_budget_status(
                 return None
             return status
 
-        status = eventually(computed, 30, "PodDisruptionBudget status")
+        status = wait_until(computed, 30, what="the PodDisruptionBudget status")
         # The pod is bound but no kubelet runs it, so it is expected yet not healthy: no disruption allowed.
         assert (status.expected_pods, status.current_healthy, status.disruptions_allowed) == (1, 0, 0)
     finally:

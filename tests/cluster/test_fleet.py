@@ -26,7 +26,7 @@ from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
 from real_parts import need
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import NEWEST, AuditEvent, ControlPlane, serves_dra, unavailable_reason
 from .fleet import Fleet, agent_requests, deploy_agent_manifest, describe
@@ -108,7 +108,12 @@ class TestSteadyState:
         """In 20 s after every agent is ready (each scanning all along), the agents send no GET, LIST or write: only
         WATCH requests, if any."""
         plane, fleet = running_fleet.plane, running_fleet.fleet
-        wait_for(lambda: time.time() >= running_fleet.ready_s + WARMUP_S, timeout_s=WARMUP_S + 1, interval_s=0.1)
+        wait_until(
+            lambda: time.time() >= running_fleet.ready_s + WARMUP_S,
+            WARMUP_S + 1,
+            what="the warm-up after every agent is ready",
+            interval_s=0.1,
+        )
         scans_before = {node.name: node.scans() for node in fleet.nodes}
         start_s = time.time()
 
@@ -118,11 +123,12 @@ class TestSteadyState:
         # The window is over once 20 s have passed and every agent has scanned through them (it was alive and
         # working, not stalled).
         enough = WINDOW_S / POLL_S * 0.75
-        assert wait_for(
+        wait_until(
             lambda: time.time() >= start_s + WINDOW_S and all(n >= enough for n in scanned().values()),
-            timeout_s=WINDOW_S * 3,
+            WINDOW_S * 3,
+            what="the window to pass with every agent scanning through it",
             interval_s=0.5,
-        ), f"agents scanned too little in the window: {scanned()}"
+        )
         end_s = audited_until_now(plane)
         # A request received before end_s is logged once answered: give one still being answered the time to be.
         time.sleep(1.0)

@@ -21,9 +21,10 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
-from vramguard.limiter import v2_root
+from vramguard.cgroup import v2_root
 from vramguard.model import GiB
 from vramguard_testbed.fakenvml import DriverLimit, driver_limits, limit_calls
+from vramguard_testbed.waiting import wait_until
 
 from .inotify import DirectoryWatch
 from .node import raw
@@ -35,7 +36,6 @@ from .real_cluster import (
     Cluster,
     real_cluster,
     unavailable_reason,
-    wait,
 )
 
 pytestmark = pytest.mark.slow
@@ -97,11 +97,15 @@ def forking_workload(cluster: Cluster, namespace: str, name: str, quota: str) ->
         ),
     )
     cluster.core.create_namespaced_pod(namespace, pod)
-    wait(lambda: cluster.phase(namespace, name) == "Running", 60, f"{namespace}/{name} Running")
+    wait_until(
+        lambda: cluster.phase(namespace, name) == "Running", 60, what=f"{namespace}/{name} Running", interval_s=0.25
+    )
     found = cluster.pod(namespace, name)
     assert found is not None
     procs = Path(container_cgroup(found), "cgroup.procs")
-    wait(lambda: len(procs.read_text().split()) == 2, 30, f"{namespace}/{name}'s worker forked")
+    wait_until(
+        lambda: len(procs.read_text().split()) == 2, 30, what=f"{namespace}/{name}'s worker forked", interval_s=0.25
+    )
     return found
 
 
@@ -131,7 +135,7 @@ def test_the_chart_runs_the_agent_on_a_real_kubelet(cluster: Cluster) -> None:
         node = raw(cluster.api, cluster.core.read_node(cluster.node.name))
         return bool(node["status"]["allocatable"].get(QUOTA) == str(GPU_TOTAL))
 
-    wait(published, 60, "the node's VRAM capacity published by the agent")
+    wait_until(published, 60, what="the node's VRAM capacity published by the agent", interval_s=0.25)
 
 
 def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
@@ -163,13 +167,18 @@ def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
             status = cluster.status(ns, "trainer")
             return bool(status["restartCount"] >= 1 and "running" in status["state"])
 
-        wait(restarted, 60, "the trainer killed and restarted by the kubelet")
+        wait_until(restarted, 60, what="the trainer killed and restarted by the kubelet", interval_s=0.25)
         assert entry in journal.names(), f"no freeze of the trainer written down: {journal.names()}"
     assert not list(FREEZES.iterdir()), "every freeze thawed and forgotten"
     # Its first process was killed too (the container ended), not only the worker NVML reported.
     assert cluster.status(ns, "trainer")["lastState"]["terminated"]["exitCode"] == 137  # SIGKILL
     assert not Path(f"/proc/{trainer_pid}").exists() and not Path(f"/proc/{worker_pid}").exists()
-    wait(lambda: "VRAMKilled" in cluster.reasons(ns, "trainer"), 30, "the VRAMKilled Event on the trainer")
+    wait_until(
+        lambda: "VRAMKilled" in cluster.reasons(ns, "trainer"),
+        30,
+        what="the VRAMKilled Event on the trainer",
+        interval_s=0.25,
+    )
     assert cluster.status(ns, "notebook")["restartCount"] == 0
     assert Path(f"/proc/{notebook_pid}").exists()
 
@@ -210,7 +219,7 @@ def freeze_from(cluster: Cluster, agent: str, directory: str, *, frozen: bool) -
     command = f"echo {value} > /host{directory}/cgroup.freeze"
     cluster.node.kubectl("exec", "--namespace", AGENT_NS, agent, "--", "sh", "-c", command)
     events = Path(directory, "cgroup.events")
-    wait(lambda: f"frozen {value}" in events.read_text(), 10, f"{events} at frozen {value}")
+    wait_until(lambda: f"frozen {value}" in events.read_text(), 10, what=f"{events} at frozen {value}", interval_s=0.25)
 
 
 def test_evict_mode_on_real_containers(cluster: Cluster) -> None:
@@ -226,19 +235,30 @@ def test_evict_mode_on_real_containers(cluster: Cluster) -> None:
     )
     policy = client.PolicyV1Api(cluster.api)
     policy.create_namespaced_pod_disruption_budget(ns, budget)
-    wait(
+    wait_until(
         lambda: raw(cluster.api, policy.read_namespaced_pod_disruption_budget("guarded", ns))["status"].get(
             "observedGeneration"
         ),
         30,
-        "the PodDisruptionBudget's status computed",
+        what="the PodDisruptionBudget's status computed",
+        interval_s=0.25,
     )
 
     cluster.gpu({cluster.pid(evictee): 5 * GiB, cluster.pid(guarded): 5 * GiB})
 
-    wait(lambda: cluster.phase(ns, "evictee") is None, 90, "the evictee evicted and removed by the kubelet")
+    wait_until(
+        lambda: cluster.phase(ns, "evictee") is None,
+        90,
+        what="the evictee evicted and removed by the kubelet",
+        interval_s=0.25,
+    )
     assert "VRAMEvicted" in cluster.reasons(ns, "evictee")
-    wait(lambda: "VRAMEvictionRefused" in cluster.reasons(ns, "guarded"), 30, "the refusal Event on the guarded pod")
+    wait_until(
+        lambda: "VRAMEvictionRefused" in cluster.reasons(ns, "guarded"),
+        30,
+        what="the refusal Event on the guarded pod",
+        interval_s=0.25,
+    )
     assert cluster.phase(ns, "guarded") == "Running"
     assert cluster.status(ns, "guarded")["restartCount"] == 0
 
@@ -256,7 +276,7 @@ def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None
     def held() -> list[DriverLimit]:
         return [d for d in driver_limits(cluster.gpu_state) if d.cgroup.endswith(leaf)]
 
-    wait(lambda: held(), 60, "the trainer's limit in the driver")
+    wait_until(lambda: held(), 60, what="the trainer's limit in the driver", interval_s=0.25)
     (limit,) = held()
     assert (limit.soft_bytes, limit.hard_bytes) == (0, 6 * GiB)
     assert limit.cgroup == f"/host{v2_root('/sys/fs/cgroup')}{leaf}", "the agent's view of the host's v2 hierarchy"
@@ -264,7 +284,12 @@ def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None
     def described() -> str:
         return str(cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout)
 
-    wait(lambda: "the driver now holds container main to 6.0GiB on GPU 0" in described(), 30, "the container's Event")
+    wait_until(
+        lambda: "the driver now holds container main to 6.0GiB on GPU 0" in described(),
+        30,
+        what="the container's Event",
+        interval_s=0.25,
+    )
     assert "the driver now holds pod trainer to 6.0GiB on GPU 0" in described(), described()
     # At creation: the pod's cgroup held the pod's limit before the container's first process started (the
     # test NVML logs each call on CLOCK_BOOTTIME, the clock of /proc's start times), and nothing was late.

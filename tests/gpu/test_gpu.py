@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from real_parts import why_no_cuda
-from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +76,7 @@ def test_cuda_process_over_quota_is_killed_and_neighbour_survives(gpu_node: Simu
     offender.popen.stdin.flush()
     offender.popen.stdout.readline()  # returns once the 4 GiB are allocated — or at EOF if it was killed first
     crossed = time.monotonic()
-    assert wait_for(lambda: not offender.alive(), timeout_s=10)
+    wait_until(lambda: not offender.alive(), 10, what="the offender killed")
     reaction_s = time.monotonic() - crossed
     assert reaction_s <= 2 * poll_s + 0.5  # the CUDA teardown of a killed process takes a moment too
     assert neighbour.alive()
@@ -84,7 +85,7 @@ def test_cuda_process_over_quota_is_killed_and_neighbour_survives(gpu_node: Simu
         m = gpu_node.http_get("/metrics")[1]
         return metric_value(m, "vramguard_container_gpu_memory_used_bytes", {"pod": "offender"}) is None
 
-    assert wait_for(freed, timeout_s=10), "the GPU memory was released"
+    wait_until(freed, 10, what="the GPU memory released")
     report = os.environ.get("VRAMGUARD_GPU_REPORT")
     if report:
         Path(report).write_text(json.dumps({"poll_s": poll_s, "reaction_s": reaction_s}))

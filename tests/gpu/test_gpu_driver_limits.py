@@ -16,12 +16,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from cgroup_fixtures import wait_until
 from real_parts import why_no_cuda
-from vramguard.limiter import v2_root
+from vramguard.cgroup import v2_root
 from vramguard.nvml import NvmlMemoryLimiter
 from vramguard.ports import LimitFailed, LimitsUnavailable
 from vramguard_testbed.simnode import SimPod, SimulatedNode
+from vramguard_testbed.waiting import wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -90,7 +90,7 @@ def test_pytorch_hits_oom_at_the_driver_limit_and_the_neighbour_is_untouched(gpu
     neighbour = _grower(gpu_node, "neighbour", "6Gi")
     gpu_node.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.2")
     gpu_node.wait_ready()  # with `require`, ready means the driver can hold limits on this GPU
-    wait_until(lambda: 'container="main"' in _limit_lines(gpu_node), timeout_s=15, what="the limits programmed")
+    wait_until(lambda: 'container="main"' in _limit_lines(gpu_node), 15, what="the limits programmed")
     answers = [_grow(offender) for _ in range(5)]
     # The CUDA context counts against the limit too, so the refusal may come one GiB early, never late.
     refused = next((i for i, a in enumerate(answers) if a.startswith("oom")), None)

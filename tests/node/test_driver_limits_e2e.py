@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cgroup_fixtures import need_cgroups, wait_until
+from cgroup_fixtures import need_cgroups
 from vramguard.model import GiB
 from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import driver_limits, limit_calls
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
 
 QUOTA = {"main": {"vramguard.io/vram": "8Gi"}}
 
@@ -60,7 +61,10 @@ def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: 
     assert trainer.allocate(0, 6 * GiB)
     assert not trainer.allocate(0, 4 * GiB), "6 + 4 GiB is over the trainer's 8 GiB: the driver refuses it"
     assert notebook.allocate(0, 8 * GiB), "the neighbour gets all of its quota"
-    wait_until(lambda: (metric(r615, "vramguard_container_gpu_memory_used_bytes", pod="trainer") or 0) == 6 * GiB)
+    wait_until(
+        lambda: (metric(r615, "vramguard_container_gpu_memory_used_bytes", pod="trainer") or 0) == 6 * GiB,
+        what="a scan that counts the trainer's 6 GiB",
+    )
     assert trainer.process.poll() is None and notebook.process.poll() is None, "nobody was killed"
     assert metric(r615, "vramguard_actions_total", action="kill") is None
     assert metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB
@@ -97,19 +101,26 @@ def test_an_older_driver_ends_with_the_reactive_kill(older: SimulatedNode) -> No
     assert trainer.allocate(0, 6 * GiB)
     assert trainer.allocate(0, 4 * GiB), "no driver limit: the allocation succeeds"
     wait_until(lambda: trainer.process.poll() is not None, timeout_s=10, what="the reactive kill")
-    wait_until(lambda: metric(older, "vramguard_actions_total", action="kill", result="ok") == 1)
+    wait_until(
+        lambda: metric(older, "vramguard_actions_total", action="kill", result="ok") == 1, what="one kill counted"
+    )
     assert driver_limits(older.state_path) == [] and limit_calls(older.state_path) == []
 
 
-@pytest.mark.parametrize("args", [("--mode", "warn"), ("--mode", "kill", "--dry-run"),
-                                  ("--mode", "kill", "--driver-limits", "off")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("--mode", "warn"), id="warn-mode"),
+        pytest.param(("--mode", "kill", "--dry-run"), id="dry-run"),
+        pytest.param(("--mode", "kill", "--driver-limits", "off"), id="driver-limits-off"),
+    ],
+)
 def test_no_limits_in_warn_mode_dry_run_or_when_off(r615: SimulatedNode, args: tuple[str, ...]) -> None:
     trainer_pod = r615.add_pod("trainer", "ml", containers=QUOTA)
     r615.spawn_allocator(trainer_pod, "main")
     r615.start_agent(*args, "--poll-interval", "0.1")
     r615.wait_ready()
-    scans = metric(r615, "vramguard_scan_duration_seconds_count") or 0
-    wait_until(lambda: (metric(r615, "vramguard_scan_duration_seconds_count") or 0) >= scans + 10)
+    r615.wait_scans(10)
     assert limit_calls(r615.state_path) == []
 
 
@@ -118,19 +129,22 @@ def test_an_agent_restart_sets_nothing_again(r615: SimulatedNode) -> None:
     r615.spawn_allocator(trainer_pod, "main")
     r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
     r615.wait_ready()
-    wait_until(lambda: held_for(r615, trainer_pod) == [8 * GiB])
+    wait_until(lambda: held_for(r615, trainer_pod) == [8 * GiB], what="the trainer's limit in the driver")
     r615.stop_agents()
     sets = [c for c in limit_calls(r615.state_path) if c.verb == "set"]
     r615.start_agent("--mode", "kill", "--poll-interval", "0.1")
     r615.wait_ready()
-    wait_until(lambda: metric(r615, "vramguard_driver_limits_total", outcome="unchanged") == 2)  # pod, container
+    wait_until(
+        lambda: metric(r615, "vramguard_driver_limits_total", outcome="unchanged") == 2,
+        what="the pod's and the container's limits found unchanged",
+    )
     assert [c for c in limit_calls(r615.state_path) if c.verb == "set"] == sets
     assert held_for(r615, trainer_pod) == [8 * GiB], "the limit outlived the agent, protecting the neighbours"
 
 
 def test_require_fails_readiness_on_an_older_driver(older: SimulatedNode) -> None:
     older.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.1")
-    wait_until(lambda: "driver limits required" in older.http_get("/readyz")[1], timeout_s=15)
+    wait_until(lambda: "driver limits required" in older.http_get("/readyz")[1], 15, what="/readyz to say why")
     status, body = older.http_get("/readyz")
     assert status == 503
     assert "driver limits required: the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)" in body

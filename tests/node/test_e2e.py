@@ -14,21 +14,12 @@ from cgroup_fixtures import need_cgroups
 from vramguard.model import GiB
 from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
-from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value, wait_for
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value
+from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 POLL_S = 0.25
-
-
-def _scans(node: SimulatedNode) -> float:
-    return metric_value(node.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
-
-
-def _wait_scans(node: SimulatedNode, n: int) -> None:
-    """Block until the agent has completed `n` more scans."""
-    target = _scans(node) + n
-    assert wait_for(lambda: _scans(node) >= target, timeout_s=n * POLL_S * 10 + 5)
 
 
 def _log_events(agent: subprocess.Popen[str]) -> list[dict[str, object]]:
@@ -49,17 +40,19 @@ def test_offender_killed_within_two_polls_neighbours_survive(sim_node: Simulated
     h = sim_node.spawn_host(9 * GiB)  # above everyone's quota, but in no pod
     agent = sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True)
     sim_node.wait_ready()
-    _wait_scans(sim_node, 2)
+    sim_node.wait_scans(2)
     assert t.alive(), "nothing is killed while within quota"
 
     crossed = time.monotonic()
     sim_node.set_usage(t, 9 * GiB)
-    assert wait_for(lambda: not t.alive(), timeout_s=2 * POLL_S)
+    wait_until(lambda: not t.alive(), 2 * POLL_S, what="the trainer killed within two polls")
     reaction_s = time.monotonic() - crossed
     assert reaction_s <= 2 * POLL_S
-    assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in t.children), timeout_s=2)
+    wait_until(
+        lambda: not any(Path(f"/proc/{c}").exists() for c in t.children), 2, what="the trainer's forked child gone"
+    )
 
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     assert n.alive() and h.alive()
     metrics = sim_node.http_get("/metrics")[1]
     assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) == 1.0
@@ -99,7 +92,7 @@ def test_recycled_pid_is_never_signalled(sim_node: SimulatedNode) -> None:
     old = sim_node.spawn(victim, "main", 2 * GiB)
     sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
     sim_node.wait_ready()
-    _wait_scans(sim_node, 2)  # the agent has cached old.pid → ml/victim
+    sim_node.wait_scans(2)  # the agent has cached old.pid → ml/victim
 
     pid = old.pid
     old.popen.kill()
@@ -110,7 +103,7 @@ def test_recycled_pid_is_never_signalled(sim_node: SimulatedNode) -> None:
     if recycled is None:
         pytest.skip(f"could not get the kernel to hand out PID {pid} again (another process took it)")
 
-    _wait_scans(sim_node, 4)
+    sim_node.wait_scans(4)
     assert recycled.alive()
     metrics = sim_node.http_get("/metrics")[1]
     assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) is None
@@ -127,7 +120,7 @@ def test_dry_run_changes_nothing(sim_node: SimulatedNode) -> None:
         "--mode", "kill", "--dry-run", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
     )
     sim_node.wait_ready()
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     assert proc.alive()
     metrics = sim_node.http_get("/metrics")[1]
     assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "dry-run"}) == 1.0
@@ -141,11 +134,11 @@ def test_warn_mode_warns_once_per_episode(sim_node: SimulatedNode) -> None:
     proc = sim_node.spawn(p, "main", 3 * GiB)
     agent = sim_node.start_agent("--mode", "warn", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True)
     sim_node.wait_ready()
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     sim_node.set_usage(proc, 1 * GiB)  # episode over
-    _wait_scans(sim_node, 2)
+    sim_node.wait_scans(2)
     sim_node.set_usage(proc, 3 * GiB)  # a new episode
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     assert proc.alive()
     sim_node.stop_agents()
     reasons = [e.get("reason") for e in _log_events(agent) if e.get("event") == "event"]
@@ -160,7 +153,7 @@ def test_unhealthy_gpu_is_reported_and_never_acted_on(sim_node: SimulatedNode) -
     sim_node.wait_ready()
     sim_node.nvml.inject_error("nvmlDeviceGetComputeRunningProcesses_v3", NVML_ERROR_GPU_IS_LOST, device=0)
     sim_node.set_usage(proc, 4 * GiB)
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     assert proc.alive()
     metrics = sim_node.http_get("/metrics")[1]
     assert metric_value(metrics, "vramguard_gpu_healthy", {"gpu": "0"}) == 0.0
@@ -168,7 +161,7 @@ def test_unhealthy_gpu_is_reported_and_never_acted_on(sim_node: SimulatedNode) -
 
     sim_node.nvml.clear_faults()
     sim_node.sync()
-    assert wait_for(lambda: not proc.alive(), timeout_s=10 * POLL_S), "acts once the GPU answers again"
+    wait_until(lambda: not proc.alive(), 10 * POLL_S, what="the kill, once the GPU answers again")
 
 
 def test_policy_file_sets_mode_per_namespace(sim_node: SimulatedNode, tmp_path: Path) -> None:
@@ -181,8 +174,8 @@ def test_policy_file_sets_mode_per_namespace(sim_node: SimulatedNode, tmp_path: 
     b = sim_node.spawn(lenient, "main", 2 * GiB)
     sim_node.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S))
     sim_node.wait_ready()
-    assert wait_for(lambda: not a.alive(), timeout_s=10 * POLL_S)
-    _wait_scans(sim_node, 2)
+    wait_until(lambda: not a.alive(), 10 * POLL_S, what="the team-a pod (kill mode) killed")
+    sim_node.wait_scans(2)
     assert b.alive()
 
 
@@ -196,7 +189,7 @@ def test_invalid_quota_is_reported_and_the_default_applies(sim_node: SimulatedNo
         "--policy", str(policy), "--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
     )
     sim_node.wait_ready()
-    assert wait_for(lambda: not proc.alive(), timeout_s=10 * POLL_S)
+    wait_until(lambda: not proc.alive(), 10 * POLL_S, what="the pod over the policy's default quota killed")
     sim_node.stop_agents()
     invalid = [e for e in _log_events(agent) if e.get("event") == "event" and e.get("reason") == "VRAMQuotaInvalid"]
     assert len(invalid) == 1
@@ -219,7 +212,11 @@ def test_probes_and_nvml_missing(sim_node: SimulatedNode) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        assert wait_for(lambda: "libnvidia-ml.so.1" in sim_node.http_get("/readyz")[1], timeout_s=30)
+        wait_until(
+            lambda: "libnvidia-ml.so.1" in sim_node.http_get("/readyz")[1],
+            30,
+            what="/readyz to name the missing libnvidia-ml.so.1",
+        )
         assert sim_node.http_get("/readyz")[0] == 503
         assert sim_node.http_get("/healthz")[0] == 200
         assert agent.poll() is None
@@ -244,11 +241,11 @@ def test_dra_shares_in_the_pods_file_are_quotas_per_gpu(tmp_path: Path) -> None:
             "--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
         )
         node.wait_ready()
-        assert wait_for(lambda: not over.alive(), timeout_s=10 * POLL_S)
-        _wait_scans(node, 2)
+        wait_until(lambda: not over.alive(), 10 * POLL_S, what="the pod over its 10Gi share on GPU 1 killed")
+        node.wait_scans(2)
         assert within.alive()
         elsewhere = node.spawn(node.add_pod("small-2", "ml", claims={"main": "small-gpu"}), "main", GiB, gpu=0)
-        assert wait_for(lambda: not elsewhere.alive(), timeout_s=10 * POLL_S), "no share on GPU 0: over at once"
+        wait_until(lambda: not elsewhere.alive(), 10 * POLL_S, what="the pod with no share on GPU 0 killed at once")
         assert within.alive()
         node.stop_agents()
         kills = [e for e in _log_events(agent) if e.get("event") == "action" and e.get("action") == "kill"]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from vramguard.model import GiB, MiB
-from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
@@ -78,20 +79,28 @@ def test_256_fds_1000_gpu_processes_and_idle_connections_still_kill_the_offender
         assert attributed == 10 * 16 * MiB, "the thousand processes are attributed, not dropped"
 
         with _idle_connections(node.metrics_port, 1000):
-            time.sleep(1.0)
+            node.wait_scans(4)  # a second of scans while the connections are held
             started = time.monotonic()
             status, _ = node.http_get("/healthz")
             assert status == 200 and time.monotonic() - started < 2.0
             node.set_usage(offender, 3 * GiB)
             crossed = time.monotonic()
-            assert wait_for(lambda: not offender.alive(), timeout_s=4 * POLL_S + 2), "offender killed"
+            wait_until(lambda: not offender.alive(), 4 * POLL_S + 2, what="the offender killed")
             assert time.monotonic() - crossed < 4 * POLL_S + 2
-            assert wait_for(lambda: not any(Path(f"/proc/{c}").exists() for c in offender.children), timeout_s=3)
+            wait_until(
+                lambda: not any(Path(f"/proc/{c}").exists() for c in offender.children),
+                3,
+                what="the offender's forked children gone",
+            )
 
         fds = _metric(node, "process_open_fds")
         assert _metric(node, "process_max_fds") == 256
         assert fds is not None and fds < 128, f"{fds} open fds: the agent must not hold one per GPU process"
-        assert wait_for(lambda: _metric(node, "vramguard_actions_total", action="kill", result="ok") == 1.0, 5)
+        wait_until(
+            lambda: _metric(node, "vramguard_actions_total", action="kill", result="ok") == 1.0,
+            5,
+            what="one kill counted",
+        )
         alive = sum(p.alive() for p in node.processes if p is not offender)
         assert alive == 1000, "no process within its quota was touched"
 
@@ -110,12 +119,16 @@ def test_a_continuously_forking_parent_is_killed_to_the_last_child(sim_node: Sim
     sim_node.sync()
     sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
     sim_node.wait_ready()
-    assert wait_for(lambda: len(container.pids()) > 100, timeout_s=10), "the parent forks"
+    wait_until(lambda: len(container.pids()) > 100, 10, what="the parent to fork over 100 children")
 
     sim_node.set_usage(parent, 6 * GiB)
-    assert wait_for(lambda: not parent.alive(), timeout_s=4 * POLL_S + 2)
-    assert wait_for(lambda: container.pids() == [], timeout_s=5), f"{len(container.pids())} processes survived"
-    assert wait_for(lambda: _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0, 5)
+    wait_until(lambda: not parent.alive(), 4 * POLL_S + 2, what="the forking parent killed")
+    wait_until(lambda: container.pids() == [], 5, what="every process of the container gone")
+    wait_until(
+        lambda: _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0,
+        5,
+        what="one kill counted",
+    )
     assert _metric(sim_node, "vramguard_actions_total", action="kill", result="memory-not-freed") is None
 
 
@@ -132,7 +145,7 @@ def test_megabyte_annotations_cost_bounded_log_lines(sim_node: SimulatedNode) ->
     )
     sim_node.wait_ready(timeout_s=60)
     sim_node.set_usage(proc, 3 * GiB)
-    assert wait_for(lambda: not proc.alive(), timeout_s=4 * POLL_S + 2), "held to the 2Gi cap, so killed"
+    wait_until(lambda: not proc.alive(), 4 * POLL_S + 2, what="the pod killed, held to the 2Gi cap")
     sim_node.stop_agents()
     _, err = agent.communicate(timeout=15)
     lines = err.splitlines()
@@ -150,13 +163,13 @@ def test_a_broken_pods_file_is_on_readyz_and_the_last_good_pods_stay(sim_node: S
     sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
     sim_node.wait_ready()
     sim_node.pods_path.write_text("a: &x [1, 2]\nb: *x\n")
-    assert wait_for(lambda: sim_node.http_get("/readyz")[0] == 503, timeout_s=5)
+    wait_until(lambda: sim_node.http_get("/readyz")[0] == 503, 5, what="/readyz to say 503 for the broken pods file")
     assert "aliases are not allowed" in sim_node.http_get("/readyz")[1]
     sim_node.nvml.gpu(0).processes = []
     proc.used_bytes = 6 * GiB
     sim_node.nvml.gpu(0).add_process(proc.pid, proc.used_bytes)
     sim_node.nvml.write(sim_node.state_path)  # NVML only: the pods file stays broken
-    assert wait_for(lambda: not proc.alive(), timeout_s=4 * POLL_S + 2), "enforced from the last good pods"
+    wait_until(lambda: not proc.alive(), 4 * POLL_S + 2, what="the kill, enforced from the last good pods")
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -201,9 +214,8 @@ def test_an_agent_killed_mid_kill_leaves_nothing_frozen(sim_node: SimulatedNode)
     freeze = _freeze_file(greedy)
     agent = sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
 
-    deadline = time.monotonic() + 30
-    while freeze.read_text().strip() != "1":  # a busy read: the freeze lasts tens of milliseconds
-        assert time.monotonic() < deadline, "the agent never froze the container"
+    # A busy read (no pause between reads): the freeze lasts tens of milliseconds.
+    wait_until(lambda: freeze.read_text().strip() == "1", 30, what="the agent to freeze the container", interval_s=0)
     agent.kill()
     agent.wait()
     assert freeze.read_text().strip() == "1", "killed mid-kill: the container is left frozen"
@@ -212,10 +224,14 @@ def test_an_agent_killed_mid_kill_leaves_nothing_frozen(sim_node: SimulatedNode)
     sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
     sim_node.wait_ready()
     assert freeze.read_text().strip() == "0", "the next agent thawed what the killed one froze"
-    assert wait_for(lambda: Path(f"/proc/{shell.pid}/stat").read_text().split(") ")[1][0] in "RS", timeout_s=2)
+    wait_until(
+        lambda: Path(f"/proc/{shell.pid}/stat").read_text().split(") ")[1][0] in "RS",
+        2,
+        what="the thawed shell running or sleeping",
+    )
     assert _freeze_file(other).read_text().strip() == "1", "a freeze that is not the agent's is left alone"
     assert frozen_by_someone.poll() is None
-    assert wait_for(lambda: not holders.alive(), timeout_s=5), "and the offender is killed after all"
+    wait_until(lambda: not holders.alive(), 5, what="the offender killed after all")
     _freeze_file(other).write_text("0")
 
 

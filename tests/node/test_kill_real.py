@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cgroup_fixtures import CgroupsFactory, pidfd_exited, wait_until
+from cgroup_fixtures import CgroupsFactory, pidfd_exited
 from vramguard.freezes import FreezeJournal
 from vramguard.kill import (
     SKIP_EXITED,
@@ -30,6 +30,7 @@ from vramguard.kill import (
 from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
 from vramguard.procfs import holds_device, read_stat
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+from vramguard_testbed.waiting import wait_until
 
 KILL_CHILD = Path(__file__).parents[1] / "kill_child.py"
 

@@ -37,6 +37,7 @@ from vramguard_testbed.fakenvml import (
     fake_nvml_env,
     write_state,
 )
+from vramguard_testbed.waiting import wait_until
 
 pytest_plugins = ["nvml_fixtures"]
 
@@ -48,13 +49,6 @@ NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 def rows(sample: GpuSample, uuid: str | None = None) -> set[tuple[int, int | None, ProcessKind]]:
     return {(p.pid, p.used_bytes, p.kind) for p in sample.processes if uuid is None or p.device_uuid == uuid}
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -370,7 +364,7 @@ def test_a_hung_call_is_cut_at_the_deadline_and_its_gpu_skipped_until_it_returns
     assert (sampler.errors[NvmlErrorKind.TIMEOUT], sampler.errors[NvmlErrorKind.STUCK]) == (1, 1)
 
     node.clear_faults().write(nvml_state)  # the fake's hung call returns
-    wait_until(lambda: all(d.healthy for d in sampler.sample().devices))
+    wait_until(lambda: all(d.healthy for d in sampler.sample().devices), what="every device healthy again")
     assert len(sampler.sample().processes) == 3
 
 
@@ -527,7 +521,7 @@ def test_fake_drops_exited_processes_like_the_driver(
     assert {p.pid for p in sampler.sample().processes} == {victim, survivor}
 
     os.kill(victim, 9)
-    wait_until(lambda: {p.pid for p in sampler.sample().processes} == {survivor})
+    wait_until(lambda: {p.pid for p in sampler.sample().processes} == {survivor}, what="only the survivor listed")
     assert sampler.dropped_rows == ()
 
 

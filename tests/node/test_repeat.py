@@ -14,22 +14,13 @@ from pathlib import Path
 import pytest
 
 from vramguard.model import GiB, MiB
-from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 POLL_S = 0.5
 QUOTA = {"vramguard.io/vram": "1Gi"}
-
-
-def _scans(node: SimulatedNode) -> float:
-    return metric_value(node.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
-
-
-def _wait_scans(node: SimulatedNode, n: int) -> None:
-    """Block until the agent has completed `n` more scans (a count of the agent's cycles, not a sleep)."""
-    target = _scans(node) + n
-    assert wait_for(lambda: _scans(node) >= target, timeout_s=n * POLL_S * 10 + 5)
 
 
 def _metric(node: SimulatedNode, name: str, **labels: str) -> float | None:
@@ -100,8 +91,8 @@ def test_supervisor_respawning_after_longer_than_a_poll(sim_node: SimulatedNode,
     _start(sim_node, tmp_path)
     supervisor = sim_node.spawn_supervisor(ray, "main", 2 * GiB, max_workers=1, hold_s=3600, respawn_delay_s=0.8)
 
-    assert wait_for(lambda: supervisor.poll() is not None, timeout_s=10), "the repeat takes the supervisor too"
-    _wait_scans(sim_node, 1)
+    wait_until(lambda: supervisor.poll() is not None, 10, what="the repeat to take the supervisor too")
+    sim_node.wait_scans(1)
     assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 2.0
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") == 1.0
     assert ray.containers["main"].pids() == []
@@ -117,10 +108,10 @@ def test_over_once_then_within_quota_is_not_escalated(sim_node: SimulatedNode) -
     greedy = sim_node.spawn(trainer, "main", 2 * GiB)
     sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S))
     sim_node.wait_ready()
-    assert wait_for(lambda: not greedy.alive(), timeout_s=3 * POLL_S)
+    wait_until(lambda: not greedy.alive(), 3 * POLL_S, what="the over-quota process killed")
 
     modest = sim_node.spawn(trainer, "main", 512 * MiB)
-    _wait_scans(sim_node, 4)
+    sim_node.wait_scans(4)
     assert modest.alive() and shell.poll() is None and neighbour.poll() is None
     assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
@@ -133,16 +124,18 @@ def test_restarted_container_is_spaced_by_the_cooldown(sim_node: SimulatedNode, 
     trainer = sim_node.add_pod("trainer", "ml", containers={"main": QUOTA})
     first = sim_node.spawn(trainer, "main", 2 * GiB)
     _start(sim_node, tmp_path, "cooldown: 4s\n")
-    assert wait_for(lambda: not first.alive(), timeout_s=3 * POLL_S)
+    wait_until(lambda: not first.alive(), 3 * POLL_S, what="the first process killed")
     killed_at = time.monotonic()
 
     sim_node.restart_container(trainer, "main")
     shell = trainer.containers["main"].spawn(["sleep", "600"])
     again = sim_node.spawn(trainer, "main", 2 * GiB)
-    _wait_scans(sim_node, 3)
+    sim_node.wait_scans(3)
     if time.monotonic() - killed_at < 4.0:  # still within the cooldown (on a slow machine the scans take longer)
         assert again.alive(), "a restarted container is spaced by the cooldown, not escalated"
-    assert wait_for(lambda: not again.alive(), timeout_s=4.0 + 3 * POLL_S)
+    wait_until(
+        lambda: not again.alive(), 4.0 + 3 * POLL_S, what="the restarted container's process killed after the cooldown"
+    )
     assert time.monotonic() - killed_at >= 4.0 - POLL_S, "not before the cooldown ended"
     assert shell.poll() is None, "a plain kill: the container's other processes live"
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None

@@ -21,6 +21,7 @@ from vramguard.nvml.rows import (
     check_rows,
     decode_rows,
 )
+from vramguard_testbed.waiting import wait_until
 
 # ----------------------------------------------------------------------------------------------------------
 # DeadlineRunner
@@ -61,10 +62,8 @@ def test_a_hung_job_is_abandoned_and_the_next_run_gets_a_fresh_thread() -> None:
     assert runner.stuck("gpu0") is hung and runner.stuck("gpu1") is None
     assert runner.threads_started == 2
     release.set()
-    deadline = time.monotonic() + 5
-    while runner.stuck("gpu0") is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert runner.stuck("gpu0") is None, "once the late call returned, the device may be tried again"
+    # Once the late call returned, the device may be tried again.
+    wait_until(lambda: runner.stuck("gpu0") is None, what="the late call to return and free the device")
     again = Job("gpu0", lambda j: j.call("fine", lambda: "back"))
     runner.run([again])
     assert again.result == "back"

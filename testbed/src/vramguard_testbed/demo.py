@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -32,11 +32,21 @@ import typer
 
 from vramguard.model import GiB
 from vramguard_testbed.cgroups import cgroups_unavailable
-from vramguard_testbed.simnode import SimulatedNode, metric_value, wait_for
+from vramguard_testbed.simnode import SimulatedNode, metric_value
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
+
+
+def _happens(predicate: Callable[[], object], timeout_s: float, what: str) -> bool:
+    """Whether `predicate` comes true within `timeout_s`: a check of the demo, so a timeout is a failed check."""
+    try:
+        wait_until(predicate, timeout_s, what=what)
+    except WaitTimeout:
+        return False
+    return True
 
 
 _SHOWN = ("action", "quota_invalid", "gpu_unhealthy", "nvml_unavailable", "driver_limit", "driver_limits_unavailable")
@@ -101,9 +111,9 @@ def _kill_scene(poll_interval_s: float, keep: bool) -> int:
         _say("3. The trainer allocates 11GiB: 3GiB over its quota.")
         crossed = time.monotonic()
         node.set_usage(t, 11 * GiB)
-        killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
+        killed = _happens(lambda: not t.alive(), 10 * poll_interval_s + 5, "the trainer killed")
         reaction_ms = (time.monotonic() - crossed) * 1000
-        time.sleep(poll_interval_s)  # let one more scan see the freed memory
+        node.wait_scans(1)  # one more scan sees the freed memory
         _say("")
         _say("4. After:")
         _say(_indent(node.run_vramguard("top", "--once").stdout))
@@ -148,9 +158,9 @@ def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bo
         _say(f"   Start the agent: vramguard run --mode kill --poll-interval {poll_interval_s}")
         relay = _start_agent(node, poll_interval_s, seen)
         if r615:  # the agent has programmed both containers' limits (and said so)
-            wait_for(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10)
+            _happens(lambda: sum(e.get("event") == "driver_limit" for e in seen) >= 2, 10, "two driver_limit events")
         else:
-            time.sleep(2 * poll_interval_s)
+            node.wait_scans(2)
         first = trainer.allocate(0, 6 * GiB)
         _say(f"   trainer allocates 6GiB: {'granted' if first else 'out of memory'}")
         second = trainer.allocate(0, 4 * GiB)
@@ -158,15 +168,15 @@ def _one_driver(r615: bool, poll_interval_s: float, keep: bool) -> list[tuple[bo
         neighbour = notebook.allocate(0, 8 * GiB)
         _say(f"   notebook allocates its whole 8GiB: {'granted' if neighbour else 'out of memory'}")
         if r615:
-            time.sleep(3 * poll_interval_s)  # a few scans: nothing to act on
+            node.wait_scans(3)  # a few scans: nothing to act on
             checks = [
                 (first and not second, "R615: the trainer's allocation beyond its quota failed in the trainer"),
                 (neighbour and notebook.process.poll() is None, "R615: the notebook got all of its memory"),
                 (trainer.process.poll() is None, "R615: nobody was killed: the driver held the quota"),
             ]
         else:
-            killed = wait_for(lambda: trainer.process.poll() is not None, 10 * poll_interval_s + 5)
-            time.sleep(poll_interval_s)  # one more scan sees the freed memory
+            killed = _happens(lambda: trainer.process.poll() is not None, 10 * poll_interval_s + 5, "trainer killed")
+            node.wait_scans(1)  # one more scan sees the freed memory
             checks = [
                 (first and second and killed, "older driver: the allocation went through; the agent killed it"),
                 (notebook.process.poll() is None, "older driver: the notebook untouched"),
@@ -200,8 +210,8 @@ def _dra_scene(poll_interval_s: float, keep: bool) -> int:
         _say("3. Each allocates 11GiB on its own GPU:")
         t = node.spawn(trainer, "pytorch", 11 * GiB, gpu=1)
         n = node.spawn(notebook, "main", 11 * GiB, gpu=0)
-        killed = wait_for(lambda: not t.alive(), timeout_s=10 * poll_interval_s + 5)
-        time.sleep(2 * poll_interval_s)  # a few more scans: nothing else to act on
+        killed = _happens(lambda: not t.alive(), 10 * poll_interval_s + 5, "the trainer killed")
+        node.wait_scans(2)  # a few more scans: nothing else to act on
         _say("\n4. vramguard top --once:")
         _say(_indent(node.run_vramguard("top", "--once", "--policy", str(policy)).stdout))
         node.stop_agents()

@@ -38,6 +38,7 @@ from vramguard.model import GiB
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 from vramguard_testbed.fakenvml import Allocator, FakeNode, build_fake_nvml, fake_nvml_env
 from vramguard_testbed.supervisor import Supervisor
+from vramguard_testbed.waiting import wait_until
 
 
 @dataclass(eq=False)
@@ -128,6 +129,7 @@ class SimulatedNode:
         self.processes: list[SimProcess] = []
         self._agents: list[subprocess.Popen[Any]] = []
         self.metrics_port = 0
+        self.poll_interval_s = 1.0  # the running agent's --poll-interval (vramguard's default until one is given)
         # With a kubeconfig, `vramguard run`/`top` watch the API server for pods instead of reading pods.yaml.
         self.kubeconfig: Path | None = None
         self.sync()
@@ -345,6 +347,7 @@ class SimulatedNode:
     def start_agent(self, *args: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
         """`vramguard run` on this node, with its metrics on a free port (`self.metrics_port`)."""
         self.metrics_port = free_port()
+        self.poll_interval_s = float(args[args.index("--poll-interval") + 1]) if "--poll-interval" in args else 1.0
         argv = self.vramguard_argv("run", "--metrics-port", str(self.metrics_port), "--log-format", "json", *args)
         agent = subprocess.Popen(argv, env=self.env, **popen_kwargs)
         self._agents.append(agent)
@@ -352,12 +355,19 @@ class SimulatedNode:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the agent's /readyz says ready (NVML up, pods synced, one scan done)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.http_get("/readyz")[0] == 200:
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"agent not ready after {timeout_s}s: {self.http_get('/readyz')}")
+        wait_until(lambda: self.http_get("/readyz")[0] == 200, timeout_s, what="the agent's /readyz", interval_s=0.05)
+
+    def scans(self) -> float:
+        """How many scans the agent has completed (its vramguard_scan_duration_seconds_count; 0 before its first)."""
+        return metric_value(self.http_get("/metrics")[1], "vramguard_scan_duration_seconds_count") or 0.0
+
+    def wait_scans(self, n: int, timeout_s: float | None = None) -> None:
+        """Block until the agent has completed `n` more scans. This is how a test lets time pass for the agent
+        before it asserts that something did not happen: a count of the agent's own cycles, not a sleep. By
+        default it waits ten poll intervals a scan, and 5 s more."""
+        target = self.scans() + n
+        limit_s = timeout_s if timeout_s is not None else n * self.poll_interval_s * 10 + 5
+        wait_until(lambda: self.scans() >= target, limit_s, what=f"{n} more scans of the agent (to {target:g})")
 
     def http_get(self, path: str) -> tuple[int, str]:
         try:
@@ -423,6 +433,8 @@ def metric_value(metrics_text: str, name: str, labels: Mapping[str, str] | None 
 
 
 def wait_for(predicate: Any, timeout_s: float, interval_s: float = 0.01) -> bool:
+    """Deprecated: use `vramguard_testbed.waiting.wait_until`, which fails naming what it waited for. Kept only
+    while some tests still call it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

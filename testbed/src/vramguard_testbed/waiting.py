@@ -13,9 +13,11 @@ class WaitTimeout(AssertionError):
     """What was awaited did not happen in time; a test that meets it fails with the message."""
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float = 5.0, what: str = "", interval_s: float = 0.01) -> T:
-    """Poll `predicate` until it returns something truthy, and return that; after `timeout_s` raise `WaitTimeout`
-    naming `what` (or the predicate) and the last value seen."""
+def wait_until(
+    predicate: Callable[[], T | None], timeout_s: float = 5.0, what: str = "", interval_s: float = 0.01
+) -> T:
+    """Poll `predicate` until it returns something truthy, and return that (so never None); after `timeout_s` raise
+    `WaitTimeout` naming `what` (or the predicate) and the last value seen."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
