@@ -75,25 +75,28 @@ def get_limit(index: int, path: str) -> tuple[int, int, int] | int:
 
 
 @pytest.mark.parametrize(
-    ("case", "gpu", "path", "soft", "hard", "mig", "expected"),
+    ("gpu", "path", "soft", "hard", "mig", "expected"),
     [
-        ("a container's v2 cgroup", 0, "{ctr}", 0, 8 * GiB, False, pynvml.NVML_SUCCESS),
-        ("soft and hard", 0, "{ctr}", 2 * GiB, 8 * GiB, False, pynvml.NVML_SUCCESS),
-        ("hard up to the total", 0, "{ctr}", 0, TOTAL, False, pynvml.NVML_SUCCESS),
-        ("clearing", 0, "{ctr}", 0, MAX, False, pynvml.NVML_SUCCESS),
-        ("soft above hard", 0, "{ctr}", 9 * GiB, 8 * GiB, False, pynvml.NVML_ERROR_INVALID_ARGUMENT),
-        ("hard above the total", 0, "{ctr}", 0, TOTAL + 1, False, pynvml.NVML_ERROR_INVALID_ARGUMENT),
-        ("no path", 0, None, 0, 8 * GiB, False, pynvml.NVML_ERROR_INVALID_ARGUMENT),
-        ("a path that does not exist", 0, "{ctr}/gone", 0, 8 * GiB, False, pynvml.NVML_ERROR_OPERATING_SYSTEM),
-        ("a cgroup v1 directory", 0, "/sys/fs/cgroup/pids", 0, 8 * GiB, False, pynvml.NVML_ERROR_OPERATING_SYSTEM),
-        ("a MIG handle", 1, "{ctr}", 0, 1 * GiB, True, pynvml.NVML_ERROR_NOT_SUPPORTED),
+        pytest.param(0, "{ctr}", 0, 8 * GiB, False, pynvml.NVML_SUCCESS, id="a container's v2 cgroup"),
+        pytest.param(0, "{ctr}", 2 * GiB, 8 * GiB, False, pynvml.NVML_SUCCESS, id="soft and hard"),
+        pytest.param(0, "{ctr}", 0, TOTAL, False, pynvml.NVML_SUCCESS, id="hard up to the total"),
+        pytest.param(0, "{ctr}", 0, MAX, False, pynvml.NVML_SUCCESS, id="clearing"),
+        pytest.param(0, "{ctr}", 9 * GiB, 8 * GiB, False, pynvml.NVML_ERROR_INVALID_ARGUMENT, id="soft above hard"),
+        pytest.param(0, "{ctr}", 0, TOTAL + 1, False, pynvml.NVML_ERROR_INVALID_ARGUMENT, id="hard above the total"),
+        pytest.param(0, None, 0, 8 * GiB, False, pynvml.NVML_ERROR_INVALID_ARGUMENT, id="no path"),
+        pytest.param(
+            0, "{ctr}/gone", 0, 8 * GiB, False, pynvml.NVML_ERROR_OPERATING_SYSTEM, id="a path that does not exist"
+        ),
+        pytest.param(
+            0, "/sys/fs/cgroup/pids", 0, 8 * GiB, False, pynvml.NVML_ERROR_OPERATING_SYSTEM, id="a cgroup v1 directory"
+        ),
+        pytest.param(1, "{ctr}", 0, 1 * GiB, True, pynvml.NVML_ERROR_NOT_SUPPORTED, id="a MIG handle"),
     ],
 )
 def test_set_checks_what_the_header_documents(
     node: FakeNode,
     nvml_state: Path,
     v2: KubeletCgroups,
-    case: str,
     gpu: int,
     path: str | None,
     soft: int,
@@ -103,7 +106,7 @@ def test_set_checks_what_the_header_documents(
 ) -> None:
     ctr = v2.pod().container()
     target = path.format(ctr=ctr.dirs[0]) if path is not None else None
-    assert set_limit(gpu, target, soft, hard, mig) == expected, case
+    assert set_limit(gpu, target, soft, hard, mig) == expected
     (call,) = limit_calls(nvml_state)
     assert (call.verb, call.gpu, call.result) == ("set", gpu, expected)
     held = [(d.soft_bytes, d.hard_bytes) for d in driver_limits(nvml_state)]

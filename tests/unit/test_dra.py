@@ -160,44 +160,49 @@ def shares_of(
     ]
 
 
+def row(case: str, *values: object) -> Any:
+    """A row of a table whose first column names the case: the test reads it, and pytest names the row by it."""
+    return pytest.param(case, *values, id=case)
+
+
 @pytest.mark.parametrize(
     ("case", "pod", "claims", "expected"),
     [
-        ("a 10Gi share on gpu-2", trainer(("gpu", "")), ONE_SHARE, [("main", GPU_UUID[2], 10 * GiB, "")]),
-        ("two containers hold the same share", trainer(("gpu", ""), containers=2), ONE_SHARE,
-         [("main", GPU_UUID[2], 10 * GiB, ""), ("side", GPU_UUID[2], 10 * GiB, "")]),
-        ("a whole-device allocation is the device's memory",
-         trainer(("gpu", "")), {KEY: claim("trainer-gpu", result("gpu", "gpu-1", memory=None, share=None))},
-         [("main", GPU_UUID[1], 24 * GiB, "")]),
-        ("only the request the container names, and its subrequests",
-         trainer(("gpu", "b")),
-         {KEY: claim("trainer-gpu", result("a", "gpu-0"), result("b/small", "gpu-1"), result("bb", "gpu-3"))},
-         [("main", GPU_UUID[1], 10 * GiB, "")]),
-        ("admin access to a device is no share of it", trainer(("gpu", "")),
-         {KEY: claim("trainer-gpu", {**result("gpu", "gpu-1", memory=None, share=None), "adminAccess": True},
-                     result("gpu", "gpu-2"))},
-         [("main", GPU_UUID[2], 10 * GiB, "")]),
-        ("not read yet: nothing", trainer(("gpu", "")), {}, []),
-        ("the claim controller has not named it yet: nothing", trainer(("gpu", ""), claims={"gpu": None}),
-         ONE_SHARE, []),
-        ("not allocated: nothing", trainer(("gpu", "")), {KEY: claim("trainer-gpu", allocated=False)}, []),
-        ("a container without claims holds nothing", trainer(), ONE_SHARE, []),
-        ("the claim does not exist", trainer(("gpu", "")), {KEY: None},
-         [("main", "", 0, "resourceclaims[ml/trainer-gpu]: does not exist")]),
-        ("a claim the pod does not list", trainer(("other", "")), ONE_SHARE,
-         [("main", "", 0, "spec.containers[main].resources.claims[other]: names no entry of spec.resourceClaims")]),
-        ("a device in no slice of this node", trainer(("gpu", "")),
-         {KEY: claim("trainer-gpu", result("gpu", "gpu-9"))},
-         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
-                          "is in no ResourceSlice of this node")]),
-        ("a device without a uuid attribute", trainer(("gpu", "")), ONE_SHARE,
-         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
-                          "has no 'uuid' attribute naming its GPU")]),
-        ("a consumed capacity that does not parse", trainer(("gpu", "")),
-         {KEY: claim("trainer-gpu", result("gpu", "gpu-2", memory="10GB"))},
-         [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0]"
-                          ".consumedCapacity[memory]: is not a valid quantity (GB is not a Kubernetes suffix; "
-                          "did you mean 10G (10^9) or 10Gi (2^30)?)")]),
+        row("a 10Gi share on gpu-2", trainer(("gpu", "")), ONE_SHARE, [("main", GPU_UUID[2], 10 * GiB, "")]),
+        row("two containers hold the same share", trainer(("gpu", ""), containers=2), ONE_SHARE,
+            [("main", GPU_UUID[2], 10 * GiB, ""), ("side", GPU_UUID[2], 10 * GiB, "")]),
+        row("a whole-device allocation is the device's memory",
+            trainer(("gpu", "")), {KEY: claim("trainer-gpu", result("gpu", "gpu-1", memory=None, share=None))},
+            [("main", GPU_UUID[1], 24 * GiB, "")]),
+        row("only the request the container names, and its subrequests",
+            trainer(("gpu", "b")),
+            {KEY: claim("trainer-gpu", result("a", "gpu-0"), result("b/small", "gpu-1"), result("bb", "gpu-3"))},
+            [("main", GPU_UUID[1], 10 * GiB, "")]),
+        row("admin access to a device is no share of it", trainer(("gpu", "")),
+            {KEY: claim("trainer-gpu", {**result("gpu", "gpu-1", memory=None, share=None), "adminAccess": True},
+                        result("gpu", "gpu-2"))},
+            [("main", GPU_UUID[2], 10 * GiB, "")]),
+        row("not read yet: nothing", trainer(("gpu", "")), {}, []),
+        row("the claim controller has not named it yet: nothing", trainer(("gpu", ""), claims={"gpu": None}),
+            ONE_SHARE, []),
+        row("not allocated: nothing", trainer(("gpu", "")), {KEY: claim("trainer-gpu", allocated=False)}, []),
+        row("a container without claims holds nothing", trainer(), ONE_SHARE, []),
+        row("the claim does not exist", trainer(("gpu", "")), {KEY: None},
+            [("main", "", 0, "resourceclaims[ml/trainer-gpu]: does not exist")]),
+        row("a claim the pod does not list", trainer(("other", "")), ONE_SHARE,
+            [("main", "", 0, "spec.containers[main].resources.claims[other]: names no entry of spec.resourceClaims")]),
+        row("a device in no slice of this node", trainer(("gpu", "")),
+            {KEY: claim("trainer-gpu", result("gpu", "gpu-9"))},
+            [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
+                             "is in no ResourceSlice of this node")]),
+        row("a device without a uuid attribute", trainer(("gpu", "")), ONE_SHARE,
+            [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0].device: "
+                             "has no 'uuid' attribute naming its GPU")]),
+        row("a consumed capacity that does not parse", trainer(("gpu", "")),
+            {KEY: claim("trainer-gpu", result("gpu", "gpu-2", memory="10GB"))},
+            [("main", "", 0, "resourceclaims[ml/trainer-gpu].status.allocation.devices.results[0]"
+                             ".consumedCapacity[memory]: is not a valid quantity (GB is not a Kubernetes suffix; "
+                             "did you mean 10G (10^9) or 10Gi (2^30)?)")]),
     ],
 )  # fmt: skip
 def test_pod_shares(
@@ -263,7 +268,12 @@ def test_a_share_is_the_quota_on_its_gpu_and_nothing_elsewhere() -> None:
 
 @pytest.mark.parametrize(
     ("source", "holds"),
-    [(f"claim:{DRIVER}", True), (f"claim:{CLASS}", True), (f"claim:{SHARE_CLASS}", True), ("claim:other.io", False)],
+    [
+        pytest.param(f"claim:{DRIVER}", True, id="its-driver"),
+        pytest.param(f"claim:{CLASS}", True, id="its-device-class"),
+        pytest.param(f"claim:{SHARE_CLASS}", True, id="its-share-device-class"),
+        pytest.param("claim:other.io", False, id="another-driver"),
+    ],
 )
 def test_the_source_reads_the_shares_of_its_driver_or_device_class(source: str, holds: bool) -> None:
     claims = {KEY: claim("trainer-gpu", result("gpu", "gpu-2"), cls=SHARE_CLASS)}
@@ -333,16 +343,16 @@ TWO_GPUS = {KEY: claim("trainer-gpu", result("gpu", "gpu-1", "12Gi", "s1"), resu
 
 
 @pytest.mark.parametrize(
-    ("case", "usage", "violations"),
+    ("usage", "violations"),
     [
-        ("11Gi on each: over its 10Gi share on GPU 2 only", {1: 11, 2: 11}, [(2, 11, 10)]),
-        ("within both shares", {1: 12, 2: 10}, []),
-        ("its total fits, GPU 2 does not", {1: 1, 2: 11}, [(2, 11, 10)]),
-        ("any memory on a GPU it holds no share of", {1: 1, 3: 1}, [(3, 1, 0)]),
+        pytest.param({1: 11, 2: 11}, [(2, 11, 10)], id="11Gi on each: over its 10Gi share on GPU 2 only"),
+        pytest.param({1: 12, 2: 10}, [], id="within both shares"),
+        pytest.param({1: 1, 2: 11}, [(2, 11, 10)], id="its total fits, GPU 2 does not"),
+        pytest.param({1: 1, 3: 1}, [(3, 1, 0)], id="any memory on a GPU it holds no share of"),
     ],
 )
 def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
-    case: str, usage: dict[int, int], violations: list[tuple[int, int, int]]
+    usage: dict[int, int], violations: list[tuple[int, int, int]]
 ) -> None:
     pod = trainer(("gpu", ""))
     quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}
@@ -351,7 +361,7 @@ def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
     for index, gib in usage.items():
         snap.use(pod, "main", devices[index], gib * GiB, pid=100 + index)
     found = find_violations(snap.build(), quotas)
-    assert [(v.device.index, v.used_bytes // GiB, v.limit_bytes // GiB) for v in found] == violations, case
+    assert [(v.device.index, v.used_bytes // GiB, v.limit_bytes // GiB) for v in found] == violations
     for v in found:
         if v.limit_bytes:
             assert "claim ml/trainer-gpu" in v.quota_source
