@@ -415,15 +415,13 @@ def main() -> None:
     if reason is not None:
         print(f"limits_window: skipped, cannot start the real node: {reason}", file=sys.stderr)
         sys.exit(2)
-    waited_s = 0.0
-    while others := other_kubelets():
-        if waited_s == 0:
-            print(f"limits_window: waiting for another real node to stop (kubelet PID {others})", file=sys.stderr)
-        if waited_s >= 600:
+    if others := other_kubelets():
+        print(f"limits_window: waiting for another real node to stop (kubelet PID {others})", file=sys.stderr)
+        try:
+            wait_until(lambda: not other_kubelets(), 600, what="the other kubelets to stop", interval_s=5)
+        except WaitTimeout:
             print("limits_window: skipped, another kubelet still runs after 10 minutes", file=sys.stderr)
             sys.exit(2)
-        time.sleep(5)
-        waited_s += 5
 
     began = time.monotonic()
     print(
