@@ -75,10 +75,6 @@ class Worker:
         if self._thread.ident is not None:
             self._thread.join(max(0.0, deadline - self.clock.now()))
 
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
     def _run(self) -> None:
         while not self._stopping.is_set():
             task = self._queue.get()
