@@ -42,7 +42,7 @@ from vramguard_testbed.simnode import SimProcess, metric_value
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .controlplane import _PDEATHSIG_SHIM, AuditEvent, ControlPlane, _create_ignoring_conflict
-from .kube_fixtures import AGENT_NAMESPACE, MANIFEST, KubeNode
+from .kube_fixtures import AGENT_NAMESPACE, MANIFEST, KubeNode, wait_admission_policy
 
 AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:vramguard"
 WORKLOAD_NAMESPACE = "fleet"
@@ -70,7 +70,7 @@ def deploy_agent_manifest(api: client.ApiClient, manifest: Path = MANIFEST) -> N
         except utils.FailToCreateError as e:
             if any(getattr(x, "status", None) != 409 for x in e.api_exceptions):
                 raise
-    time.sleep(1.5)  # a new ValidatingAdmissionPolicy is enforced once the apiserver's informer has seen it
+    wait_admission_policy(api)
 
 
 def agent_requests(events: Iterable[AuditEvent], since_s: float = 0.0, until_s: float = math.inf) -> list[AuditEvent]:

@@ -7,7 +7,6 @@ pods are real API objects: each pod's cgroups carry its real UID and its status 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from kubernetes import client, utils
 from vramguard.model import PodInfo
 from vramguard.pods import pod_info_from_manifest
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
 
 from .controlplane import ControlPlane, write_kubeconfig
 
@@ -38,8 +38,38 @@ def deploy_manifest(api: client.ApiClient) -> None:
         except utils.FailToCreateError as e:
             if any(getattr(x, "status", None) != 409 for x in e.api_exceptions):
                 raise
-    # A new ValidatingAdmissionPolicy is enforced once the apiserver's policy informer has seen it.
-    time.sleep(1.5)
+    wait_admission_policy(api)
+
+
+def wait_admission_policy(api: client.ApiClient, timeout_s: float = 30.0) -> None:
+    """Wait until the API server enforces the own-node admission policy (once its policy informer has seen the new
+    ValidatingAdmissionPolicy): a dry-run status patch of a throwaway Node by the agent's ServiceAccount,
+    impersonated as on another node, is refused by the policy."""
+    core = client.CoreV1Api(api)
+    probe = f"vramguard-policy-probe-{uuid.uuid4().hex[:8]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=probe)))
+    agent = client.ApiClient(api.configuration)
+    user = f"system:serviceaccount:{AGENT_NAMESPACE}:vramguard"
+    agent.set_default_header("Impersonate-User", user)  # type: ignore[no-untyped-call]  # untyped in the client
+    # As a pod's token on another node: its node name in the user's extra (key percent-encoded, as headers need).
+    node_name_header = "Impersonate-Extra-authentication.kubernetes.io%2Fnode-name"
+    agent.set_default_header(node_name_header, "another-node")  # type: ignore[no-untyped-call]
+    patch = {"status": {"capacity": {"vramguard.io/vram": "1Gi"}}}
+
+    def refused() -> bool:
+        try:
+            client.CoreV1Api(agent).patch_node_status(probe, patch, dry_run="All", _content_type=MERGE)
+        except client.ApiException as e:
+            if e.status != 403:
+                raise
+            return "vramguard-own-node-only" in str(e.body)  # else RBAC's refusal: its binding not yet seen either
+        return False
+
+    try:
+        wait_until(refused, timeout_s, what="the own-node admission policy enforced", interval_s=0.1)
+    finally:
+        agent.close()  # type: ignore[no-untyped-call]
+        core.delete_node(probe)
 
 
 def agent_kubeconfig(plane: ControlPlane, api: client.ApiClient, node_name: str, workdir: Path) -> Path:
