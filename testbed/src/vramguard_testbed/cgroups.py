@@ -77,6 +77,7 @@ from types import TracebackType
 from typing import Any
 
 from vramguard.model import CgroupIdentity
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 DEFAULT_V1_HIERARCHIES: tuple[str, ...] = ("pids", "systemd")
@@ -429,13 +430,18 @@ class KubeletCgroups:
         shim = ["/bin/sh", "-c", _SPAWN_SHIM, "vramguard-spawn", *procs_files, "--", *argv]
         child = subprocess.Popen(shim, **popen_kwargs)
         self._children.append(child)
-        deadline = time.monotonic() + _SPAWN_TIMEOUT_S
-        while not all(child.pid in _read_procs(d) for d in target.dirs):
+
+        def placed() -> bool:
+            if all(child.pid in _read_procs(d) for d in target.dirs):
+                return True
             if child.poll() is not None:
                 raise RuntimeError(f"{argv[0]} exited with {child.returncode} before it was in {target.path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{argv[0]} (pid {child.pid}) did not appear in {target.path}")
-            time.sleep(0.001)
+            return False
+
+        try:
+            wait_until(placed, _SPAWN_TIMEOUT_S, what=f"{argv[0]} in {target.path}", interval_s=0.001)
+        except WaitTimeout:
+            raise TimeoutError(f"{argv[0]} (pid {child.pid}) did not appear in {target.path}") from None
         return child
 
     def move(self, target: _Target, pid: int) -> None:
