@@ -21,7 +21,7 @@ from vramguard.top import (
     render_json,
     render_table,
 )
-from vramguard_testbed.simnode import wait_for
+from vramguard_testbed.waiting import wait_until
 
 # Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and
 # a return, a tab and a newline that would forge a row.
@@ -38,7 +38,7 @@ def describe_sleeper(argument: str) -> tuple[int, ProcessDetail]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", argument])
     try:
         # Popen returns once exec has begun; the kernel sets the new command line a moment later.
-        assert wait_for(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes() != b"", timeout_s=10)
+        wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes() != b"", 10, what="the command line set")
         return proc.pid, describe_process(proc.pid)
     finally:
         proc.kill()

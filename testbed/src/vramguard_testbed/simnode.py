@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
@@ -432,15 +431,4 @@ def metric_value(metrics_text: str, name: str, labels: Mapping[str, str] | None 
     return sum(values) if values else None
 
 
-def wait_for(predicate: Any, timeout_s: float, interval_s: float = 0.01) -> bool:
-    """Deprecated: use `vramguard_testbed.waiting.wait_until`, which fails naming what it waited for. Kept only
-    while some tests still call it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())
-
-
-__all__: Sequence[str] = ("SimPod", "SimProcess", "SimulatedNode", "free_port", "metric_value", "wait_for")
+__all__: Sequence[str] = ("SimPod", "SimProcess", "SimulatedNode", "free_port", "metric_value")
