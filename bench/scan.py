@@ -77,7 +77,8 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
     policy = Policy(mode=Mode.KILL) if driver_limits else Policy()
     events = RecordingEventRecorder()
 
-    pods = FilePodSource(str(node.pods_path), node.node_name).start()
+    pods = FilePodSource(str(node.pods_path), node.node_name)
+    pods.start()
     assert pods.wait_synced(30), pods.problem()
 
     def fresh_agent() -> tuple[Agent, NvmlSampler]:
@@ -119,7 +120,7 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
         sampler.sample()
         nvml_cpu.append(time.process_time() - c0)
     sampler.close()
-    pods.stop()
+    pods.stop(time.monotonic() + 1)
     ms = 1000.0
     return {
         "cold_cpu": cold_cpu * ms,

@@ -14,9 +14,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from unit.test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
+from vramguard.clock import SystemClock
 from vramguard.model import MiB, Policy
 from vramguard.pods import MAX_VALUE_CHARS, FilePodSource, parse_pod_list
 from vramguard.quota import resolve_pod_quota
+from vramguard_testbed.waiting import wait_until
 
 THREAD = "vramguard-pods-file"
 Start = Callable[..., FilePodSource]
@@ -28,22 +30,30 @@ def start() -> Iterator[Start]:
     sources: list[FilePodSource] = []
 
     def make(path: Path, **kwargs: Any) -> FilePodSource:
-        source = FilePodSource(str(path), **{"check_interval_s": 0.01, **kwargs}).start()
+        source = FilePodSource(str(path), **{"check_interval_s": 0.01, **kwargs})
+        source.start()
         sources.append(source)
         return source
 
     yield make
     for source in sources:
-        source.stop()
+        source.stop(time.monotonic() + 1)
 
 
-def eventually(predicate: Callable[[], object], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+class CountingClock(SystemClock):
+    """The system clock, counting the source's waits: the thread waits once after each check of the file."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        self.waits += 1
+        return super().wait(stop, seconds)
+
+    def checks(self, n: int) -> None:
+        """Return once the source has checked the file `n` more times."""
+        until = self.waits + n + 1  # the check under way may have begun before the call
+        wait_until(lambda: self.waits >= until, what=f"{n} more checks of the file")
 
 
 def write(path: Path, data: bytes) -> None:
@@ -118,7 +128,7 @@ def test_nothing_is_read_before_start(tmp_path: Path) -> None:
     assert not source.synced() and source.pods() == {} and source.node_labels() == {}
     assert source.problem() == f"pods file {tmp_path}/no/such/pods.yaml: not read yet"
     assert THREAD not in [t.name for t in threading.enumerate()]
-    source.stop()  # stopping one never started is harmless
+    source.stop(time.monotonic())  # stopping one never started is harmless
 
 
 def test_first_read_happens_on_the_thread(tmp_path: Path, start: Start) -> None:
@@ -149,7 +159,7 @@ def test_missing_file_is_not_synced_until_it_appears(tmp_path: Path, start: Star
     """No file yet: not synced, no pods, and problem() says so; the file appearing syncs the source."""
     path = tmp_path / "pods.yaml"
     source = start(path)
-    assert eventually(lambda: "No such file or directory" in (source.problem() or ""))
+    wait_until(lambda: "No such file or directory" in (source.problem() or ""), what="the missing file's problem")
     assert not source.synced() and source.pods() == {}
     write(path, as_yaml(pod_list(POD)))
     assert source.wait_synced(5) and source.problem() is None and list(source.pods()) == [UID]
@@ -159,12 +169,13 @@ def test_unchanged_file_is_not_parsed_again(tmp_path: Path, start: Start) -> Non
     """Each check is a stat: the file is parsed again only when its identity (inode, mtime, size) changes."""
     path = tmp_path / "pods.yaml"
     write(path, as_yaml(pod_list(POD)))
-    source = start(path)
+    clock = CountingClock()
+    source = start(path, clock=clock)
     assert source.wait_synced(5)
-    time.sleep(0.1)  # ten checks
+    clock.checks(10)
     assert source.reads == 1
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
-    assert eventually(lambda: source.reads == 2)
+    wait_until(lambda: source.reads == 2, what="the second read")
 
 
 def test_rewrite_follows_changes(tmp_path: Path, start: Start) -> None:
@@ -174,9 +185,9 @@ def test_rewrite_follows_changes(tmp_path: Path, start: Start) -> None:
     source = start(path)
     assert source.wait_synced(5)
     write(path, as_yaml(pod_list()))
-    assert eventually(lambda: source.pods() == {})
+    wait_until(lambda: source.pods() == {}, what="no pods")
     write(path, as_yaml(pod_list(POD, pod("second"))))
-    assert eventually(lambda: sorted(source.pods()) == sorted([UID, "second"]))
+    wait_until(lambda: sorted(source.pods()) == sorted([UID, "second"]), what="both pods")
 
 
 def _replace_with_directory(path: Path) -> None:
@@ -204,7 +215,7 @@ def _replace_with_directory(path: Path) -> None:
             r"items\[0\]: pod ml/x: metadata\.uid is missing",
             id="pod-without-uid",
         ),
-        pytest.param(lambda p: p.write_bytes(b"#" * 70_000), r"68.4 KiB is over the 64 KiB bound", id="over-the-bound"),
+        pytest.param(lambda p: p.write_bytes(b"#" * 70_000), r"68.4KiB is over the 64.0KiB bound", id="over-the-bound"),
         pytest.param(Path.unlink, r"No such file or directory", id="deleted"),
         pytest.param(_replace_with_directory, r"not a regular file", id="replaced-by-a-directory"),
     ],
@@ -220,7 +231,7 @@ def test_fault_keeps_last_good_pods_says_why_then_recovers(
     good = source.pods()
 
     spoil(path)
-    assert eventually(lambda: source.problem() is not None)
+    wait_until(lambda: source.problem() is not None, what="a problem")
     said = source.problem() or ""
     assert said.startswith(f"pods file {path}: ") and re.search(problem, said), said
     assert source.pods() is good and source.synced()
@@ -229,7 +240,7 @@ def test_fault_keeps_last_good_pods_says_why_then_recovers(
     if path.is_dir():
         path.rmdir()
     write(path, as_yaml(pod_list(pod("new"))))
-    assert eventually(lambda: source.problem() is None)
+    wait_until(lambda: source.problem() is None, what="the recovery")
     assert list(source.pods()) == ["new"]
 
 
@@ -237,18 +248,19 @@ def test_each_fault_is_logged_once_and_the_recovery_once(tmp_path: Path, start: 
     """However many checks see a fault, it is logged once; a different fault once more; the recovery once."""
     path = tmp_path / "pods.yaml"
     write(path, as_yaml(pod_list(POD)))
+    clock = CountingClock()
     with capture_logs() as logs:
-        source = start(path)
+        source = start(path, clock=clock)
         assert source.wait_synced(5)
         path.unlink()
-        assert eventually(lambda: "No such file" in (source.problem() or ""))
-        time.sleep(0.1)  # ten more checks of the missing file
+        wait_until(lambda: "No such file" in (source.problem() or ""), what="the missing file's problem")
+        clock.checks(10)  # of the missing file
         write(path, BOMB)
-        assert eventually(lambda: "anchors" in (source.problem() or ""))
-        time.sleep(0.1)
+        wait_until(lambda: "anchors" in (source.problem() or ""), what="the alias bomb's problem")
+        clock.checks(10)
         write(path, as_yaml(pod_list(POD)))
-        assert eventually(lambda: source.problem() is None)
-        time.sleep(0.05)
+        wait_until(lambda: source.problem() is None, what="the recovery")
+        clock.checks(5)
     events = [(e["event"], e.get("error", "")) for e in logs if e["event"].startswith("pods_file")]
     assert [e for e, _ in events] == [
         "pods_file_synced",
@@ -268,7 +280,7 @@ def test_alias_bomb_is_refused_fast_and_last_good_pods_kept(tmp_path: Path, star
     assert source.wait_synced(5)
     write(path, BOMB)
     written = time.monotonic()
-    assert eventually(lambda: source.problem() is not None, timeout_s=1.0)
+    wait_until(lambda: source.problem() is not None, timeout_s=1.0, what="the bomb refused")
     assert time.monotonic() - written < 1.0
     assert "line 1: YAML anchors and aliases are not allowed" in (source.problem() or "")
     assert list(source.pods()) == [UID]
@@ -280,16 +292,16 @@ def test_oversized_file_is_refused_before_reading(tmp_path: Path, start: Start) 
     with open(path, "wb") as f:
         f.truncate(80 * MiB)
     source = start(path)
-    assert eventually(lambda: "bound" in (source.problem() or ""))
-    assert source.problem() == f"pods file {path}: 80 MiB is over the 64 MiB bound"
+    wait_until(lambda: "bound" in (source.problem() or ""), what="the bound's problem")
+    assert source.problem() == f"pods file {path}: 80.0MiB is over the 64.0MiB bound"
     assert not source.synced()
 
 
 def test_file_longer_than_its_size_is_bounded_while_reading(start: Start) -> None:
     """The bound holds while reading too: a file whose size says 0 (a /proc file) is cut off at the bound."""
     source = start(Path("/proc/self/maps"), max_bytes=64)  # regular, size 0, kilobytes long
-    assert eventually(lambda: "bound" in (source.problem() or ""))
-    assert source.problem() == "pods file /proc/self/maps: grew over the 64 bytes bound while being read"
+    wait_until(lambda: "bound" in (source.problem() or ""), what="the bound's problem")
+    assert source.problem() == "pods file /proc/self/maps: grew over the 64B bound while being read"
 
 
 def test_huge_annotation_is_bounded_in_pod_info(tmp_path: Path, start: Start) -> None:
@@ -329,19 +341,20 @@ def test_rewrite_of_a_large_file_does_not_stall_pods(tmp_path: Path, start: Star
     assert max(durations) < 0.005
 
 
-def test_stop_ends_the_thread_even_mid_parse(tmp_path: Path) -> None:
-    """stop() ends the thread within a second, also while it is parsing a large file (the parse is dropped)."""
+def test_stop_returns_by_its_deadline_even_mid_parse(tmp_path: Path) -> None:
+    """stop(deadline) returns by its deadline, also while a large file is being parsed: that parse, which cannot be
+    interrupted, is dropped when it ends, and the thread ends with it."""
     path = tmp_path / "pods.yaml"
-    write(path, many_pods_yaml(2000))
-    source = FilePodSource(str(path)).start()
+    write(path, many_pods_yaml(1000))
+    source = FilePodSource(str(path))
+    source.start()
     assert THREAD in [t.name for t in threading.enumerate()]
-    assert eventually(lambda: source.reads == 1)
-    time.sleep(0.02)  # into the parse, which takes a second or more
+    wait_until(lambda: source.reads == 1, what="the parse to begin")  # it takes a second or more
     started = time.monotonic()
-    source.stop()
+    source.stop(started + 0.2)
     assert time.monotonic() - started < 1.0
-    assert THREAD not in [t.name for t in threading.enumerate()]
-    assert not source.synced()
+    wait_until(lambda: THREAD not in [t.name for t in threading.enumerate()], timeout_s=60, what="the thread to end")
+    assert not source.synced() and source.pods() == {}
 
 
 def test_the_file_s_claims_and_this_node_s_slices_give_dra_shares() -> None:
