@@ -366,7 +366,7 @@ class _YamlChecks(Composer, SafeConstructor):
     `MAX_DEPTH` where they appear (before anything is expanded), and construction that refuses duplicate keys.
 
     Each element of the top-level `items` is constructed and handed to `on_item` as soon as it is composed, so a
-    file's nodes are held one item at a time (a node costs some 50 times its text)."""
+    file's nodes are held one item at a time (a node costs tens of times its text)."""
 
     # Given by the parser the loader is built with (PyYAML's Parser or libyaml's CParser).
     peek_event: Callable[[], Any]

@@ -316,7 +316,7 @@ def test_alias_bomb_is_refused_before_anything_is_expanded() -> None:
 
 
 def test_yaml_items_are_converted_one_at_a_time() -> None:
-    """A YAML list's items are converted as each is read, and their nodes let go (a node costs some 50 times its
+    """A YAML list's items are converted as each is read, and their nodes let go (a node costs tens of times its
     text): an item's fault is reported before a syntax error further down, and many pods parse in bounded
     memory."""
     for loader in LOADERS:
