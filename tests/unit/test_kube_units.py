@@ -6,7 +6,7 @@ Everything that talks to the API server is tested against a real one in tests/cl
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,7 @@ from vramguard.kube.events import EventRecord, KubeEventRecorder
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import Reflector, WatchExpired, watch_events, watched_object
 from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample, PodInfo
-from vramguard.testing.fakes import FakeClock, FakePodSource, pod
+from vramguard.testing.fakes import FakeClock, FakePodSource, SteppedClock, pod
 from vramguard.worker import Inline
 from vramguard_testbed.waiting import wait_until
 
@@ -403,33 +403,6 @@ def test_a_kill_event_goes_ahead_of_queued_warnings(warnings: int, max_queue: in
     assert len(core.bodies) == min(warnings, max_queue - 1) + 1
 
 
-class SteppedClock(FakeClock):
-    """A FakeClock whose `wait` blocks (a thread waiting for a token stays waiting) until `step` passes the time
-    it waits for, or its `stop` is set."""
-
-    def __init__(self) -> None:
-        super().__init__(0.0)
-        self._moved = threading.Condition()
-        self.waiting = 0  # threads blocked in wait()
-
-    def step(self, seconds: float) -> float:
-        with self._moved:
-            now = super().step(seconds)
-            self._moved.notify_all()
-        return now
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        until = self.now() + seconds
-        with self._moved:
-            self.waiting += 1
-            try:
-                while not stop.is_set() and self.now() < until:
-                    self._moved.wait(0.01)  # `stop` cannot notify this condition: look at it every 10 ms
-            finally:
-                self.waiting -= 1
-        return stop.is_set()
-
-
 @pytest.mark.parametrize(
     ("warnings", "tokens_at_start", "written_before"),
     [
@@ -588,18 +561,6 @@ class FakeDraApi:
         raise self.get_error or ApiException(status=404, reason="Not Found")
 
 
-class StablePods(FakePodSource):
-    """Pods as the kube pod cache gives them: the same mapping object while nothing changed (the claim reader
-    reads a missing claim again when its pod changes)."""
-
-    def __init__(self, pods: list[PodInfo]) -> None:
-        super().__init__(pods)
-        self._mapping = super().pods()
-
-    def pods(self) -> Mapping[str, PodInfo]:
-        return self._mapping
-
-
 def claim_pod(name: str) -> PodInfo:
     """A pod whose one container holds the claim `<name>-gpu`."""
     named = replace(pod(name, "ml"), claims={"gpu": f"{name}-gpu"})
@@ -609,7 +570,7 @@ def claim_pod(name: str) -> PodInfo:
 def listed_claim_source(api: FakeDraApi, pods: list[PodInfo], clock: FakeClock) -> KubeClaimSource:
     """A claim source whose slice reflector made its requests on this thread (its LIST and WATCH, or its 404s) until
     `api` stopped it; its claim thread not started: the test runs its cycles (`read_once`)."""
-    source = KubeClaimSource(client.ApiClient(), "node-a", StablePods(pods), clock=clock)
+    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource(pods), clock=clock)
     source.objects = api  # type: ignore[assignment]
     api.slices = source.slices
     source.slices._run()
@@ -662,7 +623,7 @@ def test_claim_source_starts_and_stops() -> None:
     ends both while the slice watch waits on a silent server."""
     named = claim_pod("p")
     api = FakeDraApi(served=True)
-    source = KubeClaimSource(client.ApiClient(), "node-a", StablePods([named]))
+    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([named]))
     source.objects = api  # type: ignore[assignment]
     assert api.slice_requests == 0 and not source.wait_synced(0)
     source.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,20 +23,6 @@ from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.waiting import wait_until
 
 LOG = structlog.get_logger("test")
-
-
-class WaitingClock(FakeClock):
-    """A FakeClock that records each wait's length, and calls `on_wait` before the time passes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-        self.on_wait: Callable[[], None] = lambda: None
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        self.waits.append(seconds)
-        self.on_wait()
-        return super().wait(stop, seconds)
 
 
 @dataclass
@@ -111,7 +97,7 @@ class FakeServer:
     """The list method of one kind, answering from a script; stops the reflector when the script runs out."""
 
     script: list[Listed | Watched | Hang | Exception]
-    clock: WaitingClock = field(default_factory=WaitingClock)
+    clock: FakeClock = field(default_factory=FakeClock)
     requests: list[str] = field(default_factory=list)
     reflector: Reflector | None = None
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from vramguard.model import (
     CgroupIdentity,
@@ -29,10 +30,14 @@ from vramguard.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, Lim
 
 
 class FakeClock:
-    """A monotonic clock that moves only when told: a scenario reads as a sequence of `step()` calls."""
+    """A monotonic clock that moves only when told: a scenario reads as a sequence of `step()` calls. `wait`
+    returns at once, the time passed; `waits` records each wait's length and `on_wait` runs before it passes (a
+    test can set a loop's stop event there)."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self._now = start
+        self.waits: list[float] = []
+        self.on_wait: Callable[[], None] = lambda: None
 
     def now(self) -> float:
         return self._now
@@ -42,9 +47,38 @@ class FakeClock:
         return self._now
 
     def wait(self, stop: threading.Event, seconds: float) -> bool:
-        """Returns at once: the time passes unless `stop` is already set."""
+        self.waits.append(seconds)
+        self.on_wait()
         if not stop.is_set():
             self._now += max(0.0, seconds)
+        return stop.is_set()
+
+
+class SteppedClock(FakeClock):
+    """A FakeClock for parts that run their own threads: `wait` blocks until `step` passes the time it waits for,
+    or its `stop` is set. `waiting` counts the threads blocked in it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__(start)
+        self._moved = threading.Condition()
+        self.waiting = 0
+
+    def step(self, seconds: float) -> float:
+        with self._moved:
+            now = super().step(seconds)
+            self._moved.notify_all()
+        return now
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        until = self.now() + seconds
+        with self._moved:
+            self.waits.append(seconds)
+            self.waiting += 1
+            try:
+                while not stop.is_set() and self.now() < until:
+                    self._moved.wait(0.01)  # `stop` cannot notify this condition: look at it every 10 ms
+            finally:
+                self.waiting -= 1
         return stop.is_set()
 
 
@@ -93,16 +127,17 @@ class FakePodSource:
     """A pod cache that holds what the test puts in it."""
 
     def __init__(self, pods: Iterable[PodInfo] = (), labels: Mapping[str, str] | None = None) -> None:
-        self._pods = {p.uid: p for p in pods}
+        self._pods: Mapping[str, PodInfo] = MappingProxyType({p.uid: p for p in pods})
         self._labels = dict(labels or {})
         self.is_synced = True
         self.problem_text: str | None = None  # what problem() says; set it to simulate a stale source
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
-        self._pods = {p.uid: p for p in pods}
+        self._pods = MappingProxyType({p.uid: p for p in pods})
 
     def pods(self) -> Mapping[str, PodInfo]:
-        return dict(self._pods)
+        """The same mapping until `set_pods` replaces it, as `ports.PodSource` promises."""
+        return self._pods
 
     def synced(self) -> bool:
         return self.is_synced
