@@ -182,6 +182,11 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.events_queued = Gauge(
+            "vramguard_events_queued",
+            "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
+            registry=self.registry,
+        )
         self.api_requests = Counter(
             "vramguard_api_requests_total",
             "LIST and WATCH requests the agent made to the API server, by resource and verb. In steady state only "

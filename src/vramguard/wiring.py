@@ -141,6 +141,7 @@ def connect(
     events = KubeEventRecorder(
         KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc(), clock=clock
     )
+    metrics.events_queued.set_function(events.queued)
 
     def count(resource: str, verb: str) -> None:
         metrics.api_requests.labels(resource=resource, verb=verb).inc()

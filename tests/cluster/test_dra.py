@@ -308,7 +308,8 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             shares = source.shares()
             for _ in range(10_000):  # the agent's scans: memory only
                 assert source.shares() is shares
-            time.sleep(3)  # six cycles of the claim reader, counted below by the API server: no request
+            cycles = source.cycles
+            wait_until(lambda: source.cycles >= cycles + 6, 30, "six cycles of the claim reader (counted: no request)")
             # The pod's container starts: a new PodInfo (its container ID), and its claim is allocated already.
             running = {"name": "main", "containerID": "containerd://" + "ab" * 32, "image": "busybox",
                        "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {}}}  # fmt: skip
@@ -320,7 +321,8 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             wait_until(lambda: pod_source.pods() is not before_change, 10, "the changed pod seen")
             make_claimed_pod(api, ns, node, pods)
             wait_until(lambda: len(source.shares()) == pods + 1, 30, "the new pod's share published")
-            time.sleep(2)  # time for a GET too many (the changed pod's claim read again) to be counted
+            cycles = source.cycles  # a GET too many (the changed pod's claim read again) would be made in these:
+            wait_until(lambda: source.cycles >= cycles + 4, 30, "four more cycles of the claim reader")
             after = counts()
             print(f"\nAPI requests for {pods} pods with claims: {synced[0] - before[0]} claim GETs, "
                   f"{synced[1] - before[1]} slice LIST, {synced[2] - before[2]} slice WATCH; then "
@@ -330,7 +332,8 @@ def test_what_the_claim_source_costs_the_api_server(dra_plane: ControlPlane) -> 
             # A frozen API server: the shares stay as read (the scan never waits), and the source stops at once.
             with dra_plane.frozen_apiserver():
                 held = source.shares()
-                time.sleep(2)  # four cycles of the claim reader, and the reflectors' reads blocked on the server
+                cycles = source.cycles  # the reflectors' reads block on the server meanwhile
+                wait_until(lambda: source.cycles >= cycles + 4, 30, "four cycles of the claim reader, server frozen")
                 assert source.shares() is held
                 started = time.monotonic()
                 deadline = source.clock.now() + 1.0

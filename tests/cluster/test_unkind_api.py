@@ -79,7 +79,9 @@ def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: s
         )
 
     wait_until(delivered, 45, "every Event owed delivered", interval_s=0.5)
-    time.sleep(2)  # anything written twice (a create retried after its timeout) would show by now
+    # A create retried after its timeout stays queued until it is answered: once nothing is queued, nothing more
+    # will be written.
+    wait_until(lambda: metric(node, "vramguard_events_queued") == 0, 30, "the agent's Event queue empty")
     for pod, proc in owed:
         log = _event_log(node, pod)
         assert set(log.values()) == {1}, f"an Event was written twice: {log}"

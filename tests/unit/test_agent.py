@@ -383,7 +383,8 @@ def test_metrics_exposition_names_carry_units() -> None:
         "vramguard_scans_failed_total",
         "vramguard_nvml_errors_total",
     } <= names
-    for name in names - {"vramguard_gpu_healthy", "vramguard_driver_limits_failing"}:  # a state, a count: no unit
+    counts = {"vramguard_driver_limits_failing", "vramguard_events_queued"}
+    for name in names - {"vramguard_gpu_healthy", *counts}:  # a state, counts: no unit
         assert name.endswith(("_bytes", "_seconds", "_total")), name
 
 

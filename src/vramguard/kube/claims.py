@@ -85,6 +85,7 @@ class KubeClaimSource:
         self._known: dict[str, frozenset[ClaimKey]] = {}  # pod UID → the claims it named when last seen
         self._seen_pods: object = None  # the pods as the claim thread last saw them
         self.claim_gets = 0  # requests made, for tests and logs
+        self.cycles = 0  # claim-thread cycles completed: a test waits for some to show that nothing was read
         self.slices = Reflector(
             "resourceslices",
             self._slice_call,
@@ -179,6 +180,7 @@ class KubeClaimSource:
     def _read_claims(self) -> None:
         while not self._stop.is_set():
             self.read_once()
+            self.cycles += 1
             self.clock.wait(self._stop, CYCLE_S)
 
     def read_once(self) -> None:
