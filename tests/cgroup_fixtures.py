@@ -17,9 +17,6 @@ from typing import Any
 
 from real_parts import need
 from vramguard_testbed.cgroups import CgroupCleanupError, KubeletCgroups, cgroups_unavailable
-from vramguard_testbed.waiting import (
-    wait_until as wait_until,  # re-exported: tests/node/test_cgroupwatch.py imports it here
-)
 
 
 def need_cgroups(version: int = 2) -> None:
