@@ -53,7 +53,14 @@ def watched() -> Iterator[Seen]:
     assert not watcher.running
 
 
-@pytest.mark.parametrize(("driver", "kind"), [("cgroupfs", False), ("systemd", False), ("systemd", True)])
+@pytest.mark.parametrize(
+    ("driver", "kind"),
+    [
+        pytest.param("cgroupfs", False, id="cgroupfs"),
+        pytest.param("systemd", False, id="systemd"),
+        pytest.param("systemd", True, id="kind-systemd"),
+    ],
+)
 def test_new_pod_and_container_cgroups_are_reported_once(
     watched: Seen, make_cgroups: CgroupsFactory, driver: str, kind: bool
 ) -> None:

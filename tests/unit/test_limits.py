@@ -33,9 +33,8 @@ MIXED = pod("mixed", "ml", containers={"own": {QUOTA: "8Gi"}, "rest": {}},
             annotations={"vramguard.io/vram-limit": "2Gi", "vramguard.io/vram-containers": "rest"})  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("case", "pods", "devices", "policy", "expected"),
-    [
+# (case, pods, devices, policy, expected limits as (pod, container, GPU, bytes)); the case is the test's id
+WANTED_CASES = [
         ("a container quota on every GPU; none on the pod, whose sidecar has none", [TRAINER], [gpu(0), gpu(1)], KILL,
          [("trainer", "main", 0, 8 * GiB), ("trainer", "main", 1, 8 * GiB)]),
         ("the pod holds the sum of its containers'", [PAIR], [gpu(0)], KILL,
@@ -60,8 +59,12 @@ MIXED = pod("mixed", "ml", containers={"own": {QUOTA: "8Gi"}, "rest": {}},
         ("no MIG instance, nor its parent", [TRAINER], [MIG_PARENT, MIG_SLICE], KILL, []),
         ("no unhealthy GPU", [TRAINER], [gpu(0, healthy=False), gpu(1)], KILL, [("trainer", "main", 1, 8 * GiB)]),
         ("no container without a quota", [pod("free", "ml")], [gpu(0)], KILL, []),
-    ],
-)  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "pods", "devices", "policy", "expected"), WANTED_CASES, ids=[row[0] for row in WANTED_CASES]
+)
 def test_wanted_limits(
     case: str, pods: list[PodInfo], devices: list[GpuDevice], policy: Policy, expected: list[object]
 ) -> None:
@@ -82,10 +85,10 @@ def test_not_the_agents_own_pod_and_pending_before_the_container_runs() -> None:
 @pytest.mark.parametrize(
     ("policy", "dry_run", "enabled"),
     [
-        (KILL, False, True),
-        (KILL, True, False),
-        (replace(KILL, driver_limits=DriverLimits.OFF), False, False),
-        (replace(KILL, driver_limits=DriverLimits.REQUIRE), False, True),
+        pytest.param(KILL, False, True, id="kill"),
+        pytest.param(KILL, True, False, id="dry-run"),
+        pytest.param(replace(KILL, driver_limits=DriverLimits.OFF), False, False, id="driver-limits-off"),
+        pytest.param(replace(KILL, driver_limits=DriverLimits.REQUIRE), False, True, id="driver-limits-require"),
     ],
 )
 def test_limits_enabled(policy: Policy, dry_run: bool, enabled: bool) -> None:
