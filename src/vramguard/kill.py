@@ -11,13 +11,14 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import time
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path, pod_cgroups, v2_root
+from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.freezes import FreezeJournal
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
@@ -58,6 +59,9 @@ _FD_WAIT_S = 0.5
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _T = TypeVar("_T")
+
+# A kill is not interrupted by the agent's stop: it ends by its own deadline (never set).
+_UNINTERRUPTED = threading.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +159,9 @@ class PidfdKiller:
         freeze_timeout_s: float = 1.0,
         max_rounds: int = 5,
         journal: FreezeJournal | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self.clock = clock
         self._proc_root = proc_root.rstrip("/") or "/"
         self._cgroup_root = cgroup_root.rstrip("/") or "/"
         self._device_prefix = device_prefix
@@ -183,7 +189,7 @@ class PidfdKiller:
         run = _Run(
             pod_uid=violation.pod.uid,
             container_ids=frozenset(violation.container_ids),
-            deadline=time.monotonic() + self._exit_timeout_s,
+            deadline=self.clock.now() + self._exit_timeout_s,
             every_process=every_process,
         )
         located: dict[str, ContainerCgroup] = {}
@@ -192,7 +198,7 @@ class PidfdKiller:
         for round_no in range(self._max_rounds):
             sweep = self._sweep(run, located, by_container if round_no == 0 else {}, kill=True)
             self._wait_for_exit(run)
-            if sweep.signalled == 0 or time.monotonic() >= run.deadline:
+            if sweep.signalled == 0 or self.clock.now() >= run.deadline:
                 break
         if sweep.signalled:
             # The last round signalled someone: look once more, without signalling, at what is left.
@@ -423,7 +429,7 @@ class PidfdKiller:
     def _wait_frozen(self, run: _Run, cgroup: ContainerCgroup) -> bool:
         """Wait (at most `freeze_timeout_s`, never past the kill's deadline) until the kernel reports every task of
         the cgroup frozen. A task in uninterruptible sleep can hold that up: the list is then taken anyway."""
-        deadline = min(time.monotonic() + self._freeze_timeout_s, run.deadline)
+        deadline = min(self.clock.now() + self._freeze_timeout_s, run.deadline)
         delay = 0.0002
         while True:
             try:
@@ -434,9 +440,9 @@ class PidfdKiller:
                     return True
             except OSError:
                 return False
-            if time.monotonic() >= deadline:
+            if self.clock.now() >= deadline:
                 return False
-            time.sleep(delay)
+            self.clock.wait(_UNINTERRUPTED, delay)
             delay = min(delay * 2, 0.01)
 
     # ------------------------------------------------------------------------------------------------------
@@ -511,9 +517,9 @@ class PidfdKiller:
                 if state is not None and state[1] == ref.start_time and state[0] not in EXITED_STATES:
                     still.append(ref)
             run.pending = still
-            if not still or time.monotonic() >= run.deadline:
+            if not still or self.clock.now() >= run.deadline:
                 return
-            time.sleep(delay)
+            self.clock.wait(_UNINTERRUPTED, delay)
             delay = min(delay * 2, 0.01)
 
     def _io(self, run: _Run, fn: Callable[..., _T], *args: object) -> _T:
@@ -526,7 +532,7 @@ class PidfdKiller:
                 if e.errno not in _FD_ERRNOS or run.fd_wait_left_s <= 0:
                     raise
             pause = min(delay, run.fd_wait_left_s)
-            time.sleep(pause)
+            self.clock.wait(_UNINTERRUPTED, pause)
             run.fd_wait_left_s -= pause
             delay = min(delay * 2, 0.05)
 
@@ -596,4 +602,4 @@ def _thaw(fd: int, thawed_value: bytes, control: str) -> None:
                 return
             if attempt == 2:
                 raise RuntimeError(f"could not thaw {control}: {e.strerror}") from e
-            time.sleep(0.01)
+            SYSTEM_CLOCK.wait(_UNINTERRUPTED, 0.01)  # a pause between writes, not a deadline: real time

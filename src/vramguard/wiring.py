@@ -152,7 +152,7 @@ def connect(
     if claim_sources:
         claims = KubeClaimSource(api, node_name, pods, count=count, clock=clock)
         kube_parts.append(("claims", claims))  # after the pods: it reads the claims the pods name
-    return Cluster(pods, events, KubeEvictor(api), api, claims, tuple(kube_parts))
+    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts))
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -196,7 +196,9 @@ def build_agent(
 ) -> Agent:
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
     the Enforcer's business alone (its Events go to the log)."""
-    killer = PidfdKiller(proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal)
+    killer = PidfdKiller(
+        proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
+    )
     enforcer = Enforcer(
         killer=killer,
         evictor=cluster.evictor,
