@@ -29,3 +29,7 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+# Never set: `clock.wait(UNINTERRUPTED, s)` is a pause that only its length ends (a kill's or a retry's pause,
+# which must not be cut short by the agent's stop: they end by their own deadline).
+UNINTERRUPTED = threading.Event()

@@ -11,14 +11,13 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vramguard.cgroup import cgroup_lines, container_cgroup_path, parse_cgroup, parse_cgroup_path, pod_cgroups, v2_root
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
 from vramguard.freezes import FreezeJournal
 from vramguard.model import ProcessRef, Violation
 from vramguard.ports import KillResult
@@ -59,9 +58,6 @@ _FD_WAIT_S = 0.5
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _T = TypeVar("_T")
-
-# A kill is not interrupted by the agent's stop: it ends by its own deadline (never set).
-_UNINTERRUPTED = threading.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,7 +438,7 @@ class PidfdKiller:
                 return False
             if self.clock.now() >= deadline:
                 return False
-            self.clock.wait(_UNINTERRUPTED, delay)
+            self.clock.wait(UNINTERRUPTED, delay)
             delay = min(delay * 2, 0.01)
 
     # ------------------------------------------------------------------------------------------------------
@@ -519,7 +515,7 @@ class PidfdKiller:
             run.pending = still
             if not still or self.clock.now() >= run.deadline:
                 return
-            self.clock.wait(_UNINTERRUPTED, delay)
+            self.clock.wait(UNINTERRUPTED, delay)
             delay = min(delay * 2, 0.01)
 
     def _io(self, run: _Run, fn: Callable[..., _T], *args: object) -> _T:
@@ -532,7 +528,7 @@ class PidfdKiller:
                 if e.errno not in _FD_ERRNOS or run.fd_wait_left_s <= 0:
                     raise
             pause = min(delay, run.fd_wait_left_s)
-            self.clock.wait(_UNINTERRUPTED, pause)
+            self.clock.wait(UNINTERRUPTED, pause)
             run.fd_wait_left_s -= pause
             delay = min(delay * 2, 0.05)
 
@@ -602,4 +598,4 @@ def _thaw(fd: int, thawed_value: bytes, control: str) -> None:
                 return
             if attempt == 2:
                 raise RuntimeError(f"could not thaw {control}: {e.strerror}") from e
-            SYSTEM_CLOCK.wait(_UNINTERRUPTED, 0.01)  # a pause between writes, not a deadline: real time
+            SYSTEM_CLOCK.wait(UNINTERRUPTED, 0.01)  # a pause between writes, not a deadline: real time

@@ -4,20 +4,16 @@ refused."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
 from vramguard.kube.client import TIMEOUT_WRITE, describe, status_message
 from vramguard.model import PodInfo
 from vramguard.ports import EvictResult
-
-# Never set: a back-off of a few seconds on the enforcer's worker is waited out (stopping abandons that thread).
-_NEVER = threading.Event()
 
 
 class KubeEvictor:
@@ -55,7 +51,7 @@ class KubeEvictor:
                 if e.status == 429:
                     last = status_message(e)
                     if attempt + 1 < self.attempts:
-                        self.clock.wait(_NEVER, backoff.next())
+                        self.clock.wait(UNINTERRUPTED, backoff.next())
                     continue
                 if e.status in (404, 409):  # gone already, or a new pod under the old name
                     return EvictResult(evicted=False, refused=False, gone=True, message=status_message(e))
