@@ -88,10 +88,9 @@ from cluster.fleet import (  # noqa: E402
     QUOTA,
     Fleet,
     agent_requests,
-    deploy_agent_manifest,
     describe,
 )
-from cluster.kube_fixtures import MANIFEST  # noqa: E402
+from cluster.kube_fixtures import MANIFEST, deploy_manifest  # noqa: E402
 from cluster.real_cluster import NODE_LOCK, one_node_at_a_time  # noqa: E402
 from vramguard_testbed.cgroups import cgroups_unavailable  # noqa: E402
 
@@ -734,7 +733,7 @@ def run(args: argparse.Namespace) -> int:
         stack.callback(plane.stop)
         plane.start()
         api = stack.enter_context(plane.api_client())
-        deploy_agent_manifest(api, manifest)
+        deploy_manifest(api, manifest)
         fleet = Fleet(plane, api, tmp, agent_src=src, poll_interval_s=args.poll_interval, dra=dra)
         stack.callback(fleet.close)
         say(f"building {args.agents} nodes with {args.pods_per_node} pods each", progress)

@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from kubernetes import client, utils
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -42,7 +41,7 @@ from vramguard_testbed.simnode import SimProcess, metric_value
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .controlplane import _PDEATHSIG_SHIM, AuditEvent, ControlPlane, _create_ignoring_conflict
-from .kube_fixtures import AGENT_NAMESPACE, MANIFEST, KubeNode, wait_admission_policy
+from .kube_fixtures import AGENT_NAMESPACE, KubeNode
 
 AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:vramguard"
 WORKLOAD_NAMESPACE = "fleet"
@@ -59,18 +58,6 @@ quota_sources:
   - resource:vramguard.io/vram
   - annotation:vramguard.io/vram-limit
 """
-
-
-def deploy_agent_manifest(api: client.ApiClient, manifest: Path = MANIFEST) -> None:
-    """Create every object of the agent's manifest (already existing ones are left as they are); as
-    kube_fixtures.deploy_manifest, from any checkout's deploy/daemonset.yaml."""
-    for doc in yaml.safe_load_all(manifest.read_text()):
-        try:
-            utils.create_from_dict(api, doc)  # type: ignore[no-untyped-call]  # untyped in the client
-        except utils.FailToCreateError as e:
-            if any(getattr(x, "status", None) != 409 for x in e.api_exceptions):
-                raise
-    wait_admission_policy(api)
 
 
 def agent_requests(events: Iterable[AuditEvent], since_s: float = 0.0, until_s: float = math.inf) -> list[AuditEvent]:

@@ -30,9 +30,10 @@ AGENT_NAMESPACE = "vramguard"
 POLL_S = 0.25
 
 
-def deploy_manifest(api: client.ApiClient) -> None:
-    """Create every object of deploy/daemonset.yaml (already existing ones are left as they are)."""
-    for doc in yaml.safe_load_all(MANIFEST.read_text()):
+def deploy_manifest(api: client.ApiClient, manifest: Path = MANIFEST) -> None:
+    """Create every object of the agent's manifest, deploy/daemonset.yaml of this or any checkout (already existing
+    ones are left as they are), and wait until its admission policy is in force."""
+    for doc in yaml.safe_load_all(manifest.read_text()):
         try:
             utils.create_from_dict(api, doc)  # type: ignore[no-untyped-call]  # untyped in the client
         except utils.FailToCreateError as e:

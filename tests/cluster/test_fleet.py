@@ -29,7 +29,8 @@ from real_parts import need
 from vramguard_testbed.waiting import wait_until
 
 from .controlplane import NEWEST, AuditEvent, ControlPlane, serves_dra, unavailable_reason
-from .fleet import Fleet, agent_requests, deploy_agent_manifest, describe
+from .fleet import Fleet, agent_requests, describe
+from .kube_fixtures import deploy_manifest
 from .real_cluster import one_node_at_a_time
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -62,7 +63,7 @@ def running_fleet(
         plane = ControlPlane(control_plane_binaries, audit_log=True).start()
         try:
             with plane.api_client() as api:
-                deploy_agent_manifest(api)
+                deploy_manifest(api)
                 fleet = Fleet(
                     plane,
                     api,

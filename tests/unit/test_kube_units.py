@@ -5,8 +5,6 @@ Everything that talks to the API server is tested against a real one in tests/cl
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
+from unit.test_reflector import HangingResponse
 from vramguard.backoff import Backoff, TokenBucket
 from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
 from vramguard.kube.claims import KubeClaimSource
@@ -511,23 +510,6 @@ def test_event_messages_and_names_are_bounded() -> None:
     assert len(str(body.message)) == 1024 and len(str(body.name)) <= 253
 
 
-class HangingWatch:
-    """A watch on which nothing comes until the reflector is stopped (it shuts the response down)."""
-
-    def __init__(self) -> None:
-        self.closed = threading.Event()
-
-    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
-        self.closed.wait(30)
-        yield from ()
-
-    def release_conn(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        self.closed.set()
-
-
 class ListResponse:
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -553,7 +535,7 @@ class FakeDraApi:
         if not self.served:
             raise ApiException(status=404, reason="Not Found")
         if watch:
-            return HangingWatch()
+            return HangingResponse()
         return ListResponse(b'{"metadata": {"resourceVersion": "1"}, "items": []}')
 
     def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
