@@ -1,30 +1,7 @@
 """DRA claims as quotas: the GPU memory share each container of a pod holds on each GPU. Pure.
 
-With Dynamic Resource Allocation and consumable capacity (KEP-5075), the scheduler gives a claim a share of one
-GPU's memory and writes it into the claim; nothing holds a process to it. vramguard reads it as a quota, per
-container and per GPU (`claim:<driver or device class>` in `quota_sources`). The mapping, from the API objects
-the kube adapter (`vramguard.kube.claims.KubeClaimSource`) reads:
-
-- **The GPU.** This node's ResourceSlices (resource.k8s.io/v1) publish devices under (`spec.driver`,
-  `spec.pool.name`, `spec.devices[].name`). The device's GPU is its `uuid` attribute, unqualified or qualified
-  with the driver's name (`gpu.nvidia.com/uuid`), a string as NVIDIA's DRA driver publishes it: `GPU-…` for a
-  whole GPU, `MIG-…` for a MIG device, the UUIDs NVML reports. Its memory is the `memory` capacity.
-- **The share.** A claim's `status.allocation.devices.results[]` names (`driver`, `pool`, `device`) and the
-  `request` it satisfies. A result with `consumedCapacity.memory` holds that much of the device (a share; its
-  `shareID` tells it from the device's other shares); one without holds the whole device, i.e. its `memory`
-  capacity. A result with `adminAccess` (monitoring a device others use) holds no memory and is no share.
-- **The containers.** A container holds the results of the pod's claims it lists in `resources.claims`: all of
-  them, or with `request: r` only those of request `r` and of its subrequests `r/<sub>`. The claim's name comes
-  from the pod (`PodInfo.claims`). A result matches the quota source `claim:<name>` when its driver or its
-  request's device class is `<name>`.
-
-What cannot be read becomes a `Share` with an `error`, a `QuotaError` naming the field and the value (the
-claim missing, its device in no ResourceSlice of this node, no `uuid` attribute, a quantity that does not parse),
-and the quota walk goes on to the next source. A claim not read yet or not allocated yet gives no share and no
-error: the pod cannot run before its claims are allocated.
-
-Known limit: a claim shared by several pods (a `resourceClaimName` several pods name) holds each pod to the whole
-share; the containers of one pod that hold the same share are judged together against it.
+How a claim's allocation maps to a GPU, a share and the containers holding it: `docs/design.md` "DRA claims as
+quotas".
 """
 
 from __future__ import annotations
