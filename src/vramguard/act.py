@@ -1,10 +1,11 @@
 """Carrying out decided actions through the seams: Events, eviction, killing. Dry-run turns each into a report.
 
-Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`), so dry-run is decided in
-one place. The Enforcer never decides: it does what an `Action` says, the way the policy says, and reports a
-result for each; a failing seam is a result, not an exception. Killing is local and happens on the scan; an
-eviction is an API call and runs on the Enforcer's worker (`start()`, `stop(deadline)`), its outcome returned by
-a later `collect`, or counted as failed once `policy.eviction_timeout_s` passes without an answer.
+Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`, `report_limits`,
+`report_pressure`), so dry-run is decided in one place. The Enforcer never decides: it does what an `Action`
+says, the way the policy says, and reports a result for each; a failing seam is a result, not an exception.
+Killing is local and happens on the scan; an eviction is an API call and runs on the Enforcer's worker
+(`start()`, `stop(deadline)`), its outcome returned by a later `collect`, or counted as failed once
+`policy.eviction_timeout_s` passes without an answer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import structlog
 
 from vramguard.clock import SYSTEM_CLOCK, Clock
 from vramguard.limits import LimitOutcome
-from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, QuotaError
+from vramguard.model import Action, EvictionRefused, Mode, PodInfo, Policy, PressureNotice, QuotaError
 from vramguard.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.quantity import format_duration
 from vramguard.quota import invalid_message
@@ -35,6 +36,7 @@ EVENT_INVALID = "VRAMQuotaInvalid"
 EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
 EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
 EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
+EVENT_PRESSURE = "VRAMPressure"  # a GPU the pod uses entered memory pressure: who is over their quota there
 # What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
 ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
 
@@ -118,6 +120,11 @@ class Enforcer:
             applies=error.applies,
         )
         self._record(pod, EVENT_INVALID, invalid_message(error))
+
+    def report_pressure(self, notices: Iterable[PressureNotice]) -> None:
+        """A VRAMPressure Warning on each pod told that a GPU it uses entered memory pressure."""
+        for notice in notices:
+            self._record(notice.pod, EVENT_PRESSURE, cut(notice.message, 1024))
 
     def collect(self) -> list[Outcome]:
         """Outcomes of the evictions answered since the last call, and of those left unanswered too long."""

@@ -137,7 +137,8 @@ class Agent:
         # 5. Decide, purely.
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
-        #    processes let go of their memory.
+        #    processes let go of their memory. The pods on a GPU that entered pressure are told who holds it.
+        self.enforcer.report_pressure(decision.notices)
         actions = [a for a in decision.actions if a.kind is Mode.WARN or self._evidence_holds(a)]
         outcomes = tuple(o for a in actions if (o := self.enforcer.execute(a)) is not None)
         outcomes += tuple(self.enforcer.collect())

@@ -23,6 +23,7 @@ from vramguard.model import (
     OnRepeat,
     PodQuota,
     Policy,
+    PressureNotice,
     Quota,
     Reason,
     Snapshot,
@@ -73,6 +74,7 @@ class Decision:
     violations: tuple[Violation, ...]
     held: tuple[Held, ...] = ()
     pressured_devices: tuple[str, ...] = ()  # UUIDs of the devices under memory pressure
+    notices: tuple[PressureNotice, ...] = ()  # for the pods on each GPU that entered pressure this scan
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -252,6 +254,55 @@ def track_pressure(
     return pressure
 
 
+def pressure_notices(
+    snapshot: Snapshot,
+    quotas: Mapping[str, PodQuota],
+    violations: Iterable[Violation],
+    entered: Iterable[str],
+) -> tuple[PressureNotice, ...]:
+    """For each GPU in `entered` (UUIDs of GPUs that entered pressure), one notice to every pod with a process
+    there, the over-quota ones included (they are told what they hold) and exempt ones too (a notice disrupts
+    nothing), never the agent's own pod. The notice names the subjects over their quota there, furthest over
+    first; when none is, where the memory is."""
+    entered = set(entered)
+    if not entered:
+        return ()
+    over: dict[str, list[Violation]] = {}
+    for v in violations:
+        if v.device.uuid in entered:
+            over.setdefault(v.device.uuid, []).append(v)
+    notices: list[PressureNotice] = []
+    for device in snapshot.devices:
+        if device.uuid not in entered:
+            continue
+        rows = [u for u in snapshot.containers if u.device_uuid == device.uuid]
+        within = unmanaged = 0
+        for u in rows:
+            pod_quota = quotas.get(u.pod.uid)
+            if pod_quota is not None and pod_quota.on(u.container, device.uuid) is not None:
+                within += u.used_bytes
+            else:
+                unmanaged += u.used_bytes
+        offenders = tuple(sorted(over.get(device.uuid, ()), key=lambda v: -v.overage_bytes))
+        if offenders:
+            within = unmanaged = outside = 0  # the message names the offenders instead
+        else:
+            outside = sum(p.used_bytes for p in snapshot.unattributed if p.device_uuid == device.uuid)
+        recipients = {u.pod.uid: u.pod for u in rows if u.pod.uid != snapshot.agent_pod_uid}
+        for recipient in sorted(recipients.values(), key=lambda p: (p.namespace, p.name, p.uid)):
+            notices.append(
+                PressureNotice(
+                    pod=recipient,
+                    device=device,
+                    offenders=offenders,
+                    within_quota_bytes=within,
+                    unmanaged_bytes=unmanaged,
+                    outside_pods_bytes=outside,
+                )
+            )
+    return tuple(notices)
+
+
 def hold_reason(
     v: Violation,
     reason: Reason,
@@ -328,6 +379,8 @@ def decide(
        mode, since evicting a pod already being deleted does nothing. Warn mode only warns it, as any pod;
        cool-down and every other blast-radius rule apply to it as to any pod. A repeat goes one step further
        (`Policy.on_repeat_for`): every process of the container is killed, or the pod is evicted.
+    7. On each GPU that entered pressure this scan (not under pressure in `state`), a notice for every pod with
+       a process there, naming the subjects over their quota there (`pressure_notices`).
 
     Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
     """
@@ -382,11 +435,14 @@ def decide(
         last_action_at[v.pod.uid] = now
         taken += 1
 
+    # 7.
+    entered = (uuid for uuid in pressured_devices if uuid not in state.pressure)
     decision = Decision(
         actions=tuple(actions),
         violations=violations,
         held=tuple(held),
         pressured_devices=pressured_devices,
+        notices=pressure_notices(snapshot, quotas, violations, entered),
     )
     return decision, DecisionState(
         episodes=MappingProxyType(episodes),

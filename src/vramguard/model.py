@@ -511,3 +511,50 @@ class Action:
             + (f", burst {format_bytes(v.hard_bytes)}" if v.hard_bytes != v.limit_bytes else "")
             + f" ({v.quota_source}); {self.reason.value}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PressureNotice:
+    """A pod told that a GPU it uses entered memory pressure, and who holds the memory there: the subjects over
+    their quota, furthest over first, or, when none is, where the memory is (a CUDA out-of-memory in a pod within
+    its quota is someone else's doing, and `kubectl describe pod` is where its owner looks)."""
+
+    NAMED: ClassVar[int] = 5  # offenders named in one message; the rest are counted
+
+    pod: PodInfo  # who is told
+    device: GpuDevice
+    offenders: tuple[Violation, ...]  # every subject over its quota on the device, furthest over first
+    # Where the memory is, said when no one is over: pods within their quotas, pods without a quota there,
+    # processes outside any known pod.
+    within_quota_bytes: int = 0
+    unmanaged_bytes: int = 0
+    outside_pods_bytes: int = 0
+
+    @property
+    def message(self) -> str:
+        d = self.device
+        percent = d.used_bytes * 100 // d.total_bytes if d.total_bytes > 0 else 100
+        head = f"GPU {d.label} is {percent} % full ({format_bytes(d.used_bytes)} of {format_bytes(d.total_bytes)})"
+        if self.offenders:
+            named = [
+                f"{v.pod.key}{'' if v.container is None else f' container {v.container}'} holds "
+                f"{format_bytes(v.used_bytes)}, {format_bytes(v.overage_bytes)} over its "
+                f"{format_bytes(v.limit_bytes)} quota"
+                for v in self.offenders[: self.NAMED]
+            ]
+            more = len(self.offenders) - self.NAMED
+            if more > 0:
+                named.append(f"and {more} more over their quota")
+            return f"{head}; " + "; ".join(named)
+        listed = self.within_quota_bytes + self.unmanaged_bytes + self.outside_pods_bytes
+        parts = [
+            f"{format_bytes(n)} {what}"
+            for n, what in (
+                (self.within_quota_bytes, "by pods within their quotas"),
+                (self.unmanaged_bytes, "by pods without a quota there"),
+                (self.outside_pods_bytes, "by processes outside any pod"),
+                (max(0, d.used_bytes - listed), "not listed against any process"),
+            )
+            if n > 0
+        ]
+        return f"{head}; no pod is over its quota there" + (f": {', '.join(parts)}" if parts else "")

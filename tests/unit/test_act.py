@@ -6,10 +6,23 @@ import threading
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from vramguard.act import Enforcer, Outcome
 from vramguard.decide import find_violations
-from vramguard.model import Action, EvictionRefused, GiB, Mode, PodInfo, PodQuota, Policy, Quota, Reason
+from vramguard.model import (
+    Action,
+    EvictionRefused,
+    GiB,
+    Mode,
+    PodInfo,
+    PodQuota,
+    Policy,
+    PressureNotice,
+    Quota,
+    Reason,
+    Violation,
+)
 from vramguard.ports import Evictor, EvictResult
 from vramguard.testing.fakes import FakeClock, RecordingEventRecorder, RecordingKiller, SnapshotBuilder, gpu, pod
 from vramguard.worker import Task, Worker
@@ -208,3 +221,26 @@ def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
     finally:
         evictor.release.set()
         enforcer.stop(clock.now() + 1.0)
+
+
+def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
+    """Five offenders with 253-character names make a long message: it is cut to the Event bound. A recorder
+    that fails is logged, not raised: the scan goes on."""
+    offenders: list[Violation] = []
+    for k in range(6):
+        p = pod(f"{k}" + "x" * 252, "ml")
+        quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
+        offenders += find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+    victim = pod("victim", "ml")
+    notice = PressureNotice(pod=victim, device=offenders[0].device, offenders=tuple(offenders))
+    events = RecordingEventRecorder()
+    enforcer = Enforcer(killer=RecordingKiller(), evictor=ScriptedEvictor(EvictResult(True, False)), events=events,
+                        policy=Policy())  # fmt: skip
+    enforcer.report_pressure([notice])
+    ((key, reason, message, warning),) = events.events
+    assert (key, reason, warning) == ("ml/victim", "VRAMPressure", True)
+    assert len(message) <= 1024 and message.endswith("characters]") and len(notice.message) > 1024
+    events.inject_error(RuntimeError("queue closed"))
+    with capture_logs() as logs:
+        enforcer.report_pressure([notice])
+    assert [(e["event"], e["reason"]) for e in logs] == [("event_failed", "VRAMPressure")]

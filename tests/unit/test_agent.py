@@ -266,7 +266,7 @@ def test_invalid_quota_is_reported_once_per_pod() -> None:
 def test_dry_run_sends_no_event_of_any_kind() -> None:
     """Every Event leaves through the Enforcer, so dry-run holds back all of them, the invalid-quota one too:
     each goes to the log instead, and the action is reported as `dry-run`."""
-    n = Node(Policy(mode=Mode.KILL), dry_run=True)
+    n = Node(Policy(mode=Mode.KILL, pressure_free_bytes=12 * GiB), dry_run=True)
     typo = pod("typo", "ml", containers={"main": {VRAM: "12GB"}})
     trainer = n.trainer_over_quota()
     n.pods.set_pods([typo, trainer])
@@ -275,7 +275,39 @@ def test_dry_run_sends_no_event_of_any_kind() -> None:
     assert n.events.events == [] and n.killer.killed == []
     assert {o.result for o in report.outcomes} == {"dry-run"}
     held_back = [(e["pod"], e["reason"]) for e in logs if e["event"] == "event"]
-    assert held_back == [("ml/typo", "VRAMQuotaInvalid")]
+    assert held_back == [("ml/typo", "VRAMQuotaInvalid"), ("ml/trainer", "VRAMPressure")]
+
+
+def test_pods_on_a_gpu_entering_pressure_are_told_who_holds_it() -> None:
+    """The GPU fills up: each pod with a process on it gets one VRAMPressure Warning naming the container over
+    its quota and by how much, the offender too; none again while the pressure lasts."""
+    n = Node(Policy(mode=Mode.WARN, pressure_free_bytes=2 * GiB, pressure_transition_s=30))
+    trainer = pod("trainer", "ml", containers={"main": {VRAM: "8Gi"}})
+    notebook = pod("notebook", "ml", containers={"main": {VRAM: "4Gi"}})
+    n.pods.set_pods([trainer, notebook])
+    n.ids.add(100, trainer.uid, trainer.containers[0].container_id)
+    n.ids.add(200, notebook.uid, notebook.containers[0].container_id)
+
+    def told() -> list[tuple[str, str, bool]]:
+        return [
+            (key, message, warning) for key, reason, message, warning in n.events.events if reason == "VRAMPressure"
+        ]
+
+    n.run_gpu((100, 11 * GiB), (200, 3 * GiB))  # 2 GiB free: at the threshold, not under it
+    n.agent.scan()
+    assert told() == []
+    n.clock.step(1.0)
+    n.run_gpu((100, 11 * GiB), (200, 4 * GiB))
+    n.agent.scan()
+    said = (
+        "GPU 0 is 93 % full (15.0GiB of 16.0GiB); ml/trainer container main holds 11.0GiB, 3.0GiB over its 8.0GiB quota"
+    )
+    assert told() == [("ml/notebook", said, True), ("ml/trainer", said, True)]
+    assert "VRAMPressure" not in n.events.important, "a notice never crowds out what was done to a pod"
+    for _ in range(3):
+        n.clock.step(1.0)
+        n.agent.scan()
+    assert len(told()) == 2, "one notice per pod when the GPU enters pressure, not one per scan"
 
 
 def test_a_failing_scan_does_not_stop_the_loop() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from unittest.mock import ANY
 
 import pytest
 
@@ -26,14 +27,19 @@ from vramguard.model import (
     ContainerInfo,
     EvictionRefused,
     GiB,
+    GpuDevice,
+    MiB,
     Mode,
     NamespacePolicy,
     OnRepeat,
     PodInfo,
     PodQuota,
     Policy,
+    ProcessRef,
     Quota,
     Reason,
+    Snapshot,
+    UnattributedProcess,
     Violation,
 )
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
@@ -707,3 +713,166 @@ def test_kills_are_forgotten_after_the_cooldown() -> None:
     assert dict(state.kills) == {"a" * 64: 0.0}
     _, state = decide(idle, REPEAT_QUOTAS, policy, state, 60.0)
     assert not state.kills
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Pressure notices: who is told, and what, when a GPU enters memory pressure
+
+PRESSURE = _policy(soft_grace_s=600, pressure_free_bytes=2 * GiB, pressure_transition_s=0)
+TRAINER_OVER = "ml/trainer holds 11.0GiB, 3.0GiB over its 8.0GiB quota"
+
+NoticeStep = tuple[float, list[Row], list[tuple[str, str]]]  # after s, rows, (pod told, message) in order
+
+NOTICE_CASES = [
+    pytest.param(
+        [
+            (
+                0,
+                [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 4)],
+                [
+                    ("ml/other", f"GPU 0 is 93 % full (15.0GiB of 16.0GiB); {TRAINER_OVER}"),
+                    ("ml/trainer", f"GPU 0 is 93 % full (15.0GiB of 16.0GiB); {TRAINER_OVER}"),
+                ],
+            ),
+        ],
+        id="entering-pressure-tells-every-pod-there-the-offender-too",
+    ),
+    pytest.param(
+        [
+            (0, [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 4)], [("ml/other", ANY), ("ml/trainer", ANY)]),
+            (1, [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 4.5)], []),
+            (1, [(TRAINER, "main", GPU0, 12), (OTHER, "main", GPU0, 3.5)], []),
+        ],
+        id="staying-in-pressure-tells-no-one-again",
+    ),
+    pytest.param(
+        [
+            (0, [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 4)], [("ml/other", ANY), ("ml/trainer", ANY)]),
+            (1, [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 1)], []),
+            (1, [(TRAINER, "main", GPU0, 11), (OTHER, "main", GPU0, 4)], [("ml/other", ANY), ("ml/trainer", ANY)]),
+        ],
+        id="leaving-and-entering-again-tells-them-again",
+    ),
+    pytest.param(
+        [
+            (
+                0,
+                [(NOTEBOOK, "main", GPU0, 3.5), (OTHER, "main", GPU0, 11)],
+                [
+                    (
+                        "ml/notebook",
+                        "GPU 0 is 90 % full (14.5GiB of 16.0GiB); no pod is over its quota there: "
+                        "3.5GiB by pods within their quotas, 11.0GiB by pods without a quota there",
+                    ),
+                    ("ml/other", ANY),
+                ],
+            ),
+        ],
+        id="no-one-over-quota-says-where-the-memory-is",
+    ),
+    pytest.param(
+        [
+            (
+                0,
+                [(SYSTEM, "main", GPU0, 2), (TRAINER, "main", GPU0, 13), (NOTEBOOK, "main", GPU0, 0.5)],
+                [
+                    (
+                        "kube-system/dcgm",
+                        "GPU 0 is 96 % full (15.5GiB of 16.0GiB); ml/trainer holds 13.0GiB, 5.0GiB over its 8.0GiB "
+                        "quota; kube-system/dcgm container main holds 2.0GiB, 1.0GiB over its 1.0GiB quota",
+                    ),
+                    ("ml/notebook", ANY),
+                    ("ml/trainer", ANY),
+                ],
+            ),
+        ],
+        id="exempt-pods-are-told-and-named-furthest-over-first",
+    ),
+    pytest.param(
+        [
+            (
+                0,
+                [
+                    (TRAINER, "main", GPU0, 11),
+                    (OTHER, "main", GPU0, 4),
+                    (AGENT, "main", GPU0, 0.5),
+                    (BATCH, "main", GPU1, 1),
+                ],
+                [("ml/other", ANY), ("ml/trainer", ANY)],
+            ),
+        ],
+        id="only-pods-on-that-gpu-never-the-agent",
+    ),
+    pytest.param(
+        [(0, [(TRAINER, "main", GPU0, 14.5), (BATCH, "main", GPU1, 15)], [("ml/trainer", ANY), ("ml/batch", ANY)])],
+        id="each-gpu-entering-pressure-tells-its-own-pods",
+    ),
+]
+
+
+@pytest.mark.parametrize("steps", NOTICE_CASES)
+def test_pressure_notices(steps: list[NoticeStep]) -> None:
+    clock = FakeClock()
+    state = DecisionState()
+    for i, (after_s, rows, expected) in enumerate(steps):
+        clock.step(after_s)
+        b = SnapshotBuilder(agent_pod_uid=AGENT.uid)
+        for pid, (p, container, device, used_gib) in enumerate(rows, start=100):
+            b.use(p, container, device, int(used_gib * GiB), pid=pid)  # type: ignore[arg-type]
+        decision, state = decide(b.build(), QUOTAS, PRESSURE, state, clock.now())
+        got = [(n.pod.key, n.message) for n in decision.notices]
+        assert got == expected, f"step {i}"
+
+
+def _with_device(snapshot: Snapshot, device: GpuDevice, used_bytes: int, **kw: object) -> Snapshot:
+    """`snapshot` with `device` as its only device, `used_bytes` of it used (what NVML says, whoever holds it)."""
+    full = replace(device, used_bytes=used_bytes, free_bytes=device.total_bytes - used_bytes)
+    return Snapshot(devices=(full,), containers=snapshot.containers, **kw)  # type: ignore[arg-type]
+
+
+MIG = GpuDevice(
+    index=0,
+    uuid="MIG-00000000-0000-0000-0000-000000000001",
+    name="Fake GPU MIG 2g.20gb",
+    total_bytes=20 * GiB,
+    used_bytes=0,
+    free_bytes=20 * GiB,
+    mig_index=1,
+    parent_uuid=GPU0.uuid,
+)
+
+
+def test_a_notice_names_the_five_furthest_over_and_counts_the_rest() -> None:
+    """Seven pods over their 2Gi quota on a MIG instance by 128 MiB steps: the five furthest over are named."""
+    jobs = [pod(f"job-{k}", "batch") for k in range(1, 8)]
+    quotas = {p.uid: q(2) for p in jobs}
+    b = SnapshotBuilder()
+    for k, p in enumerate(jobs, start=1):
+        b.use(p, "main", MIG, 2 * GiB + k * 128 * MiB, pid=100 + k)
+    snapshot = _with_device(b.build(), MIG, 2 * GiB * 7 + 28 * 128 * MiB)
+    decision, _ = decide(snapshot, quotas, _policy(pressure_free_bytes=3 * GiB), DecisionState(), 0.0)
+    assert [n.pod.name for n in decision.notices] == [f"job-{k}" for k in range(1, 8)]
+    assert decision.notices[0].message == (
+        "GPU 0/mig1 is 87 % full (17.5GiB of 20.0GiB); "
+        "batch/job-7 container main holds 2.9GiB, 896.0MiB over its 2.0GiB quota; "
+        "batch/job-6 container main holds 2.8GiB, 768.0MiB over its 2.0GiB quota; "
+        "batch/job-5 container main holds 2.6GiB, 640.0MiB over its 2.0GiB quota; "
+        "batch/job-4 container main holds 2.5GiB, 512.0MiB over its 2.0GiB quota; "
+        "batch/job-3 container main holds 2.4GiB, 384.0MiB over its 2.0GiB quota; "
+        "and 2 more over their quota"
+    )
+
+
+def test_a_notice_with_no_one_over_counts_memory_outside_pods() -> None:
+    """Memory of processes outside any pod, and memory NVML lists against no process, are said as such."""
+    rows = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 3 * GiB).build()
+    stranger = UnattributedProcess(ProcessRef(pid=7, start_time=70), GPU0.uuid, 10 * GiB, "not in a pod cgroup")
+    snapshot = _with_device(rows, GPU0, int(14.5 * GiB), unattributed=(stranger,))
+    decision, _ = decide(snapshot, QUOTAS, PRESSURE, DecisionState(), 0.0)
+    assert [(n.pod.key, n.message) for n in decision.notices] == [
+        (
+            "ml/notebook",
+            "GPU 0 is 90 % full (14.5GiB of 16.0GiB); no pod is over its quota there: 3.0GiB by pods within their "
+            "quotas, 10.0GiB by processes outside any pod, 1.5GiB not listed against any process",
+        )
+    ]
