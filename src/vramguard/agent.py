@@ -69,6 +69,16 @@ class ScanReport:
     duration_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class LastScan:
+    """The agent's last completed scan, for /status (`status.StatusPage`): replaced whole after each scan, so the
+    HTTP thread reads it without a lock; nothing in it is changed once built."""
+
+    report: ScanReport
+    held: Mapping[SubjectKey, LimitTarget]  # the limits the driver held as the scan reported (the limiter's record)
+    finished_at: float  # on the agent's clock
+
+
 class Agent:
     def __init__(
         self,
@@ -104,6 +114,7 @@ class Agent:
         self.quotas = QuotaBook(policy)
         self.state = DecisionState()
         self.last_scan_at: float | None = None
+        self.last_scan: LastScan | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
         self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
@@ -151,9 +162,12 @@ class Agent:
             self.state = record_kills(self.state, killed_in, now)
         # 7. Report.
         duration_s = time.perf_counter() - started
-        self._report(snapshot, quotas, decision, outcomes, duration_s)
+        held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
+        self._report(snapshot, quotas, decision, outcomes, duration_s, held)
         self.last_scan_at = now
-        return ScanReport(snapshot, quotas, decision, outcomes, duration_s)
+        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s)
+        self.last_scan = LastScan(report, held, self.clock.now())
+        return report
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
         """Scan every `poll_interval_s` until `stop` is set, on the caller's thread (the composition root's main
@@ -293,10 +307,10 @@ class Agent:
         decision: Decision,
         outcomes: tuple[Outcome, ...],
         duration_s: float,
+        held: Mapping[SubjectKey, LimitTarget],
     ) -> None:
-        held = self.limiter.held().values() if self.limiter is not None else ()
         claims_up = self.claims.problem() is None if self.claims is not None else None
-        self.metrics.observe_scan(snapshot, quotas, decision, held, claims_up)
+        self.metrics.observe_scan(snapshot, quotas, decision, held.values(), claims_up)
         self.metrics.scan_duration.observe(duration_s)
         if self.limiter is not None:
             self._report_limits(self.limiter.collect())

@@ -21,8 +21,9 @@ from vramguard.model import DriverLimits, Mode
 from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
+from vramguard.status import AgentFacts, render, scan_json
 from vramguard.text import printable
-from vramguard.top import render_json, render_table, rows_from_report, use_proc_root
+from vramguard.top import render_table, rows_from_report, use_proc_root
 from vramguard.wiring import (
     SHUTDOWN_BUDGET_S,
     Closing,
@@ -92,7 +93,9 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and report everything, change nothing.")] = False,
     poll_interval: Annotated[float, typer.Option("--poll-interval", help="Seconds between scans.", min=0.01)] = 1.0,
     policy_path: PolicyOpt = None,
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz.")] = 9400,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz, /status.")
+    ] = 9400,
     metrics_bind_address: Annotated[
         str,
         typer.Option(
@@ -174,7 +177,9 @@ def top(
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one document per refresh).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the status document, as the agent's /status answers (one a refresh).")
+    ] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
 ) -> None:
     """A live table of this node: GPU, pod, container, used, quota, %, state, who holds the quota (the driver's
@@ -200,18 +205,21 @@ def top(
             sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
         )
         memory = NvmlMemoryLimiter()
+        # The agent here is this command's own: dry run, scanning every refresh.
+        facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
         with stop_on_signals() as stop:
             try:
                 while not stop.is_set():
                     report = agent.scan()
                     held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
-                    rows = rows_from_report(report, driver_limits=held)
                     if as_json:
-                        typer.echo(render_json(rows))
+                        finished = agent.last_scan.finished_at if agent.last_scan is not None else None
+                        age = SYSTEM_CLOCK.now() - finished if finished is not None else None
+                        typer.echo(render(facts, age, scan_json(report, held)).decode())
                     else:
                         if not once and sys.stdout.isatty():
                             typer.echo("\x1b[H\x1b[2J", nl=False)
-                        typer.echo(render_table(rows))
+                        typer.echo(render_table(rows_from_report(report, driver_limits=held)))
                     if once:
                         return
                     SYSTEM_CLOCK.wait(stop, interval)

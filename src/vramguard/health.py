@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness.
+"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness, /status for
+people and tools (the status document, `status.py`).
 
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
 the endpoint or starve the agent's loop: bounded connections and fds, the oldest evicted, one deadline per
@@ -34,8 +35,11 @@ from vramguard.logs import FailureRun
 Probe = Callable[[], tuple[bool, str]]
 _Answer = tuple[int, list[tuple[str, str]], bytes]  # (status, headers, body)
 Route = Callable[[str, Mapping[str, str]], _Answer]  # (query string, the request headers read) → answer
+# The /status body (JSON), built on the server's thread: it must be bounded in size and cheap when called often.
+StatusBody = Callable[[], bytes]
 
 _TEXT = "text/plain; charset=utf-8"
+_JSON = "application/json"
 # The loop checks for stop() (and looks at its clock) this often when nothing else wakes it.
 _TICK_S = 0.1
 # How long the listening socket goes unpolled when no fd can be had: long enough to cost nothing, short
@@ -93,7 +97,7 @@ class HealthServer:
 
     `max_connections` bounds the open client connections (and so the fds), `request_timeout_s` the whole exchange
     on each, from accept to the last byte written (on `clock`), and `max_request_bytes` the request head. `port`
-    0 picks a free one: `port` says which once started.
+    0 picks a free one: `port` says which once started. `status`, where given, answers /status.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class HealthServer:
         readyz: Probe,
         host: str = "",
         *,
+        status: StatusBody | None = None,
         max_connections: int = 64,
         request_timeout_s: float = 5.0,
         max_request_bytes: int = 8192,
@@ -117,6 +122,8 @@ class HealthServer:
             "/healthz": lambda query, headers: _probe(healthz),
             "/readyz": lambda query, headers: _probe(readyz),
         }
+        if status is not None:
+            self._routes["/status"] = lambda query, headers: (200, [("Content-Type", _JSON)], status())
         self._max_connections = max_connections
         self._request_timeout_s = request_timeout_s
         self._max_request_bytes = max_request_bytes

@@ -1,4 +1,5 @@
-"""`vramguard top`: one row per (GPU, container) from a scan, as a table or as JSON.
+"""`vramguard top`: one row per (GPU, container) from a scan, as a table or as JSON (in the status document,
+`status.py`).
 
 Like nvitop, it says whose each GPU process is and what it runs: its user and command line, read through psutil
 at display time (`describe_process`). They are for people, never for decisions: a process may have exited, or
@@ -10,7 +11,6 @@ Names, commands and claims are tenant text: the table shows their control and bi
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -86,6 +86,7 @@ class TopRow:
     # reactive modes alone: where the driver holds limits, a container running without its own), "-" without one.
     held_by: str = "-"
     claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
+    quota_source: str = ""  # the quota's `Quota.source`, e.g. "limits[vramguard.io/vram]"; "" without a quota
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -99,9 +100,10 @@ class TopRow:
 def rows_from_report(
     report: ScanReport,
     describe: Callable[[int], ProcessDetail] = describe_process,
-    driver_limits: Mapping[SubjectKey, int] | None = None,
+    driver_limits: Mapping[SubjectKey, object] | None = None,
 ) -> list[TopRow]:
-    """The rows of one scan; `driver_limits` (`limiter.read_held_limits`) says which quotas the driver holds."""
+    """The rows of one scan; `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`)
+    says which quotas the driver holds."""
     snap, quotas = report.snapshot, report.quotas
     held = driver_limits or {}
     # A container's violation: its own, its pod's (pod-wide quota), or its share's (containers holding one DRA
@@ -140,6 +142,7 @@ def rows_from_report(
                 state=state,
                 held_by=held_by,
                 claim=(quota.claim or "") if quota is not None else "",
+                quota_source=quota.source if quota is not None else "",
             )
         )
     for p in snap.unattributed:
@@ -215,6 +218,7 @@ def render_table(rows: Sequence[TopRow]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
 
 
-def render_json(rows: Sequence[TopRow]) -> str:
-    """The rows with their text exact (json escapes controls and non-ASCII characters itself)."""
-    return json.dumps([{**asdict(r), "pids": list(r.pids), "percent": r.percent} for r in rows])
+def row_dict(row: TopRow) -> dict[str, object]:
+    """The row as JSON takes it, its text exact (json escapes controls and non-ASCII characters itself); the
+    status document's (`status.py`) "containers" are these."""
+    return {**asdict(row), "pids": list(row.pids), "percent": row.percent}

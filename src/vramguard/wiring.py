@@ -22,7 +22,7 @@ from kubernetes.client import ApiClient
 
 from vramguard import __version__
 from vramguard.act import Enforcer
-from vramguard.agent import Agent
+from vramguard.agent import Agent, LastScan
 from vramguard.backoff import Backoff
 from vramguard.cgroup import v2_root
 from vramguard.cgroupwatch import CgroupWatcher, InotifyUnavailable
@@ -48,6 +48,8 @@ from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, load_policy
 from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
 from vramguard.quota import reads_claims
+from vramguard.status import AgentFacts, StatusPage
+from vramguard.top import use_proc_root
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -330,6 +332,10 @@ class Probes:
             problems.append("no scan completed yet")
         return (not problems), "; ".join(problems) or "ready"
 
+    def last_scan(self) -> LastScan | None:
+        """The agent's last completed scan (for /status), None before it has one."""
+        return self.agent.last_scan if self.agent is not None else None
+
     def nvml(self, problem: str | None) -> None:
         """Why NVML is not up (`open_sampler`), or None once it is."""
         self.nvml_problem = problem
@@ -367,6 +373,17 @@ class RunConfig:
     capacity_reserve_bytes: int
     device_prefix: str
     state_dir: str
+
+
+def agent_facts(config: RunConfig) -> AgentFacts:
+    """What /status says of the agent itself."""
+    return AgentFacts(
+        version=__version__,
+        node=config.node_name or "",
+        mode=config.policy.mode.value,
+        dry_run=config.dry_run,
+        poll_interval_s=config.poll_interval_s,
+    )
 
 
 @contextmanager
@@ -419,12 +436,15 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         clock=clock,
         require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
     )
+    use_proc_root(config.proc_root)  # /status says whose each process is, as `vramguard top` does
+    status = StatusPage(agent_facts(config), probes.last_scan, clock)
     server = HealthServer(
         config.metrics_port,
         metrics.registry,
         probes.healthz,
         probes.readyz,
         host=config.metrics_bind_address,
+        status=status.body,
         clock=clock,
     )
     services = Services(clock)

@@ -26,10 +26,14 @@ def test_top_json_shows_usage_quota_and_state(sim_node: SimulatedNode) -> None:
     h = sim_node.spawn_host(1 * GiB)
     result = sim_node.run_vramguard("top", "--once", "--json")
     assert result.returncode == 0, result.stderr
-    rows = {r["pod"]: r for r in json.loads(result.stdout)}
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "VramguardStatus" and doc["agent"]["dry_run"] is True, "top's own agent changes nothing"
+    assert [g["gpu"] for g in doc["gpus"]] == ["0"] and doc["truncated"] == 0
+    rows = {r["pod"]: r for r in doc["containers"]}
     assert rows["ok"]["pids"] == [a.pid] and rows["ok"]["state"] == "ok" and rows["ok"]["quota_bytes"] == 4 * GiB
     assert rows["over"]["pids"] == [b.pid] and rows["over"]["state"] == "over-hard"
     assert rows["over"]["percent"] == 150.0
+    assert rows["ok"]["quota_source"] == "limits[vramguard.io/vram]" and rows["-"]["quota_source"] == ""
     assert rows["ok"]["held_by"] == "agent" and rows["-"]["held_by"] == "-"  # a driver without limits support
     assert rows["-"]["pids"] == [h.pid] and rows["-"]["state"].startswith("unattributed")
     assert b.alive(), "top changes nothing"
@@ -62,7 +66,7 @@ def test_top_shows_hostile_names_and_command_lines_escaped_and_json_exact(sim_no
     sim_node.processes.append(proc)
     sim_node.sync()
 
-    rows = json.loads(sim_node.run_vramguard("top", "--once", "--json").stdout)
+    rows = json.loads(sim_node.run_vramguard("top", "--once", "--json").stdout)["containers"]
     (row,) = [r for r in rows if r["pids"] == [proc.pid]]
     assert (row["pod"], row["namespace"], row["container"]) == (f"evil{hostile}", f"ml{hostile}", f"main{hostile}")
     assert row["processes"][0]["command"] == " ".join(argv)

@@ -69,9 +69,12 @@ def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: 
     assert metric(r615, "vramguard_actions_total", action="kill") is None
     assert metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB
     assert metric(r615, "vramguard_driver_limits_total", outcome="applied") == 2
-    # `top` says who holds each quota.
-    top = r615.run_vramguard("top", "--once", "--json")
-    assert {r["pod"]: r["held_by"] for r in json.loads(top.stdout)} == {"trainer": "driver", "notebook": "driver"}
+    # `top` says who holds each quota, and so does the agent's /status (from the limits it programmed).
+    top = json.loads(r615.run_vramguard("top", "--once", "--json").stdout)
+    status = json.loads(r615.http_get("/status")[1])
+    for doc in (top, status):
+        assert {r["pod"]: r["held_by"] for r in doc["containers"]} == {"trainer": "driver", "notebook": "driver"}
+        assert [g["limits"] for g in doc["gpus"]] == ["driver"]
 
 
 def test_a_new_pods_limits_are_set_as_its_cgroups_appear_not_at_the_next_scan(r615: SimulatedNode) -> None:

@@ -63,6 +63,25 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
         server.stop(SYSTEM_CLOCK.now() + 1.0)
 
 
+def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
+    """/status answers the provider's body as application/json, on every request (HEAD: the length alone); a
+    server built without one answers 404 there."""
+    bodies = iter([b'{"kind": "VramguardStatus", "n": 1}', b'{"kind": "VramguardStatus", "n": 2}'])
+    with _serving(status=lambda: next(bodies)) as server:
+        for n in (1, 2):
+            status, headers, body = _exchange(server.port, b"GET /status HTTP/1.1\r\n\r\n")
+            assert (status, headers["content-type"], body) == (
+                200,
+                "application/json",
+                f'{{"kind": "VramguardStatus", "n": {n}}}'.encode(),
+            )
+    with _serving(status=lambda: b"{}") as server:
+        status, headers, body = _exchange(server.port, b"HEAD /status HTTP/1.1\r\n\r\n")
+        assert (status, headers["content-length"], body) == (200, "2", b"")
+    with _serving() as server:
+        assert _exchange(server.port, b"GET /status HTTP/1.1\r\n\r\n")[0] == 404
+
+
 # Helpers: a server that is always stopped, raw exchanges, and what /proc says about threads and CPU time.
 
 
@@ -272,6 +291,10 @@ def _broken_probe() -> tuple[bool, str]:
     raise RuntimeError("probe broke")
 
 
+def _broken_status() -> bytes:
+    raise RuntimeError("status broke")
+
+
 def _broken_metrics_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_BrokenCollector())
@@ -288,6 +311,7 @@ def _broken_metrics_registry() -> CollectorRegistry:
             b"metrics failed: RuntimeError\n",
             id="collector-raises",
         ),
+        pytest.param(b"/status", {"status": _broken_status}, b"status failed: RuntimeError\n", id="status-raises"),
     ],
 )
 def test_a_raising_callback_is_a_500_and_serving_goes_on(path: bytes, server_args: dict[str, Any], body: bytes) -> None:

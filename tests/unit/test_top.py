@@ -18,8 +18,8 @@ from vramguard.top import (
     ProcessDetail,
     TopRow,
     describe_process,
-    render_json,
     render_table,
+    row_dict,
 )
 from vramguard_testbed.waiting import wait_until
 
@@ -112,7 +112,8 @@ def test_table_lists_each_process_of_a_container() -> None:
     ]
     assert second.split() == ["11", "alice", "python", "loader.py"]
     assert second.index("11") == first.index(" 10 ") + 1, "further processes line up under PID"
-    assert '"pids": [10, 11]' in render_json([row]) and '"command": "python loader.py"' in render_json([row])
+    as_json = json.dumps(row_dict(row))
+    assert '"pids": [10, 11]' in as_json and '"command": "python loader.py"' in as_json
 
 
 def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
@@ -125,7 +126,7 @@ def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
     lines = render_table([share, other]).splitlines()
     assert "small-gpu0-x7k2" in next(line for line in lines if " small " in line)
     assert "CLAIM" not in render_table([other]).splitlines()[0]
-    assert '"claim": "small-gpu0-x7k2"' in render_json([share])
+    assert row_dict(share)["claim"] == "small-gpu0-x7k2"
 
 
 def test_hostile_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None:
@@ -139,7 +140,7 @@ def test_hostile_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None
     assert "\\x1b[2J" in line and "\\u202e" in line and "\\x0d\\x09\\x0aforged line" in line
     assert line.index("1.0GiB") == header.index("USED"), "escaped cells keep the columns aligned"
     assert line.index("7 ") == header.index("PID"), "widths are those of the escaped text"
-    (back,) = json.loads(render_json([row]))
+    back = json.loads(json.dumps(row_dict(row)))
     assert back["namespace"] == back["pod"] == back["container"] == back["claim"] == HOSTILE
     assert back["state"] == f"unattributed: {HOSTILE}"
     assert back["processes"] == [{"pid": 7, "user": HOSTILE, "command": HOSTILE}]

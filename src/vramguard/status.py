@@ -1,0 +1,138 @@
+"""The status document: what `GET /status` answers and `vramguard top --once --json` prints.
+
+One JSON object: the agent's facts and its last scan's age, each GPU, and the rows of `vramguard top` (`top.py`).
+Bounded: at most MAX_ROWS container rows and MAX_PROCESSES processes a row, every string cut to MAX_TEXT_CHARS,
+and the rows' JSON to ROWS_BUDGET_BYTES; the rows left out are counted in "truncated". Tenant text is carried
+exactly (JSON escapes it), as in `top --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from vramguard.agent import LastScan, ScanReport
+from vramguard.clock import Clock
+from vramguard.model import GpuDevice, SubjectKey
+from vramguard.text import cut
+from vramguard.top import ProcessDetail, TopRow, describe_process, row_dict, rows_from_report
+
+KIND = "VramguardStatus"
+SCHEMA = 1
+MAX_ROWS = 4096
+MAX_PROCESSES = 64  # a row's processes beyond this are left out (its "pids" are those shown)
+# The rows' JSON stays within this (from the first row that would pass it, the rest are left out and counted): with
+# every character escaped as \uXXXX, MAX_ROWS rows of cut text could be gigabytes. The GPUs and the agent's part are
+# small (a node has a few dozen GPUs and MIG instances at most), so the body stays well under 8 MiB.
+ROWS_BUDGET_BYTES = 4 * 1024 * 1024
+CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFacts:
+    """What the document says of the agent itself, fixed for its life."""
+
+    version: str
+    node: str
+    mode: str  # warn | evict | kill: the policy's mode
+    dry_run: bool
+    poll_interval_s: float
+
+
+def gpu_dict(device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object]) -> dict[str, object]:
+    """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"."""
+    on_it = {device.uuid, device.parent_uuid}
+    return {
+        "gpu": cut(device.label),
+        "uuid": cut(device.uuid),
+        "name": cut(device.name),
+        "total_bytes": device.total_bytes,
+        "used_bytes": device.used_bytes,
+        "free_bytes": device.free_bytes,
+        "healthy": device.healthy,
+        "error": cut(device.error or ""),
+        "pressure": pressured,
+        "limits": "driver" if any(k.gpu_uuid in on_it for k in held) else "agent",
+    }
+
+
+def _bounded_row(row: TopRow, describe: Callable[[int], ProcessDetail]) -> dict[str, object]:
+    """The row with its first MAX_PROCESSES processes described and every string cut."""
+    shown = tuple(describe(p.pid) for p in row.processes[:MAX_PROCESSES])
+    shown = tuple(ProcessDetail(p.pid, cut(p.user), cut(p.command)) for p in shown)
+    out = row_dict(replace(row, processes=shown))
+    return {k: cut(v) if isinstance(v, str) else v for k, v in out.items()}
+
+
+def scan_json(
+    report: ScanReport | None,
+    held: Mapping[SubjectKey, object],
+    describe: Callable[[int], ProcessDetail] = describe_process,
+) -> str:
+    """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n`),
+    without braces: `render` puts them after the agent's part. Processes are described (`describe`, which reads
+    /proc) only for the rows kept."""
+    if report is None:
+        return '"gpus": [], "containers": [], "truncated": 0'
+    pressured = set(report.decision.pressured_devices)
+    gpus = [gpu_dict(d, d.uuid in pressured, held) for d in report.snapshot.devices]
+    # Described below, for the rows kept only: a placeholder is cheap, /proc is not.
+    rows = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "", ""), driver_limits=held)
+    parts: list[str] = []
+    size = 0
+    for row in rows[:MAX_ROWS]:
+        part = json.dumps(_bounded_row(row, describe))
+        if size + len(part) > ROWS_BUDGET_BYTES:
+            break
+        parts.append(part)
+        size += len(part) + 2
+    truncated = len(rows) - len(parts)
+    return f'"gpus": {json.dumps(gpus)}, "containers": [{", ".join(parts)}], "truncated": {truncated}'
+
+
+def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str) -> bytes:
+    """The whole document: the agent's part (its scan age as of now) and a `scan_json` part."""
+    agent = {
+        "version": cut(facts.version),
+        "node": cut(facts.node),
+        "mode": facts.mode,
+        "dry_run": facts.dry_run,
+        "poll_interval_s": facts.poll_interval_s,
+        "scan_age_s": None if scan_age_s is None else round(max(0.0, scan_age_s), 3),
+    }
+    head = json.dumps({"kind": KIND, "schema": SCHEMA, "agent": agent})
+    return f"{head[:-1]}, {scan_part}}}".encode()
+
+
+class StatusPage:
+    """The agent's /status body, built on the HTTP server's thread from the agent's last scan: the scan part once
+    per scan (a flood of requests costs one build a scan), the agent's part and scan age at every answer."""
+
+    def __init__(
+        self,
+        facts: AgentFacts,
+        last_scan: Callable[[], LastScan | None],
+        clock: Clock,
+        describe: Callable[[int], ProcessDetail] = describe_process,
+    ) -> None:
+        self.facts = facts
+        self.last_scan = last_scan
+        self.clock = clock  # the agent's: `LastScan.finished_at` is on its scale
+        self.describe = describe
+        self._lock = threading.Lock()  # one server thread calls it; the lock keeps a second caller from rebuilding
+        self._built_for: LastScan | None = None
+        self._scan_part = scan_json(None, {})
+        self.builds = 0  # scan parts built, for tests
+
+    def body(self) -> bytes:
+        scan = self.last_scan()
+        with self._lock:
+            if scan is not None and scan is not self._built_for:
+                self._scan_part = scan_json(scan.report, scan.held, self.describe)
+                self._built_for = scan
+                self.builds += 1
+            part = self._scan_part
+        age = None if scan is None else self.clock.now() - scan.finished_at
+        return render(self.facts, age, part)

@@ -1,0 +1,170 @@
+"""The status document (/status, `top --once --json`): its rows, its GPUs, its bounds, and one build per scan."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from vramguard.agent import LastScan, ScanReport
+from vramguard.decide import DecisionState, decide
+from vramguard.model import GiB, Policy, SubjectKey
+from vramguard.quota import QuotaBook
+from vramguard.status import (
+    KIND,
+    MAX_PROCESSES,
+    MAX_ROWS,
+    SCHEMA,
+    AgentFacts,
+    StatusPage,
+    render,
+    scan_json,
+)
+from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
+from vramguard.text import MAX_TEXT_CHARS
+from vramguard.top import ProcessDetail
+
+FACTS = AgentFacts(version="1.2.3", node="node-a", mode="kill", dry_run=False, poll_interval_s=1.0)
+HOSTILE = "evil\x1b[2J\x07\u202eexe\r\n\u0000forged"
+GPU0, GPU1 = gpu(0), gpu(1)
+
+
+def describe(pid: int) -> ProcessDetail:
+    return ProcessDetail(pid, "alice", f"python worker-{pid}.py")
+
+
+def report_of(builder: SnapshotBuilder, pressured: tuple[str, ...] = ()) -> ScanReport:
+    """A scan of `builder`'s rows under the default policy, as the agent's loop makes it."""
+    snapshot = builder.build()
+    policy = Policy()
+    pods = {u.pod.uid: u.pod for u in snapshot.containers}
+    quotas, _ = QuotaBook(policy).resolve(pods, {})
+    decision, _ = decide(snapshot, quotas, policy, DecisionState(), 0.0)
+    return ScanReport(snapshot, quotas, replace(decision, pressured_devices=pressured), (), 0.0)
+
+
+def document(
+    report: ScanReport | None, held: dict[SubjectKey, object] | None = None, age: float | None = 0.5
+) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(render(FACTS, age, scan_json(report, held or {}, describe)))
+    return doc
+
+
+def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
+    trainer = pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    free = pod("free", "ml")
+    builder = SnapshotBuilder().use(trainer, "main", GPU0, 6 * GiB, pid=10).use(free, "main", GPU1, GiB, pid=11)
+    report = report_of(builder, pressured=(GPU1.uuid,))
+    held: dict[SubjectKey, object] = {SubjectKey(trainer.uid, "main", GPU0.uuid): 4 * GiB}
+    doc = document(report, held, age=2.25)
+
+    assert (doc["kind"], doc["schema"], doc["truncated"]) == (KIND, SCHEMA, 0)
+    assert doc["agent"] == {"version": "1.2.3", "node": "node-a", "mode": "kill", "dry_run": False,
+                            "poll_interval_s": 1.0, "scan_age_s": 2.25}  # fmt: skip
+    gpu0, gpu1 = doc["gpus"]
+    assert gpu0 == {"gpu": "0", "uuid": GPU0.uuid, "name": "Fake GPU", "total_bytes": 16 * GiB,
+                    "used_bytes": 6 * GiB, "free_bytes": 10 * GiB, "healthy": True, "error": "", "pressure": False,
+                    "limits": "driver"}  # fmt: skip
+    assert (gpu1["pressure"], gpu1["limits"]) == (True, "agent")
+    rows = {r["pod"]: r for r in doc["containers"]}
+    assert rows["trainer"] == {
+        "gpu": "0", "namespace": "ml", "pod": "trainer", "container": "main",
+        "processes": [{"pid": 10, "user": "alice", "command": "python worker-10.py"}], "used_bytes": 6 * GiB,
+        "quota_bytes": 4 * GiB, "state": "over-hard", "held_by": "driver", "claim": "", "pids": [10],
+        "percent": 150.0, "quota_source": "limits[vramguard.io/vram]",
+    }  # fmt: skip
+    assert (rows["free"]["state"], rows["free"]["quota_source"], rows["free"]["quota_bytes"]) == ("unmanaged", "", None)
+
+
+def test_an_unhealthy_gpu_is_a_gpu_and_a_row() -> None:
+    sick = replace(gpu(2), healthy=False, error=HOSTILE)
+    doc = document(report_of(SnapshotBuilder(devices=[sick])))
+    (g,) = doc["gpus"]
+    assert (g["healthy"], g["error"]) == (False, HOSTILE), "tenant-free, but carried exactly all the same"
+    (row,) = doc["containers"]
+    assert row["state"] == f"gpu-unhealthy: {HOSTILE}"
+
+
+def test_before_the_first_scan_nothing_but_the_agent() -> None:
+    doc = document(None, age=None)
+    assert doc["agent"]["scan_age_s"] is None
+    assert (doc["gpus"], doc["containers"], doc["truncated"]) == ([], [], 0)
+
+
+def _crowd(pods: int, processes: int) -> ScanReport:
+    """`pods` pods of one container each on GPU 0, each with `processes` processes."""
+    builder = SnapshotBuilder()
+    for i in range(pods):
+        builder.use(pod(f"p{i:05d}", "ml"), "main", GPU0, GiB, pid=1000 + i)
+    rows = [u._replace(processes=tuple(u.processes) * processes) for u in builder.rows]
+    return replace(report_of(builder), snapshot=replace(builder.build(), containers=tuple(rows)))
+
+
+@pytest.mark.parametrize(
+    ("pods", "processes", "rows", "per_row", "truncated"),
+    [
+        pytest.param(3, 1, 3, 1, 0, id="small-node-whole"),
+        pytest.param(MAX_ROWS + 5, 1, MAX_ROWS, 1, 5, id="rows-over-the-cap-counted"),
+        pytest.param(2, MAX_PROCESSES + 10, 2, MAX_PROCESSES, 0, id="processes-over-the-cap-cut"),
+    ],
+)
+def test_rows_and_processes_are_bounded(pods: int, processes: int, rows: int, per_row: int, truncated: int) -> None:
+    described: list[int] = []
+
+    def counting(pid: int) -> ProcessDetail:
+        described.append(pid)
+        return describe(pid)
+
+    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(pods, processes), {}, counting)))
+    assert (len(doc["containers"]), doc["truncated"]) == (rows, truncated)
+    assert {len(r["processes"]) for r in doc["containers"]} == {per_row}
+    assert {len(r["pids"]) for r in doc["containers"]} == {per_row}
+    assert len(described) == rows * per_row, "/proc is read for the processes shown only"
+
+
+def test_hostile_text_is_exact_cut_and_the_body_bounded() -> None:
+    """Every string is cut to MAX_TEXT_CHARS, carried exactly below it; rows of the worst text (every character
+    escaped by JSON) stop at the byte budget, the rest counted, the body well under 8 MiB."""
+    long = HOSTILE * 1000
+    evil = pod(long, HOSTILE, containers={HOSTILE: {"vramguard.io/vram": "1Gi"}})
+    exact = json.loads(render(FACTS, 0.0, scan_json(report_of(SnapshotBuilder().use(evil, HOSTILE, GPU0, GiB)), {},
+                                                    lambda pid: ProcessDetail(pid, HOSTILE, long))))  # fmt: skip
+    (row,) = exact["containers"]
+    assert (row["namespace"], row["container"], row["processes"][0]["user"]) == (HOSTILE, HOSTILE, HOSTILE)
+    assert len(row["pod"]) == MAX_TEXT_CHARS and row["pod"].startswith(HOSTILE) and row["pod"].endswith("characters]")
+    assert len(row["processes"][0]["command"]) == MAX_TEXT_CHARS
+
+    worst = "\x1b" * 5000  # 6 bytes of JSON a character
+    body = render(FACTS, 0.0, scan_json(_crowd(100, MAX_PROCESSES), {}, lambda pid: ProcessDetail(pid, worst, worst)))
+    doc = json.loads(body)
+    assert len(body) < 8 * 1024 * 1024
+    assert doc["truncated"] > 0 and len(doc["containers"]) + doc["truncated"] == 100
+
+
+def _last_scan(finished_at: float) -> LastScan:
+    trainer = pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
+    return LastScan(report_of(SnapshotBuilder().use(trainer, "main", GPU0, GiB)), {}, finished_at)
+
+
+def test_the_page_is_built_once_a_scan_and_its_age_is_that_of_the_answer() -> None:
+    clock = FakeClock()
+    scans: list[LastScan | None] = [None]
+    page = StatusPage(FACTS, lambda: scans[-1], clock, describe)
+
+    first = json.loads(page.body())
+    assert first["agent"]["scan_age_s"] is None and first["containers"] == []
+
+    scans.append(_last_scan(clock.now()))
+    clock.step(1.5)
+    bodies = [json.loads(page.body()) for _ in range(100)]
+    assert page.builds == 1, "a flood of requests costs one build a scan"
+    assert bodies[0]["agent"]["scan_age_s"] == 1.5 and bodies[0]["containers"][0]["pod"] == "trainer"
+    clock.step(2.0)
+    assert json.loads(page.body())["agent"]["scan_age_s"] == 3.5, "the age is the answer's, not the build's"
+    assert page.builds == 1
+
+    scans.append(_last_scan(clock.now()))
+    assert json.loads(page.body())["agent"]["scan_age_s"] == 0.0
+    assert page.builds == 2
