@@ -145,6 +145,32 @@ def test_warn_mode_warns_once_per_episode(sim_node: SimulatedNode) -> None:
     assert reasons == ["VRAMQuotaExceeded", "VRAMQuotaExceeded"]
 
 
+def test_a_gpu_entering_pressure_tells_its_pods_who_holds_it(sim_node: SimulatedNode) -> None:
+    """The trainer fills the 24 GiB GPU: the notebook beside it (and the trainer) each get one VRAMPressure Event
+    naming the trainer and how far over its quota it is, and no second one while the pressure lasts."""
+    trainer = sim_node.add_pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "8Gi"}})
+    neighbour = sim_node.add_pod("notebook", "ml", annotations={"vramguard.io/vram-limit": "4Gi"})
+    t = sim_node.spawn(trainer, "main", 6 * GiB)
+    n = sim_node.spawn(neighbour, "main", 3 * GiB)
+    agent = sim_node.start_agent("--mode", "warn", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True)
+    sim_node.wait_ready()
+    sim_node.wait_scans(2)
+    sim_node.set_usage(t, 20 * GiB)  # 1 GiB of 24 free: under the default 5 % threshold
+    sim_node.wait_scans(4)
+    assert t.alive() and n.alive()
+    sim_node.stop_agents()
+    told = [
+        (e["pod"], e["message"])
+        for e in _log_events(agent)
+        if e.get("event") == "event" and e.get("reason") == "VRAMPressure"
+    ]
+    said = (
+        "GPU 0 is 95 % full (23.0GiB of 24.0GiB); "
+        "ml/trainer container main holds 20.0GiB, 12.0GiB over its 8.0GiB quota"
+    )
+    assert told == [("ml/notebook", said), ("ml/trainer", said)]
+
+
 def test_unhealthy_gpu_is_reported_and_never_acted_on(sim_node: SimulatedNode) -> None:
     """A GPU whose process query fails is marked unhealthy and its over-quota process is not killed."""
     p = sim_node.add_pod("lost", "ml", containers={"main": {"vramguard.io/vram": "1Gi"}})
