@@ -1,0 +1,188 @@
+"""Finding the agents and reading their `/status` through the API server's pod proxy.
+
+The API server reaches each agent's metrics port (`pods/proxy`, a GET), so the plugin needs no route to the pod
+network, only the `vramguard-viewer` ClusterRole. Agents are read concurrently, a bounded number at a time, each
+within its own deadline and body bound: a hung or huge agent costs its own row, never the whole answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, TimeoutError
+
+from vramguard import __version__
+from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.kube.client import describe, status_message
+from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
+from vramguard.text import cut
+
+AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
+PORT_NAME = "metrics"  # the chart's name for the agent's metrics port
+DEFAULT_PORT = 9400
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the agent keeps its document well under this
+CHUNK_BYTES = 64 * 1024
+WORKERS = 16
+TIMEOUT_S = 5.0
+LIST_TIMEOUT = (5.0, 30.0)
+_SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class ConfigError(Exception):
+    """No usable Kubernetes configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPod:
+    ref: AgentRef
+    port: int
+    phase: str
+
+
+def load_api(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
+    """An API client from the kubeconfig (`KUBECONFIG`, ~/.kube/config) or, inside a pod, its ServiceAccount; and
+    the namespace the context names (kubectl's default for `-n`)."""
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        chosen = active
+        if context:
+            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            chosen = next((c for c in contexts if c.get("name") == context), active)
+        namespace = str((chosen or {}).get("context", {}).get("namespace") or "default")
+    except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
+        if kubeconfig or context or not _SERVICEACCOUNT_NAMESPACE.exists():
+            raise ConfigError(f"cannot load the Kubernetes configuration: {cut(str(e), 300)}") from None
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        namespace = _SERVICEACCOUNT_NAMESPACE.read_text().strip() or "default"
+    configuration.retries = False  # one try per agent, within its deadline
+    api = client.ApiClient(configuration)
+    api.user_agent = f"kubectl-vramguard/{__version__}"
+    return api, namespace
+
+
+def connect_core(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
+    """`load_api`'s client as a CoreV1Api, and the context's namespace."""
+    api, namespace = load_api(kubeconfig, context)
+    return client.CoreV1Api(api), namespace
+
+
+def _port(pod: Mapping[str, Any]) -> int:
+    """The container port named `metrics`, else the first one, else the chart's default."""
+    ports = [p for c in pod.get("spec", {}).get("containers") or [] for p in c.get("ports") or []]
+    named = [p for p in ports if p.get("name") == PORT_NAME] or ports
+    port = named[0].get("containerPort") if named else None
+    return port if isinstance(port, int) else DEFAULT_PORT
+
+
+def agent_from_pod(pod: Mapping[str, Any]) -> AgentPod:
+    meta = pod.get("metadata", {})
+    return AgentPod(
+        AgentRef(
+            str(meta.get("namespace", "")), str(meta.get("name", "")), str(pod.get("spec", {}).get("nodeName") or "")
+        ),
+        _port(pod),
+        str(pod.get("status", {}).get("phase") or "Unknown"),
+    )
+
+
+def find_agents(core: Any, namespace: str | None = None, node: str | None = None) -> list[AgentPod]:
+    """The agent pods, by the chart's label: in `namespace` (None: all), on `node` (None: all)."""
+    match: dict[str, Any] = {"label_selector": AGENT_SELECTOR, "limit": 500}
+    if node:
+        match["field_selector"] = f"spec.nodeName={node}"
+    pods: list[AgentPod] = []
+    cont: str | None = None
+    while True:
+        if cont:
+            match["_continue"] = cont
+        if namespace:
+            resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+        else:
+            resp = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+        body = json.loads(resp.data)
+        pods.extend(agent_from_pod(p) for p in body.get("items") or [])
+        cont = (body.get("metadata") or {}).get("continue")
+        if not cont:
+            return sorted(pods, key=lambda a: (a.ref.node, a.ref.namespace, a.ref.pod))
+
+
+def _api_error(e: ApiException) -> str:
+    text = f"{e.status} {e.reason}"
+    try:
+        body = json.loads(e.body or "")
+    except (ValueError, TypeError):
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":  # the API server's own answer
+        text += f": {status_message(e)}"
+        if e.status == 403:
+            text += " (bind the vramguard-viewer ClusterRole)"
+    elif e.status == 404:  # the agent's: it serves no /status
+        text += ": the agent serves no /status (older than this plugin?)"
+    return text
+
+
+def read_status(core: Any, agent: AgentPod, timeout_s: float = TIMEOUT_S, clock: Clock = SYSTEM_CLOCK) -> Fetched:
+    """One agent's status document, or why there is none. Never raises for the agent's sake."""
+    if agent.phase != "Running":
+        return Failure(agent.ref, f"pod is {agent.phase}")
+    deadline = clock.now() + timeout_s
+    try:
+        resp = core.connect_get_namespaced_pod_proxy_with_path(
+            f"{agent.ref.pod}:{agent.port}",
+            agent.ref.namespace,
+            "status",
+            _preload_content=False,
+            _request_timeout=(timeout_s, timeout_s),
+        )
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := resp.read(CHUNK_BYTES):
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    return Failure(agent.ref, f"status body over {MAX_BODY_BYTES} bytes")
+                if clock.now() > deadline:
+                    return Failure(agent.ref, f"timed out after {timeout_s:g}s")
+                chunks.append(chunk)
+        finally:
+            resp.release_conn()
+        document = json.loads(b"".join(chunks))
+    except ApiException as e:
+        return Failure(agent.ref, _api_error(e))
+    except (TimeoutError, MaxRetryError, ProtocolError) as e:
+        reason = getattr(e, "reason", None)
+        # urllib3's NewConnectionError (refused, unreachable) is a kind of its ConnectTimeoutError.
+        timed_out = isinstance(e, TimeoutError) or isinstance(reason, TimeoutError)
+        if timed_out and not isinstance(reason, NewConnectionError):
+            return Failure(agent.ref, f"timed out after {timeout_s:g}s")
+        return Failure(agent.ref, describe(reason if isinstance(reason, BaseException) else e))
+    except ValueError as e:
+        return Failure(agent.ref, f"not JSON: {cut(str(e), 200)}")
+    except Exception as e:  # anything else is this agent's row, not the end of the others
+        return Failure(agent.ref, describe(e))
+    if not isinstance(document, dict):
+        return Failure(agent.ref, f"not a status document (a JSON {type(document).__name__})")
+    return Answer(agent.ref, document)
+
+
+def read_all(
+    core: Any,
+    agents: Sequence[AgentPod],
+    workers: int = WORKERS,
+    timeout_s: float = TIMEOUT_S,
+    clock: Clock = SYSTEM_CLOCK,
+) -> list[Fetched]:
+    """Every agent's answer, in `agents`' order, at most `workers` read at a time."""
+    if not agents:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(agents))), thread_name_prefix="vramguard-read") as pool:
+        return list(pool.map(lambda a: read_status(core, a, timeout_s, clock), agents))

@@ -1,0 +1,191 @@
+"""Rows as text: a table (`wide` adds columns), JSON or YAML. Pure: the caller says whether to colour.
+
+The table is for people: tenant text escaped (`text.printable`), the state coloured only when asked (a terminal);
+JSON and YAML carry the exact text, for programs.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from vramguard.plugin.merge import GpuRow, Level, Row
+from vramguard.text import cut, format_bytes, printable
+
+TABLE_COMMAND_CHARS = 60
+
+
+class Output(str, enum.Enum):
+    table = "table"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+
+
+# ANSI SGR: over quota red, near it yellow, fine green, no answer or a stale scan magenta.
+_COLOURS = {Level.over: "\x1b[1;31m", Level.near: "\x1b[33m", Level.fine: "\x1b[32m", Level.problem: "\x1b[35m"}
+_RESET = "\x1b[0m"
+PRESSURE_MARK = " (GPU under pressure)"
+
+
+def _bytes(n: int | None) -> str:
+    return format_bytes(n) if n is not None else "-"
+
+
+def _percent(p: float | None) -> str:
+    return f"{p:.0f}" if p is not None else "-"
+
+
+def _state(r: Row) -> str:
+    return r.state + PRESSURE_MARK if r.at_risk else r.state
+
+
+def _table(header: Sequence[str], lines: Sequence[Sequence[str]], levels: Sequence[Level], colour: bool) -> str:
+    """Columns padded to their widths; with `colour`, the STATE column coloured by each line's level."""
+    cells = [[printable(c) for c in header], *([printable(c) for c in line] for line in lines)]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    at = list(header).index("STATE")
+    out: list[str] = []
+    for n, line in enumerate(cells):
+        padded = [c.ljust(w) for c, w in zip(line, widths, strict=True)]
+        if colour and n > 0:
+            padded[at] = f"{_COLOURS[levels[n - 1]]}{line[at]}{_RESET}" + " " * (widths[at] - len(line[at]))
+        out.append("  ".join(padded).rstrip())
+    return "\n".join(out)
+
+
+TOP_HEADER = ("NODE", "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "HELD-BY")
+TOP_WIDE = ("QUOTA-SOURCE", "CLAIM", "PIDS", "AGENT", "VERSION", "COMMAND")
+
+
+def top_table(rows: Sequence[Row], wide: bool = False, colour: bool = False) -> str:
+    header = TOP_HEADER + TOP_WIDE if wide else TOP_HEADER
+    lines: list[tuple[str, ...]] = []
+    for r in rows:
+        line: tuple[str, ...] = (
+            r.node,
+            r.gpu,
+            r.namespace,
+            r.pod,
+            r.container,
+            _bytes(r.used_bytes),
+            _bytes(r.quota_bytes),
+            _percent(r.percent),
+            _state(r),
+            r.held_by,
+        )
+        if wide:
+            pids = ",".join(map(str, r.pids[:8])) + (",..." if len(r.pids) > 8 else "")
+            line += (
+                r.quota_source or "-",
+                r.claim or "-",
+                pids or "-",
+                r.agent or "-",
+                r.agent_version or "-",
+                cut(printable(r.command), TABLE_COMMAND_CHARS) or "-",
+            )
+        lines.append(line)
+    if not rows:
+        return "No GPU processes."
+    return _table(header, lines, [r.level for r in rows], colour)
+
+
+NODES_HEADER = ("NODE", "GPU", "NAME", "TOTAL", "USED", "UNDER-QUOTA", "UNATTRIBUTED", "FREE", "LIMITS", "STATE")
+
+
+def nodes_table(rows: Sequence[GpuRow], wide: bool = False, colour: bool = False) -> str:
+    header = (*NODES_HEADER, "UUID", "AGENT") if wide else NODES_HEADER
+    lines: list[tuple[str, ...]] = []
+    for g in rows:
+        line: tuple[str, ...] = (
+            g.node,
+            g.gpu,
+            g.name or "-",
+            _bytes(g.total_bytes),
+            _bytes(g.used_bytes),
+            _bytes(g.under_quota_bytes),
+            _bytes(g.unattributed_bytes),
+            _bytes(g.free_bytes),
+            g.limits,
+            g.state,
+        )
+        if wide:
+            line += (g.uuid or "-", g.agent or "-")
+        lines.append(line)
+    if not rows:
+        return "No GPUs."
+    return _table(header, lines, [g.level for g in rows], colour)
+
+
+def row_dict(r: Row) -> dict[str, Any]:
+    return {
+        "node": r.node,
+        "gpu": r.gpu,
+        "namespace": r.namespace,
+        "pod": r.pod,
+        "container": r.container,
+        "used_bytes": r.used_bytes,
+        "quota_bytes": r.quota_bytes,
+        "percent": r.percent,
+        "state": r.state,
+        "held_by": r.held_by,
+        "claim": r.claim,
+        "quota_source": r.quota_source,
+        "pids": list(r.pids),
+        "command": r.command,
+        "pressure": r.pressure,
+        "at_risk": r.at_risk,
+        "agent": r.agent,
+        "agent_version": r.agent_version,
+        "scan_age_s": r.scan_age_s,
+        "stale": r.stale,
+        "error": r.error,
+    }
+
+
+def gpu_dict(g: GpuRow) -> dict[str, Any]:
+    return {
+        "node": g.node,
+        "gpu": g.gpu,
+        "name": g.name,
+        "uuid": g.uuid,
+        "total_bytes": g.total_bytes,
+        "used_bytes": g.used_bytes,
+        "under_quota_bytes": g.under_quota_bytes,
+        "unattributed_bytes": g.unattributed_bytes,
+        "free_bytes": g.free_bytes,
+        "limits": g.limits,
+        "healthy": g.healthy,
+        "pressure": g.pressure,
+        "state": g.state,
+        "agent": g.agent,
+        "stale": g.stale,
+        "error": g.error,
+    }
+
+
+def document(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"kind": kind, "items": items}
+
+
+def dump(doc: dict[str, Any], output: Output) -> str:
+    """JSON or YAML, the text exact (JSON escapes what needs it; YAML quotes it)."""
+    if output is Output.json:
+        return json.dumps(doc, indent=2)
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False).rstrip("\n")
+
+
+def render_top(rows: Sequence[Row], output: Output, colour: bool = False) -> str:
+    if output in (Output.json, Output.yaml):
+        return dump(document("VramguardTop", [row_dict(r) for r in rows]), output)
+    return top_table(rows, wide=output is Output.wide, colour=colour)
+
+
+def render_nodes(rows: Sequence[GpuRow], output: Output, colour: bool = False) -> str:
+    if output in (Output.json, Output.yaml):
+        return dump(document("VramguardNodes", [gpu_dict(g) for g in rows]), output)
+    return nodes_table(rows, wide=output is Output.wide, colour=colour)
