@@ -179,8 +179,9 @@ def test_a_stale_agent_is_marked_on_every_row() -> None:
 
 
 def test_an_agent_before_its_first_scan_is_a_row() -> None:
-    rows = merge_rows([answer("node-n", [gpu_doc("0")], [], scan_age_s=None)])
-    assert [(r.node, r.state) for r in rows] == [("node-n", "no scan yet")]
+    fetched: list[Fetched] = [answer("node-n", [], [], scan_age_s=None)]
+    assert [(r.node, r.state) for r in merge_rows(fetched)] == [("node-n", "no scan yet")]
+    assert [(g.node, g.state) for g in merge_nodes(fetched)] == [("node-n", "no scan yet")]
 
 
 def test_an_older_agents_document_is_read_with_defaults() -> None:

@@ -375,6 +375,10 @@ def merge_nodes(fetched: Iterable[Fetched], node: str | None = None) -> list[Gpu
         assert isinstance(f, Answer)
         a = _agent_info(f)
         containers = _container_rows(f)
+        if a.no_scan:
+            out.append(
+                GpuRow(a.node, "-", "", "", None, None, None, None, None, "-", True, False, "no scan yet", agent=a.ref)
+            )
         for g in _dicts(f.document, "gpus"):
             label = _str(g, "gpu", "?")
             on_gpu = [r for r in containers if r.gpu == label and r.used_bytes is not None]
