@@ -141,6 +141,14 @@ def run(
             "kill, so that an agent killed mid-kill is followed by one that thaws it. Without it, no freezing.",
         ),
     ] = "/var/lib/vramguard",
+    status_command_lines: Annotated[
+        bool,
+        typer.Option(
+            "--status-command-lines",
+            help="Show each GPU process's whole command line in /status (by default its program's name only: "
+            "arguments may hold secrets, and whoever can read /status would see them).",
+        ),
+    ] = False,
 ) -> None:
     """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
     configure_logging(log_format)
@@ -163,6 +171,7 @@ def run(
         capacity_reserve_bytes=reserve_bytes,
         device_prefix=device_prefix,
         state_dir=state_dir,
+        status_command_lines=status_command_lines,
     )
     with stop_on_signals() as stop:
         _or_exit(lambda: serve(config, stop))

@@ -59,6 +59,21 @@ def describe_process(pid: int) -> ProcessDetail:
     return ProcessDetail(pid, cut(user, 32), cut(command, COMMAND_CHARS))
 
 
+def describe_process_name(pid: int) -> ProcessDetail:
+    """`describe_process` with the program's name ("[python3]") instead of its arguments, which may hold secrets:
+    what `/status` shows to whoever can read it, unless the agent runs with `--status-command-lines`."""
+    detail = describe_process(pid)
+    if detail.command in ("(gone)", "?"):
+        return detail
+    try:
+        name = psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return ProcessDetail(pid, detail.user, "(gone)")
+    except (psutil.Error, OSError):
+        return ProcessDetail(pid, detail.user, "?")
+    return ProcessDetail(pid, detail.user, f"[{cut(name, 64)}]")
+
+
 def _command_line(proc: psutil.Process) -> str:
     """`proc`'s arguments joined by spaces, as the kernel holds them; `[name]` when it has none.
 

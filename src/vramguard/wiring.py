@@ -49,7 +49,7 @@ from vramguard.policy import PolicyError, load_policy
 from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
 from vramguard.quota import reads_claims
 from vramguard.status import AgentFacts, StatusPage
-from vramguard.top import use_proc_root
+from vramguard.top import describe_process, describe_process_name, use_proc_root
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -373,6 +373,7 @@ class RunConfig:
     capacity_reserve_bytes: int
     device_prefix: str
     state_dir: str
+    status_command_lines: bool = False  # /status shows whole command lines (else the program's name)
 
 
 def agent_facts(config: RunConfig) -> AgentFacts:
@@ -437,7 +438,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
     )
     use_proc_root(config.proc_root)  # /status says whose each process is, as `vramguard top` does
-    status = StatusPage(agent_facts(config), probes.last_scan, clock)
+    describe = describe_process if config.status_command_lines else describe_process_name
+    status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe)
     server = HealthServer(
         config.metrics_port,
         metrics.registry,

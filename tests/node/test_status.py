@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -49,9 +50,20 @@ def test_status_answers_the_nodes_rows_as_top_prints_them(sim_node: SimulatedNod
     assert (gpu["gpu"], gpu["healthy"], gpu["limits"], gpu["used_bytes"]) == ("0", True, "agent", 5 * GiB)
     assert b.alive(), "warn mode"
 
-    # `top` on the same node: the same GPUs and rows (the node stands still), its own agent's facts.
+    # `top` on the same node: the same GPUs and rows (the node stands still), its own agent's facts; /status names
+    # each process's program, top (run by someone on the node) shows its whole command line.
     top = json.loads(sim_node.run_vramguard("top", "--once", "--json").stdout)
-    assert (top["gpus"], top["containers"]) == (status["gpus"], status["containers"])
+    commands = {p["pid"]: p["command"] for r in top["containers"] for p in r["processes"]}
+    programs = {p["pid"]: p["command"] for r in status["containers"] for p in r["processes"]}
+    assert programs.keys() == commands.keys()
+    for pid, program in programs.items():
+        assert program.startswith("[") and program[1:-1] in commands[pid], (program, commands[pid])
+
+    def without_commands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**r, "processes": [{**p, "command": ""} for p in r["processes"]]} for r in rows]
+
+    assert top["gpus"] == status["gpus"]
+    assert without_commands(top["containers"]) == without_commands(status["containers"])
     assert top["agent"]["dry_run"] is True and top["agent"]["node"] == sim_node.node_name
 
     # The age is the answer's: it grows between scans, and a later scan starts it again.

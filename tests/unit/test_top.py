@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from vramguard.top import (
     ProcessDetail,
     TopRow,
     describe_process,
+    describe_process_name,
     render_table,
     row_dict,
 )
@@ -33,16 +35,25 @@ def raw_controls(text: str) -> set[str]:
     return {c for line in text.split("\n") for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
-def describe_sleeper(argument: str) -> tuple[int, ProcessDetail]:
-    """A sleeping Python process whose last argument is `argument`: its PID and what describe_process says."""
+def describe_sleeper(
+    argument: str, describe: Callable[[int], ProcessDetail] = describe_process
+) -> tuple[int, ProcessDetail]:
+    """A sleeping Python process whose last argument is `argument`: its PID and what `describe` says."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", argument])
     try:
         # Popen returns once exec has begun; the kernel sets the new command line a moment later.
         wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes() != b"", 10, what="the command line set")
-        return proc.pid, describe_process(proc.pid)
+        return proc.pid, describe(proc.pid)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_program_name_leaves_the_arguments_out() -> None:
+    """What /status shows by default: whose process and which program, never its arguments (they may be secrets)."""
+    pid, detail = describe_sleeper("--token=s3cret", describe_process_name)
+    assert detail.pid == pid and detail.user != "?"
+    assert detail.command.startswith("[python") and "s3cret" not in detail.command
 
 
 def test_describe_process_reads_user_and_command_line() -> None:
