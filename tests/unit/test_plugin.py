@@ -292,6 +292,17 @@ def test_pods_over_quota_on_a_gpu_under_pressure_are_marked() -> None:
     assert json.loads(render_top([rows["train"]], Output.json))["items"][0]["at_risk"] is True
 
 
+def test_the_tables_name_an_agent_without_an_answer() -> None:
+    """The AGENT column is in `-o wide` only: the plain tables name the silent agent in its STATE."""
+    said = "no answer from vramguard/vramguard-node-d: 503 Service Unavailable: connection refused"
+    for table in (render_top(merge_rows(fleet()), Output.table), render_nodes(merge_nodes(fleet()), Output.table)):
+        [silent] = [line for line in table.splitlines() if line.startswith("node-d")]
+        assert silent.endswith(said) or f"{said}  " in silent, table
+    items = json.loads(render_top(merge_rows(fleet()), Output.json))["items"]
+    [failed] = [item for item in items if item["error"]]
+    assert failed["state"].startswith("no answer: ") and failed["agent"] == "vramguard/vramguard-node-d"
+
+
 def test_table_columns() -> None:
     table = render_top(sort_rows(merge_rows(fleet())), Output.table)
     header, *lines = table.splitlines()

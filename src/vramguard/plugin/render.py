@@ -41,7 +41,13 @@ def _percent(p: float | None) -> str:
 
 
 def _state(r: Row) -> str:
+    if r.error and r.agent:  # the table has no AGENT column (but in wide): name the agent that gave no rows
+        return f"no answer from {r.agent}: {r.error}"
     return r.state + PRESSURE_MARK if r.at_risk else r.state
+
+
+def _gpu_state(g: GpuRow) -> str:
+    return f"no answer from {g.agent}: {g.error}" if g.error and g.agent else g.state
 
 
 def _table(header: Sequence[str], lines: Sequence[Sequence[str]], levels: Sequence[Level], colour: bool) -> str:
@@ -111,7 +117,7 @@ def nodes_table(rows: Sequence[GpuRow], wide: bool = False, colour: bool = False
             _bytes(g.unattributed_bytes),
             _bytes(g.free_bytes),
             g.limits,
-            g.state,
+            _gpu_state(g),
         )
         if wide:
             line += (g.uuid or "-", g.agent or "-")

@@ -1,0 +1,246 @@
+"""`kubectl vramguard` on the real one-node cluster (tests/cluster/real_cluster.py): the built kubectl finds the
+plugin on PATH and runs it as a ServiceAccount bound only to the chart's viewer ClusterRole; what it shows is
+what the agent sees; an agent that does not answer is a row naming it; a GPU driven into memory pressure gives
+the pod within its quota beside an over-quota one a VRAMPressure Event naming that one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from helm_fixtures import need_helm
+from real_parts import need
+from vramguard.model import GiB
+from vramguard.text import format_bytes
+from vramguard_testbed.waiting import wait_until
+
+from .controlplane import binaries_dir, free_port
+from .node import raw
+from .real_cluster import AGENT_NS, GPU_TOTAL, WORKLOAD_IMAGE, Cluster, real_cluster, unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+NS = "ml"
+VIEWER = "vramguard-viewer"  # the chart's viewer ClusterRole (release "vramguard")
+# Where the README's "Seeing it" output is kept: the plugin's real output on this cluster.
+SEEING_IT = Path(os.environ.get("VRAMGUARD_SEEING_IT", "/tmp/seeing-it.txt"))
+COLUMNS = ("namespace", "pod", "container", "used_bytes", "quota_bytes", "state")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    need(unavailable_reason(), skip="no real node", ci="build the real node's parts first (scripts/test.sh does)")
+    with real_cluster(need_helm()) as found:
+        found.helm_install(mode="warn")  # the over-quota pod stays, to be shown and named
+        found.namespace(NS)
+        SEEING_IT.write_text("")
+        yield found
+
+
+@pytest.fixture(scope="module")
+def viewer(cluster: Cluster) -> Path:
+    """A kubeconfig for ServiceAccount viewers/viewer, bound to the viewer ClusterRole and nothing else."""
+    kubeconfig = cluster.plane.service_account_kubeconfig("viewers", "viewer")
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="viewer-sees-vramguard"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=VIEWER),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace="viewers")],
+    )
+    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
+    return kubeconfig
+
+
+def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The built kubectl as the user of `kubeconfig`, with this environment's bin directory (where pip put
+    kubectl-vramguard) first on its PATH."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig),  # the plugin's too: kubectl passes no flags of its own to a plugin
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(
+        [str(binaries_dir() / "kubectl"), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}: {done.stdout}{done.stderr}")
+    return done
+
+
+def agent_rows(cluster: Cluster) -> list[tuple[Any, ...]]:
+    """The agent's own `vramguard top --once --json`, run in its pod as the admin, as (COLUMNS) tuples of NS."""
+    agent = cluster.agent_pod()
+    assert agent is not None
+    top = cluster.node.kubectl(
+        "exec", "--namespace", AGENT_NS, agent["metadata"]["name"], "--",
+        "vramguard", "top", "--once", "--json", "--policy=/etc/vramguard/policy.yaml",
+    )  # fmt: skip
+    document = json.loads(top.stdout)
+    assert document["kind"] == "VramguardStatus", document
+    return sorted(tuple(r[c] for c in COLUMNS) for r in document["containers"] if r["namespace"] == NS)
+
+
+def plugin_rows(kubeconfig: Path) -> list[tuple[Any, ...]]:
+    document = json.loads(kubectl(kubeconfig, "vramguard", "top", "-A", "-o", "json").stdout)
+    assert document["kind"] == "VramguardTop", document
+    return sorted(tuple(r[c] for c in COLUMNS) for r in document["items"] if r["namespace"] == NS)
+
+
+def save(title: str, command: str, output: str) -> None:
+    with SEEING_IT.open("a") as f:
+        f.write(f"# {title}\n$ {command}\n{output.rstrip()}\n\n")
+
+
+def test_the_viewer_role_reads_pods_and_their_proxy_only(cluster: Cluster, viewer: Path) -> None:
+    def can(*what: str) -> str:
+        return kubectl(viewer, "auth", "can-i", *what, check=False).stdout.strip()
+
+    assert can("list", "pods", "--all-namespaces") == "yes"
+    assert can("get", "pods", "--subresource=proxy", "--namespace", AGENT_NS) == "yes"
+    assert can("list", "secrets", "--all-namespaces") == "no"
+    assert can("get", "pods", "--subresource=log", "--namespace", NS) == "no"
+    assert can("create", "pods", "--subresource=exec", "--namespace", AGENT_NS) == "no"
+    assert can("get", "pods", "--namespace", NS) == "no"  # list only: what finding the agents takes
+    assert kubectl(viewer, "plugin", "list", check=False).stdout.count("kubectl-vramguard") == 1
+
+
+def test_top_as_the_viewer_shows_the_agents_rows(cluster: Cluster, viewer: Path) -> None:
+    notebook = cluster.workload(NS, "notebook", "4Gi")
+    trainer = cluster.workload(NS, "trainer", "4Gi")
+    cluster.gpu({cluster.pid(notebook): 2 * GiB, cluster.pid(trainer): 6 * GiB})
+    expected = [
+        (NS, "notebook", "main", 2 * GiB, 4 * GiB, "ok"),
+        (NS, "trainer", "main", 6 * GiB, 4 * GiB, "over-hard"),
+    ]
+    wait_until(lambda: agent_rows(cluster) == expected, 60, what=f"the agent's top showing {expected}", interval_s=0.5)
+    wait_until(lambda: plugin_rows(viewer) == expected, 60, what=f"the plugin showing {expected}", interval_s=0.5)
+    assert agent_rows(cluster) == plugin_rows(viewer)
+
+    table = kubectl(viewer, "vramguard", "top", "-A").stdout
+    lines = [line.split() for line in table.splitlines()]
+    assert lines[0] == ["NODE", "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "HELD-BY"]
+    shown = sorted(
+        (words[2], words[3], words[4], words[5], words[6], words[8]) for words in lines[1:] if words[2] == NS
+    )
+    assert shown == [
+        (ns, pod, container, format_bytes(used), format_bytes(quota), state)
+        for ns, pod, container, used, quota, state in expected
+    ], table
+    assert all(words[0] == cluster.node.name and words[1] == "0" for words in lines[1:]), table
+    save("top, as a user bound only to vramguard-viewer", "kubectl vramguard top -A", table)
+
+
+def test_nodes_as_the_viewer_shows_the_nodes_gpus(cluster: Cluster, viewer: Path) -> None:
+    document = json.loads(kubectl(viewer, "vramguard", "nodes", "-o", "json").stdout)
+    (gpu,) = document["items"]
+    assert (gpu["node"], gpu["gpu"], gpu["name"], gpu["total_bytes"]) == (
+        cluster.node.name,
+        "0",
+        "NVIDIA L4 (test NVML)",
+        GPU_TOTAL,
+    ), gpu
+    assert gpu["healthy"] and not gpu["error"] and gpu["limits"] == "agent", gpu
+    table = kubectl(viewer, "vramguard", "nodes").stdout
+    header, *rows = (line.split() for line in table.splitlines())
+    assert header[:3] == ["NODE", "GPU", "NAME"] and len(rows) == 1, table
+    assert rows[0][:2] == [cluster.node.name, "0"] and format_bytes(GPU_TOTAL) in rows[0], table
+    save("nodes, as the same user", "kubectl vramguard nodes", table)
+
+
+def events(cluster: Cluster, name: str, reason: str) -> list[str]:
+    found = cluster.core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name},reason={reason}")
+    return [str(e["message"]) for e in raw(cluster.api, found)["items"]]
+
+
+def test_a_gpu_under_pressure_tells_the_neighbour_who_holds_it(cluster: Cluster, viewer: Path) -> None:
+    notebook, trainer = cluster.pod(NS, "notebook"), cluster.pod(NS, "trainer")
+    assert notebook is not None and trainer is not None
+    # 23.5 GiB of 24 used: under the chart's default pressure threshold (5 % free).
+    cluster.gpu({cluster.pid(notebook): 2 * GiB, cluster.pid(trainer): 21 * GiB + GiB // 2})
+    said = (
+        "GPU 0 is 97 % full (23.5GiB of 24.0GiB); "
+        f"{NS}/trainer container main holds 21.5GiB, 17.5GiB over its 4.0GiB quota"
+    )
+    wait_until(
+        lambda: events(cluster, "notebook", "VRAMPressure"), 60, what="VRAMPressure on the notebook", interval_s=0.5
+    )
+    assert events(cluster, "notebook", "VRAMPressure") == [said]
+    described = cluster.node.kubectl("describe", "pod", "notebook", "--namespace", NS).stdout
+    assert "VRAMPressure" in described and f"{NS}/trainer container main holds 21.5GiB" in described, described
+    assert cluster.phase(NS, "trainer") == "Running", "warn mode: the offender is told, not stopped"
+
+    def marked() -> bool:
+        table = kubectl(viewer, "vramguard", "top", "-A").stdout
+        return any("trainer" in line and "(GPU under pressure)" in line for line in table.splitlines())
+
+    wait_until(marked, 30, what="the trainer's row marked as at risk", interval_s=0.5)
+    save(
+        "top while GPU 0 is under memory pressure",
+        "kubectl vramguard top -A",
+        kubectl(viewer, "vramguard", "top", "-A").stdout,
+    )
+    save(
+        "nodes while GPU 0 is under memory pressure",
+        "kubectl vramguard nodes",
+        kubectl(viewer, "vramguard", "nodes").stdout,
+    )
+    save(
+        "the neighbour's Event",
+        "kubectl describe pod notebook -n ml | grep VRAMPressure",
+        "\n".join(line for line in described.splitlines() if "VRAMPressure" in line),
+    )
+
+
+def test_an_agent_without_an_answer_is_named(cluster: Cluster, viewer: Path) -> None:
+    """A pod with the agents' label that serves nothing on its metrics port (an agent stuck starting, say): its
+    row names it and why; the others' rows are still shown; only --strict makes that a failure."""
+    port = free_port()
+    decoy = client.V1Pod(
+        # Not the DaemonSet's selector (it has app.kubernetes.io/instance too), so it is nobody's to adopt.
+        metadata=client.V1ObjectMeta(name="silent-agent", labels={"app.kubernetes.io/name": "vramguard"}),
+        spec=client.V1PodSpec(
+            host_network=True,
+            termination_grace_period_seconds=0,
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image=WORKLOAD_IMAGE,
+                    image_pull_policy="Never",
+                    command=["sleep", "1000000"],
+                    ports=[client.V1ContainerPort(name="metrics", container_port=port)],
+                )
+            ],
+        ),
+    )
+    cluster.core.create_namespaced_pod(AGENT_NS, decoy)
+    try:
+        wait_until(
+            lambda: cluster.phase(AGENT_NS, "silent-agent") == "Running", 60, what="the decoy Running", interval_s=0.25
+        )
+        silent = f"no answer from {AGENT_NS}/silent-agent: "
+        top = kubectl(viewer, "vramguard", "top", "-A", "--timeout", "3")  # exit 0: the others' rows are shown
+        (row,) = [line for line in top.stdout.splitlines() if silent in line]
+        assert row.startswith(cluster.node.name) and "connection refused" in row, top.stdout
+        assert {"notebook", "trainer"} <= {line.split()[3] for line in top.stdout.splitlines()[1:]}, top.stdout
+        nodes = kubectl(viewer, "vramguard", "nodes", "--timeout", "3").stdout
+        (gpu_row,) = [line for line in nodes.splitlines() if silent in line]
+        assert "connection refused" in gpu_row, nodes
+        assert len(nodes.splitlines()) == 3, "the header, GPU 0 of the answering agent, and the silent one"
+        wide = kubectl(viewer, "vramguard", "top", "-A", "-o", "wide", "--timeout", "3").stdout
+        assert any(f"{AGENT_NS}/silent-agent" in line.split() for line in wide.splitlines()), "its AGENT column"
+        for command in ("top", "nodes"):
+            strict = kubectl(viewer, "vramguard", command, "--strict", "--timeout", "3", check=False)
+            assert strict.returncode == 1, strict.stdout + strict.stderr
+        save("an agent that does not answer (exit 0; --strict exits 1)", "kubectl vramguard top -A", top.stdout)
+        save("the same, per GPU", "kubectl vramguard nodes", nodes)
+    finally:
+        cluster.core.delete_namespaced_pod("silent-agent", AGENT_NS, grace_period_seconds=0)
