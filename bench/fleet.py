@@ -16,11 +16,15 @@ from claims first, so they watch their node's ResourceSlices too. Then, in one r
 1. baseline: a --window with no agent running;
 2. steady state: one real `vramguard run --mode warn` per node (own NVML state, metrics port, state directory,
    the agent's token bound to its pod on that node), all ready (/readyz), a --warmup, then a --window;
-3. restart: the API server stopped and started again (same port, certificates and etcd), then --after-restart
+3. the plugin: --plugin-reads reads of every agent's /status as `kubectl vramguard top -A` makes them (its code,
+   in-process, with the admin kubeconfig): the agent pods listed by label, each agent read through the API server's
+   pod proxy (16 at a time), merged and rendered; the time to a full table, the rows and agents answered, and the
+   requests each read made (audit log, by the plugin's user agent), extrapolated to 1,000 and 5,000 nodes;
+4. restart: the API server stopped and started again (same port, certificates and etcd), then --after-restart
    seconds watched: the agents' LISTs (histogram, first, last, spread), when each agent watches again (audit
    log: its watches open at the end; and apiserver_longrunning_requests back at its count before the restart),
    and the scans the agents did meanwhile against what their poll interval promises;
-4. mass violation: on --violating of the nodes every pod's process goes over its quota (warn mode: Events, no
+5. mass violation: on --violating of the nodes every pod's process goes over its quota (warn mode: Events, no
    kills); the agents' Event writes (create/patch on events) per minute over a --violation-window.
 
 Printed: the agents' requests per agent per minute by verb and resource (audit log, the agents' ServiceAccount;
@@ -28,9 +32,9 @@ the user agents seen), apiserver_request_total per minute by verb and resource (
 baseline, apiserver_longrunning_requests, etcd's gRPC calls, and the CPU of the API server, etcd and the agents
 (utime + stime from /proc, in millicores) against the baseline; what agent-shaped watches of the first node (its
 pods, its Node, its ResourceSlices; from a LIST's resourceVersion, bookmarks on) received in each window and after
-the restart, bookmarks above all; then the restart and the violation; and the per-agent figures extrapolated to
-1,000 and 5,000 nodes beside the kubelet's documented steady cost. The machine may be shared and its CPU noisy:
-compare the ratios within one run, and runs of the same shape on one machine.
+the restart, bookmarks above all; then the plugin, the restart and the violation; and the per-agent figures
+extrapolated to 1,000 and 5,000 nodes beside the kubelet's documented steady cost. The machine may be shared and
+its CPU noisy: compare the ratios within one run, and runs of the same shape on one machine.
 
 The etcd is the one on PATH (scripts/controlplane.sh installs Debian's, 3.4.23), or --etcd. The API server sends a
 watch its periodic bookmark (about once a minute) only when its watch cache of that resource holds a
@@ -85,17 +89,24 @@ from cluster.controlplane import (  # noqa: E402
 )
 from cluster.fleet import (  # noqa: E402
     AGENT_USER,
+    PLUGIN_USER_AGENT,
     QUOTA,
     Fleet,
+    PluginRead,
     agent_requests,
+    audited_until_now,
     describe,
+    plugin_requests,
+    read_with_plugin,
 )
 from cluster.kube_fixtures import MANIFEST, deploy_manifest  # noqa: E402
 from cluster.real_cluster import NODE_LOCK, one_node_at_a_time  # noqa: E402
+from vramguard.plugin.fetch import WORKERS  # noqa: E402
 from vramguard_testbed.cgroups import cgroups_unavailable  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SCALES = (1000, 5000)
+LIST_PAGE = 500  # the plugin's LIST of the agent pods asks for pages of this many (fetch.find_agents)
 # The kubelet's documented defaults (not measured here): it renews its node's Lease every 10 s (a quarter of
 # nodeLeaseDurationSeconds, 40 s) and, when nothing changed, reports node status every nodeStatusReportFrequency
 # (5 minutes).
@@ -688,6 +699,62 @@ def extrapolation_lines(
     return out
 
 
+def plugin_reads(plane: ControlPlane, reads: int, progress: bool) -> tuple[list[PluginRead], list[list[AuditEvent]]]:
+    """`reads` reads of every agent as the plugin makes them, one after another; and each read's requests."""
+    say(f"the plugin: {reads} reads of every agent's /status", progress)
+    done = [read_with_plugin(plane) for _ in range(reads)]
+    audited_until_now(plane)
+    events = plane.audit_events()
+    return done, [plugin_requests(events, r.started_s, r.ended_s) for r in done]
+
+
+def plugin_lines(done: Sequence[PluginRead], requests: Sequence[Sequence[AuditEvent]], agents: int) -> list[str]:
+    times = [r.seconds for r in done]
+    median_s = statistics.median(times)
+    answered = [r.answered for r in done]
+    containers = [sum(1 for row in r.rows if not row.error and row.namespace != "-") for r in done]
+    failures = [len(r.failures) for r in done]
+    lines = [
+        f"  time to a full table: min {min(times):.2f}s, median {median_s:.2f}s, max {max(times):.2f}s "
+        f"({', '.join(f'{t:.2f}' for t in times)})",
+        f"  agents found: {', '.join(str(r.agents) for r in done)}; answered: {', '.join(map(str, answered))} "
+        f"(of {agents} running)",
+        f"  rows: {', '.join(str(len(r.rows)) for r in done)}; of them containers: {', '.join(map(str, containers))}, "
+        f"rows of an agent without an answer: {', '.join(map(str, failures))}",
+    ]
+    reasons = Counter(row.error for r in done for row in r.failures)
+    if reasons:
+        lines.append("  why not: " + "; ".join(f"{why} ({n})" for why, n in reasons.most_common(3)))
+    flat = [e for read in requests for e in read]
+    counts = Counter(f"{describe(e)} ({e.code})" for e in flat)
+    lines.append(f"  requests per read (audit log, user agent {PLUGIN_USER_AGENT}...; verb resource (code)):")
+    lines += table(
+        ("verb resource", "requests", "per read", "per agent"),
+        [(what, n, f"{n / len(done):.2f}", f"{n / len(done) / agents:.3f}") for what, n in counts.most_common()],
+        (28, 9, 10, 10),
+    )
+    lists = [sum(1 for e in read if e.verb == "list") for read in requests]
+    proxied = [sum(1 for e in read if e.subresource == "proxy") for read in requests]
+    lines.append(f"  each read: LISTs {', '.join(map(str, lists))}; pod-proxy GETs {', '.join(map(str, proxied))}")
+    lines.append(
+        "  extrapolated (one LIST of the agent pods, a page per 500, and one pod-proxy GET per agent, a read):"
+    )
+    rows: list[tuple[object, ...]] = [
+        ("LIST pods (label selector, all namespaces)", math.ceil(agents / LIST_PAGE),
+         *(math.ceil(n / LIST_PAGE) for n in SCALES)),
+        ("GET pods/proxy (/status)", agents, *SCALES),
+        ("requests per read", math.ceil(agents / LIST_PAGE) + agents, *(math.ceil(n / LIST_PAGE) + n for n in SCALES)),
+        (f"time to a full table (linear, naive; {WORKERS} at a time)", f"{median_s:.2f}s",
+         *(f"{median_s * n / agents:.0f}s" for n in SCALES)),
+    ]  # fmt: skip
+    lines += table(("what", f"{agents} agents", *(f"{n:,} nodes" for n in SCALES)), rows, (48, 12, 14, 14))
+    lines.append(
+        "  (the time assumes each agent's read costs what it cost here and the API server proxies as fast at scale;"
+    )
+    lines.append("   with --watch, the same requests every --interval)")
+    return lines
+
+
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
@@ -824,6 +891,14 @@ def run(args: argparse.Namespace) -> int:
         print_lines(bookmark_lines(baseline.name, baseline.bookmarks) + bookmark_lines(steady.name, steady.bookmarks))
         print(flush=True)
 
+        done, plugin_events = plugin_reads(plane, args.plugin_reads, progress)
+        print(
+            f"== the plugin: {len(done)} reads as `kubectl vramguard top -A` (in-process, admin kubeconfig): the agent "
+            f"pods by label, each agent's /status through the pod proxy, {WORKERS} at a time, merged and rendered:"
+        )
+        print_lines(plugin_lines(done, plugin_events, n))
+        print(flush=True)
+
         result = restart(plane, fleet, args.after_restart, agents_since_s, progress)
         result.steady_scan_ratio = steady_ratio
         print("== restart of the API server:")
@@ -918,6 +993,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--dra", action=argparse.BooleanOptionalAction, default=None,
         help="ResourceSlices and a claim quota source (default: where the API server serves resource.k8s.io/v1)",
     )  # fmt: skip
+    parser.add_argument("--plugin-reads", type=int, default=5, help="reads of every agent by the plugin")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--lock-timeout", type=float, default=900.0, help="wait this long for the real-node lock")
     parser.add_argument("--keep", action="store_true", help="keep the work directories (audit log, agents' logs)")
@@ -927,6 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.agents, args.pods_per_node, args.window, args.warmup = 3, 2, 10.0, 3.0
         args.after_restart, args.violation_window, args.poll_interval = 15.0, 10.0, 1.0
         args.violating = max(args.violating, 0.34)
+        args.plugin_reads = min(args.plugin_reads, 3)
         args.ready_timeout = min(args.ready_timeout, 120.0)
     reason = ("not root" if os.geteuid() != 0 else None) or cgroups_unavailable(version=2)
     reason = reason or unavailable_reason(args.kubernetes_version)

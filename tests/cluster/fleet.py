@@ -5,6 +5,7 @@
     fleet.start_agents()                                        # one `vramguard run --mode warn` per node
     fleet.wait_ready(timeout_s=300)
     agent_requests(plane.audit_events())                        # what the agents asked the API server
+    read = read_with_plugin(plane)                              # every agent's /status, as kubectl-vramguard reads it
     fleet.close()
 
 Each node is a `KubeNode` (kube_fixtures): a Node in the API server, the agent's token bound to its pod on that
@@ -12,8 +13,14 @@ node (so the audit log names the node of every request an agent makes), and a si
 with real kubelet-shaped cgroups. Its pods are real API objects bound to it, each with one container whose quota
 is `vramguard.io/vram` in its limits or, for a share of them, the pod annotation `vramguard.io/vram-limit`, and
 one real process in the container's cgroup that the node's NVML state lists with `USED_BYTES`. Each node has its
-own agent: its own NVML state, metrics port (127.0.0.1 only) and state directory; `agent_src` runs the agents
-from another checkout's ``src`` (PYTHONPATH ahead of the installed package).
+own agent: its own NVML state, metrics port and state directory; `agent_src` runs the agents from another
+checkout's ``src`` (PYTHONPATH ahead of the installed package).
+
+The plugin finds each agent as it finds the DaemonSet's: a Pod in the agent namespace labelled
+`app.kubernetes.io/name: vramguard`, bound to the agent's Node, with a container port `metrics` (the agent's port),
+Running with this machine's non-loopback IPv4 address as its pod IP (set through the status subresource, as a
+kubelet would; the API server's pod proxy refuses loopback and link-local addresses), so the agents listen on all
+interfaces. It is another pod than the one the agent's token is bound to: a pod's container ports cannot change.
 
 Agents on one machine do not see each other's pods, though they share /sys/fs/cgroup: in warn mode there are no
 driver limits, so no cgroup watcher (the agent watches cgroups only for its limiter) and no kills; each agent's
@@ -23,6 +30,7 @@ own pod cache, which holds only the pods bound to its node. `own_pods_only()` ch
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
@@ -37,13 +45,17 @@ from kubernetes import client, utils
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.model import GiB
+from vramguard.plugin.fetch import AGENT_SELECTOR, PORT_NAME, find_agents, load_api, read_all
+from vramguard.plugin.merge import Answer, Fetched, Row, merge_rows
+from vramguard.plugin.render import Output, render_top
 from vramguard_testbed.simnode import SimProcess, metric_value
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .controlplane import _PDEATHSIG_SHIM, AuditEvent, ControlPlane, _create_ignoring_conflict
-from .kube_fixtures import AGENT_NAMESPACE, KubeNode
+from .kube_fixtures import AGENT_NAMESPACE, MERGE, KubeNode
 
 AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:vramguard"
+PLUGIN_USER_AGENT = "kubectl-vramguard/"  # the start of the plugin's user agent (fetch.load_api)
 WORKLOAD_NAMESPACE = "fleet"
 QUOTA = "4Gi"
 USED_BYTES = 2 * GiB
@@ -63,6 +75,28 @@ quota_sources:
 def agent_requests(events: Iterable[AuditEvent], since_s: float = 0.0, until_s: float = math.inf) -> list[AuditEvent]:
     """The agents' requests (their ServiceAccount's) received in [since_s, until_s)."""
     return [e for e in events if e.username == AGENT_USER and since_s <= e.at_s < until_s]
+
+
+def plugin_requests(events: Iterable[AuditEvent], since_s: float = 0.0, until_s: float = math.inf) -> list[AuditEvent]:
+    """The plugin's requests (by its user agent) received in [since_s, until_s)."""
+    return [e for e in events if e.user_agent.startswith(PLUGIN_USER_AGENT) and since_s <= e.at_s < until_s]
+
+
+def audited_until_now(plane: ControlPlane) -> float:
+    """When the API server received a request made now (a GET of a namespace that does not exist): the audit log
+    is written before each response (blocking mode), so every request received before it is in the log (a
+    long-running one, a WATCH or a pod proxy GET, once its response began)."""
+    marker = f"audit-marker-{os.urandom(4).hex()}"
+    with plane.api_client() as api:
+        try:
+            client.CoreV1Api(api).read_namespace(marker)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+        else:
+            raise RuntimeError(f"namespace {marker} exists")
+    (event,) = [e for e in plane.audit_events() if e.resource == "namespaces" and e.name == marker]
+    return event.at_s
 
 
 def describe(event: AuditEvent) -> str:
@@ -194,8 +228,10 @@ class Fleet:
         for node, port in zip(self.nodes, listen_ports(len(self.nodes)), strict=True):
             sim = node.kube.sim
             sim.metrics_port = port
+            # All interfaces: the API server's pod proxy reaches the agent at this machine's address, the tests at
+            # 127.0.0.1.
             argv = sim.vramguard_argv(
-                "run", "--metrics-port", str(sim.metrics_port), "--metrics-bind-address", "127.0.0.1",
+                "run", "--metrics-port", str(sim.metrics_port), "--metrics-bind-address", "0.0.0.0",
                 "--log-format", "json", "--mode", "warn", "--poll-interval", f"{self.poll_interval_s:g}",
                 *(["--policy", str(self.policy)] if self.policy else []), *extra_args,
             )  # fmt: skip
@@ -206,6 +242,32 @@ class Fleet:
                 node.agent = subprocess.Popen(
                     argv, env=self.agent_env(node), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
                 )
+        self.publish_agent_pods()
+
+    def publish_agent_pods(self) -> None:
+        """Each agent's Pod as the plugin looks for it (see the module's docstring), Running at this machine's
+        address."""
+        address = host_address()
+        label, value = AGENT_SELECTOR.split("=", 1)
+        for node in self.nodes:
+            name = f"vramguard-agent-{node.name}"
+            pod = client.V1Pod(
+                metadata=client.V1ObjectMeta(name=name, labels={label: value}),
+                spec=client.V1PodSpec(
+                    node_name=node.name,
+                    service_account_name="vramguard",
+                    containers=[
+                        client.V1Container(
+                            name="vramguard",
+                            image="vramguard:test",
+                            ports=[client.V1ContainerPort(name=PORT_NAME, container_port=node.kube.sim.metrics_port)],
+                        )
+                    ],
+                ),
+            )
+            self.core.create_namespaced_pod(AGENT_NAMESPACE, pod)
+            status = {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}], "hostIP": address}
+            self.core.patch_namespaced_pod_status(name, AGENT_NAMESPACE, {"status": status}, _content_type=MERGE)
 
     def wait_ready(self, timeout_s: float) -> float:
         """Wait until every agent's /readyz answers 200; the seconds it took. Raises with the log of an agent
@@ -287,6 +349,68 @@ class Fleet:
             node.kube.close()
 
 
+@dataclass(frozen=True)
+class PluginRead:
+    """One read of every agent as `kubectl vramguard top -A` does it: the agents found, their answers, the merged
+    rows and the rendered table, and when it started and ended (time.time(), the audit log's clock)."""
+
+    agents: int
+    fetched: list[Fetched]
+    rows: list[Row]
+    table: str
+    started_s: float
+    ended_s: float
+    seconds: float  # monotonic, from the first request to the rendered table
+
+    @property
+    def answered(self) -> int:
+        return sum(1 for f in self.fetched if isinstance(f, Answer))
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if r.error]
+
+
+def read_with_plugin(plane: ControlPlane, kubeconfig: Path | None = None) -> PluginRead:
+    """The plugin's code path, in-process: its API client from a kubeconfig (admin by default), the agent pods
+    found in every namespace, each agent's /status through the pod proxy, merged and rendered as a table."""
+    api, _ = load_api(str(kubeconfig or plane.kubeconfig_path), None)
+    try:
+        core = client.CoreV1Api(api)
+        started_s = time.time()
+        t0 = time.monotonic()
+        agents = find_agents(core)
+        fetched = read_all(core, agents)
+        rows = merge_rows(fetched)
+        table = render_top(rows, Output.table)
+        seconds = time.monotonic() - t0
+        return PluginRead(len(agents), fetched, rows, table, started_s, time.time(), seconds)
+    finally:
+        api.close()
+
+
+def host_address() -> str:
+    """This machine's IPv4 address that the API server's pod proxy accepts: neither loopback nor link-local.
+    The route to a public address says which (a UDP connect sends nothing); else the first such in `ip -4 addr`."""
+    candidates: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: routed by a default route, never answered
+            candidates.append(s.getsockname()[0])
+        except OSError:
+            pass
+    listed = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    candidates += [line.split()[3].split("/")[0] for line in listed.splitlines() if len(line.split()) > 3]
+    for candidate in candidates:
+        try:
+            ip = ipaddress.IPv4Address(candidate)
+        except ValueError:
+            continue
+        if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast):
+            return candidate
+    raise RuntimeError(f"no IPv4 address but loopback or link-local here (seen: {candidates or 'none'})")
+
+
 def _sample_labels(text: str, name: str) -> list[Mapping[str, str]]:
     return [
         sample.labels
@@ -297,14 +421,15 @@ def _sample_labels(text: str, name: str) -> list[Mapping[str, str]]:
 
 
 def listen_ports(count: int, start: int = 20000) -> list[int]:
-    """`count` ports free now, below the kernel's ephemeral range (32768 and up): a port that bind(0) picked there
-    can be taken by an outgoing connection (fifty agents hold hundreds) before its agent listens on it."""
+    """`count` ports free now on every interface, below the kernel's ephemeral range (32768 and up): a port that
+    bind(0) picked there can be taken by an outgoing connection (fifty agents hold hundreds) before its agent
+    listens on it."""
     ports: list[int] = []
     port = start
     while len(ports) < count and port < 32768:
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("0.0.0.0", port))
             except OSError:
                 pass
             else:

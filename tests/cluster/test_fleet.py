@@ -3,8 +3,8 @@
 Three real `vramguard run` agents (tests/cluster/fleet.py: each its own Node, pods, test NVML state and
 token bound to its pod on that node), on a control plane of their own, since the session's keeps no audit log.
 In steady state an agent's only requests are WATCH renewals: its pods, its Node and its ResourceSlices reach it
-through watches, so a fleet of thousands costs the API server no periodic read. And bench/fleet.py stays
-runnable.
+through watches, so a fleet of thousands costs the API server no periodic read. The plugin (kubectl-vramguard)
+reads every agent's /status with one LIST and one pod-proxy GET per agent. And bench/fleet.py stays runnable.
 
 The fleet's tests are a class, so that the fleet (and the host's real-node lock it holds) is gone before the
 benchmark's test runs: the benchmark takes that lock itself, and would wait for it behind a module's fixture.
@@ -15,21 +15,27 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
 from real_parts import need
 from vramguard_testbed.waiting import wait_until
 
 from .controlplane import NEWEST, AuditEvent, ControlPlane, serves_dra, unavailable_reason
-from .fleet import Fleet, agent_requests, describe
+from .fleet import (
+    WORKLOAD_NAMESPACE,
+    Fleet,
+    agent_requests,
+    audited_until_now,
+    describe,
+    plugin_requests,
+    read_with_plugin,
+)
 from .kube_fixtures import deploy_manifest
 from .real_cluster import one_node_at_a_time
 
@@ -81,16 +87,6 @@ def running_fleet(
                     fleet.close()
         finally:
             plane.stop()
-
-
-def audited_until_now(plane: ControlPlane) -> float:
-    """When the API server received a request made now (a GET of a namespace that does not exist): the audit log
-    is written before each response (blocking mode), so every request received before it is in the log."""
-    marker = f"audit-marker-{uuid.uuid4().hex[:8]}"
-    with plane.api_client() as api, pytest.raises(client.ApiException):
-        client.CoreV1Api(api).read_namespace(marker)
-    (event,) = [e for e in plane.audit_events() if e.resource == "namespaces" and e.name == marker]
-    return event.at_s
 
 
 def summary(events: list[AuditEvent]) -> str:
@@ -166,6 +162,40 @@ class TestSteadyState:
         if wrong:
             pytest.fail(f"{len(wrong)} of {len(events)} requests without the agent's user agent: {summary(wrong)}")
 
+    def test_plugin_reads_every_agent_with_one_list_and_a_proxy_get_each(self, running_fleet: RunningFleet) -> None:
+        """The plugin's read (in-process, as `kubectl vramguard top -A`) finds the three agent pods, and its merged
+        table has every agent's containers and no failure row; it asked the API server one pods LIST and one pods/proxy
+        GET per agent pod, no more."""
+        plane, fleet = running_fleet.plane, running_fleet.fleet
+        # A scan by every agent since its /readyz said its pod list is current: ready only says some scan completed,
+        # and one from before the pod list synced leaves the pods' memory unattributed.
+        before = {node.name: node.scans() for node in fleet.nodes}
+        wait_until(
+            lambda: all(node.scans() > before[node.name] for node in fleet.nodes),
+            30,
+            what="a scan by every agent since it was ready",
+            interval_s=0.2,
+        )
+        read = read_with_plugin(plane)
+        end_s = audited_until_now(plane)
+        assert read.failures == [], read.table
+        assert (read.agents, read.answered) == (AGENTS, AGENTS), read.table
+        expected = {
+            (node.name, WORKLOAD_NAMESPACE, proc.pod.name, "main")
+            for node in fleet.nodes
+            for proc in node.processes
+            if proc.pod is not None
+        }
+        assert {(r.node, r.namespace, r.pod, r.container) for r in read.rows} == expected, read.table
+
+        requests = plugin_requests(plane.audit_events(), read.started_s, end_s)
+        assert Counter(f"{describe(e)} ({e.code})" for e in requests) == {
+            "list pods (200)": 1,
+            "get pods/proxy (200)": AGENTS,
+        }, summary(requests)
+        proxied = sorted(e.name.split(":")[0] for e in requests if e.subresource == "proxy")  # name:port
+        assert proxied == sorted(f"vramguard-agent-{node.name}" for node in fleet.nodes), summary(requests)
+
 
 def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """bench/fleet.py with `args`. Past `timeout_s` it gets SIGTERM, on which it stops its agents, the pods'
@@ -189,7 +219,8 @@ def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
 
 def test_quick_fleet_benchmark_prints_its_tables() -> None:
     """`bench/fleet.py --quick` (3 agents, short windows) prints every section: the agents' requests, the API
-    server's counts and CPU against the baseline, the restart, the mass violation and the extrapolation."""
+    server's counts and CPU against the baseline, the plugin's reads, the restart, the mass violation and the
+    extrapolation."""
     need_cgroups(2)
     need(unavailable_reason(NEWEST), skip="no Kubernetes control plane", ci="build the Kubernetes control plane first")
     result = run_bench("--quick", "--quiet", "--lock-timeout", "300", timeout_s=600)
@@ -203,6 +234,8 @@ def test_quick_fleet_benchmark_prints_its_tables() -> None:
         "== apiserver_longrunning_requests at the end of each window:",
         "== etcd: grpc_server_handled_total:",
         "== CPU, millicores over each window",
+        "== the plugin: 3 reads as `kubectl vramguard top -A`",
+        "  time to a full table: min ",
         "== restart of the API server:",
         "the agents' LISTs: ",
         "watching again (audit log)",
@@ -212,6 +245,9 @@ def test_quick_fleet_benchmark_prints_its_tables() -> None:
     ):
         assert heading in out, f"{heading!r} missing from:\n{out}"
     lines = out.splitlines()
+    # Every read found and heard from the three agents, with one LIST and three pod-proxy GETs.
+    assert "  agents found: 3, 3, 3; answered: 3, 3, 3 (of 3 running)" in lines, out
+    assert "  each read: LISTs 1, 1, 1; pod-proxy GETs 3, 3, 3" in lines, out
     assert any(line.startswith("all 3 agents ready ") and line.endswith("own pods: yes") for line in lines), out
     assert any(line.split()[:1] == ["kube-apiserver"] and line.split()[1].endswith("m") for line in lines), out
     assert any(line.strip().startswith("kubelet: Lease PUT (documented)") for line in lines), out
