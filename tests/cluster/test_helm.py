@@ -253,3 +253,24 @@ def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Pat
     for rule in rules:
         used = set(re.findall(r"\bvramguard_[a-z_]+", rule["expr"]))
         assert used <= exported, f"{rule['alert']} uses metrics the agent does not export: {used - exported}"
+
+
+def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path) -> None:
+    """Off by default; on, it admits the scraper's namespace and, for kubectl vramguard, the API server's
+    addresses, both to the metrics port alone."""
+    assert not [o for o in render(helm) if o["kind"] == "NetworkPolicy"]
+    objects = render(
+        helm,
+        "networkPolicy.enabled=true",
+        "networkPolicy.scraperNamespace=prom",
+        "networkPolicy.apiServerCIDRs={10.0.0.10/32,10.0.0.11/32}",
+        "metrics.port=9500",
+    )
+    policy = one(objects, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == one(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    scraper, proxy = policy["ingress"]
+    assert scraper["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prom"}}}]
+    assert proxy["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]
+    assert scraper["ports"] == proxy["ports"] == [{"protocol": "TCP", "port": 9500}]
+    only_scraper = one(render(helm, "networkPolicy.enabled=true"), "NetworkPolicy")["spec"]["ingress"]
+    assert len(only_scraper) == 1
