@@ -115,6 +115,8 @@ class Agent:
         self.state = DecisionState()
         self.last_scan_at: float | None = None
         self.last_scan: LastScan | None = None
+        # The last scan that read a current pod list: one before it attributed nothing (what /readyz waits for).
+        self.last_synced_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
         self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
@@ -129,6 +131,7 @@ class Agent:
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
         identities = self.identifier.scan(p.pid for p in sample.processes)
         # 3. Attribute usage to containers and pods, per device.
+        pods_synced = self.pods.synced()
         pods = self.pods.pods()
         snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
         if self.limiter is not None:  # where the driver holds a limit, its count of the cgroup's memory
@@ -165,6 +168,8 @@ class Agent:
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
         self._report(snapshot, quotas, decision, outcomes, duration_s, held)
         self.last_scan_at = now
+        if pods_synced:
+            self.last_synced_scan_at = now
         report = ScanReport(snapshot, quotas, decision, outcomes, duration_s)
         self.last_scan = LastScan(report, held, self.clock.now())
         return report

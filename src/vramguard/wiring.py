@@ -330,6 +330,8 @@ class Probes:
         problems = [p for p in (self.nvml_problem, self.pods.problem(), self.limits_problem()) if p]
         if not problems and (self.agent is None or self.agent.last_scan_at is None):
             problems.append("no scan completed yet")
+        elif not problems and self.agent is not None and self.agent.last_synced_scan_at is None:
+            problems.append("no scan with the pod list yet")  # the scans so far attributed nothing
         return (not problems), "; ".join(problems) or "ready"
 
     def last_scan(self) -> LastScan | None:

@@ -463,3 +463,18 @@ def test_healthz_is_the_scan_age_on_the_agents_clock() -> None:
     assert probes.readyz() == (False, "NVML not initialised yet")
     probes.nvml(None)
     assert probes.readyz() == (True, "ready")
+
+
+def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
+    """A scan that ran before the pod list was current attributed nothing: /readyz waits for the next one."""
+    n = Node(Policy())
+    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    probes.agent = n.agent
+    probes.nvml(None)
+    n.pods.is_synced = False
+    n.agent.scan()
+    assert probes.readyz() == (False, "pod cache not synced")
+    n.pods.is_synced = True
+    assert probes.readyz() == (False, "no scan with the pod list yet")
+    n.agent.scan()
+    assert probes.readyz() == (True, "ready")
