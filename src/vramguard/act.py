@@ -5,13 +5,17 @@ Every Event the agent writes leaves from here (`execute`, `collect`, `report_inv
 says, the way the policy says, and reports a result for each; a failing seam is a result, not an exception.
 Killing is local and happens on the scan; an eviction is an API call and runs on the Enforcer's worker
 (`start()`, `stop(deadline)`), its outcome returned by a later `collect`, or counted as failed once
-`policy.eviction_timeout_s` passes without an answer.
+`policy.eviction_timeout_s` passes without an answer. An eviction abandoned so is never sent if it has not been
+yet (it may be queued behind a frozen API server's requests); one already sent is still the pod's eviction: no
+other of the pod is sent before its answer, and an acceptance is reported when it comes, so that the decision core
+holds the pod's next eviction (`decide.spacing_hold`).
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -64,6 +68,7 @@ class _Eviction:
     action: Action
     started_at: float
     ticket: int  # tells this eviction's answer from a late one for an earlier, abandoned eviction of the pod
+    abandoned: threading.Event  # set by the scan once it stopped waiting: not sent if the worker has not begun it
 
 
 class Enforcer:
@@ -90,7 +95,9 @@ class Enforcer:
         self.clock = clock
         self._runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
         self._pending: dict[str, _Eviction] = {}  # by pod UID
-        self._answers: queue.SimpleQueue[tuple[int, EvictResult]] = queue.SimpleQueue()
+        self._abandoned: dict[int, _Eviction] = {}  # by ticket: given up on, their worker task not yet finished
+        # A task's answer by ticket; None for an abandoned eviction that was never sent.
+        self._answers: queue.SimpleQueue[tuple[int, EvictResult | None]] = queue.SimpleQueue()
         self._tickets = itertools.count(1)
 
     def execute(self, action: Action) -> Outcome | None:
@@ -127,23 +134,31 @@ class Enforcer:
             self._record(notice.pod, EVENT_PRESSURE, cut(notice.message, 1024))
 
     def collect(self) -> list[Outcome]:
-        """Outcomes of the evictions answered since the last call, and of those left unanswered too long."""
+        """Outcomes of the evictions answered since the last call, and of those left unanswered too long; and of
+        an abandoned one that the API server accepted after all (the pod is being evicted)."""
         outcomes: list[Outcome] = []
         while True:
             try:
                 ticket, result = self._answers.get_nowait()
             except queue.Empty:
                 break
-            eviction = next((e for e in self._pending.values() if e.ticket == ticket), None)
-            if eviction is None:
-                self.log.info("eviction_answer_too_late", ticket=ticket, evicted=result.evicted, detail=result.message)
+            late = self._abandoned.pop(ticket, None)
+            if result is None:  # only an abandoned eviction goes unsent
+                self.log.info("eviction_not_sent", pod=late.action.pod.key if late else None, why="abandoned")
                 continue
-            del self._pending[eviction.action.pod.uid]
-            outcomes.append(self._finish_eviction(eviction.action, result))
+            eviction = next((e for e in self._pending.values() if e.ticket == ticket), None)
+            if eviction is not None:
+                del self._pending[eviction.action.pod.uid]
+                outcomes.append(self._finish_eviction(eviction.action, result))
+            elif late is not None and result.evicted:
+                outcomes.append(self._accepted_late(late, result))
+            else:
+                self.log.info("eviction_answer_too_late", ticket=ticket, evicted=result.evicted, detail=result.message)
         now = self.clock.now()
         for uid, eviction in list(self._pending.items()):
             if now - eviction.started_at >= self.policy.eviction_timeout_s:
-                del self._pending[uid]  # abandoned: an answer that still comes is logged, not acted on
+                del self._pending[uid]
+                self._abandon(eviction)
                 waited = format_duration(self.policy.eviction_timeout_s)
                 result = EvictResult(evicted=False, refused=False, message=f"no answer from the API server in {waited}")
                 outcomes.append(self._finish_eviction(eviction.action, result))
@@ -151,6 +166,19 @@ class Enforcer:
 
     def evictions_in_flight(self) -> int:
         return len(self._pending)
+
+    def _abandon(self, eviction: _Eviction) -> None:
+        """Stop waiting for `eviction`: never sent if its task has not begun; an answer that still comes is logged,
+        or reported when it is an acceptance."""
+        eviction.abandoned.set()
+        self._abandoned[eviction.ticket] = eviction
+
+    def _accepted_late(self, late: _Eviction, result: EvictResult) -> Outcome:
+        """An abandoned eviction accepted after all: reported, since the pod is being evicted."""
+        waited = format_duration(self.policy.eviction_timeout_s)
+        self.log.info("eviction_accepted_late", pod=late.action.pod.key, detail=result.message)
+        answered = EvictResult(evicted=True, refused=False, message=f"accepted after more than {waited}")
+        return self._finish_eviction(late.action, answered)
 
     def start(self) -> None:
         """Start the eviction worker."""
@@ -166,16 +194,24 @@ class Enforcer:
         pod = action.pod
         if pod.uid in self._pending:
             return None  # one eviction per pod at a time; the first one's outcome will be reported
+        if any(e.action.pod.uid == pod.uid for e in self._abandoned.values()):
+            # Two of the pod's evictions on the worker would both be sent once the API server answers again.
+            unanswered = EvictResult(evicted=False, refused=False, message="its last eviction is still unanswered")
+            return self._finish_eviction(action, unanswered)
         ticket = next(self._tickets)
+        abandoned = threading.Event()
 
         def evict() -> None:
+            if abandoned.is_set():  # the scan stopped waiting for it: an eviction nobody waits for is not sent
+                self._answers.put((ticket, None))
+                return
             try:
                 result = self.evictor.evict(pod, action.message)
             except Exception as e:  # an evictor should answer with a result; an exception is a failure too
                 result = EvictResult(evicted=False, refused=False, message=f"{type(e).__name__}: {e}")
             self._answers.put((ticket, result))
 
-        self._pending[pod.uid] = _Eviction(action, self.clock.now(), ticket)
+        self._pending[pod.uid] = _Eviction(action, self.clock.now(), ticket, abandoned)
         if not self._runner.submit(evict):
             del self._pending[pod.uid]
             return self._finish_eviction(

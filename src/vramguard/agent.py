@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import structlog
 
 from vramguard.act import Enforcer, Outcome
 from vramguard.attribute import attribute
 from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.decide import Decision, DecisionState, decide, record_kills
+from vramguard.decide import Decision, DecisionState, decide, record_evictions, record_kills
 from vramguard.dra import PodShares
 from vramguard.limiter import DriverLimiter
 from vramguard.limits import (
@@ -45,7 +46,7 @@ from vramguard.model import (
     SubjectKey,
     Violation,
 )
-from vramguard.ports import CapacityPublisher, ClaimSource, GpuSampler, PodSource, ProcessIdentifier
+from vramguard.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook, resolve_pod_quota
 
 
@@ -95,6 +96,7 @@ class Agent:
         capacity: CapacityPublisher | None = None,
         limiter: DriverLimiter | None = None,
         claims: ClaimSource | None = None,
+        kill_memory: KillMemory | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -112,7 +114,9 @@ class Agent:
         me = self.identifier.identify(self.agent_pid)
         self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
         self.quotas = QuotaBook(policy)
-        self.state = DecisionState()
+        self.kill_memory = kill_memory  # None: kills are forgotten with the process (--dry-run, tests)
+        kills = kill_memory.load(self.clock.now()) if kill_memory is not None else {}
+        self.state = DecisionState(kills=MappingProxyType(dict(kills)))
         self.last_scan_at: float | None = None
         self.last_scan: LastScan | None = None
         # The last scan that read a current pod list: one before it attributed nothing (what /readyz waits for).
@@ -163,6 +167,11 @@ class Agent:
                 c for o in outcomes if o.kill is not None and o.kill.killed for c in o.action.violation.container_ids
             )
             self.state = record_kills(self.state, killed_in, now)
+            if self.kill_memory is not None:
+                self.kill_memory.save(self.state.kills)
+        # An accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
+        evicted = (o.action.pod.uid for o in outcomes if o.action.kind is Mode.EVICT and o.result == "ok")
+        self.state = record_evictions(self.state, evicted, now)
         # 7. Report.
         duration_s = time.perf_counter() - started
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record

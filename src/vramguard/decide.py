@@ -30,6 +30,7 @@ from vramguard.model import (
     SubjectKey,
     Violation,
 )
+from vramguard.quantity import format_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +45,17 @@ class DecisionState:
     """Everything `decide` remembers between scans."""
 
     episodes: Mapping[SubjectKey, Episode] = field(default_factory=lambda: MappingProxyType({}))
-    last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # by pod UID
+    # When each target was last acted on, what the cooldown spaces: a container instance (runtime ID) for a kill, a
+    # pod (UID) for an eviction or a kill of processes in no container. The two kinds of key cannot collide.
+    last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # The GPUs under pressure (device UUID), each with the last time its free memory was below the threshold.
     pressure: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    # Container instances (runtime IDs) the agent killed in, each with when: a violation there is a repeat.
+    # Container instances (runtime IDs) the agent killed in, each with when: a violation there within the repeat
+    # window is a repeat.
     kills: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Pods whose eviction the API server accepted (by UID), each with when: not evicted again until seen
+    # terminating or gone, or until eviction_timeout_s has passed.
+    evicted: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def record_kills(state: DecisionState, container_ids: Iterable[str], now: float) -> DecisionState:
@@ -57,6 +64,14 @@ def record_kills(state: DecisionState, container_ids: Iterable[str], now: float)
     if not ids:
         return state
     return replace(state, kills=MappingProxyType({**state.kills, **dict.fromkeys(ids, now)}))
+
+
+def record_evictions(state: DecisionState, pod_uids: Iterable[str], now: float) -> DecisionState:
+    """`state` knowing that the API server just accepted evictions of these pods (the enforcer's outcomes say so)."""
+    uids = tuple(pod_uids)
+    if not uids:
+        return state
+    return replace(state, evicted=MappingProxyType({**state.evicted, **dict.fromkeys(uids, now)}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +178,9 @@ def track_episodes(
 
 
 def repeat_of(v: Violation, policy: Policy, kills: Mapping[str, float], now: float) -> Escalation | None:
-    """The escalation a violation gets when it is a repeat (one of its container instances killed within the
-    cooldown) and the policy escalates repeats in its namespace; None otherwise."""
-    killed_at = [kills[c] for c in v.container_ids if c in kills and now - kills[c] < policy.cooldown_s]
+    """The escalation a violation gets when it is a repeat (one of its container instances killed in within the
+    repeat window, whatever the cooldown) and the policy escalates repeats in its namespace; None otherwise."""
+    killed_at = [kills[c] for c in v.container_ids if c in kills and now - kills[c] < policy.repeat_window_s]
     step = policy.on_repeat_for(v.pod.namespace)
     if not killed_at or step is OnRepeat.WAIT:
         return None
@@ -303,20 +318,13 @@ def pressure_notices(
     return tuple(notices)
 
 
-def hold_reason(
-    v: Violation,
-    reason: Reason,
-    policy: Policy,
-    snapshot: Snapshot,
-    last_action_at: Mapping[str, float],
-    now: float,
-    repeat: bool = False,
-) -> str | None:
-    """Why an enforcement that is due for `reason` must not happen (blast radius), or None when it may.
+def hold_reason(v: Violation, reason: Reason, policy: Policy, snapshot: Snapshot) -> str | None:
+    """Why an enforcement that is due for `reason` must not happen (blast radius), or None when it may; what an
+    earlier action holds is `spacing_hold`'s.
 
     A terminating pod is held unless it is over its hard limit: deleting one's own pod with a long grace period
     must not buy time above the quota, but a pod that is going away anyway is not worth acting on for a soft
-    limit or for pressure. A repeat is not held by the cooldown (every other rule holds it as any violation).
+    limit or for pressure.
     """
     pod = v.pod
     if snapshot.agent_pod_uid is not None and pod.uid == snapshot.agent_pod_uid:
@@ -331,10 +339,42 @@ def hold_reason(
         return f"GPU {v.device.label} is unhealthy"
     if policy.mode_for(pod.namespace) is Mode.WARN:
         return "mode is warn"
-    last = last_action_at.get(pod.uid)
-    if last is not None and now - last < policy.cooldown_s and not repeat:
-        return f"cool-down: acted {now - last:.1f}s ago (cooldown {policy.cooldown_s:g}s)"
     return None
+
+
+def spacing_hold(
+    v: Violation,
+    kind: Mode,
+    policy: Policy,
+    state: DecisionState,
+    now: float,
+    repeat: bool = False,
+) -> str | None:
+    """Why an eviction or a kill of `kind` must wait for an earlier action on the same target, or None when it may.
+    `state` holds only what is still current (`decide` drops the rest).
+
+    An eviction the API server accepted holds every further eviction of the pod, a repeat's too: the pod is going
+    already. Otherwise a repeat is never held. The cooldown holds a kill while one of its container instances was
+    acted on less than `cooldown_s` ago (a restarted container is a new instance: the kubelet's back-off spaces
+    it), and an eviction while the pod was; a subject of no container instance (processes of the pod's own cgroup)
+    is spaced per pod (`action_targets`).
+    """
+    if kind is Mode.EVICT and v.pod.uid in state.evicted:
+        waited = format_duration(float(policy.eviction_timeout_s))
+        since = now - state.evicted[v.pod.uid]
+        return f"evicted {since:.1f}s ago: waiting for its deletion (eviction_timeout {waited})"
+    if repeat:
+        return None
+    acted = [state.last_action_at[t] for t in action_targets(v, kind) if t in state.last_action_at]
+    if acted and now - max(acted) < policy.cooldown_s:
+        return f"cool-down: acted {now - max(acted):.1f}s ago (cooldown {format_duration(float(policy.cooldown_s))})"
+    return None
+
+
+def action_targets(v: Violation, kind: Mode) -> tuple[str, ...]:
+    """What an action of `kind` on `v` acts on, as the cooldown counts it: the container instances a kill reaches,
+    else the pod."""
+    return v.container_ids if kind is Mode.KILL and v.container_ids else (v.pod.uid,)
 
 
 def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> Mode:
@@ -372,8 +412,10 @@ def decide(
     3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
     4. Collect enforcements that are due: hard limit past hard_grace (at once for a repeat), soft limit past
        soft_grace, and on each GPU under memory pressure the first victim by `VICTIM_ORDER` among its violators.
-    5. Rank them by `VICTIM_ORDER`, drop the ones blast-radius rules forbid (with the reason; the cooldown does
-       not hold a repeat), and take at most `max_actions_per_scan`, one per pod.
+    5. Rank them by `VICTIM_ORDER`, drop the ones blast-radius rules forbid (with the reason: `hold_reason`) and
+       the ones an earlier action on the same target holds (`spacing_hold`: the cooldown per container instance
+       killed in, or per pod evicted, never for a repeat; an accepted eviction until the pod is seen going), and
+       take at most `max_actions_per_scan`, one per pod.
     6. Act in the namespace's mode, except on a terminating pod: it is acted on only over its hard limit (soft
        limit and pressure are held, "pod is already terminating"), and then killed in evict mode as in kill
        mode, since evicting a pod already being deleted does nothing. Warn mode only warns it, as any pod;
@@ -400,7 +442,7 @@ def decide(
         episodes[v.key] = replace(ep, warned=True)
 
     # 4.
-    kills = {cid: t for cid, t in state.kills.items() if now - t < policy.cooldown_s}
+    kills = {cid: t for cid, t in state.kills.items() if now - t < policy.repeat_window_s}
     repeats = {v.key: e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
     due: dict[SubjectKey, tuple[Violation, Reason]] = {}
     for v in violations:
@@ -416,23 +458,31 @@ def decide(
     # 5.
     held: list[Held] = []
     last_action_at = {uid: t for uid, t in state.last_action_at.items() if now - t < policy.cooldown_s}
+    going = {u.pod.uid for u in snapshot.containers if u.pod.terminating}
+    evicted = {
+        uid: t
+        for uid, t in state.evicted.items()
+        if now - t < policy.eviction_timeout_s and uid in quotas and uid not in going
+    }
+    recent = DecisionState(last_action_at=last_action_at, kills=kills, evicted=evicted)
     acted_pods: set[str] = set()
     taken = 0
     ranked = rank(v for v, _ in due.values())
     for v, reason in ((v, due[v.key][1]) for v in ranked):
-        why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
         escalation = repeats.get(v.key)
-        why = why or hold_reason(v, reason, policy, snapshot, last_action_at, now, repeat=escalation is not None)
+        kind = action_kind(v, reason, policy, escalation)
+        why = "pod already acted on in this scan" if v.pod.uid in acted_pods else None
+        why = why or hold_reason(v, reason, policy, snapshot)
+        why = why or spacing_hold(v, kind, policy, recent, now, repeat=escalation is not None)
         if why is None and taken >= policy.max_actions_per_scan:
             why = f"max_actions_per_scan={policy.max_actions_per_scan} reached"
         if why is not None:
             held.append(Held(violation=v, reason=reason, why=why))
             continue
         # 6.
-        kind = action_kind(v, reason, policy, escalation)
         actions.append(Action(kind=kind, reason=reason, violation=v, escalation=escalation))
         acted_pods.add(v.pod.uid)
-        last_action_at[v.pod.uid] = now
+        last_action_at.update(dict.fromkeys(action_targets(v, kind), now))
         taken += 1
 
     # 7.
@@ -449,4 +499,5 @@ def decide(
         last_action_at=MappingProxyType(last_action_at),
         pressure=MappingProxyType(pressure),
         kills=MappingProxyType(kills),
+        evicted=MappingProxyType(evicted),
     )

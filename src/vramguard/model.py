@@ -59,11 +59,11 @@ class EvictionRefused(str, enum.Enum):
 
 
 class OnRepeat(str, enum.Enum):
-    """What a repeat gets: a container instance found over its quota again within the cooldown after a kill."""
+    """What a repeat gets: a container instance found over its quota again within the repeat window after a kill."""
 
     KILL_CONTAINER = "kill-container"  # every process of the container, GPU holders or not: the runtime restarts it
     EVICT = "evict"  # the pod, through the Eviction API (PodDisruptionBudgets and on_eviction_refused apply)
-    WAIT = "wait"  # nothing until the cooldown ends: the container may stay over its quota that long
+    WAIT = "wait"  # a plain kill once the cooldown since the last one ends: over its quota that long
 
 
 class DriverLimits(str, enum.Enum):
@@ -344,7 +344,12 @@ class Policy:
     # memory hovers around the threshold does not flap in and out of pressure with every allocation.
     pressure_transition_s: float = 30.0
     max_actions_per_scan: int = 1
+    # How long an action holds the next one on the same target: a kill on that container instance (a repeat
+    # excepted), an eviction on that pod. A restarted container is a new instance: the kubelet's back-off spaces it.
     cooldown_s: float = 60.0
+    # `repeat_window` in the policy file (>= 10s): a container instance killed in and over its quota again within
+    # this long is a repeat, whatever the cooldown.
+    repeat_window_s: float = 300.0
     # None: the mode's next step (kill mode: kill-container; evict mode: evict), so a repeat is always bounded.
     on_repeat: OnRepeat | None = None
     on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
@@ -478,8 +483,8 @@ class Violation:
 
 @dataclass(frozen=True, slots=True)
 class Escalation:
-    """Why an action goes further than the mode's first step: its container instance was killed within the
-    cooldown and is over its quota again (a supervisor respawning GPU workers)."""
+    """Why an action goes further than the mode's first step: its container instance was killed in within the
+    repeat window and is over its quota again (a supervisor respawning GPU workers)."""
 
     step: OnRepeat  # KILL_CONTAINER or EVICT
     since_kill_s: float  # how long after the last kill it was found over its quota again

@@ -59,6 +59,7 @@ TOP_LEVEL_FIELDS: Final = (
     "pressure_transition_period",
     "max_actions_per_scan",
     "cooldown",
+    "repeat_window",
     "on_repeat",
     "on_eviction_refused",
     "eviction_timeout",
@@ -210,6 +211,8 @@ class _Parser:
                 changes["max_actions_per_scan"] = self.convert(key, value, _positive_int)
             elif key == "cooldown":
                 changes["cooldown_s"] = self.convert(key, value, parse_duration)
+            elif key == "repeat_window":
+                changes["repeat_window_s"] = self.convert(key, value, _repeat_window)
             elif key == "on_repeat":
                 changes["on_repeat"] = self.convert(key, value, _choice(OnRepeat))
             elif key == "on_eviction_refused":
@@ -354,6 +357,17 @@ def _positive_duration(value: object) -> float:
     seconds = parse_duration(value)  # a QuantityError says what is wrong with the spelling
     if seconds <= 0:
         raise _Invalid("must be longer than 0s")
+    return seconds
+
+
+MIN_REPEAT_WINDOW_S: Final = 10.0
+
+
+def _repeat_window(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds < MIN_REPEAT_WINDOW_S:
+        # A supervisor that respawns its workers a few seconds after a kill would never be a repeat.
+        raise _Invalid(f"must be at least {MIN_REPEAT_WINDOW_S:g}s (a shorter window switches off the repeat rule)")
     return seconds
 
 

@@ -114,6 +114,18 @@ class Evictor(Protocol):
     def evict(self, pod: PodInfo, message: str) -> EvictResult: ...
 
 
+class KillMemory(Protocol):
+    """Where the container instances the agent killed in (`DecisionState.kills`) outlive the agent's process."""
+
+    def load(self, now: float) -> Mapping[str, float]:
+        """The kills remembered, on the agent's clock at `now`; {} when none. Never raises: read once at start."""
+        ...
+
+    def save(self, kills: Mapping[str, float]) -> None:
+        """Remember `kills` instead; called after a kill, on the scan. Never raises."""
+        ...
+
+
 class EventRecorder(Protocol):
     """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit.
 

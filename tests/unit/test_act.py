@@ -24,7 +24,15 @@ from vramguard.model import (
     Violation,
 )
 from vramguard.ports import Evictor, EvictResult
-from vramguard.testing.fakes import FakeClock, RecordingEventRecorder, RecordingKiller, SnapshotBuilder, gpu, pod
+from vramguard.testing.fakes import (
+    FakeClock,
+    GatedEvictor,
+    RecordingEventRecorder,
+    RecordingKiller,
+    SnapshotBuilder,
+    gpu,
+    pod,
+)
 from vramguard.worker import Task, Worker
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -127,15 +135,75 @@ def test_an_unanswered_eviction_is_not_evicted_after_the_bound(
     assert len(killer.killed) == kills
 
 
-def test_a_late_answer_is_logged_not_acted_on() -> None:
-    """An answer that arrives after the bound changes nothing: the outcome was already reported."""
-    enforcer, runner, clock, events, _ = _enforcer(ScriptedEvictor(EVICTED))
+def test_an_abandoned_eviction_is_never_sent() -> None:
+    """An eviction still queued when eviction_timeout passes (the worker stuck on a frozen API server) is dropped
+    when the worker reaches it: the API server never sees it, and the outcome stays the one reported."""
+    evictor = ScriptedEvictor(EVICTED)
+    enforcer, runner, clock, events, _ = _enforcer(evictor)
     enforcer.execute(_evict_action())
     clock.step(15.0)
     assert [o.result for o in enforcer.collect()] == ["failed"]
-    runner.answer_all()
-    assert enforcer.collect() == []
+    with capture_logs() as logs:
+        runner.answer_all()
+        assert enforcer.collect() == []
+    assert evictor.calls == []
+    assert [e["event"] for e in logs] == ["eviction_not_sent"]
     assert events.reasons() == ["VRAMEvictionFailed"]
+
+
+def _drain(worker: Worker) -> None:
+    """Return once every task submitted so far has run (the worker runs them in order)."""
+    done = threading.Event()
+    assert worker.submit(done.set)
+    assert done.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("answer", "results", "reasons"),
+    [
+        pytest.param(
+            EVICTED, ["failed", "ok"], ["VRAMEvictionFailed", "VRAMEvictionFailed", "VRAMEvicted"],
+            id="late-acceptance-is-reported",
+        ),
+        pytest.param(
+            EvictResult(evicted=False, refused=True, message="budget"), ["failed"],
+            ["VRAMEvictionFailed", "VRAMEvictionFailed"], id="late-refusal-is-only-logged",
+        ),
+    ],
+)  # fmt: skip
+def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str], reasons: list[str]) -> None:
+    """An eviction sent before it was abandoned is still the pod's eviction: no other of the pod is sent before its
+    answer (a new one fails at once), and when the API server accepts it after all, that is reported."""
+    evictor = GatedEvictor(answer)
+    clock = FakeClock()
+    worker = Worker("test-evict", max_queue=16, clock=clock)
+    events = RecordingEventRecorder()
+    enforcer = Enforcer(
+        killer=RecordingKiller(),
+        evictor=evictor,
+        events=events,
+        policy=Policy(eviction_timeout_s=15.0),
+        clock=clock,
+        evictions=worker,
+    )
+    action = _evict_action()
+    enforcer.start()
+    try:
+        assert enforcer.execute(action) is None
+        assert evictor.entered.wait(10)
+        clock.step(15.0)
+        outcomes = enforcer.collect()
+        again = enforcer.execute(action)
+        assert again is not None and again.result == "failed" and "still unanswered" in again.detail
+        evictor.gate.set()
+        _drain(worker)
+        outcomes += enforcer.collect()
+    finally:
+        evictor.gate.set()
+        enforcer.stop(clock.now() + 1.0)
+    assert [o.result for o in outcomes] == results
+    assert evictor.calls == ["ml/victim"], "one request for the pod, never a second behind it"
+    assert events.reasons() == reasons
 
 
 def test_one_eviction_per_pod_at_a_time() -> None:

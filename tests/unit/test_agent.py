@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -37,6 +38,7 @@ from vramguard.testing.fakes import (
     FakeIdentifier,
     FakePodSource,
     FakeSampler,
+    GatedEvictor,
     RecordingEventRecorder,
     RecordingKiller,
     SnapshotBuilder,
@@ -44,7 +46,7 @@ from vramguard.testing.fakes import (
     pod,
 )
 from vramguard.wiring import Probes
-from vramguard.worker import Inline
+from vramguard.worker import Inline, Worker
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
 WAIT = EvictionRefused.WAIT
@@ -478,3 +480,41 @@ def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
     assert probes.readyz() == (False, "no scan with the pod list yet")
     n.agent.scan()
     assert probes.readyz() == (True, "ready")
+
+
+def test_an_api_outage_then_back_evicts_the_pod_once() -> None:
+    """Evict mode, on_eviction_refused: wait, cooldown 0s: through a 30 s API outage (one eviction sent and
+    unanswered, then given up on) and after it, the pod is evicted once; once accepted, the next scans hold it
+    ("waiting for its deletion") until the pod cache shows it terminating."""
+    policy = Policy(mode=Mode.EVICT, on_eviction_refused=WAIT, cooldown_s=0.0, eviction_timeout_s=15.0)
+    n = Node(policy)
+    evictor = GatedEvictor()
+    worker = Worker("test-evict", max_queue=16, clock=n.clock)
+    n.agent.enforcer = enforcer = Enforcer(
+        killer=n.killer, evictor=evictor, events=n.events, policy=policy, clock=n.clock, evictions=worker
+    )
+    p = n.trainer_over_quota()
+    enforcer.start()
+    try:
+        n.agent.scan()
+        assert evictor.entered.wait(10), "the first eviction was sent into the outage"
+        for _ in range(30):  # a scan a second while the API server does not answer
+            n.clock.step(1.0)
+            n.agent.scan()
+        evictor.gate.set()  # the API server is back: it accepts the eviction it was sent
+        done = threading.Event()
+        assert worker.submit(done.set) and done.wait(10), "the worker ran everything queued before"
+        held = []
+        for _ in range(5):  # the pod cache has not seen the deletion yet
+            n.clock.step(1.0)
+            held += [h.why for h in n.agent.scan().decision.held]
+        n.pods.set_pods([replace(p, terminating=True)])
+        n.clock.step(1.0)
+        n.agent.scan()
+    finally:
+        evictor.gate.set()
+        enforcer.stop(n.clock.now() + 1.0)
+    assert evictor.calls == [p.key], "one eviction of the pod reached the API server"
+    assert n.metric("vramguard_actions_total", action="evict", result="ok") == 1.0
+    # The scan that collects the late acceptance decided before it, and left its eviction unsent; then held.
+    assert len(held) == 4 and all("waiting for its deletion" in why for why in held)

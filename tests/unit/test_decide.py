@@ -20,6 +20,7 @@ from vramguard.decide import (
     find_violations,
     ordered_by,
     rank,
+    record_evictions,
     record_kills,
     track_pressure,
 )
@@ -268,7 +269,7 @@ CASES = [
             Step(10, [(NOTEBOOK, "main", GPU0, 9)], [], held=["notebook: cool-down"]),
             Step(20, [(NOTEBOOK, "main", GPU0, 9)], ["kill:notebook/hard-limit"]),
         ],
-        id="cooldown-per-pod",
+        id="cooldown-per-container-instance",
     ),
     pytest.param(
         _policy(),
@@ -576,7 +577,7 @@ class Scan:
 
 def _repeat_policy(**kw: object) -> Policy:
     namespaces = {"ml-evict": NamespacePolicy(mode=Mode.EVICT), "ml-wait": NamespacePolicy(on_repeat=OnRepeat.WAIT)}
-    return _policy(cooldown_s=60.0, namespaces=MappingProxyType(namespaces), **kw)
+    return _policy(**{"cooldown_s": 60.0, "namespaces": MappingProxyType(namespaces), **kw})
 
 
 REPEAT_CASES = [
@@ -611,19 +612,43 @@ REPEAT_CASES = [
         _repeat_policy(),
         [
             Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
-            Scan(2, RESTARTED, 2, [], held="cool-down"),
-            Scan(57, RESTARTED, 2, [], held="cool-down"),
-            Scan(1, RESTARTED, 2, ["kill:ray-head"]),
+            Scan(2, RESTARTED, 2, ["kill:ray-head"]),
+            Scan(0.5, RESTARTED, 2, ["kill:ray-head+kill-container"]),
         ],
-        id="restarted-container-new-id-is-spaced-by-the-cooldown",
+        id="restarted-container-new-id-is-killed-at-once-then-a-repeat-of-its-own",
     ),
     pytest.param(
         _repeat_policy(),
         [
             Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
-            Scan(61, SUPERVISED, 2, ["kill:ray-head"]),
+            Scan(61, SUPERVISED, 2, ["kill:ray-head+kill-container"]),
         ],
-        id="over-again-after-the-cooldown-is-a-plain-kill",
+        id="over-again-after-the-cooldown-within-the-repeat-window-is-a-repeat",
+    ),
+    pytest.param(
+        _repeat_policy(cooldown_s=0.0),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 2, ["kill:ray-head+kill-container"]),
+        ],
+        id="cooldown-0s-still-escalates-a-repeat",
+    ),
+    pytest.param(
+        _repeat_policy(cooldown_s=0.0),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(300, SUPERVISED, 2, ["kill:ray-head"]),
+        ],
+        id="over-again-after-the-repeat-window-is-a-plain-kill",
+    ),
+    pytest.param(
+        _repeat_policy(repeat_window_s=10.0),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(10, SUPERVISED, 2, [], held="cool-down: acted 10.0s ago (cooldown 1m)"),
+            Scan(50, SUPERVISED, 2, ["kill:ray-head"]),
+        ],
+        id="past-a-short-repeat-window-the-cooldown-spaces-plain-kills",
     ),
     pytest.param(
         _repeat_policy(on_repeat=OnRepeat.WAIT),
@@ -674,6 +699,84 @@ def test_repeats(policy: Policy, scans: list[Scan]) -> None:
         state = record_kills(state, (c for a in killed for c in a.violation.container_ids), clock.now())
 
 
+EVICTING_GOING = replace(EVICTING_NS, terminating=True)  # the pod once the watch shows its deletion
+
+EVICTION_CASES = [
+    pytest.param(
+        _repeat_policy(cooldown_s=0.0),
+        True,
+        [
+            Scan(0, EVICTING_NS, 2, ["warn:serve", "evict:serve"]),
+            Scan(1, EVICTING_NS, 2, [], held="evicted 1.0s ago: waiting for its deletion (eviction_timeout 15s)"),
+            Scan(13.9, EVICTING_NS, 2, [], held="waiting for its deletion"),
+            Scan(0.1, EVICTING_NS, 2, ["evict:serve"]),
+        ],
+        id="accepted-eviction-holds-the-next-until-the-eviction-timeout",
+    ),
+    pytest.param(
+        _repeat_policy(cooldown_s=0.0),
+        True,
+        [
+            Scan(0, EVICTING_NS, 2, ["warn:serve", "evict:serve"]),
+            Scan(1, EVICTING_GOING, 2, ["kill:serve"]),
+        ],
+        id="seen-terminating-over-its-hard-limit-is-killed-not-evicted-again",
+    ),
+    pytest.param(
+        _repeat_policy(on_repeat=OnRepeat.EVICT),
+        True,
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"]),
+            Scan(0.5, SUPERVISED, 2, ["evict:ray-head+evict"]),
+            Scan(0.5, SUPERVISED, 2, [], held="waiting for its deletion"),
+        ],
+        id="a-repeat-escalated-to-an-eviction-is-held-too",
+    ),
+    pytest.param(
+        _repeat_policy(cooldown_s=0.0),
+        False,
+        [
+            Scan(0, EVICTING_NS, 2, ["warn:serve", "evict:serve"]),
+            Scan(1, EVICTING_NS, 2, ["evict:serve"]),
+        ],
+        id="an-eviction-not-accepted-is-spaced-by-the-cooldown-alone",
+    ),
+]
+
+
+@pytest.mark.parametrize(("policy", "accepted", "scans"), EVICTION_CASES)
+def test_one_eviction_per_pod_until_it_is_seen_going(policy: Policy, accepted: bool, scans: list[Scan]) -> None:
+    """After the API server accepted an eviction, the pod is not evicted again until it is seen terminating or
+    gone, or eviction_timeout has passed."""
+    clock = FakeClock()
+    state = DecisionState()
+    for i, scan in enumerate(scans):
+        clock.step(scan.after_s)
+        snapshot = SnapshotBuilder().use(scan.pod, "main", GPU0, int(scan.used_gib * GiB)).build()
+        decision, state = decide(snapshot, REPEAT_QUOTAS, policy, state, clock.now())
+        got = [
+            f"{a.kind.value}:{a.pod.name}" + (f"+{a.escalation.step.value}" if a.escalation else "")
+            for a in decision.actions
+        ]
+        assert got == scan.expect, f"scan {i}"
+        if scan.held is not None:
+            assert any(scan.held in h.why for h in decision.held), f"scan {i}: {decision.held}"
+        killed = [c for a in decision.actions if a.kind is Mode.KILL for c in a.violation.container_ids]
+        state = record_kills(state, killed, clock.now())
+        if accepted:
+            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), clock.now())
+
+
+def test_an_accepted_eviction_is_forgotten_once_the_pod_is_gone() -> None:
+    """The record of accepted evictions is bounded: a pod that left the pod cache leaves it."""
+    state = record_evictions(DecisionState(), [EVICTING_NS.uid], 0.0)
+    idle = SnapshotBuilder().build()
+    _, state = decide(idle, REPEAT_QUOTAS, _repeat_policy(), state, 1.0)
+    assert dict(state.evicted) == {EVICTING_NS.uid: 0.0}
+    _, state = decide(idle, {}, _repeat_policy(), state, 2.0)
+    assert not state.evicted
+
+
 def test_repeat_message_says_how_soon_the_processes_came_back() -> None:
     """The escalation says how long after the last kill the container was over its quota again."""
     policy = _repeat_policy()
@@ -704,14 +807,21 @@ def test_on_repeat_for(namespace: str, policy: Policy, expected: OnRepeat) -> No
     assert policy.on_repeat_for(namespace) is expected
 
 
-def test_kills_are_forgotten_after_the_cooldown() -> None:
-    """The record of kills is bounded: a kill older than the cooldown is dropped from the state."""
-    policy = _repeat_policy()
+@pytest.mark.parametrize(
+    ("cooldown_s", "kept_until_s"),
+    [
+        pytest.param(60.0, 300.0, id="kept-for-the-repeat-window-not-the-cooldown"),
+        pytest.param(0.0, 300.0, id="cooldown-0s-keeps-them-all-the-same"),
+    ],
+)
+def test_kills_are_forgotten_after_the_repeat_window(cooldown_s: float, kept_until_s: float) -> None:
+    """The record of kills is bounded by the repeat window (default 5m), whatever the cooldown."""
+    policy = _repeat_policy(cooldown_s=cooldown_s)
     state = record_kills(DecisionState(), ["a" * 64], 0.0)
     idle = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 0).build()
-    _, state = decide(idle, REPEAT_QUOTAS, policy, state, 59.0)
+    _, state = decide(idle, REPEAT_QUOTAS, policy, state, kept_until_s - 0.1)
     assert dict(state.kills) == {"a" * 64: 0.0}
-    _, state = decide(idle, REPEAT_QUOTAS, policy, state, 60.0)
+    _, state = decide(idle, REPEAT_QUOTAS, policy, state, kept_until_s)
     assert not state.kills
 
 

@@ -79,6 +79,9 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
         pytest.param({"hard_grace": "500ms"}, Policy(hard_grace_s=0.5), id="hard-grace-ms"),
         pytest.param({"soft_grace": "5m"}, Policy(soft_grace_s=300.0), id="soft-grace-minutes"),
         pytest.param({"cooldown": 30}, Policy(cooldown_s=30.0), id="cooldown-plain-seconds"),
+        pytest.param({"cooldown": "0s"}, Policy(cooldown_s=0.0), id="cooldown-zero-is-allowed"),
+        pytest.param({"repeat_window": "10m"}, Policy(repeat_window_s=600.0), id="repeat-window"),
+        pytest.param({"repeat_window": 10}, Policy(repeat_window_s=10.0), id="repeat-window-at-its-minimum"),
         pytest.param(
             {"pressure_threshold": "2Gi"},
             Policy(pressure_free_bytes=2 * GiB, pressure_free_ratio=None),
@@ -182,6 +185,19 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
             {"soft_grace": -1}, "soft_grace: -1 is not a valid duration (must not be negative)", id="negative"
         ),
         pytest.param({"cooldown": "1d"}, 'cooldown: "1d" is not a valid duration', id="duration-days"),
+        pytest.param(
+            {"repeat_window": "0s"},
+            'repeat_window: "0s" must be at least 10s (a shorter window switches off the repeat rule)',
+            id="repeat-window-zero-would-switch-the-defence-off",
+        ),
+        pytest.param(
+            {"repeat_window": "9.5s"}, 'repeat_window: "9.5s" must be at least 10s', id="repeat-window-too-short"
+        ),
+        pytest.param(
+            {"repeat_window": "-1m"},
+            'repeat_window: "-1m" is not a valid duration (must not be negative)',
+            id="repeat-window-negative",
+        ),
         pytest.param({"eviction_timeout": "0s"}, 'eviction_timeout: "0s" must be longer than 0s', id="timeout-zero"),
         pytest.param({"eviction_timeout": 0}, "eviction_timeout: 0 must be longer than 0s", id="timeout-int-zero"),
         pytest.param(

@@ -192,6 +192,23 @@ class FakeEvictor:
         return EvictResult(evicted=True, refused=False)
 
 
+class GatedEvictor:
+    """An API server that takes a request and answers it only once `gate` is set (an outage): answers `result`.
+    `entered` is set once a request was sent; `calls` lists the pods each request named."""
+
+    def __init__(self, result: EvictResult | None = None) -> None:
+        self.result = result if result is not None else EvictResult(evicted=True, refused=False)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[str] = []
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        self.calls.append(pod.key)
+        self.entered.set()
+        self.gate.wait(30)
+        return self.result
+
+
 class RecordingKiller:
     """Kills nothing; records each violation it was asked to kill and reports its processes as killed.
 
