@@ -46,8 +46,9 @@ from vramguard.model import DriverLimits, Mode, PodInfo, Policy
 from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 from vramguard.pods import FilePodSource
 from vramguard.policy import PolicyError, load_policy
-from vramguard.ports import EventRecorder, Evictor, EvictResult, PodSource
+from vramguard.ports import EventRecorder, Evictor, EvictResult, KillMemory, PodSource
 from vramguard.quota import reads_claims
+from vramguard.repeats import KillFile
 from vramguard.status import AgentFacts, StatusPage
 from vramguard.top import describe_process, describe_process_name, use_proc_root
 
@@ -194,6 +195,7 @@ def build_agent(
     capacity: KubeCapacityPublisher | None = None,
     limiter: DriverLimiter | None = None,
     journal: FreezeJournal | None = None,
+    kill_memory: KillMemory | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> Agent:
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
@@ -219,6 +221,7 @@ def build_agent(
         capacity=capacity,  # None in dry-run: capacity_publisher makes none
         limiter=limiter,  # None in dry-run: driver_limiter makes none
         claims=cluster.claims,
+        kill_memory=kill_memory,
         clock=clock,
     )
     if limiter is not None:
@@ -486,6 +489,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             capacity=capacity if config.advertise_capacity else None,
             limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, clock),
             journal=journal,
+            kill_memory=None if config.dry_run else KillFile(config.state_dir),  # repeats survive a restart
             clock=clock,
         )
         services.start("evictions", agent.enforcer)
