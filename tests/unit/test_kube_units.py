@@ -320,6 +320,13 @@ M = "container main uses 5GiB"
             {"written": 1, "patched": 1},
             id="a-503-is-retried-with-the-same-name",
         ),
+        pytest.param(
+            [(0, M), (1, M)],
+            [403],
+            [("create", 1), ("create", 1), ("patch", 2)],
+            {"written": 1, "patched": 1},
+            id="a-403-is-retried-with-the-same-name",
+        ),
     ],
 )
 def test_event_repeat_patch(

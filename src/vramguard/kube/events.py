@@ -5,6 +5,7 @@ decides (`vramguard.kube.correlator`). Its bounds and priorities: docs/design.md
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -19,7 +20,15 @@ from kubernetes.client.exceptions import ApiException
 
 from vramguard.backoff import Backoff, TokenBucket
 from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.kube.client import TIMEOUT_WRITE, describe, transient
+from vramguard.kube.client import (
+    FORBIDDEN_GRACE_S,
+    TIMEOUT_WRITE,
+    describe,
+    forbidden_for_now,
+    retry_backoff,
+    status_message,
+    transient,
+)
 from vramguard.kube.correlator import EventCorrelator, EventKey
 from vramguard.logs import FailureRun
 from vramguard.model import PodInfo
@@ -30,6 +39,10 @@ EVENT_QUEUE: Final = 256  # Events waiting at most; past it, what is recorded is
 EVENT_BURST: Final = 25  # writes paced at this many at once, then EVENT_PER_MINUTE
 EVENT_PER_MINUTE: Final = 20
 EVENT_MAX_AGE_S: Final = 600.0  # an Event still unwritten after this long is stale news: dropped as failed
+# A namespace whose 403 outlived FORBIDDEN_GRACE_S (a quota on Events, a policy): its next 403s within this long fail
+# at once, so its Events never hold up the other namespaces' a grace each.
+EVENT_DENIED_S: Final = 600.0
+EVENT_DENIED_NAMESPACES: Final = 256  # namespaces remembered so, the oldest forgotten first
 EVENT_MESSAGE_CHARS: Final = MAX_TEXT_CHARS
 
 Log = structlog.typing.FilteringBoundLogger
@@ -54,7 +67,8 @@ class EventRecord:
 
 
 class EventSink(Protocol):
-    """Where Events go. Raises on failure; `vramguard.kube.client.transient` tells a retry from a refusal."""
+    """Where Events go. Raises on failure; `vramguard.kube.client` tells a retry from a refusal (`transient`,
+    `forbidden_for_now`)."""
 
     def create(self, event: EventRecord) -> bool:
         """Write a new Event; False when one of that name exists already (an attempt whose answer was lost)."""
@@ -137,6 +151,13 @@ class KubeEventRecorder:
     next write before any other, and a full queue drops its oldest other Event to make room for one. Messages are
     shown to people by `kubectl describe`: their control and bidi characters are escaped (`text.printable`).
     Results are counted through `count` (written, patched, aggregated, dropped, failed).
+
+    A failed write is retried in place with `retry_backoff`: the writer holds the Event, since what failed it (an
+    API server away, or restarting) fails the next one too. No answer, a 429 or a 5xx: until `EVENT_MAX_AGE_S`. A
+    403 (a restarting API server's authorizer may not have loaded RBAC yet): until `FORBIDDEN_GRACE_S` after the
+    first 403 since the last write that succeeded; past that, each 403 fails its Event at once, and a namespace
+    whose own 403 outlived the grace fails its Events at once for `EVENT_DENIED_S` or until one is written there.
+    Anything else fails the Event at once.
     """
 
     def __init__(
@@ -148,14 +169,17 @@ class KubeEventRecorder:
         bucket: TokenBucket | None = None,
         correlator: EventCorrelator | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
         log: Log | None = None,
     ) -> None:
-        """Nothing is written before `start()`: until then, what `record` queues stays queued."""
+        """Nothing is written before `start()`: until then, what `record` queues stays queued. `rng` jitters the
+        retries' back-off."""
         self.sink = sink
         self.log = log if log is not None else structlog.get_logger("vramguard.events")
         self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, clock)
         self.correlator = correlator if correlator is not None else EventCorrelator(clock=clock)
         self.clock = clock
+        self.rng = rng
         self.max_queue = max_queue
         self._count = count if count is not None else (lambda result: None)
         self._queue: OrderedDict[EventKey, _Pending] = OrderedDict()  # oldest first
@@ -163,6 +187,9 @@ class KubeEventRecorder:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._failures = FailureRun()  # writes failing: logged once per distinct error, not once per retry
+        self._forbidden_since: float | None = None  # the first 403 since the last write that succeeded
+        self._forbidden_told = False  # that run's 403s outlived the grace and the log said so
+        self._denied: OrderedDict[str, float] = OrderedDict()  # namespace -> when its 403 outlived the grace
         self._writing = False  # an Event taken off the queue is being written
         self._thread = threading.Thread(target=self._run, name="vramguard-events", daemon=True)
 
@@ -251,7 +278,7 @@ class KubeEventRecorder:
                     self._cond.notify_all()  # `flush` may be waiting for the queue to empty
 
     def _deliver(self, key: EventKey, item: _Pending) -> None:
-        backoff = Backoff(1.0, 10.0)  # short: Events owed during an outage should arrive soon after it
+        backoff = retry_backoff(self.rng)
         while not self._stop.is_set():
             if self.clock.now() - item.queued_at > EVENT_MAX_AGE_S:
                 self._count("failed")
@@ -263,13 +290,49 @@ class KubeEventRecorder:
                 error = describe(e)
                 if self._failures.failed(error):
                     self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
-                if not transient(e):
+                delay = self._retry_in(item.pod.namespace, e, backoff)
+                if delay is None:
                     self._count("failed")
                     return
-                self.clock.wait(self._stop, backoff.next())
+                self.clock.wait(self._stop, delay)
                 continue
-            self._failures.ok()
+            after = self._failures.error
+            if self._failures.ok():
+                self.log.info("events_restored", after=after)
+            self._forbidden_since, self._forbidden_told = None, False
+            self._denied.pop(item.pod.namespace, None)
             return
+
+    def _retry_in(self, namespace: str, e: Exception, backoff: Backoff) -> float | None:
+        """How long to wait before writing the Event again after `e`; None: it failed."""
+        if transient(e):
+            return backoff.next()
+        if not forbidden_for_now(e):
+            return None
+        now = self.clock.now()
+        denied_at = self._denied.get(namespace)
+        if denied_at is not None and now - denied_at < EVENT_DENIED_S:
+            return None
+        if self._forbidden_since is None:
+            self._forbidden_since = now
+        left_s = self._forbidden_since + FORBIDDEN_GRACE_S - now
+        if left_s > 0:
+            return min(backoff.next(), left_s)
+        self._denied[namespace] = now
+        self._denied.move_to_end(namespace)
+        if len(self._denied) > EVENT_DENIED_NAMESPACES:
+            self._denied.popitem(last=False)
+        if not self._forbidden_told:
+            self._forbidden_told = True
+            message = status_message(e) if isinstance(e, ApiException) else describe(e)
+            self.log.warning(
+                "events_forbidden",
+                namespace=namespace,
+                error=message,
+                after_s=FORBIDDEN_GRACE_S,
+                detail="a 403 past its grace: Events fail at once until one is written (RBAC: events create, patch)",
+            )
+        return None
 
     def _write(self, key: EventKey, item: _Pending) -> None:
         seen = self.correlator.repeat_of(key)

@@ -16,9 +16,8 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
-from vramguard.backoff import Backoff
 from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.kube.client import TIMEOUT_LIST, describe
+from vramguard.kube.client import TIMEOUT_LIST, describe, retry_backoff
 from vramguard.logs import FailureRun
 
 # A watch is renewed after a random 5 to 10 minutes, so a fleet's renewals never line up.
@@ -36,9 +35,6 @@ RENEWAL_GRACE_S: Final = 10.0
 # After a working watch breaks (an API server restart breaks every agent's at once), the first retry waits a
 # random part of this, so a fleet's LISTs and WATCHes reach the restarted server spread out, not in one burst.
 SPREAD_S: Final = 20.0
-# Retries after that double from 1 s up to this, each stretched by up to as much again at random: a watch comes back
-# within 30 s of the server, and a fleet's retries never line up.
-BACKOFF_MAX_S: Final = 15.0
 # A watch open this long before it broke was working: the next failure starts a new run of back-off.
 WORKING_S: Final = 30.0
 # A watch the server ends sooner than this, with no event on it, counts as a failure (client-go does the same).
@@ -88,7 +84,8 @@ class Reflector:
       LIST that answers 410 (that version is gone) is repeated without a version.
     - A WATCH that ends (its timeout) is renewed at once from the last resourceVersion seen (bookmarks advance it).
       A 410 relists; any other error keeps the cache and the resourceVersion and watches again after a delay: a
-      random part of `spread_s` after a working watch broke, then jittered exponential back-off (`BACKOFF_MAX_S`).
+      random part of `spread_s` after a working watch broke, then `retry_backoff` (a 403 too: a restarting API
+      server answers one until its authorizer has loaded RBAC).
     - `problem()` says when the cache is incomplete, the watch broken, or the API server silent.
     """
 
@@ -180,7 +177,7 @@ class Reflector:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = Backoff(1.0, BACKOFF_MAX_S, jitter=1.0, rng=self.rng)
+        backoff = retry_backoff(self.rng)
         list_version = "0"  # the first LIST: whatever the watch cache has
         while not self._stop.is_set():
             try:
