@@ -23,7 +23,7 @@ from vramguard.policy import check_policy_file
 from vramguard.quantity import QuantityError, parse_quantity
 from vramguard.status import AgentFacts, render, scan_json
 from vramguard.text import printable
-from vramguard.top import render_table, rows_from_report, use_proc_root
+from vramguard.top import describer, render_table, rows_from_report
 from vramguard.wiring import (
     SHUTDOWN_BUDGET_S,
     Closing,
@@ -194,7 +194,7 @@ def top(
     """A live table of this node: GPU, pod, container, used, quota, %, state, who holds the quota (the driver's
     limit or the agent), and each process' PID, user and command. Changes nothing."""
     configure_logging("console", level="error")
-    use_proc_root(proc_root)
+    describe = describer(proc_root, command_lines=True)
     policy = _or_exit(lambda: policy_for(policy_path, None, None))
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
@@ -224,11 +224,11 @@ def top(
                     if as_json:
                         finished = agent.last_scan.finished_at if agent.last_scan is not None else None
                         age = SYSTEM_CLOCK.now() - finished if finished is not None else None
-                        typer.echo(render(facts, age, scan_json(report, held)).decode())
+                        typer.echo(render(facts, age, scan_json(report, held, describe)).decode())
                     else:
                         if not once and sys.stdout.isatty():
                             typer.echo("\x1b[H\x1b[2J", nl=False)
-                        typer.echo(render_table(rows_from_report(report, driver_limits=held)))
+                        typer.echo(render_table(rows_from_report(report, describe, driver_limits=held)))
                     if once:
                         return
                     SYSTEM_CLOCK.wait(stop, interval)

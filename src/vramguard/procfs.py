@@ -91,6 +91,51 @@ def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
     return parsed[0].decode("ascii", "replace"), int(parsed[1])
 
 
+def read_head(path: str, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the file at `path` (a /proc file of a process): never more, whatever the process
+    put there; None when the process is gone; else raises OSError.
+
+    For what a tenant controls (a command line may be megabytes): the read itself is bounded, not just what is kept.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if is_gone_error(e):
+            return None
+        raise
+    try:
+        chunks: list[bytes] = []
+        left = max_bytes
+        while left > 0:  # cmdline comes a page at a time
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        if is_gone_error(e):
+            return None
+        raise
+    finally:
+        os.close(fd)
+
+
+def read_real_uid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real user ID of `pid` (the "Uid:" line of its status, which comes before any line a tenant can make
+    long); None when the process is gone; else raises OSError (EIO for contents that do not parse)."""
+    data = read_head(f"{proc_root}/{pid}/status", 4096)
+    if data is None:
+        return None
+    at = data.find(b"\nUid:")
+    fields = data[at + 5 :].split(None, 1) if at >= 0 else []
+    if not fields or not fields[0].isdigit():
+        if not data:
+            return None  # the task was released between open and read
+        raise OSError(errno.EIO, f"no Uid line in {proc_root}/{pid}/status")
+    return int(fields[0])
+
+
 def read_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
     """The text of /proc/<pid>/cgroup (undecodable bytes escaped); None when the process is gone; else raises."""
     try:

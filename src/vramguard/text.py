@@ -31,6 +31,13 @@ def cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     return text[: limit - len(marker)] + marker
 
 
+def cut_head(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`cut` for the head of a text that was read only in part (its whole length unknown): at most `limit`
+    characters, with a marker saying it goes on."""
+    marker = "...[cut: read in part]"
+    return text[: limit - len(marker)] + marker
+
+
 def show_value(value: object, limit: int = 80) -> str:
     """A value as a reader sees it in YAML or JSON, in at most `limit` characters: strings in double quotes, so
     `""` and `" 1Gi"` stay visible. A string too long is cut inside its quotes; one whose escapes make the quoted

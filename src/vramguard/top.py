@@ -1,9 +1,9 @@
 """`vramguard top`: one row per (GPU, container) from a scan, as a table or as JSON (in the status document,
 `status.py`).
 
-Like nvitop, it says whose each GPU process is and what it runs: its user and command line, read through psutil
-at display time (`describe_process`). They are for people, never for decisions: a process may have exited, or
-its PID been reused, between the scan and the read.
+Like nvitop, it says whose each GPU process is and what it runs: its user and command line, read from /proc at
+display time (`describe_process`), never further than what is shown. They are for people, never for decisions: a
+process may have exited, or its PID been reused, between the scan and the read.
 
 Names, commands and claims are tenant text: the table shows their control and bidi characters escaped
 (`text.printable`), the JSON carries them exactly (a command line cut at COMMAND_CHARS, with a marker saying so).
@@ -11,16 +11,16 @@ Names, commands and claims are tenant text: the table shows their control and bi
 
 from __future__ import annotations
 
+import functools
 import os
+import pwd
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-import psutil
-
 from vramguard.agent import ScanReport
 from vramguard.model import SubjectKey, Violation
-from vramguard.procfs import is_gone_error
-from vramguard.text import cut, format_bytes, printable
+from vramguard.procfs import EXITED_STATES, is_gone_error, read_head, read_real_uid, read_stat
+from vramguard.text import cut, cut_head, format_bytes, printable
 
 COMMAND_CHARS = 1024  # a command line is cut to this (with a marker saying so): a tenant controls its length
 TABLE_COMMAND_CHARS = 80  # and its escaped text to this in the table, to keep a row on a screen
@@ -35,55 +35,68 @@ class ProcessDetail:
     command: str
 
 
-def use_proc_root(proc_root: str) -> None:
-    """Read processes from `proc_root` (`--proc-root /host/proc`), as the agent does."""
-    psutil.PROCFS_PATH = proc_root
+def describe_process(pid: int, proc_root: str = "/proc") -> ProcessDetail:
+    """The user and command line of `pid`, the command line read no further than COMMAND_CHARS can show."""
+    return _describe(pid, proc_root, command_line=True)
 
 
-def describe_process(pid: int) -> ProcessDetail:
-    """The user and command line of `pid` through psutil (`psutil.PROCFS_PATH` says which /proc)."""
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            command = _command_line(proc)
-            try:
-                user = proc.username()
-            except (psutil.AccessDenied, KeyError):
-                user = str(proc.uids().real)
-    except psutil.NoSuchProcess:
-        return ProcessDetail(pid, "?", "(gone)")
-    except psutil.Error:
-        return ProcessDetail(pid, "?", "?")
-    except OSError as e:
-        return ProcessDetail(pid, "?", "(gone)" if is_gone_error(e) else "?")
-    return ProcessDetail(pid, cut(user, 32), cut(command, COMMAND_CHARS))
-
-
-def describe_process_name(pid: int) -> ProcessDetail:
+def describe_process_name(pid: int, proc_root: str = "/proc") -> ProcessDetail:
     """`describe_process` with the program's name ("[python3]") instead of its arguments, which may hold secrets:
-    what `/status` shows to whoever can read it, unless the agent runs with `--status-command-lines`."""
-    detail = describe_process(pid)
-    if detail.command in ("(gone)", "?"):
-        return detail
+    what `/status` shows to whoever can read it, unless the agent runs with `--status-command-lines`. The
+    arguments are never read."""
+    return _describe(pid, proc_root, command_line=False)
+
+
+def describer(proc_root: str, command_lines: bool) -> Callable[[int], ProcessDetail]:
+    """`describe_process` (or `describe_process_name`, without `command_lines`) over `proc_root`."""
+    return functools.partial(describe_process if command_lines else describe_process_name, proc_root=proc_root)
+
+
+def _describe(pid: int, proc_root: str, *, command_line: bool) -> ProcessDetail:
+    """Every read is bounded whatever the process holds: its stat, the head of its status, its comm, and at most
+    `_COMMAND_BYTES` of its command line."""
+    gone = ProcessDetail(pid, "?", "(gone)")
     try:
-        name = psutil.Process(pid).name()
-    except psutil.NoSuchProcess:
-        return ProcessDetail(pid, detail.user, "(gone)")
-    except (psutil.Error, OSError):
-        return ProcessDetail(pid, detail.user, "?")
-    return ProcessDetail(pid, detail.user, f"[{cut(name, 64)}]")
+        state = read_stat(pid, proc_root)
+        if state is None or state[0] in EXITED_STATES:
+            return gone
+        uid = read_real_uid(pid, proc_root)
+        if uid is None:
+            return gone
+        user = cut(_user_name(uid), 32)
+        args = read_head(f"{proc_root}/{pid}/cmdline", _COMMAND_BYTES + 1) if command_line else b""
+        if args:
+            return ProcessDetail(pid, user, _command_text(args))
+        name = read_head(f"{proc_root}/{pid}/comm", 64)  # a kernel thread has no arguments: its name, as ps shows
+    except OSError as e:
+        return gone if is_gone_error(e) else ProcessDetail(pid, "?", "?")
+    if name is None:
+        return gone
+    program = os.fsdecode(name.rstrip(b"\n"))
+    return ProcessDetail(pid, user, f"[{cut(program, 64)}]")
 
 
-def _command_line(proc: psutil.Process) -> str:
-    """`proc`'s arguments joined by spaces, as the kernel holds them; `[name]` when it has none.
+# Enough bytes for COMMAND_CHARS characters of any text: a character decodes from at most 4 bytes of UTF-8, and an
+# undecodable byte is one character of its own.
+_COMMAND_BYTES = 4 * COMMAND_CHARS
 
-    Read as bytes: psutil reads /proc/<pid>/cmdline as text with universal newlines, which turns a CR into a LF.
-    """
-    with open(f"{psutil.PROCFS_PATH}/{proc.pid}/cmdline", "rb") as f:
-        data = f.read()
-    if not data:  # a kernel thread, or a zombie: psutil tells them apart (ZombieProcess is a NoSuchProcess)
-        return " ".join(proc.cmdline()) or f"[{proc.name()}]"
-    return os.fsdecode(data.removesuffix(b"\0")).replace("\0", " ")  # undecodable bytes kept as surrogates
+
+def _command_text(args: bytes) -> str:
+    """The arguments joined by spaces, exactly as the kernel holds them up to COMMAND_CHARS (undecodable bytes kept
+    as surrogates); cut with a marker saying so where there was more than was read."""
+    whole = len(args) <= _COMMAND_BYTES
+    text = os.fsdecode(args[:_COMMAND_BYTES].removesuffix(b"\0") if whole else args[:_COMMAND_BYTES])
+    text = text.replace("\0", " ")
+    return cut(text, COMMAND_CHARS) if whole else cut_head(text, COMMAND_CHARS)
+
+
+@functools.lru_cache(maxsize=256)
+def _user_name(uid: int) -> str:
+    """The name the agent's own user database gives `uid`, else the number (psutil's rule)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from vramguard.ports import EventRecorder, Evictor, EvictResult, KillMemory, Pod
 from vramguard.quota import reads_claims
 from vramguard.repeats import KillFile
 from vramguard.status import AgentFacts, StatusPage
-from vramguard.top import describe_process, describe_process_name, use_proc_root
+from vramguard.top import describer
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -442,8 +442,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         clock=clock,
         require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
     )
-    use_proc_root(config.proc_root)  # /status says whose each process is, as `vramguard top` does
-    describe = describe_process if config.status_command_lines else describe_process_name
+    # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
+    describe = describer(config.proc_root, config.status_command_lines)
     status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe)
     server = HealthServer(
         config.metrics_port,
@@ -454,11 +454,13 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         status=status.body,
         clock=clock,
     )
+    status.notify = server.wake
     services = Services(clock)
     try:
         cluster.start(services)
         if capacity is not None:
             services.start("capacity", capacity)
+        services.start("status", status)
         try:
             services.start("http", server)
         except OSError as e:

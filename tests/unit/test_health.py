@@ -82,6 +82,33 @@ def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
         assert _exchange(server.port, b"GET /status HTTP/1.1\r\n\r\n")[0] == 404
 
 
+def test_a_status_being_built_waits_while_the_probes_answer() -> None:
+    """/status whose body is being built elsewhere waits for it (the build never runs on the server's thread);
+    meanwhile /healthz answers; once woken, the waiting client gets the body."""
+    built: list[bytes] = []
+    with _serving(status=lambda: lambda: built[0] if built else None) as server, ExitStack() as stack:
+        (waiting,) = _connect_many(stack, server.port, 1, first=b"GET /status HTTP/1.1\r\n\r\n")
+        assert _timed_healthz(server.port) < 1.0
+        assert select.select([waiting], [], [], 0.2)[0] == [], "no answer before the body is built"
+        built.append(b'{"kind": "VramguardStatus"}')
+        server.wake()
+        response = _read_to_eof(waiting)
+    assert response.startswith(b"HTTP/1.1 200 OK") and response.endswith(b'{"kind": "VramguardStatus"}')
+
+
+def test_a_status_not_built_in_time_is_a_503() -> None:
+    """A client does not wait for a build forever: 2 s on the server's clock, then 503 saying so."""
+    clock = FakeClock()
+    with _serving(status=lambda: lambda: None, clock=clock) as server, ExitStack() as stack:
+        (waiting,) = _connect_many(stack, server.port, 1, first=b"GET /status HTTP/1.1\r\n\r\n")
+        assert _timed_healthz(server.port) < 1.0  # the waiting request has been read by now
+        clock.step(1.9)
+        assert select.select([waiting], [], [], 0.3)[0] == []
+        clock.step(0.2)
+        response = _read_to_eof(waiting)
+    assert response.startswith(b"HTTP/1.1 503") and response.endswith(b"status not ready in time\n")
+
+
 # Helpers: a server that is always stopped, raw exchanges, and what /proc says about threads and CPU time.
 
 
@@ -171,8 +198,15 @@ def _tasks() -> set[str]:
     return set(os.listdir("/proc/self/task"))
 
 
-def _connect_many(stack: ExitStack, port: int, count: int) -> list[socket.socket]:
-    return [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5)) for _ in range(count)]
+def _connect_many(stack: ExitStack, port: int, count: int, first: bytes = b"G") -> list[socket.socket]:
+    """`count` clients that each send `first` (the first byte of a request) and no more: trickling clients, which the
+    kernel hands to the server at once. With nothing sent, the kernel holds a connection back for a while
+    (TCP_DEFER_ACCEPT)."""
+    clients = [stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5)) for _ in range(count)]
+    for client in clients:
+        if first:
+            client.sendall(first)
+    return clients
 
 
 # The request line decides the answer; of the headers, only Accept and Accept-Encoding are read (for /metrics).
@@ -347,6 +381,19 @@ def test_idle_flood_neither_blinds_nor_grows_threads_nor_spins() -> None:
         assert _count_closed_by_peer(oldest, at_least=len(oldest), timeout_s=2.0) == len(oldest)
         assert not any(_closed_by_peer(s) for s in newest)
         assert cpu_s < 0.3 * wall_s, f"server thread used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
+
+
+def test_connections_that_send_nothing_are_held_by_the_kernel_not_the_server() -> None:
+    """1,000 connections that send nothing are not handed to the server until they send (or the kernel's deferral
+    ends): /healthz answers at once and the server thread spends nothing on them."""
+    threads_before = _tasks()
+    with _serving(max_connections=16, request_timeout_s=30.0) as server, ExitStack() as stack:
+        (server_tid,) = _tasks() - threads_before
+        cpu_before = _cpu_s(f"/proc/self/task/{server_tid}/stat")
+        _connect_many(stack, server.port, 1000, first=b"")
+        assert _timed_healthz(server.port) < 1.0
+        assert len(server._conns) <= 1, "none of them was accepted yet"
+        assert _cpu_s(f"/proc/self/task/{server_tid}/stat") - cpu_before < 0.2
 
 
 def test_slowloris_is_cut_at_the_deadline_while_others_are_served() -> None:

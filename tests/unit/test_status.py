@@ -14,6 +14,7 @@ from vramguard.model import GiB, Policy, SubjectKey
 from vramguard.quota import QuotaBook
 from vramguard.status import (
     KIND,
+    MAX_DESCRIBED,
     MAX_PROCESSES,
     MAX_ROWS,
     SCHEMA,
@@ -121,7 +122,22 @@ def test_rows_and_processes_are_bounded(pods: int, processes: int, rows: int, pe
     assert (len(doc["containers"]), doc["truncated"]) == (rows, truncated)
     assert {len(r["processes"]) for r in doc["containers"]} == {per_row}
     assert {len(r["pids"]) for r in doc["containers"]} == {per_row}
-    assert len(described) == rows * per_row, "/proc is read for the processes shown only"
+    assert len(described) == min(rows * per_row, MAX_DESCRIBED), "/proc is read for the processes shown only"
+
+
+def test_no_more_than_max_described_processes_are_read() -> None:
+    """However many processes the document shows, at most MAX_DESCRIBED are read from /proc; the rest show their
+    PID with an empty user and command."""
+    described: list[int] = []
+
+    def counting(pid: int) -> ProcessDetail:
+        described.append(pid)
+        return describe(pid)
+
+    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(MAX_DESCRIBED // 4 + 1, 4), {}, counting)))
+    shown = [p for r in doc["containers"] for p in r["processes"]]
+    assert len(shown) == MAX_DESCRIBED + 4 and len(described) == MAX_DESCRIBED
+    assert [p["command"] for p in shown[MAX_DESCRIBED:]] == [""] * 4 and shown[-1]["user"] == ""
 
 
 def test_hostile_text_is_exact_cut_and_the_body_bounded() -> None:
@@ -148,23 +164,49 @@ def _last_scan(finished_at: float) -> LastScan:
     return LastScan(report_of(SnapshotBuilder().use(trainer, "main", GPU0, GiB)), {}, finished_at)
 
 
-def test_the_page_is_built_once_a_scan_and_its_age_is_that_of_the_answer() -> None:
+def _answer(page: StatusPage) -> dict[str, Any] | None:
+    """What the page answers a reader now: the document, or None while its reader waits for a build."""
+    body = page.body()
+    built = body() if callable(body) else body
+    doc: dict[str, Any] | None = None if built is None else json.loads(built)
+    return doc
+
+
+def test_the_page_is_built_when_asked_once_a_scan_and_its_age_is_that_of_the_answer() -> None:
+    """Nothing is built until a reader asks; the reader waits for the build (never built on its thread), every
+    reader of that scan shares it, and the age is the answer's."""
     clock = FakeClock()
     scans: list[LastScan | None] = [None]
-    page = StatusPage(FACTS, lambda: scans[-1], clock, describe)
+    notified: list[int] = []
+    page = StatusPage(FACTS, lambda: scans[-1], clock, describe, notify=lambda: notified.append(page.builds))
 
-    first = json.loads(page.body())
-    assert first["agent"]["scan_age_s"] is None and first["containers"] == []
+    first = _answer(page)
+    assert first is not None and first["agent"]["scan_age_s"] is None and first["containers"] == []
 
     scans.append(_last_scan(clock.now()))
     clock.step(1.5)
-    bodies = [json.loads(page.body()) for _ in range(100)]
-    assert page.builds == 1, "a flood of requests costs one build a scan"
+    page.build()
+    assert page.builds == 0, "built only when asked"
+    waiting = [page.body() for _ in range(100)]
+    assert all(callable(w) and w() is None for w in waiting), "the readers wait; nothing is built on their thread"
+    page.build()
+    assert (page.builds, notified) == (1, [1]), "a flood of readers costs one build a scan, and they are told"
+    bodies = [json.loads(w() or b"null") for w in waiting if callable(w)]
     assert bodies[0]["agent"]["scan_age_s"] == 1.5 and bodies[0]["containers"][0]["pod"] == "trainer"
     clock.step(2.0)
-    assert json.loads(page.body())["agent"]["scan_age_s"] == 3.5, "the age is the answer's, not the build's"
+    answer = _answer(page)
+    assert answer is not None and answer["agent"]["scan_age_s"] == 3.5, "the age is the answer's, not the build's"
     assert page.builds == 1
 
-    scans.append(_last_scan(clock.now()))
-    assert json.loads(page.body())["agent"]["scan_age_s"] == 0.0
-    assert page.builds == 2
+
+def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> None:
+    """A reader waits for the scan that was the last when it asked, or any later one: it never starves."""
+    clock = FakeClock()
+    scans: list[LastScan | None] = [_last_scan(clock.now())]
+    page = StatusPage(FACTS, lambda: scans[-1], clock, describe)
+    waiting = page.body()
+    assert callable(waiting) and waiting() is None
+    clock.step(0.1)
+    scans.append(_last_scan(clock.now()))  # another scan before the build
+    page.build()
+    assert json.loads(waiting() or b"null")["agent"]["scan_age_s"] == 0.0

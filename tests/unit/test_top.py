@@ -173,11 +173,19 @@ def test_the_table_shows_at_most_a_screen_of_a_command(command: str) -> None:
     assert len(cell) == TABLE_COMMAND_CHARS and cell.endswith(" characters]") and raw_controls(cell) == set()
 
 
-def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table() -> None:
-    """A command line is tenant-sized: JSON carries up to COMMAND_CHARS, the table a screen's worth, both marked."""
+@pytest.mark.parametrize(
+    ("length", "marker"),
+    [
+        pytest.param(2000, "characters]", id="read-whole-and-its-length-told"),
+        pytest.param(5000, "[cut: read in part]", id="read-no-further-than-shown"),
+    ],
+)
+def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table(length: int, marker: str) -> None:
+    """A command line is tenant-sized: JSON carries up to COMMAND_CHARS, the table a screen's worth, both marked;
+    past 4 bytes a character shown, it is not even read (its whole length is then unknown)."""
     command = "python " + "x" * 5000
-    _, detail = describe_sleeper("x" * 5000)
-    assert len(detail.command) == COMMAND_CHARS and detail.command.endswith("characters]")
+    _, detail = describe_sleeper("x" * length)
+    assert len(detail.command) == COMMAND_CHARS and detail.command.endswith(marker)
     row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
     shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]
     assert len("python " + shown) == 80 and shown.endswith("[cut: 5007 characters]")
