@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import RENEWAL_GRACE_S, SILENCE_S
@@ -115,6 +116,51 @@ def test_frozen_api_server_evict_mode_falls_back_to_kill_after_its_bound(
     expected = {"VRAMQuotaExceeded", "VRAMEvictionFailed", "VRAMKilled"}
     wait_until(lambda: expected <= delivered(), 45, f"Events {sorted(expected)} delivered", interval_s=0.5)
     assert set(_event_log(node, offender).values()) == {1}
+
+
+def _evictions_received(node: KubeNode) -> float:
+    """How many eviction requests the apiserver has answered since it started (any code)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(node.plane.apiserver_metrics())
+        for sample in family.samples
+        if sample.name == "apiserver_request_total"
+        and sample.labels.get("resource") == "pods"
+        and sample.labels.get("subresource") == "eviction"
+    )
+
+
+def test_frozen_api_server_then_back_evicts_the_pod_once(node: KubeNode, namespace: str, tmp_path: Path) -> None:
+    """Evict mode, on_eviction_refused: wait, cooldown 0s: an eviction sent into a frozen API server is given up
+    on after its 3 s bound; the scans after it send no other eviction of the pod, and once the server is back the
+    pod is evicted once (it was evicted ten times when every scan queued another)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: evict\non_eviction_refused: wait\neviction_timeout: 3s\ncooldown: 0s\n")
+    offender, sim_offender = node.pod("offender", namespace, limits={VRAM: "1Gi"})
+    proc = node.sim.spawn(sim_offender, "main", 512 * MiB)
+    node.sim.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    node.sim.wait_ready()
+    before = _evictions_received(node)
+
+    with node.plane.frozen_apiserver():  # shorter than the request's 10 s read timeout: the answer arrives late
+        node.sim.set_usage(proc, 2 * GiB)
+        wait_scans(node, 2)
+        wait_until(
+            lambda: (metric(node, "vramguard_actions_total", action="evict", result="failed") or 0) >= 2,
+            10,
+            "the eviction given up on, and another one failed at once",
+        )
+
+    def evicted() -> bool:
+        meta = node.core.read_namespaced_pod(offender.name, namespace).metadata
+        return meta is not None and meta.deletion_timestamp is not None
+
+    wait_until(evicted, 30, "the pod evicted")
+    wait_scans(node, 6)  # long past the eviction bound: the agent sees the pod terminating, and kills instead
+    evictions = _evictions_received(node) - before
+    print(f"the API server received {evictions:g} eviction request(s) for the pod")
+    assert evictions == 1
+    assert metric(node, "vramguard_actions_total", action="evict", result="ok") == 1.0
 
 
 def test_sigterm_ends_the_agent_within_two_seconds_while_the_api_server_is_frozen(node: KubeNode) -> None:
