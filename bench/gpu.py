@@ -259,10 +259,12 @@ def raw_nvml_costs(view: GpuView, reps: int) -> dict[str, float]:
     for name, fn in calls.items():
         try:
             fn()
-        except pynvml.NVMLError_NotSupported:
-            continue  # the sampler does not call it again either (MIG) or gets nothing from it
-        except pynvml.NVMLError_FunctionNotFound:
-            continue
+        except TypeError:  # bindings older than memory v2 (the sampler falls back to v1 likewise)
+            if name != "memory_info":
+                raise
+            fn = lambda: pynvml.nvmlDeviceGetMemoryInfo(h)  # noqa: E731
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            continue  # the sampler does not call it again (MIG) or gets nothing from it
         costs[name] = cpu_per_call(fn, reps, time.thread_time)
     return costs
 

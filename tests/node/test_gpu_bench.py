@@ -1,9 +1,11 @@
 """bench/gpu.py stays runnable without a GPU: over the test NVML library a quick run prints and writes every figure
-(the values are for people, not asserted)."""
+(the values are for people, not asserted), and its CUDA path runs over a stand-in libcuda.so.1."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import need_cgroups
+from vramguard.model import GiB
+from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, MigMode, build_fake_nvml
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
@@ -59,3 +63,55 @@ def test_fake_nvml_quick_run_prints_and_writes_every_figure(tmp_path: Path) -> N
     assert all(v is not None for v in _figures(data["reaction"]["dead_ms"]) + _figures(data["reaction"]["released_ms"]))
     assert [t["held_bytes"] for t in data["teardown"]] == [2**30, 20 * 2**30]
     assert all(v is not None for t in data["teardown"] for v in _figures(t["dead_ms"]) + _figures(t["released_ms"]))
+
+
+# libcuda.so.1's five functions the benchmark's GPU process calls, over the test NVML library: a context holds
+# 512 MiB and an allocation is the library's vgFakeAllocate, so NVML lists the process with what it holds.
+STAND_IN_CUDA = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+static int (*fake_alloc)(unsigned int, unsigned long long);
+int cuInit(unsigned int flags) {
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    int (*init)(void) = nvml ? (int (*)(void))dlsym(nvml, "nvmlInit_v2") : 0;
+    fake_alloc = nvml ? (int (*)(unsigned int, unsigned long long))dlsym(nvml, "vgFakeAllocate") : 0;
+    return init && fake_alloc && flags == 0 ? init() : 3;
+}
+int cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int device) {
+    *ctx = (void *)1;
+    return fake_alloc(device, 512ull << 20) ? 2 : 0;
+}
+int cuCtxSetCurrent(void *ctx) { return ctx == (void *)1 ? 0 : 201; }
+int cuMemAlloc_v2(uint64_t *pointer, size_t bytes) { *pointer = 1; return fake_alloc(0, bytes) ? 2 : 0; }
+"""
+
+
+def test_cuda_path_runs_over_a_stand_in_driver(tmp_path: Path) -> None:
+    """Without --fake-nvml, the GPU processes go through libcuda.so.1's driver API and the agent and the benchmark
+    read the machine's NVML: over a stand-in libcuda and the test NVML library, each part prints its figures."""
+    need_cgroups(2)
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    assert compiler is not None, "the test NVML library's build needs a C compiler too"
+    library = str(tmp_path / "libcuda.so.1")
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-o", library, "-x", "c", "-", "-ldl"],
+        input=STAND_IN_CUDA,
+        text=True,
+        check=True,
+    )
+    node = FakeNode.gpus(1, total_bytes=80 * GiB, name="Stand-in GPU", mig_mode=MigMode.OFF)
+    node.allocations = node.drop_dead_pids = True
+    node.write(tmp_path / "nvml-state")
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{tmp_path}:{build_fake_nvml()}")
+    env[STATE_ENV] = str(tmp_path / "nvml-state")
+    args = ["--quick", "--processes", "4,8", "--trials", "2", "--held", "1", "--json", str(tmp_path / "gpu.json")]
+    result = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "GPU processes: CUDA driver API (ctypes)" in result.stdout.splitlines()[0], result.stdout
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    assert data["mode"] == "cuda" and data["context_bytes"] == 512 * 2**20 and not data["failed"]
+    assert [(c["processes"], c["attributed"]) for c in data["scan_cost"]] == [(4, 4), (8, 8)]
+    assert all(v is not None for v in _figures(data["reaction"]["dead_ms"]) + _figures(data["reaction"]["released_ms"]))
+    assert [t["held_bytes"] for t in data["teardown"]] == [2**30]
