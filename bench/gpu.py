@@ -386,6 +386,7 @@ def fit(view: GpuView, each_bytes: int, wanted: int, what: str, notes: list[str]
 
 
 def part_a(node: SimulatedNode, view: GpuView, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """(a) CPU per scan at each process count; every GPU process it started is gone when it returns."""
     procs: list[GpuProc] = []
     try:
         scan_cost_table(node, view, args, out, procs)
@@ -503,6 +504,8 @@ def shown(value: float | None) -> str:
 
 
 def part_b(node: SimulatedNode, view: GpuView, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """(b) Offenders, started a batch at a time in pods of their own, each crossing its quota in turn at a random
+    moment of the poll cycle; a trial counts when the process died of the agent's SIGKILL."""
     context = int(out.get("context_bytes") or view_context(node, view))
     quota_bytes = -(-(context + GiB) // MiB) * MiB
     poll_s = args.poll
@@ -589,6 +592,7 @@ def view_context(node: SimulatedNode, view: GpuView) -> int:
 
 
 def part_c(node: SimulatedNode, view: GpuView, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """(c) The benchmark's own SIGKILL of a process holding each size: no agent runs."""
     context = int(out.get("context_bytes") or view_context(node, view))
     sizes = [int(float(s) * GiB) for s in args.held.split(",")]
     pod = node.add_pod("teardown", "bench")
