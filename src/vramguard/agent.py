@@ -48,6 +48,7 @@ from vramguard.model import (
 )
 from vramguard.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
 from vramguard.quota import QuotaBook, resolve_pod_quota
+from vramguard.watch import MemoryWatch
 
 
 def settle_heap() -> None:
@@ -97,6 +98,7 @@ class Agent:
         limiter: DriverLimiter | None = None,
         claims: ClaimSource | None = None,
         kill_memory: KillMemory | None = None,
+        watch: MemoryWatch | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -107,6 +109,7 @@ class Agent:
         self.capacity = capacity
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
         self.claims = claims  # None: no claim quota source in the policy
+        self.watch = watch  # None: no watch between scans (scans on the poll alone)
         self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
@@ -130,6 +133,8 @@ class Agent:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sample = self._sample()
+        if self.watch is not None:
+            self.watch.scanned(sample.devices)  # the watch's readings are compared with this sample's
         if self.capacity is not None:
             self.capacity.publish(sample)  # the node's advertised VRAM: a PATCH only when it changes
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).
@@ -185,19 +190,26 @@ class Agent:
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
         """Scan every `poll_interval_s` until `stop` is set, on the caller's thread (the composition root's main
-        thread). A failed scan is logged and the loop goes on."""
+        thread), and in between whenever the watch calls for a scan (`trigger.py`). A failed scan is logged and
+        the loop goes on."""
         settled = False
         while not stop.is_set():
-            started = self.clock.now()
-            try:
-                self.scan()
-            except Exception as e:  # degrade, don't die: the next scan may well succeed
-                self.metrics.scans_failed.inc()
-                self.log.exception("scan_failed", error=repr(e))
+            due = self.clock.now() + poll_interval_s
+            self._scan_or_log()
             if not settled:
                 settle_heap()
                 settled = True
-            self.clock.wait(stop, poll_interval_s - (self.clock.now() - started))
+            while self.watch is not None and (reason := self.watch.wait(stop, due)) is not None:
+                self.metrics.triggered_scans.labels(reason=reason.value).inc()
+                self._scan_or_log()
+            self.clock.wait(stop, due - self.clock.now())  # without a watch (with one, `due` has come already)
+
+    def _scan_or_log(self) -> None:
+        try:
+            self.scan()
+        except Exception as e:  # degrade, don't die: the next scan may well succeed
+            self.metrics.scans_failed.inc()
+            self.log.exception("scan_failed", error=repr(e))
 
     def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
         """Re-sample once: a kill is `ok` only when NVML and /proc agree the memory is released. NVML must list

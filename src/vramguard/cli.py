@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
@@ -19,10 +20,10 @@ from vramguard.logs import configure_logging
 from vramguard.metrics import Metrics
 from vramguard.model import DriverLimits, Mode
 from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
-from vramguard.policy import check_policy_file
+from vramguard.policy import check_policy_file, parse_watch_interval
 from vramguard.quantity import QuantityError, parse_quantity
 from vramguard.status import AgentFacts, render, scan_json
-from vramguard.text import printable
+from vramguard.text import printable, show_value
 from vramguard.top import describer, render_table, rows_from_report
 from vramguard.wiring import (
     SHUTDOWN_BUDGET_S,
@@ -141,6 +142,14 @@ def run(
             "kill, so that an agent killed mid-kill is followed by one that thaws it. Without it, no freezing.",
         ),
     ] = "/var/lib/vramguard",
+    watch_interval: Annotated[
+        str | None,
+        typer.Option(
+            "--watch-interval",
+            help="How often each GPU's memory counter is read between scans (e.g. 10ms; 1ms to 1s): a rise scans at "
+            "once. 0s: no watch, scans on the poll alone. Overrides the policy's watch_interval.",
+        ),
+    ] = None,
     status_command_lines: Annotated[
         bool,
         typer.Option(
@@ -156,9 +165,17 @@ def run(
         reserve_bytes = parse_quantity(capacity_reserve)
     except QuantityError as e:
         _fail(f"--capacity-reserve: {e}")
+    policy = _or_exit(lambda: policy_for(policy_path, mode, agent_namespace, driver_limits))
+    if watch_interval is not None:
+        try:
+            policy = replace(policy, watch_interval_s=parse_watch_interval(watch_interval))
+        except QuantityError as e:
+            _fail(f"--watch-interval: {e}")
+        except ValueError as e:
+            _fail(f"--watch-interval: {show_value(watch_interval)} {e}")
     config = RunConfig(
         node_name=node_name,
-        policy=_or_exit(lambda: policy_for(policy_path, mode, agent_namespace, driver_limits)),
+        policy=policy,
         dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,

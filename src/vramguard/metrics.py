@@ -175,6 +175,18 @@ class Metrics:
             "Scans that raised (logged as scan_failed); the loop goes on with the next one.",
             registry=self.registry,
         )
+        self.triggered_scans = Counter(
+            "vramguard_triggered_scans_total",
+            "Scans run before the next poll because the watch between scans saw a GPU's used memory rise "
+            "(memory-rise) or its free memory fall into the pressure band (pressure).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.scan_triggers_held = Counter(
+            "vramguard_scan_triggers_held_total",
+            "Times a trigger had to wait for triggered_scans_per_second (allocations churning faster than that).",
+            registry=self.registry,
+        )
         self.events = Counter(
             "vramguard_events_total",
             "Kubernetes Events by result: written, patched (a repeat of a written one), aggregated (a repeat of a "

@@ -108,6 +108,16 @@ class GpuDevice:
         return str(self.index) if self.mig_index is None else f"{self.index}/mig{self.mig_index}"
 
 
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """One whole GPU's memory counters, as the watch between scans reads them (`GpuSampler.memory`)."""
+
+    index: int
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+
+
 class GpuProcess(NamedTuple):
     """One row of an NVML process list: a host PID using memory on one device.
 
@@ -358,6 +368,13 @@ class Policy:
     # server must not protect an offender from `on_eviction_refused: kill`.
     eviction_timeout_s: float = 15.0
     driver_limits: DriverLimits = DriverLimits.AUTO
+    # The watch between scans (`trigger.py`): each GPU's memory counter read every `watch_interval_s` (0: no watch,
+    # scans on the poll alone); a rise since the last scan by more than the smaller of the two (whichever is set),
+    # or a GPU entering pressure, scans at once, at most `triggered_scans_per_second` (a burst of as many).
+    watch_interval_s: float = 0.01
+    watch_rise_bytes: int | None = 256 * 1024 * 1024
+    watch_rise_ratio: float | None = 0.01
+    triggered_scans_per_second: float = 10.0
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
     quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
     default: DefaultQuota = DefaultQuota()
@@ -382,12 +399,19 @@ class Policy:
         ns = self.namespaces.get(namespace)
         return ns.max_quota_bytes if ns is not None else None
 
-    def under_pressure(self, device: GpuDevice) -> bool:
+    def under_pressure(self, device: GpuDevice | GpuMemory) -> bool:
         if self.pressure_free_bytes is not None and device.free_bytes < self.pressure_free_bytes:
             return True
         return (
             self.pressure_free_ratio is not None and device.free_bytes < self.pressure_free_ratio * device.total_bytes
         )
+
+    def watch_rise_for(self, total_bytes: int) -> int:
+        """The rise in a GPU's used memory since the last scan that scans at once: the smaller threshold set."""
+        limits = [b for b in (self.watch_rise_bytes,) if b is not None]
+        if self.watch_rise_ratio is not None:
+            limits.append(int(self.watch_rise_ratio * total_bytes))
+        return min(limits) if limits else total_bytes
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ TOP_LEVEL_FIELDS: Final = (
     "on_eviction_refused",
     "eviction_timeout",
     "driver_limits",
+    "watch_interval",
+    "watch_rise",
+    "triggered_scans_per_second",
     "exempt_namespaces",
     "quota_sources",
     "default",
@@ -221,6 +224,14 @@ class _Parser:
                 changes["eviction_timeout_s"] = self.convert(key, value, _positive_duration)
             elif key == "driver_limits":
                 changes["driver_limits"] = self.convert(key, value, _choice(DriverLimits))
+            elif key == "watch_interval":
+                changes["watch_interval_s"] = self.convert(key, value, parse_watch_interval)
+            elif key == "watch_rise":
+                rise = self.pressure(key, value)
+                if rise is not None:
+                    changes["watch_rise_bytes"], changes["watch_rise_ratio"] = rise
+            elif key == "triggered_scans_per_second":
+                changes["triggered_scans_per_second"] = self.convert(key, value, _scans_per_second)
             elif key == "exempt_namespaces":
                 names = self.namespace_names(key, value)
                 changes["exempt_namespaces"] = frozenset(names) if names is not None else None
@@ -369,6 +380,24 @@ def _repeat_window(value: object) -> float:
         # A supervisor that respawns its workers a few seconds after a kill would never be a repeat.
         raise _Invalid(f"must be at least {MIN_REPEAT_WINDOW_S:g}s (a shorter window switches off the repeat rule)")
     return seconds
+
+
+MIN_WATCH_INTERVAL_S: Final = 0.001
+MAX_WATCH_INTERVAL_S: Final = 1.0
+
+
+def parse_watch_interval(value: object) -> float:
+    """The watch's interval: 0s (no watch), or from 1ms (a shorter one is a busy loop) to 1s (longer is no watch)."""
+    seconds = parse_duration(value)
+    if seconds != 0 and not MIN_WATCH_INTERVAL_S <= seconds <= MAX_WATCH_INTERVAL_S:
+        raise _Invalid("must be 0s (no watch: scans on the poll alone) or from 1ms to 1s")
+    return seconds
+
+
+def _scans_per_second(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 100:
+        raise _Invalid("must be a number from 1 to 100 (to scan on the poll alone, set watch_interval: 0s)")
+    return float(value)
 
 
 def _namespace_name(value: object) -> str:

@@ -11,13 +11,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vramguard.dra import PodShares
-from vramguard.model import GpuSample, Identity, PodInfo, ProcessRef, Violation
+from vramguard.model import GpuMemory, GpuSample, Identity, PodInfo, ProcessRef, Violation
 
 
 class GpuSampler(Protocol):
     """Reads GPUs, MIG instances and per-process memory. Never raises for one bad GPU: marks it unhealthy."""
 
     def sample(self) -> GpuSample: ...
+
+    def memory(self) -> tuple[GpuMemory, ...]:
+        """Each healthy whole GPU's memory counters, cheaply (no process lists): what the watch between scans
+        reads. A GPU that fails or hangs is left out (the next scan reports it)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -51,6 +51,7 @@ from vramguard.quota import reads_claims
 from vramguard.repeats import KillFile
 from vramguard.status import AgentFacts, StatusPage
 from vramguard.top import describer
+from vramguard.watch import MemoryWatch, ScanTrigger
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -222,11 +223,22 @@ def build_agent(
         limiter=limiter,  # None in dry-run: driver_limiter makes none
         claims=cluster.claims,
         kill_memory=kill_memory,
+        watch=memory_watch(sampler, policy, metrics, clock),
         clock=clock,
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
     return agent
+
+
+def memory_watch(sampler: NvmlSampler, policy: Policy, metrics: Metrics, clock: Clock) -> MemoryWatch | None:
+    """The watch between scans (not started: `serve` starts it with the loop), None with `watch_interval: 0s`."""
+    if policy.watch_interval_s <= 0:
+        return None
+    trigger = ScanTrigger(policy, clock)
+    return MemoryWatch(
+        sampler.memory, trigger, policy.watch_interval_s, clock, count_held=metrics.scan_triggers_held.inc
+    )
 
 
 def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Services, clock: Clock) -> None:
@@ -495,6 +507,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             clock=clock,
         )
         services.start("evictions", agent.enforcer)
+        if agent.watch is not None:
+            services.start("watch", agent.watch)
         if agent.limiter is not None:
             services.start("driver-limits", agent.limiter)
             watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds

@@ -12,13 +12,13 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.model import GpuDevice, GpuProcess, GpuSample, ProcessKind
+from vramguard.model import GpuDevice, GpuMemory, GpuProcess, GpuSample, ProcessKind
 from vramguard.nvml.deadline import DeadlineRunner, Job
 from vramguard.nvml.errors import (
     ARGUMENT_VERSION_MISMATCH,
@@ -39,6 +39,13 @@ DEFAULT_CALL_TIMEOUT_S = 2.0
 _INITIAL_CAPACITY = 32  # rows; grows to twice the largest list seen, so a warm scan needs one call per list
 _V2_MISSING = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH})
 _MIG_ENABLED = 1
+
+
+_Call = Callable[..., Any]  # (name, fn, *args, **kwargs) -> fn's result: `Job.call`, or `_call` outside a job
+
+
+def _call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
 
 
 @dataclass(slots=True)
@@ -168,6 +175,26 @@ class NvmlSampler:
             errors = tuple((kind.value, n) for kind, n in found.items() if n)
             return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=errors)
 
+    def memory(self) -> tuple[GpuMemory, ...]:
+        """Each whole GPU's memory counters: one NVML call a GPU, on the caller's thread, with no lock (NVML is
+        thread-safe): the watch's reading between scans (`watch.MemoryWatch`), from a thread of its own that a hung
+        driver may keep. GPUs no scan has opened yet, stuck ones, and any whose call fails are left out (the scans
+        report them)."""
+        if self._closed:
+            return ()
+        gpus = [(i, gpu) for i, gpu in list(self._gpus.items()) if self._runner.stuck(i) is None]
+        return self._read_memory(_call, gpus)
+
+    def _read_memory(self, call: _Call, gpus: list[tuple[int, _GpuInfo]]) -> tuple[GpuMemory, ...]:
+        readings = []
+        for index, gpu in gpus:
+            try:
+                total, used, free = self._memory(call, gpu.handle)
+            except self._nv.NVMLError:
+                continue
+            readings.append(GpuMemory(index, total, used, free))
+        return tuple(readings)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -272,7 +299,7 @@ class NvmlSampler:
                 name=str(job.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, handle)),
             )
             self._gpus[index] = gpu
-        total, used, free = self._memory(job, gpu.handle)
+        total, used, free = self._memory(job.call, gpu.handle)
         device = GpuDevice(
             index=index, uuid=gpu.uuid, name=gpu.name, total_bytes=total, used_bytes=used, free_bytes=free
         )
@@ -294,7 +321,7 @@ class NvmlSampler:
                 name = self._names.get(uuid)
                 if name is None:
                     name = self._names[uuid] = str(job.call("nvmlDeviceGetName", nv.nvmlDeviceGetName, mig_handle))
-                total, used, free = self._memory(job, mig_handle)
+                total, used, free = self._memory(job.call, mig_handle)
                 mig = GpuDevice(
                     index=index,
                     uuid=uuid,
@@ -330,11 +357,11 @@ class NvmlSampler:
                 )
         return scan
 
-    def _memory(self, job: Job, handle: Any) -> tuple[int, int, int]:
+    def _memory(self, call: _Call, handle: Any) -> tuple[int, int, int]:
         nv = self._nv
         if self._memory_v2 is not False:
             try:
-                m = job.call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, handle, version=nv.nvmlMemory_v2)
+                m = call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, handle, version=nv.nvmlMemory_v2)
             except nv.NVMLError as e:
                 if e.value not in _V2_MISSING:
                     raise
@@ -342,7 +369,7 @@ class NvmlSampler:
             else:
                 self._memory_v2 = True
                 return int(m.total), int(m.used), int(m.free)
-        m = job.call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
+        m = call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
         return int(m.total), int(m.used), int(m.free)
 
     def _mig_enabled(self, job: Job, gpu: _GpuInfo) -> bool:

@@ -20,6 +20,7 @@ from vramguard.model import (
     ContainerUsage,
     GiB,
     GpuDevice,
+    GpuMemory,
     GpuSample,
     PodInfo,
     ProcessRef,
@@ -89,6 +90,7 @@ class FakeSampler:
         self.next = sample if sample is not None else GpuSample(devices=(), processes=())
         self.error: Exception | None = None
         self.calls = 0
+        self.memory_calls = 0
 
     def inject_error(self, error: Exception | None) -> None:
         self.error = error
@@ -98,6 +100,15 @@ class FakeSampler:
         if self.error is not None:
             raise self.error
         return self.next
+
+    def memory(self) -> tuple[GpuMemory, ...]:
+        """The whole, healthy GPUs of `next`, as the watch reads them (`memory_calls` counts the readings)."""
+        self.memory_calls += 1
+        return tuple(
+            GpuMemory(d.index, d.total_bytes, d.used_bytes, d.free_bytes)
+            for d in self.next.devices
+            if d.mig_index is None and d.healthy
+        )
 
     def close(self) -> None:
         pass
