@@ -60,7 +60,7 @@ from vramguard.pods import FilePodSource
 from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, MigMode, load_fake_nvml
-from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode
+from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
 
 FAKE_CONTEXT_BYTES = 512 * MiB  # what a --fake-nvml process holds from its start, as a CUDA context does
 CROSSING_BYTES = 2 * GiB  # what an offender allocates to cross its quota (its context + 1 GiB)
@@ -330,26 +330,33 @@ def running_agent(node: SimulatedNode, *args: str) -> Iterator[subprocess.Popen[
         node.stop_agents()
 
 
-def agent_process_cost(node: SimulatedNode, poll_s: float, seconds: float) -> tuple[float, float]:
-    """(CPU seconds, scans) of the whole `vramguard run` process over `seconds` at a `poll_s` poll. The window
-    opens after the /metrics read that gives the first scan count and closes before the one that gives the last,
-    so neither read's own cost is counted."""
-    with running_agent(node, "--poll-interval", str(poll_s)) as agent:
+def scan_cpu_seconds(node: SimulatedNode) -> float:
+    """What the agent counted as its scans' CPU (vramguard_scan_cpu_seconds_total)."""
+    return metric_value(node.http_get("/metrics")[1], "vramguard_scan_cpu_seconds_total") or 0.0
+
+
+def agent_process_cost(node: SimulatedNode, poll_s: float, seconds: float, watch: str) -> tuple[float, float, float]:
+    """(CPU seconds, scans, CPU seconds the agent counted in its scans) of the whole `vramguard run` process over
+    `seconds` at a `poll_s` poll, its watch between scans at `watch`. The window opens after the /metrics read that
+    gives the first scan count and closes before the one that gives the last, so neither read's own cost is
+    counted."""
+    with running_agent(node, "--poll-interval", str(poll_s), "--watch-interval", watch) as agent:
         node.wait_scans(2)  # past start-up: the heap settled after the first scan
-        scans0 = node.scans()
+        scans0, scan_cpu0 = node.scans(), scan_cpu_seconds(node)
         cpu0 = cpu_seconds(agent.pid)
         time.sleep(seconds)
         cpu1 = cpu_seconds(agent.pid)
-        scans1 = node.scans()
-    return cpu1 - cpu0, scans1 - scans0
+        scans1, scan_cpu1 = node.scans(), scan_cpu_seconds(node)
+    return cpu1 - cpu0, scans1 - scans0, scan_cpu1 - scan_cpu0
 
 
 def scan_costs(node: SimulatedNode, view: GpuView, processes: int, args: argparse.Namespace) -> dict[str, Any]:
     """Part (a) for the node as it is now, with `processes` GPU processes in pods."""
     calls = raw_nvml_costs(view, args.scans)
     inproc = in_process_costs(node, processes, args.scans)
-    cpu, scans = agent_process_cost(node, 1 / args.agent_hz, args.seconds)
-    rest_cpu, rest_scans = agent_process_cost(node, 1.0, args.rest_seconds)
+    # The watch apart at 20 Hz (its own cost is the rest figure's, at the default poll and watch).
+    cpu, scans, own_scan_cpu = agent_process_cost(node, 1 / args.agent_hz, args.seconds, "0s")
+    rest_cpu, rest_scans, _ = agent_process_cost(node, 1.0, args.rest_seconds, "10ms")
     whole = cpu / scans if scans else float("nan")
     return {
         "processes": processes,
@@ -364,6 +371,8 @@ def scan_costs(node: SimulatedNode, view: GpuView, processes: int, args: argpars
         "agent_cpu_s": cpu,
         "agent_ms_per_scan": whole * 1000,
         "whole_over_scan": whole / inproc["scan"],
+        "agent_scan_ms": own_scan_cpu / scans * 1000 if scans else float("nan"),
+        "whole_over_own_scans": cpu / own_scan_cpu if own_scan_cpu else float("nan"),
         "rest_seconds": args.rest_seconds,
         "rest_scans": rest_scans,
         "rest_millicores": rest_cpu / args.rest_seconds * 1000,
@@ -417,15 +426,16 @@ def scan_cost_table(
         raise RuntimeError(f"NVML does not list the first GPU process (pid {procs[0].pid}) with its memory")
     out["context_bytes"] = context
     print(f"a GPU process's context: {context / MiB:.0f} MiB as NVML counts it\n")
-    row = "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9} {:>11} {:>10}  {:>9}"
+    row = "{:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>10}  {:>9}"
     header = (
         "procs", "mem info", "MIG mode", "compute", "graphics", "MPS", "raw NVML",
-        "sample()", "scan()", "agent", "agent/scan", "attributed", "rest mcpu",
+        "sample()", "scan()", "agent", "agent/scan", "its scans", "agent/its", "attributed", "rest mcpu",
     )  # fmt: skip
     print(
         "(a) CPU per scan, milliseconds: each NVML call (pynvml, this thread) and their sum; NvmlSampler.sample() "
         f"and Agent.scan() in this process (median of {args.scans}); the whole `vramguard run` process per scan at "
-        f"{args.agent_hz:g} Hz over {args.seconds:g} s; and at rest at the default 1 s poll over "
+        f"{args.agent_hz:g} Hz over {args.seconds:g} s, watch off, and what it counted in its own scans "
+        "(vramguard_scan_cpu_seconds_total); and at rest at the default 1 s poll and 10 ms watch over "
         f"{args.rest_seconds:g} s (millicores)"
     )
     print(row.format(*header))
@@ -452,6 +462,8 @@ def scan_cost_table(
                 f"{c['scan_ms']:.3f}",
                 f"{c['agent_ms_per_scan']:.3f}",
                 f"{c['whole_over_scan']:.2f}x",
+                f"{c['agent_scan_ms']:.3f}",
+                f"{c['whole_over_own_scans']:.2f}x",
                 f"{c['attributed']}/{n}",
                 f"{c['rest_millicores']:.1f}",
             )

@@ -131,6 +131,7 @@ class Agent:
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
+        cpu_started = time.process_time()  # and its CPU (the process's, all threads: the NVML worker's too)
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sample = self._sample()
         if self.watch is not None:
@@ -181,6 +182,7 @@ class Agent:
         duration_s = time.perf_counter() - started
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
         self._report(snapshot, quotas, decision, outcomes, duration_s, held)
+        self.metrics.scan_cpu.inc(time.process_time() - cpu_started)
         self.last_scan_at = now
         if pods_synced:
             self.last_synced_scan_at = now

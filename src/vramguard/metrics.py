@@ -175,6 +175,12 @@ class Metrics:
             "Scans that raised (logged as scan_failed); the loop goes on with the next one.",
             registry=self.registry,
         )
+        self.scan_cpu = Counter(
+            "vramguard_scan_cpu_seconds_total",
+            "CPU the agent process spent in scans (all its threads while a scan ran); the process's own "
+            "process_cpu_seconds_total less this is what it spends between scans.",
+            registry=self.registry,
+        )
         self.triggered_scans = Counter(
             "vramguard_triggered_scans_total",
             "Scans run before the next poll because the watch between scans saw a GPU's used memory rise "

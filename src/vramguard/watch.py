@@ -36,21 +36,20 @@ class ScanTrigger:
         self.policy = policy
         rate = policy.triggered_scans_per_second
         self.bucket = TokenBucket(max(1, int(rate)), rate * 60.0, clock)
-        self._baseline: dict[int, int] = {}  # GPU index → used bytes the last scan saw (or what triggered it)
+        self._baseline: dict[int, int] = {}  # GPU index → used bytes the last scan saw, or less read since
         self._pressured: set[int] = set()  # GPUs under pressure at the last scan
-        self._triggered_at: dict[int, int] = {}  # the reading that triggered the scan under way, by GPU
         self._held = False  # a trigger is waiting for the rate limit since the last scan
         self.held = 0  # triggers held back by the rate limit (once per wait), for the metric
         self._lock = threading.Lock()  # `scanned` and `check` run on two threads
 
     def scanned(self, devices: Iterable[GpuDevice]) -> None:
-        """A scan completed with these devices: its readings are the baseline from now on. A triggering reading
-        higher than the scan's stays the baseline, so memory freed and taken again in a churn is not a rise."""
+        """A scan sampled these devices: its readings are the baseline from now on (what rose after the sample
+        still shows as a rise, and so does memory freed and taken again: churn within a quota costs at most the
+        rate limit's scans)."""
         whole = [d for d in devices if d.mig_index is None and d.healthy]
         with self._lock:
-            self._baseline = {d.index: max(d.used_bytes, self._triggered_at.get(d.index, 0)) for d in whole}
+            self._baseline = {d.index: d.used_bytes for d in whole}
             self._pressured = {d.index for d in whole if self.policy.under_pressure(d)}
-            self._triggered_at = {}
             self._held = False
 
     def check(self, readings: Iterable[GpuMemory]) -> Trigger | None:
@@ -67,7 +66,6 @@ class ScanTrigger:
                 self.held += not self._held
                 self._held = True
                 return None
-            self._triggered_at[reading.index] = reading.used_bytes
             return reason
         return None
 
@@ -75,6 +73,10 @@ class ScanTrigger:
         baseline = self._baseline.get(reading.index)
         if baseline is None:
             return None  # no scan has seen this GPU healthy: the poll scans it
+        if reading.used_bytes < baseline:
+            # Memory freed since the scan (a process killed or gone): a rise is counted from the lowest reading,
+            # or an allocation up to the freed amount would go unseen until the poll.
+            self._baseline[reading.index] = baseline = reading.used_bytes
         if reading.used_bytes - baseline > self.policy.watch_rise_for(reading.total_bytes):
             return Trigger.MEMORY_RISE
         if reading.index not in self._pressured and self.policy.under_pressure(reading):

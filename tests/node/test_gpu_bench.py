@@ -44,9 +44,9 @@ def test_fake_nvml_quick_run_prints_and_writes_every_figure(tmp_path: Path) -> N
     scan_rows = {row[0]: row for row in rows if row[0] in ("32", "96")}
     assert set(scan_rows) == {"32", "96"}, result.stdout
     for n, row in scan_rows.items():
-        assert len(row) == 13 and "-" not in row, row  # every NVML call the fake GPU has, and each figure
-        assert row[11] == f"{n}/{n}", row  # every GPU process attributed to its pod
-        assert row[10].endswith("x"), row
+        assert len(row) == 15 and "-" not in row, row  # every NVML call the fake GPU has, and each figure
+        assert row[13] == f"{n}/{n}", row  # every GPU process attributed to its pod
+        assert row[10].endswith("x") and row[12].endswith("x"), row
     reaction = {" ".join(row[:3]): row[3:] for row in rows if row[0] == "crossing"}
     assert set(reaction) == {"crossing -> dead", "crossing -> released"}, result.stdout
     assert all("-" not in cells and cells[-1] == "3/3" for cells in reaction.values()), reaction
@@ -58,7 +58,7 @@ def test_fake_nvml_quick_run_prints_and_writes_every_figure(tmp_path: Path) -> N
     assert data["mode"] == "fake-nvml" and not data["failed"] and not data["notes"]
     assert [c["processes"] for c in data["scan_cost"]] == [32, 96]
     for c in data["scan_cost"]:
-        numbers = [c["raw_nvml_ms"], c["sample_ms"], c["scan_ms"], c["agent_ms_per_scan"]]
+        numbers = [c["raw_nvml_ms"], c["sample_ms"], c["scan_ms"], c["agent_ms_per_scan"], c["agent_scan_ms"]]
         assert all(v > 0 for v in numbers) and c["rest_millicores"] >= 0, c  # at rest, 2 s may be under a tick
     assert all(v is not None for v in _figures(data["reaction"]["dead_ms"]) + _figures(data["reaction"]["released_ms"]))
     assert [t["held_bytes"] for t in data["teardown"]] == [2**30, 20 * 2**30]
