@@ -141,7 +141,8 @@ class PidfdKiller:
     filesystem (``/sys/fs/cgroup``, or wherever the DaemonSet mounts it, e.g. ``/host/sys/fs/cgroup``): without
     it the killer still works, by rounds of /proc walks, but cannot freeze. `device_prefix` names the GPU
     device files (tests stand a temporary file in); `self_pid` the process never to signal or freeze;
-    `journal` where each freeze is written down first: without one, nothing is frozen (the rounds alone).
+    `journal` where each freeze is written down first: without one, nothing is frozen (the rounds alone); it
+    must be given this `cgroup_root`, or it refuses to record (and nothing is frozen either).
     """
 
     def __init__(
@@ -404,8 +405,8 @@ class PidfdKiller:
                     entry = self._journal.record(cgroup.directory, cgroup.v2)  # no record, no freeze
                     os.write(fd, frozen_value)
                     wrote = True
-                except OSError:
-                    pass
+                except (OSError, ValueError):
+                    pass  # ValueError: a cgroup the next agent's journal would refuse to thaw is never frozen
             try:
                 if wrote:
                     self._wait_frozen(run, cgroup)

@@ -8,7 +8,6 @@ within `SHUTDOWN_BUDGET_S`; one `Clock` is handed to every part that reads time.
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import threading
@@ -417,21 +416,30 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(s, handler)
 
 
-def freeze_journal(state_dir: str) -> FreezeJournal | None:
+def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
     """The journal of this agent's freezes, after thawing every container an earlier agent left frozen (killed
-    mid-kill); None, and no freezing, where the state directory cannot be used."""
+    mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the journal's directory
+    (it is a hostPath others may write) is refused and reported in one line."""
     log = structlog.get_logger("vramguard")
-    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes")
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
     try:
-        os.makedirs(journal.directory, mode=0o700, exist_ok=True)
-        left = journal.thaw_abandoned()
+        journal.ensure()
+        recovery = journal.thaw_abandoned()
     except OSError as e:
         log.error(
             "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
         )
         return None
-    for entry, outcome in left:
+    if recovery.junk:
+        log.warning("freeze_journal_junk", directory=journal.directory, **recovery.junk.log_fields())
+    forgotten: dict[str, int] = {}
+    for entry, outcome in recovery.outcomes:
+        if outcome in ("not frozen", "gone"):
+            forgotten[outcome] = forgotten.get(outcome, 0) + 1  # nothing changed on the node: no line each
+            continue
         log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
+    if forgotten:
+        log.info("abandoned_freezes_forgotten", **{k.replace(" ", "_"): n for k, n in sorted(forgotten.items())})
     return journal
 
 
@@ -442,7 +450,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     if config.advertise_capacity and config.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
-    journal = None if config.dry_run else freeze_journal(config.state_dir)
+    journal = None if config.dry_run else freeze_journal(config.state_dir, config.cgroup_root)
     metrics = Metrics()
     cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy, clock)
     capacity = capacity_publisher(
