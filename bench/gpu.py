@@ -356,7 +356,7 @@ def scan_costs(node: SimulatedNode, view: GpuView, processes: int, args: argpars
     inproc = in_process_costs(node, processes, args.scans)
     # The watch apart at 20 Hz (its own cost is the rest figure's, at the default poll and watch).
     cpu, scans, own_scan_cpu = agent_process_cost(node, 1 / args.agent_hz, args.seconds, "0s")
-    rest_cpu, rest_scans, _ = agent_process_cost(node, 1.0, args.rest_seconds, "10ms")
+    rest_cpu, rest_scans, _ = agent_process_cost(node, 1.0, args.rest_seconds, "20ms")
     whole = cpu / scans if scans else float("nan")
     return {
         "processes": processes,
@@ -435,7 +435,7 @@ def scan_cost_table(
         "(a) CPU per scan, milliseconds: each NVML call (pynvml, this thread) and their sum; NvmlSampler.sample() "
         f"and Agent.scan() in this process (median of {args.scans}); the whole `vramguard run` process per scan at "
         f"{args.agent_hz:g} Hz over {args.seconds:g} s, watch off, and what it counted in its own scans "
-        "(vramguard_scan_cpu_seconds_total); and at rest at the default 1 s poll and 10 ms watch over "
+        "(vramguard_scan_cpu_seconds_total); and at rest at the default 1 s poll and 20 ms watch over "
         f"{args.rest_seconds:g} s (millicores)"
     )
     print(row.format(*header))

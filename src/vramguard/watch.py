@@ -151,22 +151,27 @@ class MemoryWatch:
 
     def _run(self) -> None:
         while not self._running.acquire(True, self.interval_s):
-            waiter_stop = self._waiter_stop
-            if waiter_stop is not None and waiter_stop.is_set():
-                self._posted.set()
-                continue
-            try:
-                readings = tuple(self.read())
-            except Exception as e:  # a reading is a hint: the next scan says what is wrong with the GPU
-                if self._failures.failed(type(e).__name__):
-                    self.log.warning("watch_read_failed", error=repr(e))
-                continue
-            self._failures.ok()
-            self.readings += 1
-            held = self.trigger.held
-            reason = self.trigger.check(readings)
-            if self.trigger.held != held:
-                self.count_held()
-            if reason is not None:
-                self._reason = reason
-                self._posted.set()
+            self.read_once()
+
+    def read_once(self) -> None:
+        """The thread's step: read the counters and post the reason when they call for a scan (and wake the waiter
+        whose stop was set)."""
+        waiter_stop = self._waiter_stop
+        if waiter_stop is not None and waiter_stop.is_set():
+            self._posted.set()
+            return
+        try:
+            readings = tuple(self.read())
+        except Exception as e:  # a reading is a hint: the next scan says what is wrong with the GPU
+            if self._failures.failed(type(e).__name__):
+                self.log.warning("watch_read_failed", error=repr(e))
+            return
+        self._failures.ok()
+        self.readings += 1
+        held = self.trigger.held
+        reason = self.trigger.check(readings)
+        if self.trigger.held != held:
+            self.count_held()
+        if reason is not None:
+            self._reason = reason
+            self._posted.set()

@@ -82,6 +82,17 @@ def test_empty_file_is_the_default_policy(tmp_path: Path) -> None:
         pytest.param({"cooldown": "0s"}, Policy(cooldown_s=0.0), id="cooldown-zero-is-allowed"),
         pytest.param({"repeat_window": "10m"}, Policy(repeat_window_s=600.0), id="repeat-window"),
         pytest.param({"repeat_window": 10}, Policy(repeat_window_s=10.0), id="repeat-window-at-its-minimum"),
+        pytest.param({"watch_interval": "5ms"}, Policy(watch_interval_s=0.005), id="watch-interval"),
+        pytest.param({"watch_interval": "0s"}, Policy(watch_interval_s=0.0), id="watch-off-scans-on-the-poll"),
+        pytest.param(
+            {"watch_rise": "1Gi"}, Policy(watch_rise_bytes=GiB, watch_rise_ratio=None), id="watch-rise-as-bytes"
+        ),
+        pytest.param(
+            {"watch_rise": ["512Mi", "2%"]},
+            Policy(watch_rise_bytes=512 * 1024 * 1024, watch_rise_ratio=0.02),
+            id="watch-rise-the-smaller-of-both",
+        ),
+        pytest.param({"triggered_scans_per_second": 3}, Policy(triggered_scans_per_second=3.0), id="triggered-rate"),
         pytest.param(
             {"pressure_threshold": "2Gi"},
             Policy(pressure_free_bytes=2 * GiB, pressure_free_ratio=None),
@@ -189,6 +200,31 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
             {"repeat_window": "0s"},
             'repeat_window: "0s" must be at least 10s (a shorter window switches off the repeat rule)',
             id="repeat-window-zero-would-switch-the-defence-off",
+        ),
+        pytest.param(
+            {"watch_interval": "500us"}, 'watch_interval: "500us" is not a valid duration', id="watch-interval-unit"
+        ),
+        pytest.param(
+            {"watch_interval": 0.0005},
+            "watch_interval: 0.0005 must be 0s (no watch: scans on the poll alone) or from 1ms to 1s",
+            id="watch-interval-a-busy-loop",
+        ),
+        pytest.param(
+            {"watch_interval": "2s"}, 'watch_interval: "2s" must be 0s (no watch', id="watch-interval-no-watch-at-all"
+        ),
+        pytest.param(
+            {"watch_rise": "-1Gi"}, 'watch_rise: "-1Gi" is not a valid quantity', id="watch-rise-negative"
+        ),
+        pytest.param(
+            {"triggered_scans_per_second": 0},
+            "triggered_scans_per_second: 0 must be a number from 1 to 100 (to scan on the poll alone, set "
+            "watch_interval: 0s)",
+            id="triggered-rate-zero-is-not-an-off-switch",
+        ),
+        pytest.param(
+            {"triggered_scans_per_second": "many"},
+            'triggered_scans_per_second: "many" must be a number from 1 to 100',
+            id="triggered-rate-words",
         ),
         pytest.param(
             {"repeat_window": "9.5s"}, 'repeat_window: "9.5s" must be at least 10s', id="repeat-window-too-short"
