@@ -212,9 +212,7 @@ def test_parse_policy_fields(data: dict[str, object], expected: Policy) -> None:
         pytest.param(
             {"watch_interval": "2s"}, 'watch_interval: "2s" must be 0s (no watch', id="watch-interval-no-watch-at-all"
         ),
-        pytest.param(
-            {"watch_rise": "-1Gi"}, 'watch_rise: "-1Gi" is not a valid quantity', id="watch-rise-negative"
-        ),
+        pytest.param({"watch_rise": "-1Gi"}, 'watch_rise: "-1Gi" is not a valid quantity', id="watch-rise-negative"),
         pytest.param(
             {"triggered_scans_per_second": 0},
             "triggered_scans_per_second: 0 must be a number from 1 to 100 (to scan on the poll alone, set "
