@@ -69,22 +69,9 @@ def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
     Raises OSError when the file cannot be read for another reason (EMFILE, EACCES, ...), and for contents that
     do not parse (errno EIO): neither says anything about the process.
     """
-    try:
-        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        if is_gone_error(e):
-            return None
-        raise
-    try:
-        data = os.read(fd, 4096)
-    except OSError as e:
-        if is_gone_error(e):
-            return None
-        raise
-    finally:
-        os.close(fd)
+    data = read_head(f"{proc_root}/{pid}/stat", 4096)
     if not data:
-        return None  # the task was released between open and read
+        return None  # gone, or the task was released between open and read
     parsed = parse_stat(data)
     if parsed is None:
         raise OSError(errno.EIO, f"unparsable {proc_root}/{pid}/stat")
