@@ -356,8 +356,9 @@ def spacing_hold(
     An eviction the API server accepted holds every further eviction of the pod, a repeat's too: the pod is going
     already. Otherwise a repeat is never held. The cooldown holds a kill while one of its container instances was
     acted on less than `cooldown_s` ago (a restarted container is a new instance: the kubelet's back-off spaces
-    it), and an eviction while the pod was; a subject of no container instance (processes of the pod's own cgroup)
-    is spaced per pod (`action_targets`).
+    it) or its pod was evicted (the pod is going: its grace period is its owner's), and an eviction while the pod
+    was acted on; a subject of no container instance (processes of the pod's own cgroup) is spaced per pod
+    (`action_targets`).
     """
     if kind is Mode.EVICT and v.pod.uid in state.evicted:
         waited = format_duration(float(policy.eviction_timeout_s))
@@ -365,7 +366,9 @@ def spacing_hold(
         return f"evicted {since:.1f}s ago: waiting for its deletion (eviction_timeout {waited})"
     if repeat:
         return None
-    acted = [state.last_action_at[t] for t in action_targets(v, kind) if t in state.last_action_at]
+    # A kill is held by a kill in the same container instance, and by an eviction of its pod: the pod is going.
+    held_by = {*action_targets(v, kind), v.pod.uid}
+    acted = [state.last_action_at[t] for t in held_by if t in state.last_action_at]
     if acted and now - max(acted) < policy.cooldown_s:
         return f"cool-down: acted {now - max(acted):.1f}s ago (cooldown {format_duration(float(policy.cooldown_s))})"
     return None

@@ -480,6 +480,11 @@ class HealthServer:
             return
         conn.sock.shutdown(socket.SHUT_WR)  # the FIN ends the response (with Content-Length) for the client
         conn.phase = _Phase.DRAIN
+        if self._evictable(conn):
+            # The client's kernel has acknowledged the whole response: nothing a close does can destroy it now, so
+            # the slot is not held until the client closes (a third of a connection's cost under a flood).
+            self._drop(conn)
+            return
         self._watch(conn, selectors.EVENT_READ)
         self._drain(conn)  # the client may have closed already
 

@@ -723,6 +723,16 @@ EVICTION_CASES = [
         id="seen-terminating-over-its-hard-limit-is-killed-not-evicted-again",
     ),
     pytest.param(
+        _repeat_policy(),
+        True,
+        [
+            Scan(0, EVICTING_NS, 2, ["warn:serve", "evict:serve"]),
+            Scan(1, EVICTING_GOING, 2, [], held="cool-down: acted 1.0s ago"),
+            Scan(59.5, EVICTING_GOING, 2, ["kill:serve"]),
+        ],
+        id="the-pod-it-evicted-has-its-grace-period-for-the-cooldown-then-is-killed",
+    ),
+    pytest.param(
         _repeat_policy(on_repeat=OnRepeat.EVICT),
         True,
         [
