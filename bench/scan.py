@@ -297,18 +297,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         row = "{:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7}  {}"
         print(row.format("poll", "watch", "p50", "p95", "p99", "max", "missed", "target"))
-        for poll_s in (float(p) for p in args.polls.split(",")):
-            for watch in ("0s", "20ms", "10ms"):
-                rt, missed = reaction_times(work / f"reaction-{poll_s}-{watch}", poll_s, args.trials, watch)
-                name = "p99 <= 1.5 x poll" if watch == "0s" else "p95 <= 50 ms"
-                if not rt:
-                    print(row.format(f"{poll_s * 1000:.0f}ms", watch, *["-"] * 4, f"{missed}/{args.trials}", name))
-                    continue
-                p95, p99 = percentile(rt, 95), percentile(rt, 99)
-                met = p99 <= 1.5 * poll_s if watch == "0s" else p95 <= 0.05
-                figures = (f"{v * 1000:.1f}" for v in (percentile(rt, 50), p95, p99, max(rt)))
-                verdict = f"{name}: {'met' if met and not missed else 'NOT met'}"
-                print(row.format(f"{poll_s * 1000:.0f}ms", watch, *figures, f"{missed}/{args.trials}", verdict))
+        polls = [float(p) for p in args.polls.split(",")]
+        # The watch off and on at the first poll (the default); at the others, the poll alone (the issue-2 target).
+        for poll_s, watch in [(polls[0], w) for w in ("0s", "20ms", "10ms")] + [(p, "0s") for p in polls[1:]]:
+            rt, missed = reaction_times(work / f"reaction-{poll_s}-{watch}", poll_s, args.trials, watch)
+            name = "p99 <= 1.5 x poll" if watch == "0s" else "p95 <= 50 ms"
+            if not rt:
+                print(row.format(f"{poll_s * 1000:.0f}ms", watch, *["-"] * 4, f"{missed}/{args.trials}", name))
+                continue
+            p95, p99 = percentile(rt, 95), percentile(rt, 99)
+            met = p99 <= 1.5 * poll_s if watch == "0s" else p95 <= 0.05
+            figures = (f"{v * 1000:.1f}" for v in (percentile(rt, 50), p95, p99, max(rt)))
+            verdict = f"{name}: {'met' if met and not missed else 'NOT met'}"
+            print(row.format(f"{poll_s * 1000:.0f}ms", watch, *figures, f"{missed}/{args.trials}", verdict))
 
         seconds = 3.0 if args.quick else 10.0
         c = agent_costs(work / "costs", seconds)

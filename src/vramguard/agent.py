@@ -133,9 +133,10 @@ class Agent:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
         cpu_started = time.process_time()  # and its CPU (the process's, all threads: the NVML worker's too)
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
+        sampled_at = self.clock.now()
         sample = self._sample()
         if self.watch is not None:
-            self.watch.scanned(sample.devices)  # the watch's readings are compared with this sample's
+            self.watch.scanned(sample.devices, sampled_at)  # the watch's readings are compared with this sample's
         if self.capacity is not None:
             self.capacity.publish(sample)  # the node's advertised VRAM: a PATCH only when it changes
         # 2. Identify each process' pod and container from its cgroup (cached by PID and start time).

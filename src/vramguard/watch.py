@@ -112,6 +112,7 @@ class MemoryWatch:
         self.readings = 0  # for tests and the benchmark: how often the counters were read
         self._posted = threading.Event()  # a reason is waiting, or the waiter's stop was set
         self._reason: Trigger | None = None
+        self._read_at = float("-inf")  # when the reading behind the posted reason was taken
         self._waiter_stop: threading.Event | None = None
         self._failures = FailureRun()
         # Held until `stop()`: the pause between readings is a timed acquire of it, real time (the readings poll
@@ -142,12 +143,14 @@ class MemoryWatch:
                     return reason
         return None
 
-    def scanned(self, devices: Iterable[GpuDevice]) -> None:
-        """A scan just read the GPUs (`devices`): the readings are compared with these from now on, and a reason
-        posted before is stale (a rise still there is posted again)."""
+    def scanned(self, devices: Iterable[GpuDevice], sampled_at: float) -> None:
+        """A scan read the GPUs (`devices`) from `sampled_at` on: the readings are compared with these from now on,
+        and a reason posted from a reading before the sample is stale (one read since stands: the sample may have
+        missed what it saw)."""
         self.trigger.scanned(devices)
-        self._posted.clear()
-        self._reason = None
+        if self._read_at <= sampled_at:
+            self._posted.clear()
+            self._reason = None
 
     def _run(self) -> None:
         while not self._running.acquire(True, self.interval_s):
@@ -160,6 +163,7 @@ class MemoryWatch:
         if waiter_stop is not None and waiter_stop.is_set():
             self._posted.set()
             return
+        read_at = self.clock.now()
         try:
             readings = tuple(self.read())
         except Exception as e:  # a reading is a hint: the next scan says what is wrong with the GPU
@@ -173,5 +177,5 @@ class MemoryWatch:
         if self.trigger.held != held:
             self.count_held()
         if reason is not None:
-            self._reason = reason
+            self._reason, self._read_at = reason, read_at
             self._posted.set()

@@ -23,7 +23,7 @@ def test_quick_benchmark_prints_its_figures() -> None:
     lines = result.stdout.splitlines()
     assert any(line.split()[:2] == ["8x64", "512"] for line in lines if line.strip())
     assert any(line.split()[:2] == ["1x1", "1"] for line in lines if line.strip())
-    reactions = [line.split() for line in lines if line.strip().startswith("1000ms")]
+    reactions = [line.split() for line in lines if line.strip().startswith("1000ms")]  # --quick: the default poll
     assert {r[1] for r in reactions} == {"0s", "20ms", "10ms"}, "the default poll, the watch off and on"
     assert all(" ".join(r).endswith(("met", "NOT met")) for r in reactions)
     assert any(line.strip().startswith("at rest:") for line in lines)

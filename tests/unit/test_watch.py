@@ -121,7 +121,7 @@ def test_the_loop_waits_for_the_watch_or_the_poll() -> None:
     readings = [reading(GiB)]
     watch = _watch(readings, clock, held)
     stop = threading.Event()
-    watch.scanned([scanned_gpu(GiB)])
+    watch.scanned([scanned_gpu(GiB)], clock.now())
     watch.read_once()
     assert watch.wait(stop, clock.now() + 1.0) is None, "nothing rose: the poll is due"
 
@@ -130,15 +130,22 @@ def test_the_loop_waits_for_the_watch_or_the_poll() -> None:
     assert watch.wait(stop, clock.now() + 1.0) is Trigger.MEMORY_RISE
     watch.read_once()
     assert held == [1], "the rate's one token is spent: the next is held, and counted"
-    watch.scanned([scanned_gpu(GiB)])
-    assert watch.wait(stop, clock.now() + 1.0) is None, "a scan makes what was posted before it stale"
+    sampled_at = clock.now()
+    clock.step(1.0)  # a token again
+    watch.read_once()
+    watch.scanned([scanned_gpu(GiB)], sampled_at)
+    assert watch.wait(stop, clock.now() + 1.0) is Trigger.MEMORY_RISE, "read after the scan's sample: it stands"
+    clock.step(1.0)
+    watch.read_once()
+    watch.scanned([scanned_gpu(GiB)], clock.now())
+    assert watch.wait(stop, clock.now() + 1.0) is None, "read before the scan's sample: stale"
 
     def broken() -> list[GpuMemory]:
         raise RuntimeError("NVML went away")
 
     watch.read = broken
     watch.read_once()
-    assert watch.readings == 3 and watch.wait(stop, clock.now() + 1.0) is None
+    assert watch.readings == 5 and watch.wait(stop, clock.now() + 1.0) is None
 
 
 def test_a_stop_set_while_the_loop_waits_ends_the_wait() -> None:

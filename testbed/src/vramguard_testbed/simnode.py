@@ -265,20 +265,24 @@ class SimulatedNode:
             self.sync()
 
     def set_usage(self, proc: SimProcess, used_bytes: int) -> None:
+        """What NVML says `proc` uses; the pod list is not rewritten (an allocation changes no pod)."""
         proc.used_bytes = used_bytes
-        self.sync()
+        self._sync_nvml()
 
     def sync(self) -> None:
         """Write what NVML and the pod list should say now (each file replaced atomically)."""
+        self._sync_nvml()
+        tmp = self.pods_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(self.pod_list()))
+        os.replace(tmp, self.pods_path)
+
+    def _sync_nvml(self) -> None:
         if not self.real_gpu:
             for gpu in self.nvml.gpu_list:
                 gpu.processes = []
             for proc in self.processes:
                 self.nvml.gpu(proc.gpu).add_process(proc.pid, proc.used_bytes)
             self.nvml.write(self.state_path)
-        tmp = self.pods_path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(self.pod_list()))
-        os.replace(tmp, self.pods_path)
 
     def pod_list(self) -> dict[str, Any]:
         """The pods as `kubectl get pods -o yaml` prints them, and the Node with its labels."""
