@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from unittest.mock import ANY
@@ -11,6 +12,7 @@ import pytest
 from vramguard.decide import (
     VICTIM_ORDER,
     Comparator,
+    Decision,
     DecisionState,
     by_overage,
     by_priority,
@@ -678,9 +680,11 @@ REPEAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("policy", "scans"), REPEAT_CASES)
-def test_repeats(policy: Policy, scans: list[Scan]) -> None:
-    """A repeat is acted on at once, one step further; a restarted container or a cured one is not a repeat."""
+def _play(
+    policy: Policy, scans: list[Scan], outcomes: Callable[[DecisionState, Decision, float], DecisionState]
+) -> None:
+    """Each scan's decision against what it expects; `outcomes` records in the state what the agent does with the
+    decision's actions."""
     clock = FakeClock()
     state = DecisionState()
     for i, scan in enumerate(scans):
@@ -694,9 +698,19 @@ def test_repeats(policy: Policy, scans: list[Scan]) -> None:
         assert got == scan.expect, f"scan {i}"
         if scan.held is not None:
             assert any(scan.held in h.why for h in decision.held), f"scan {i}: {decision.held}"
-        # What the agent does with the outcomes: each kill (and an evict mode's refused-then-killed) is recorded.
+        state = outcomes(state, decision, clock.now())
+
+
+@pytest.mark.parametrize(("policy", "scans"), REPEAT_CASES)
+def test_repeats(policy: Policy, scans: list[Scan]) -> None:
+    """A repeat is acted on at once, one step further; a restarted container or a cured one is not a repeat."""
+
+    def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
+        # Each kill (and an evict mode's refused-then-killed) is recorded.
         killed = [a for a in decision.actions if a.kind is not Mode.WARN]
-        state = record_kills(state, (c for a in killed for c in a.violation.container_ids), clock.now())
+        return record_kills(state, (c for a in killed for c in a.violation.container_ids), now)
+
+    _play(policy, scans, outcomes)
 
 
 EVICTING_GOING = replace(EVICTING_NS, terminating=True)  # the pod once the watch shows its deletion
@@ -758,23 +772,15 @@ EVICTION_CASES = [
 def test_one_eviction_per_pod_until_it_is_seen_going(policy: Policy, accepted: bool, scans: list[Scan]) -> None:
     """After the API server accepted an eviction, the pod is not evicted again until it is seen terminating or
     gone, or eviction_timeout has passed."""
-    clock = FakeClock()
-    state = DecisionState()
-    for i, scan in enumerate(scans):
-        clock.step(scan.after_s)
-        snapshot = SnapshotBuilder().use(scan.pod, "main", GPU0, int(scan.used_gib * GiB)).build()
-        decision, state = decide(snapshot, REPEAT_QUOTAS, policy, state, clock.now())
-        got = [
-            f"{a.kind.value}:{a.pod.name}" + (f"+{a.escalation.step.value}" if a.escalation else "")
-            for a in decision.actions
-        ]
-        assert got == scan.expect, f"scan {i}"
-        if scan.held is not None:
-            assert any(scan.held in h.why for h in decision.held), f"scan {i}: {decision.held}"
+
+    def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
         killed = [c for a in decision.actions if a.kind is Mode.KILL for c in a.violation.container_ids]
-        state = record_kills(state, killed, clock.now())
+        state = record_kills(state, killed, now)
         if accepted:
-            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), clock.now())
+            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), now)
+        return state
+
+    _play(policy, scans, outcomes)
 
 
 def test_an_accepted_eviction_is_forgotten_once_the_pod_is_gone() -> None:
