@@ -111,6 +111,7 @@ class MemoryWatch:
         self.count_held = count_held
         self.readings = 0  # for tests and the benchmark: how often the counters were read
         self._posted = threading.Event()  # a reason is waiting, or the waiter's stop was set
+        self._post = threading.Lock()  # the reason and its reading's time, posted and taken whole
         self._reason: Trigger | None = None
         self._read_at = float("-inf")  # when the reading behind the posted reason was taken
         self._waiter_stop: threading.Event | None = None
@@ -137,8 +138,9 @@ class MemoryWatch:
         self._waiter_stop = stop
         while not stop.is_set() and (left_s := until - self.clock.now()) > 0:
             if self.clock.wait(self._posted, left_s):
-                self._posted.clear()
-                reason, self._reason = self._reason, None
+                with self._post:
+                    self._posted.clear()
+                    reason, self._reason = self._reason, None
                 if reason is not None:
                     return reason
         return None
@@ -148,9 +150,10 @@ class MemoryWatch:
         and a reason posted from a reading before the sample is stale (one read since stands: the sample may have
         missed what it saw)."""
         self.trigger.scanned(devices)
-        if self._read_at <= sampled_at:
-            self._posted.clear()
-            self._reason = None
+        with self._post:
+            if self._read_at <= sampled_at:
+                self._posted.clear()
+                self._reason = None
 
     def _run(self) -> None:
         while not self._running.acquire(True, self.interval_s):
@@ -177,5 +180,6 @@ class MemoryWatch:
         if self.trigger.held != held:
             self.count_held()
         if reason is not None:
-            self._reason, self._read_at = reason, read_at
-            self._posted.set()
+            with self._post:
+                self._reason, self._read_at = reason, read_at
+                self._posted.set()
