@@ -2,8 +2,9 @@
 people and tools (the status document, `status.py`).
 
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
-the endpoint or starve the agent's loop: bounded connections and fds, the oldest evicted, one deadline per
-connection, no busy loop when out of fds (docs/design.md "The HTTP endpoint"). `start()` binds the port and
+the endpoint or starve the agent's loop: its CPU budgeted, bounded connections and fds, the oldest that costs
+nothing to lose evicted, one deadline per connection, answers prepared elsewhere waited for without blocking, no
+busy loop when out of fds (docs/design.md "The HTTP endpoint"). `start()` binds the port and
 starts the thread; `stop(deadline)` resets every connection and releases the port. /metrics is client_python's
 own WSGI app, so it speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
 """
