@@ -15,6 +15,7 @@ import contextlib
 import enum
 import errno
 import fcntl
+import functools
 import io
 import os
 import re
@@ -112,6 +113,7 @@ class _Conn:
     later: _Later | None = None  # in WAIT: asked again after each wake
     wait_until: float = 0.0  # in WAIT: then a 503 answers it
     delivered: bool = False  # in DRAIN: the peer has acknowledged the whole response
+    asked_round: int = -1  # the accept round in which the kernel was last asked whether it was
 
 
 class HealthServer:
@@ -217,7 +219,8 @@ class HealthServer:
                 self._expire(now)
                 if self._accept_paused_until is not None and now >= self._accept_paused_until:
                     self._accept_paused_until = None
-                self._listen(self._accept_paused_until is None and self._room() and not self._over_budget())
+                over_budget = self._over_budget()
+                self._listen(self._accept_paused_until is None and not over_budget and self._room())
                 ready = self._selector.select(self._timeout_s(now))
                 now = self.clock.now()
                 listener_ready = woken = False
@@ -231,7 +234,7 @@ class HealthServer:
                 if woken or self._waiting:
                     self._answer_waiting(now, woken)
                 # Clients first: a connection accepted last round is read before a new one can evict it.
-                if listener_ready and not self._over_budget():
+                if listener_ready and not over_budget:
                     self._accept(now)
         finally:
             for conn in list(self._conns.values()):
@@ -313,11 +316,12 @@ class HealthServer:
         slot frees (every slot holds one waiting for its answer, or an answer still on its way)."""
         return len(self._conns) < self._max_connections or any(self._evictable(c) for c in self._conns.values())
 
-    @staticmethod
-    def _evictable(conn: _Conn) -> bool:
+    def _evictable(self, conn: _Conn) -> bool:
         """One that has not sent its whole request (idle, or trickling), or one already answered whose answer has
-        left this host (nothing in its send queue: a reset can no longer destroy it)."""
-        if conn.phase is _Phase.DRAIN and not conn.delivered:
+        left this host (nothing in its send queue: a reset can no longer destroy it). The kernel is asked once a
+        round at most for each connection: under a flood this is asked of every slot again and again."""
+        if conn.phase is _Phase.DRAIN and not conn.delivered and conn.asked_round != self._round:
+            conn.asked_round = self._round
             conn.delivered = _unsent_bytes(conn.sock) == 0  # once true, it stays so: nothing more is sent
         return conn.phase is _Phase.READ or conn.delivered
 
@@ -338,11 +342,13 @@ class HealthServer:
     def _over_budget(self) -> bool:
         """Whether the thread has used its CPU for the current budget window (real time and the thread's own CPU
         time: neither is the injected clock, which measures neither)."""
-        mono = time.monotonic()
+        mono, cpu_s = time.monotonic(), time.thread_time()
         if mono >= self._window_end:
-            self._window_end, self._window_cpu_s = mono + _BUDGET_WINDOW_S, time.thread_time()
-            return False
-        return time.thread_time() - self._window_cpu_s > self._cpu_budget_s
+            # What a window spent past its budget (the connections it had kept being served) is the next one's debt,
+            # so that the budget holds over time, not just per window.
+            debt_s = max(0.0, cpu_s - self._window_cpu_s - self._cpu_budget_s) if self._window_end else 0.0
+            self._window_end, self._window_cpu_s = mono + _BUDGET_WINDOW_S, cpu_s - min(debt_s, self._cpu_budget_s * 10)
+        return cpu_s - self._window_cpu_s > self._cpu_budget_s
 
     def _add(self, sock: socket.socket, now: float) -> None:
         sock.setblocking(False)
@@ -581,13 +587,19 @@ def _wsgi_route(app: Callable[[dict[str, object], Callable[..., object]], Iterab
     return route
 
 
+@functools.lru_cache(maxsize=2)
+def _http_date(epoch_s: int) -> str:
+    """The Date header's value for that second (formatted once a second, not once a response)."""
+    return formatdate(epoch_s, usegmt=True)
+
+
 def _render(status: int, headers: list[tuple[str, str]], body: bytes, *, head_only: bool = False) -> bytes:
     """A complete HTTP/1.1 response; HEAD gets the headers (Content-Length included) without the body. The
     framing headers (Date, Content-Length, Connection) are this server's, whatever a route says."""
     framing = {"date", "content-length", "connection", "transfer-encoding"}
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-        f"Date: {formatdate(usegmt=True)}",
+        f"Date: {_http_date(int(time.time()))}",
         *(f"{name}: {value}" for name, value in headers if name.lower() not in framing),
         f"Content-Length: {len(body)}",
         "Connection: close",
