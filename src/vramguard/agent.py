@@ -193,7 +193,7 @@ class Agent:
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
         """Scan every `poll_interval_s` until `stop` is set, on the caller's thread (the composition root's main
-        thread), and in between whenever the watch calls for a scan (`trigger.py`). A failed scan is logged and
+        thread), and in between whenever the watch calls for a scan (`watch.py`). A failed scan is logged and
         the loop goes on."""
         settled = False
         while not stop.is_set():
