@@ -48,15 +48,15 @@ from typing import Any
 import pynvml
 
 from scan import percentile
-from vramguard.act import Enforcer
-from vramguard.agent import Agent, settle_heap
-from vramguard.identify import ProcIdentifier
-from vramguard.kill import PidfdKiller
-from vramguard.logs import configure_logging
-from vramguard.metrics import Metrics
-from vramguard.model import GiB, MiB, Policy
+from vramguard.agent.act import Enforcer
+from vramguard.agent.loop import Agent, settle_heap
+from vramguard.agent.metrics import Metrics
+from vramguard.base.logs import configure_logging
+from vramguard.core.model import GiB, MiB, Policy
+from vramguard.kube.pods_file import FilePodSource
+from vramguard.node.identify import ProcIdentifier
+from vramguard.node.kill import PidfdKiller
 from vramguard.nvml import NvmlSampler
-from vramguard.pods import FilePodSource
 from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, MigMode, load_fake_nvml

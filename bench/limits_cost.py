@@ -62,7 +62,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.model import GiB, MiB
+from vramguard.core.model import GiB, MiB
 from vramguard_testbed.cgroups import cgroups_unavailable, device_holder_argv
 from vramguard_testbed.fakenvml import NVML_ERROR_UNKNOWN, clear_driver_state
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port
@@ -107,7 +107,7 @@ def _counted(name, slot):
 _counted({LIMIT_FUNCTIONS[0]!r}, 0)
 _counted({LIMIT_FUNCTIONS[1]!r}, 2)
 sys.argv[0] = "vramguard"
-from vramguard.cli import main
+from vramguard.cli.main import main
 
 main()
 """

@@ -54,8 +54,8 @@ from cluster.node import raw  # noqa: E402
 from cluster.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
 from helm_fixtures import HELM  # noqa: E402
 from vramguard import __version__  # noqa: E402
-from vramguard.cgroup import v2_root as find_v2_root  # noqa: E402
-from vramguard.model import MiB  # noqa: E402
+from vramguard.core.model import MiB  # noqa: E402
+from vramguard.node.cgroup import v2_root as find_v2_root  # noqa: E402
 from vramguard_testbed.fakenvml import LimitCall, limit_calls  # noqa: E402
 from vramguard_testbed.waiting import WaitTimeout, wait_until  # noqa: E402
 
@@ -103,7 +103,7 @@ def start_time(pid: int) -> float | None:
 
 
 def v2_root() -> Path:
-    """The cgroup v2 hierarchy (`vramguard.cgroup.v2_root`); exits where the host has none."""
+    """The cgroup v2 hierarchy (`vramguard.node.cgroup.v2_root`); exits where the host has none."""
     root = find_v2_root(str(CGROUP_ROOT))
     if root is not None:
         return Path(root)

@@ -27,18 +27,18 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vramguard.act import Enforcer
-from vramguard.agent import Agent, settle_heap
-from vramguard.identify import ProcIdentifier
-from vramguard.kill import PidfdKiller
-from vramguard.limiter import DriverLimiter
-from vramguard.logs import configure_logging
-from vramguard.metrics import Metrics
-from vramguard.model import GiB, MiB, Mode, Policy
+from vramguard.agent.act import Enforcer
+from vramguard.agent.loop import Agent, settle_heap
+from vramguard.agent.metrics import Metrics
+from vramguard.base.logs import configure_logging
+from vramguard.base.worker import Inline
+from vramguard.core.model import GiB, MiB, Mode, Policy
+from vramguard.kube.pods_file import FilePodSource
+from vramguard.node.identify import ProcIdentifier
+from vramguard.node.kill import PidfdKiller
+from vramguard.node.limiter import DriverLimiter
 from vramguard.nvml import NvmlSampler
-from vramguard.pods import FilePodSource
 from vramguard.testing.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEventRecorder
-from vramguard.worker import Inline
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value

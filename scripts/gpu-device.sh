@@ -55,7 +55,7 @@ install() {
 
 imports() {
     "$PYTHON" - <<'EOF'
-import pynvml, structlog, kubernetes, vramguard, vramguard.cli, vramguard.wiring, vramguard_testbed.simnode
+import pynvml, structlog, kubernetes, vramguard, vramguard.cli.main, vramguard.cli.wiring, vramguard_testbed.simnode
 print("vramguard from", vramguard.__file__, "| kubernetes", kubernetes.__version__, "| structlog", structlog.__version__)
 print("nvidia-ml-py's pynvml from", pynvml.__file__)
 EOF

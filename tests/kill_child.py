@@ -14,9 +14,9 @@ import os
 import resource
 import sys
 
-from vramguard.freezes import FreezeJournal
-from vramguard.kill import PidfdKiller
-from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
+from vramguard.core.model import GpuDevice, PodInfo, ProcessRef, Violation
+from vramguard.node.freezes import FreezeJournal
+from vramguard.node.kill import PidfdKiller
 
 
 def main(spec: dict[str, object]) -> None:

@@ -1,3 +1,3 @@
-from vramguard.cli import main
+from vramguard.cli.main import main
 
 main()

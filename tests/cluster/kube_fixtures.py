@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from kubernetes import client, utils
 
-from vramguard.model import PodInfo
-from vramguard.pods import pod_info_from_manifest
+from vramguard.core.model import PodInfo
+from vramguard.kube.pods_file import pod_info_from_manifest
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from helm_fixtures import CHART
 from vramguard import __version__
-from vramguard.model import GiB
+from vramguard.core.model import GiB
 from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, build_fake_nvml
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 

@@ -16,14 +16,14 @@ import yaml
 from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
-from vramguard.backoff import TokenBucket
+from vramguard.base.backoff import TokenBucket
+from vramguard.core.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
+from vramguard.core.quota import resolve_pod_quota
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.correlator import EventCorrelator
 from vramguard.kube.events import KubeEventRecorder, KubeEventSink
 from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
-from vramguard.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
-from vramguard.quota import resolve_pod_quota
 from vramguard_testbed.simnode import SimProcess
 from vramguard_testbed.waiting import wait_until
 

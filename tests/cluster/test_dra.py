@@ -27,9 +27,9 @@ import yaml
 from kubernetes import client, utils
 
 from cgroup_fixtures import need_cgroups
+from vramguard.core.model import GiB
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.pods import KubePodSource
-from vramguard.model import GiB
 from vramguard_testbed.fakenvml import driver_limits
 from vramguard_testbed.waiting import wait_until
 

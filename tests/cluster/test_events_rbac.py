@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from vramguard.core.model import GiB, MiB
 from vramguard.kube.client import FORBIDDEN_GRACE_S
-from vramguard.model import GiB, MiB
 from vramguard_testbed.waiting import wait_until
 
 from .kube_fixtures import AGENT_NAMESPACE, MERGE, KubeNode, metric

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from helm_fixtures import CHART, KUBE_VERSION, container, need_helm, one, render
-from vramguard.decide import Decision
-from vramguard.metrics import Metrics
-from vramguard.model import GiB, Mode
-from vramguard.policy import parse_policy
+from vramguard.agent.metrics import Metrics
+from vramguard.core.decide import Decision
+from vramguard.core.model import GiB, Mode
+from vramguard.core.policy import parse_policy
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
-from vramguard.model import GiB
-from vramguard.text import format_bytes
+from vramguard.core.model import GiB
+from vramguard.core.text import format_bytes
 from vramguard_testbed.waiting import wait_until
 
 from .controlplane import binaries_dir, free_port

@@ -21,8 +21,8 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
-from vramguard.cgroup import v2_root
-from vramguard.model import GiB
+from vramguard.core.model import GiB
+from vramguard.node.cgroup import v2_root
 from vramguard_testbed.fakenvml import DriverLimit, driver_limits, limit_calls
 from vramguard_testbed.waiting import wait_until
 

@@ -17,9 +17,9 @@ import pynvml
 import pytest
 
 from real_parts import why_no_cuda
-from vramguard.cgroup import v2_root
+from vramguard.core.ports import LimitFailed, LimitsUnavailable
+from vramguard.node.cgroup import v2_root
 from vramguard.nvml import NvmlMemoryLimiter
-from vramguard.ports import LimitFailed, LimitsUnavailable
 from vramguard_testbed.simnode import SimPod, SimulatedNode
 from vramguard_testbed.waiting import wait_until
 

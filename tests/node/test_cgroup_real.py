@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups, pidfd_exited
-from vramguard.identify import ProcIdentifier
-from vramguard.model import CgroupIdentity, ProcessRef
-from vramguard.procfs import read_stat
+from vramguard.core.model import CgroupIdentity, ProcessRef
+from vramguard.node.identify import ProcIdentifier
+from vramguard.node.procfs import read_stat
 from vramguard_testbed.cgroups import (
     TEST_UID_PREFIX,
     KubeletCgroups,

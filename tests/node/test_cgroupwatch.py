@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups
-from vramguard.cgroup import v2_root
-from vramguard.cgroupwatch import CgroupWatcher, InotifyUnavailable
-from vramguard.clock import SYSTEM_CLOCK
-from vramguard.model import CgroupIdentity
+from vramguard.base.clock import SYSTEM_CLOCK
+from vramguard.core.model import CgroupIdentity
+from vramguard.node.cgroup import v2_root
+from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.cgroups import KubeletCgroups
 from vramguard_testbed.waiting import wait_until

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.cgroup import v2_root
-from vramguard.freezes import FreezeJournal, Junk, freeze_state, is_frozen
+from vramguard.node.cgroup import v2_root
+from vramguard.node.freezes import FreezeJournal, Junk, freeze_state, is_frozen
 from vramguard_testbed.cgroups import ContainerCgroup, new_container_id, new_pod_uid
 
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
-from vramguard.freezes import FreezeJournal
-from vramguard.kill import (
+from vramguard.core.model import GpuDevice, PodInfo, ProcessRef, Violation
+from vramguard.node.freezes import FreezeJournal
+from vramguard.node.kill import (
     SKIP_EXITED,
     SKIP_GONE,
     SKIP_INVALID_PID,
@@ -27,8 +28,7 @@ from vramguard.kill import (
     SKIP_UNREADABLE,
     PidfdKiller,
 )
-from vramguard.model import GpuDevice, PodInfo, ProcessRef, Violation
-from vramguard.procfs import holds_device, read_stat
+from vramguard.node.procfs import holds_device, read_stat
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 from vramguard_testbed.waiting import wait_until
 

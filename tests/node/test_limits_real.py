@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.cgroup import locate_cgroups, v2_root
-from vramguard.limiter import DriverLimiter
-from vramguard.limits import LimitTarget, wanted_limits
-from vramguard.model import GiB, Mode, PodInfo, Policy, SubjectKey
-from vramguard.ports import LIMIT_MAX
-from vramguard.quota import QuotaBook
+from vramguard.base.worker import Inline
+from vramguard.core.limit_plan import LimitTarget, wanted_limits
+from vramguard.core.model import GiB, Mode, PodInfo, Policy, SubjectKey
+from vramguard.core.ports import LIMIT_MAX
+from vramguard.core.quota import QuotaBook
+from vramguard.node.cgroup import locate_cgroups, v2_root
+from vramguard.node.limiter import DriverLimiter
 from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
-from vramguard.worker import Inline
 from vramguard_testbed.cgroups import KubeletCgroups
 
 QUOTA = "vramguard.io/vram"

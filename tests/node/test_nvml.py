@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from vramguard.model import GiB, GpuProcess, GpuSample, MiB, ProcessKind
+from vramguard.core.model import GiB, GpuProcess, GpuSample, MiB, ProcessKind
 from vramguard.nvml import (
     STRIDE_R535_BYTES,
     STRIDE_V1_BYTES,

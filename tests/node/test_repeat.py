@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.model import GiB, MiB
+from vramguard.core.model import GiB, MiB
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from vramguard import __version__
-from vramguard.model import GiB
+from vramguard.core.model import GiB
 from vramguard_testbed.simnode import SimulatedNode
 from vramguard_testbed.waiting import wait_until
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.model import GiB
+from vramguard.core.model import GiB
 from vramguard_testbed.simnode import SimulatedNode
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]

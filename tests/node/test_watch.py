@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.model import GiB
+from vramguard.core.model import GiB
 from vramguard_testbed.simnode import SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 

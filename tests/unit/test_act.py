@@ -8,9 +8,10 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.act import Enforcer, Outcome
-from vramguard.decide import find_violations
-from vramguard.model import (
+from vramguard.agent.act import Enforcer, Outcome
+from vramguard.base.worker import Task, Worker
+from vramguard.core.decide import find_violations
+from vramguard.core.model import (
     Action,
     EvictionRefused,
     GiB,
@@ -23,7 +24,7 @@ from vramguard.model import (
     Reason,
     Violation,
 )
-from vramguard.ports import Evictor, EvictResult
+from vramguard.core.ports import Evictor, EvictResult
 from vramguard.testing.fakes import (
     FakeClock,
     GatedEvictor,
@@ -33,7 +34,6 @@ from vramguard.testing.fakes import (
     gpu,
     pod,
 )
-from vramguard.worker import Task, Worker
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
 

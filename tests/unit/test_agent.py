@@ -11,12 +11,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from vramguard.act import Enforcer
-from vramguard.agent import Agent
-from vramguard.decide import find_violations
-from vramguard.dra import PodShares, Share
-from vramguard.metrics import Metrics
-from vramguard.model import (
+from vramguard.agent.act import Enforcer
+from vramguard.agent.loop import Agent
+from vramguard.agent.metrics import Metrics
+from vramguard.base.worker import Inline, Worker
+from vramguard.cli.wiring import Probes
+from vramguard.core.decide import find_violations
+from vramguard.core.model import (
     Action,
     EvictionRefused,
     GiB,
@@ -31,7 +32,8 @@ from vramguard.model import (
     Quota,
     Reason,
 )
-from vramguard.ports import KillResult
+from vramguard.core.ports import KillResult
+from vramguard.core.shares import PodShares, Share
 from vramguard.testing.fakes import (
     FakeClock,
     FakeEvictor,
@@ -45,8 +47,6 @@ from vramguard.testing.fakes import (
     gpu,
     pod,
 )
-from vramguard.wiring import Probes
-from vramguard.worker import Inline, Worker
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
 WAIT = EvictionRefused.WAIT

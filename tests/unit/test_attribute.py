@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from vramguard.attribute import NOT_IN_POD, POD_NOT_IN_CACHE, PROCESS_GONE, UNKNOWN_START_TIME, attribute
-from vramguard.model import (
+from vramguard.core.attribute import NOT_IN_POD, POD_NOT_IN_CACHE, PROCESS_GONE, UNKNOWN_START_TIME, attribute
+from vramguard.core.model import (
     CgroupIdentity,
     ContainerInfo,
     ContainerUsage,

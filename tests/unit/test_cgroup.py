@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.cgroup import parse_cgroup, parse_cgroup_path
-from vramguard.model import CgroupIdentity
+from vramguard.core.model import CgroupIdentity
+from vramguard.node.cgroup import parse_cgroup, parse_cgroup_path
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "cgroup"
 

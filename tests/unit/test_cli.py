@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vramguard import __version__
-from vramguard.cli import app
+from vramguard.cli.main import app
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
@@ -101,7 +101,7 @@ def test_an_error_of_many_lines_keeps_them_and_indents_every_further_line(tmp_pa
 def test_open_file_limit_is_raised_to_the_hard_limit(soft: int, hard: int, expected: tuple[int, int]) -> None:
     """At start the agent lifts its soft open-file limit to the hard one (a container's 1024 is not its ceiling)."""
     script = (
-        "import resource; from vramguard.wiring import raise_open_file_limit\n"
+        "import resource; from vramguard.cli.wiring import raise_open_file_limit\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
         "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )

@@ -9,7 +9,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from vramguard.decide import (
+from vramguard.core.decide import (
     VICTIM_ORDER,
     Comparator,
     Decision,
@@ -26,7 +26,7 @@ from vramguard.decide import (
     record_kills,
     track_pressure,
 )
-from vramguard.model import (
+from vramguard.core.model import (
     ContainerInfo,
     EvictionRefused,
     GiB,

@@ -1,6 +1,7 @@
-"""DRA claims as quotas: the mapping from ResourceSlices and ResourceClaims to per-GPU shares (`vramguard.dra`),
-the `claim:` quota source (`vramguard.quota`), per-GPU judging (`vramguard.decide`) and per-share driver limits
-(`vramguard.limits`). The objects are shaped as the API server serialises resource.k8s.io/v1."""
+"""DRA claims as quotas: the mapping from ResourceSlices and ResourceClaims to per-GPU shares (`core/shares.py`,
+`kube/claim_manifest.py`), the `claim:` quota source (`core/quota.py`), per-GPU judging (`core/decide.py`) and
+per-share driver limits (`core/limit_plan.py`).
+The objects are shaped as the API server serialises resource.k8s.io/v1."""
 
 from __future__ import annotations
 
@@ -9,21 +10,20 @@ from typing import Any
 
 import pytest
 
-from vramguard.decide import find_violations
-from vramguard.dra import (
+from vramguard.core.decide import find_violations
+from vramguard.core.limit_plan import wanted_limits
+from vramguard.core.model import NO_SHARE, ClaimUse, ContainerInfo, GiB, Mode, NamespacePolicy, PodInfo, Policy
+from vramguard.core.quota import QuotaBook, resolve_pod_quota
+from vramguard.core.shares import (
     Claim,
     ClaimKey,
     DeviceKey,
     SliceDevice,
-    claim_from_manifest,
     claim_keys,
     pod_shares,
-    slice_devices,
 )
-from vramguard.limits import wanted_limits
-from vramguard.model import NO_SHARE, ClaimUse, ContainerInfo, GiB, Mode, NamespacePolicy, PodInfo, Policy
-from vramguard.pods import MAX_CLAIMS, pod_info_from_manifest
-from vramguard.quota import QuotaBook, resolve_pod_quota
+from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
+from vramguard.kube.pods_file import MAX_CLAIMS, pod_info_from_manifest
 from vramguard.testing.fakes import SnapshotBuilder, gpu
 
 DRIVER = "gpu.nvidia.com"

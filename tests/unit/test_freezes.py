@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.freezes import MAX_EXAMINED, FreezeJournal, Frozen, Junk, JunkReport
-from vramguard.wiring import freeze_journal
+from vramguard.cli.wiring import freeze_journal
+from vramguard.node.freezes import MAX_EXAMINED, FreezeJournal, Frozen, Junk, JunkReport
 
 UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
 CID = "ab" * 32

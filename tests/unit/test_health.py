@@ -24,8 +24,8 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from vramguard.clock import SYSTEM_CLOCK
-from vramguard.health import HealthServer, Probe
+from vramguard.base.clock import SYSTEM_CLOCK
+from vramguard.http.server import HealthServer, Probe
 from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.waiting import wait_until
 
@@ -448,7 +448,7 @@ _CHILD = """
 import resource, sys
 import structlog
 from prometheus_client import CollectorRegistry
-from vramguard.health import HealthServer
+from vramguard.http.server import HealthServer
 
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the control channel
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

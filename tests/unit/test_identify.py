@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.identify import PidWindow, ProcIdentifier, in_pid_window, new_pid_window
-from vramguard.model import CgroupIdentity, ProcessRef
-from vramguard.procfs import PidCursor, parse_stat, read_pid_cursor, read_stat
+from vramguard.core.model import CgroupIdentity, ProcessRef
+from vramguard.node.identify import PidWindow, ProcIdentifier, in_pid_window, new_pid_window
+from vramguard.node.procfs import PidCursor, parse_stat, read_pid_cursor, read_stat
 
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

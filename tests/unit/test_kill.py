@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.kill import (
+from vramguard.node.kill import (
     ContainerCgroup as KillerCgroup,
 )
-from vramguard.kill import (
+from vramguard.node.kill import (
     find_container_cgroup,
 )
 

@@ -14,16 +14,16 @@ from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
 from unit.test_reflector import HangingResponse
-from vramguard.backoff import Backoff, TokenBucket
+from vramguard.base.backoff import Backoff, TokenBucket
+from vramguard.base.worker import Inline
+from vramguard.core.model import ClaimUse, GiB, GpuDevice, GpuSample, PodInfo
 from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
 from vramguard.kube.events import EventRecord, KubeEventRecorder
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import Reflector, WatchExpired, watch_events, watched_object
-from vramguard.model import ClaimUse, GiB, GpuDevice, GpuSample, PodInfo
 from vramguard.testing.fakes import FakeClock, FakePodSource, SteppedClock, pod
-from vramguard.worker import Inline
 from vramguard_testbed.waiting import wait_until
 
 POD = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from vramguard.lifecycle import Services
-from vramguard.logs import FailureRun
+from vramguard.base.lifecycle import Services
+from vramguard.base.logs import FailureRun
 from vramguard.testing.fakes import FakeClock
 
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard.limits import WantedLimits, limits_enabled, wanted_limits, with_driver_usage
-from vramguard.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
-from vramguard.quota import QuotaBook
+from vramguard.core.limit_plan import WantedLimits, limits_enabled, wanted_limits, with_driver_usage
+from vramguard.core.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
+from vramguard.core.quota import QuotaBook
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 QUOTA = "vramguard.io/vram"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
-from vramguard.logs import configure_logging
+from vramguard.base.logs import configure_logging
 
 
 def test_json_lines_follow_stderr_even_after_it_was_replaced(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from vramguard.decide import Decision
-from vramguard.limits import LimitTarget
-from vramguard.metrics import Metrics
-from vramguard.model import GiB
+from vramguard.agent.metrics import Metrics
+from vramguard.core.decide import Decision
+from vramguard.core.limit_plan import LimitTarget
+from vramguard.core.model import GiB
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 

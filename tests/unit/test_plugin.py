@@ -15,9 +15,9 @@ from kubernetes.client.exceptions import ApiException
 from typer.testing import CliRunner
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutError
 
-from vramguard.model import GiB
+from vramguard.core.model import GiB
 from vramguard.plugin import fetch
-from vramguard.plugin.cli import build_app
+from vramguard.plugin.command import build_app
 from vramguard.plugin.fetch import AgentPod, agent_from_pod, find_agents, read_all, read_status
 from vramguard.plugin.merge import (
     AgentRef,
@@ -647,7 +647,7 @@ def test_no_configuration_is_a_usage_error() -> None:
 def test_the_package_installs_the_kubectl_plugin() -> None:
     from importlib.metadata import entry_points
 
-    from vramguard.plugin.cli import main
+    from vramguard.plugin.command import main
 
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "kubectl-vramguard"]
     assert script.load() is main

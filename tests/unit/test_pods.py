@@ -10,9 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from vramguard.model import GiB, NamespacePolicy, Policy
-from vramguard.pods import MAX_VALUE_CHARS, YAML_LOADERS, PodSourceError, parse_pod_list, pod_info_from_manifest
-from vramguard.quota import resolve_pod_quota
+from vramguard.core.model import GiB, NamespacePolicy, Policy
+from vramguard.core.quota import resolve_pod_quota
+from vramguard.kube.pods_file import (
+    MAX_VALUE_CHARS,
+    YAML_LOADERS,
+    PodSourceError,
+    parse_pod_list,
+    pod_info_from_manifest,
+)
 
 UID = "3f1c2a9e-0b7d-4c55-9d1e-2b3c4d5e6f70"
 POD: dict[str, Any] = {

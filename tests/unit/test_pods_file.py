@@ -14,10 +14,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from unit.test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
-from vramguard.clock import SystemClock
-from vramguard.model import MiB, Policy
-from vramguard.pods import MAX_VALUE_CHARS, FilePodSource, parse_pod_list
-from vramguard.quota import resolve_pod_quota
+from vramguard.base.clock import SystemClock
+from vramguard.core.model import MiB, Policy
+from vramguard.core.quota import resolve_pod_quota
+from vramguard.kube.pods_file import MAX_VALUE_CHARS, FilePodSource, parse_pod_list
 from vramguard_testbed.waiting import wait_until
 
 THREAD = "vramguard-pods-file"

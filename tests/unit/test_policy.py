@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vramguard.model import (
+from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
     DefaultKind,
     DefaultQuota,
@@ -19,7 +19,7 @@ from vramguard.model import (
     OnRepeat,
     Policy,
 )
-from vramguard.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
+from vramguard.core.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from vramguard.model import GiB, MiB
-from vramguard.quantity import (
+from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import (
     MAX_BYTES,
     MIN_QUOTA_BYTES,
     QuantityError,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from vramguard.model import (
+from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
     ContainerInfo,
     DefaultKind,
@@ -20,7 +20,7 @@ from vramguard.model import (
     Quota,
     QuotaError,
 )
-from vramguard.quota import (
+from vramguard.core.quota import (
     BURST_ANNOTATION,
     MAX_MESSAGE_CHARS,
     REPLICAS_LABEL,

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.act import Enforcer
-from vramguard.agent import Agent
-from vramguard.metrics import Metrics
-from vramguard.model import GiB, GpuProcess, GpuSample, Mode, Policy
-from vramguard.repeats import MAX_ENTRIES, MAX_FILE_BYTES, KillFile, parse_kills
+from vramguard.agent.act import Enforcer
+from vramguard.agent.loop import Agent
+from vramguard.agent.metrics import Metrics
+from vramguard.base.worker import Inline
+from vramguard.core.model import GiB, GpuProcess, GpuSample, Mode, Policy
+from vramguard.node.repeats import MAX_ENTRIES, MAX_FILE_BYTES, KillFile, parse_kills
 from vramguard.testing.fakes import (
     FakeClock,
     FakeEvictor,
@@ -25,7 +26,6 @@ from vramguard.testing.fakes import (
     gpu,
     pod,
 )
-from vramguard.worker import Inline
 
 BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 OTHER_BOOT = "11111111-2222-3333-4444-555555555555"

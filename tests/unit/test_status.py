@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from vramguard.agent import LastScan, ScanReport
-from vramguard.decide import DecisionState, decide
-from vramguard.model import GiB, Policy, SubjectKey
-from vramguard.quota import QuotaBook
-from vramguard.status import (
+from vramguard.agent.report import LastScan, ScanReport
+from vramguard.core.decide import DecisionState, decide
+from vramguard.core.model import GiB, Policy, SubjectKey
+from vramguard.core.quota import QuotaBook
+from vramguard.core.text import MAX_TEXT_CHARS
+from vramguard.http.status import (
     KIND,
     MAX_DESCRIBED,
     MAX_PROCESSES,
@@ -23,9 +24,8 @@ from vramguard.status import (
     render,
     scan_json,
 )
+from vramguard.node.describe import ProcessDetail
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
-from vramguard.text import MAX_TEXT_CHARS
-from vramguard.top import ProcessDetail
 
 FACTS = AgentFacts(version="1.2.3", node="node-a", mode="kill", dry_run=False, poll_interval_s=1.0)
 HOSTILE = "evil\x1b[2J\x07\u202eexe\r\n\u0000forged"

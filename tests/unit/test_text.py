@@ -1,4 +1,4 @@
-"""`vramguard.text`: tenant text shown to a person bounded and with nothing a terminal would interpret; values
+"""`vramguard.core.text`: tenant text shown to a person bounded and with nothing a terminal would interpret; values
 quoted; byte counts in binary units."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import unicodedata
 
 import pytest
 
-from vramguard.text import cut, format_bytes, printable, show_value
+from vramguard.core.text import cut, format_bytes, printable, show_value
 
 
 @pytest.mark.parametrize(

@@ -12,17 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.model import GiB
-from vramguard.top import (
-    COMMAND_CHARS,
-    TABLE_COMMAND_CHARS,
-    ProcessDetail,
-    TopRow,
-    describe_process,
-    describe_process_name,
-    render_table,
-    row_dict,
-)
+from vramguard.agent.report import TopRow, row_dict
+from vramguard.cli.top import TABLE_COMMAND_CHARS, render_table
+from vramguard.core.model import GiB
+from vramguard.node.describe import COMMAND_CHARS, ProcessDetail, describe_process, describe_process_name
 from vramguard_testbed.waiting import wait_until
 
 # Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and

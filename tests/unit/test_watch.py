@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import pytest
 
-from vramguard.model import GiB, GpuDevice, GpuMemory, MiB, Policy
+from vramguard.agent.watch import MemoryWatch, ScanTrigger, Trigger
+from vramguard.core.model import GiB, GpuDevice, GpuMemory, MiB, Policy
 from vramguard.testing.fakes import FakeClock, gpu
-from vramguard.watch import MemoryWatch, ScanTrigger, Trigger
 
 TOTAL = 80 * GiB  # 1 % of it is 819 MiB: the 256 MiB bound is the smaller
 

@@ -7,12 +7,12 @@ from typing import Final
 import structlog
 from kubernetes import client
 
-from vramguard.backoff import Backoff
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.backoff import Backoff
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
+from vramguard.base.worker import Runner, Worker
+from vramguard.core.model import GpuSample
 from vramguard.kube.client import TIMEOUT_WRITE, describe
-from vramguard.logs import FailureRun
-from vramguard.model import GpuSample
-from vramguard.worker import Runner, Worker
 
 VRAM_RESOURCE: Final = "vramguard.io/vram"
 

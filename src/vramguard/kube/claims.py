@@ -1,5 +1,5 @@
 """The claim source: this node's ResourceSlices (a reflector) and the ResourceClaims of its pods (one paced GET
-per claim, by name), read into `dra.PodShares`. RBAC: get on resourceclaims; list and watch on resourceslices.
+per claim, by name), read into `shares.PodShares`. RBAC: get on resourceclaims; list and watch on resourceslices.
 
 Why claims are read by name and when they are read again: docs/design.md "Reading DRA claims".
 """
@@ -15,24 +15,23 @@ import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vramguard.backoff import TokenBucket
-from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.dra import (
+from vramguard.base.backoff import TokenBucket
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
+from vramguard.core.model import PodInfo
+from vramguard.core.ports import PodSource
+from vramguard.core.shares import (
     Claim,
     ClaimKey,
     DeviceKey,
     PodShares,
     SliceDevice,
-    claim_from_manifest,
     claim_keys,
     pod_shares,
-    slice_devices,
 )
+from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
 from vramguard.kube.client import TIMEOUT_GET, describe
 from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
-from vramguard.logs import FailureRun
-from vramguard.model import PodInfo
-from vramguard.ports import PodSource
 
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"

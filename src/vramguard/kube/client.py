@@ -1,6 +1,6 @@
 """Client set-up and what every request shares: the user agent, the timeouts, and how errors are told apart.
 
-urllib3's own retries are off: every retry is the caller's, with jittered back-off (`vramguard.backoff`), so a
+urllib3's own retries are off: every retry is the caller's, with jittered back-off (`vramguard.base.backoff`), so a
 request timeout is never silently multiplied.
 """
 
@@ -16,8 +16,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from vramguard import __version__
-from vramguard.backoff import Backoff
-from vramguard.text import cut
+from vramguard.base.backoff import Backoff
+from vramguard.core.text import cut
 
 # (connect, read) seconds. The read timeout bounds each wait for the server's next bytes.
 TIMEOUT_WRITE: Final = (5.0, 10.0)

@@ -12,8 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from vramguard.backoff import TokenBucket
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.backoff import TokenBucket
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
 
 SPAM_BURST: Final = 25
 SPAM_REFILL_S: Final = 300.0

@@ -18,8 +18,11 @@ import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vramguard.backoff import Backoff, TokenBucket
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.backoff import Backoff, TokenBucket
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
+from vramguard.core.model import PodInfo
+from vramguard.core.text import MAX_TEXT_CHARS, cut, printable
 from vramguard.kube.client import (
     FORBIDDEN_GRACE_S,
     TIMEOUT_WRITE,
@@ -30,9 +33,6 @@ from vramguard.kube.client import (
     transient,
 )
 from vramguard.kube.correlator import EventCorrelator, EventKey
-from vramguard.logs import FailureRun
-from vramguard.model import PodInfo
-from vramguard.text import MAX_TEXT_CHARS, cut, printable
 
 COMPONENT: Final = "vramguard"
 EVENT_QUEUE: Final = 256  # Events waiting at most; past it, what is recorded is dropped and counted

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vramguard.backoff import Backoff
-from vramguard.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
+from vramguard.base.backoff import Backoff
+from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
+from vramguard.core.model import PodInfo
+from vramguard.core.ports import EvictResult
 from vramguard.kube.client import TIMEOUT_WRITE, describe, status_message
-from vramguard.model import PodInfo
-from vramguard.ports import EvictResult
 
 
 class KubeEvictor:

@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 from kubernetes import client
 
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.kube.reflector import Log, Reflector, RequestCounter, uncounted
 
 

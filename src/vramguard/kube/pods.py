@@ -9,13 +9,13 @@ from typing import Any
 import structlog
 from kubernetes import client
 
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.model import PodInfo
+from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
+from vramguard.kube.pods_file import PodSourceError, pod_info_from_manifest
 from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
-from vramguard.model import PodInfo
-from vramguard.pods import PodSourceError, pod_info_from_manifest
-from vramguard.text import cut
 
 
 class KubePodSource:
@@ -36,7 +36,7 @@ class KubePodSource:
         count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
-        self.log = log if log is not None else structlog.get_logger("vramguard.pods")
+        self.log = log if log is not None else structlog.get_logger("vramguard.kube.pods_file")
         self.clock = clock
         self._pods: Mapping[str, PodInfo] = {}
         self.node = NodeSource(api, node_name, clock=clock, count=count)

@@ -16,9 +16,9 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
 from vramguard.kube.client import TIMEOUT_LIST, describe, retry_backoff
-from vramguard.logs import FailureRun
 
 # A watch is renewed after a random 5 to 10 minutes, so a fleet's renewals never line up.
 WATCH_TIMEOUT_S: Final = (300, 600)

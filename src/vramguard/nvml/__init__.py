@@ -8,7 +8,7 @@
 """
 
 from vramguard.nvml.errors import DroppedRow, NvmlErrorKind, NvmlUnavailable
-from vramguard.nvml.limits import NvmlMemoryLimiter
+from vramguard.nvml.memory_limit import NvmlMemoryLimiter
 from vramguard.nvml.rows import STRIDE_R535_BYTES, STRIDE_V1_BYTES, STRIDE_V2_BYTES, ProcessApi, probe_process_api
 from vramguard.nvml.sampler import DEFAULT_CALL_TIMEOUT_S, NvmlSampler
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
 
 
 class Job:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from vramguard.clock import SYSTEM_CLOCK, Clock
-from vramguard.model import GpuDevice, GpuMemory, GpuProcess, GpuSample, ProcessKind
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.model import GpuDevice, GpuMemory, GpuProcess, GpuSample, ProcessKind
 from vramguard.nvml.deadline import DeadlineRunner, Job
 from vramguard.nvml.errors import (
     ARGUMENT_VERSION_MISMATCH,

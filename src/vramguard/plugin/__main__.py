@@ -1,5 +1,5 @@
 """`python -m vramguard.plugin`: what the krew shim runs."""
 
-from vramguard.plugin.cli import main
+from vramguard.plugin.command import main
 
 main()

@@ -19,10 +19,10 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, TimeoutError
 
 from vramguard import __version__
-from vramguard.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.text import cut
 from vramguard.kube.client import describe, status_message
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
-from vramguard.text import cut
 
 AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
 PORT_NAME = "metrics"  # the chart's name for the agent's metrics port

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.text import cut
+from vramguard.core.text import cut
 
 STATUS_KIND = "VramguardStatus"
 SCHEMA = 1  # the newest schema this plugin knows; a newer agent's document is read for the fields it knows

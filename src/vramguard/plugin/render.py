@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from vramguard.core.text import cut, format_bytes, printable
 from vramguard.plugin.merge import GpuRow, Level, Row
-from vramguard.text import cut, format_bytes, printable
 
 TABLE_COMMAND_CHARS = 60
 

@@ -1,4 +1,4 @@
-"""Hand-written fakes for every seam in `vramguard.ports`, and small builders for test data.
+"""Hand-written fakes for every seam in `vramguard.core.ports`, and small builders for test data.
 
 Fakes record what they were asked to do and can be told to fail (`inject_error`); they never pretend to do
 more than they do. Use them for unit tests of the loop and the decision core; the end-to-end tests use the real
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vramguard.model import (
+from vramguard.core.model import (
     CgroupIdentity,
     ContainerInfo,
     ContainerUsage,
@@ -27,7 +27,7 @@ from vramguard.model import (
     Snapshot,
     Violation,
 )
-from vramguard.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, LimitFailed, LimitsUnavailable
+from vramguard.core.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, LimitFailed, LimitsUnavailable
 
 
 class FakeClock:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vramguard.model import GiB, ProcessKind
+from vramguard.core.model import GiB, ProcessKind
 
 STATE_ENV = "VRAMGUARD_FAKE_NVML_STATE"
 LIBRARY_NAME = "libnvidia-ml.so.1"

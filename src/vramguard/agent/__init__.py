@@ -1,0 +1,1 @@
+"""The scan loop and what it does with a decision: attribute, act, the watch, the metrics."""

@@ -1,0 +1,315 @@
+"""Carrying out decided actions through the seams: Events, eviction, killing. Dry-run turns each into a report.
+
+Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`, `report_limits`,
+`report_pressure`), so dry-run is decided in one place. The Enforcer never decides: it does what an `Action`
+says, the way the policy says, and reports a result for each; a failing seam is a result, not an exception.
+Killing is local and happens on the scan; an eviction is an API call and runs on the Enforcer's worker
+(`start()`, `stop(deadline)`), its outcome returned by a later `collect`, or counted as failed once
+`policy.eviction_timeout_s` passes without an answer. An eviction abandoned so is never sent if it has not been
+yet (it may be queued behind a frozen API server's requests); one already sent is still the pod's eviction: no
+other of the pod is sent before its answer, and an acceptance is reported when it comes, so that the decision core
+holds the pod's next eviction (`decide.spacing_hold`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.worker import Runner, Worker
+from vramguard.core.limit_plan import LimitOutcome
+from vramguard.core.model import Action, EvictionRefused, Mode, PodInfo, Policy, PressureNotice, QuotaError
+from vramguard.core.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
+from vramguard.core.quantity import format_duration
+from vramguard.core.quota import invalid_message
+from vramguard.core.text import cut, format_bytes
+
+# Event reasons, as they appear on the pod (`kubectl describe pod`).
+EVENT_EXCEEDED = "VRAMQuotaExceeded"
+EVENT_EVICTED = "VRAMEvicted"
+EVENT_EVICTION_REFUSED = "VRAMEvictionRefused"  # a PodDisruptionBudget said no
+EVENT_EVICTION_FAILED = "VRAMEvictionFailed"  # no answer, or an error from the API server
+EVENT_KILLED = "VRAMKilled"
+EVENT_INVALID = "VRAMQuotaInvalid"
+EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
+EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
+EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
+EVENT_PRESSURE = "VRAMPressure"  # a GPU the pod uses entered memory pressure: who is over their quota there
+# What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
+ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one action. `result` is the `result` label of vramguard_actions_total:
+
+    ok | dry-run | failed | nothing-to-kill | memory-not-freed | gone (the pod to evict no longer exists) |
+    refused, failed (an eviction that could not happen) | refused-then-killed, failed-then-killed
+    """
+
+    action: Action
+    result: str
+    detail: str = ""
+    kill: KillResult | None = None
+
+    @property
+    def action_name(self) -> str:
+        return self.action.kind.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Eviction:
+    action: Action
+    started_at: float
+    ticket: int  # tells this eviction's answer from a late one for an earlier, abandoned eviction of the pod
+    abandoned: threading.Event  # set by the scan once it stopped waiting: not sent if the worker has not begun it
+
+
+class Enforcer:
+    def __init__(
+        self,
+        *,
+        killer: Killer,
+        evictor: Evictor,
+        events: EventRecorder,
+        policy: Policy,
+        dry_run: bool = False,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        evictions: Runner | None = None,
+    ) -> None:
+        """`evictions` runs eviction calls; by default a worker thread with room for 16 queued evictions, which
+        `start()` starts. `clock` times the evictions' answers (the scan's clock)."""
+        self.killer = killer
+        self.evictor = evictor
+        self.events = events
+        self.policy = policy
+        self.dry_run = dry_run
+        self.log = log if log is not None else structlog.get_logger("vramguard.agent.act")
+        self.clock = clock
+        self._runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
+        self._pending: dict[str, _Eviction] = {}  # by pod UID
+        self._abandoned: dict[int, _Eviction] = {}  # by ticket: given up on, their worker task not yet finished
+        # A task's answer by ticket; None for an abandoned eviction that was never sent.
+        self._answers: queue.SimpleQueue[tuple[int, EvictResult | None]] = queue.SimpleQueue()
+        self._tickets = itertools.count(1)
+
+    def execute(self, action: Action) -> Outcome | None:
+        """Carry out `action`; its outcome, or None for an eviction now in flight (see `collect`)."""
+        if self.dry_run:
+            return Outcome(action, "dry-run", f"would {action.kind.value}: {action.message}")
+        try:
+            if action.kind is Mode.WARN:
+                self._event(action, EVENT_EXCEEDED, action.message)
+                return Outcome(action, "ok")
+            if action.kind is Mode.EVICT:
+                return self._start_eviction(action)
+            return self._kill(action)
+        except Exception as e:  # a seam failed: report it and keep the loop alive
+            self.log.error("action_failed", action=action.kind.value, pod=action.pod.key, error=repr(e))
+            return Outcome(action, "failed", repr(e))
+
+    def report_invalid(self, pod: PodInfo, error: QuotaError) -> None:
+        """An invalid quota value: a log line and a VRAMQuotaInvalid Event naming the field, the value (bounded)
+        and what applies instead."""
+        self.log.warning(
+            "quota_invalid",
+            pod=pod.key,
+            field=error.field,
+            value=error.value,
+            error=error.message,
+            applies=error.applies,
+        )
+        self._record(pod, EVENT_INVALID, invalid_message(error))
+
+    def report_pressure(self, notices: Iterable[PressureNotice]) -> None:
+        """A VRAMPressure Warning on each pod told that a GPU it uses entered memory pressure."""
+        for notice in notices:
+            self._record(notice.pod, EVENT_PRESSURE, cut(notice.message, 1024))
+
+    def collect(self) -> list[Outcome]:
+        """Outcomes of the evictions answered since the last call, and of those left unanswered too long; and of
+        an abandoned one that the API server accepted after all (the pod is being evicted)."""
+        outcomes: list[Outcome] = []
+        while True:
+            try:
+                ticket, result = self._answers.get_nowait()
+            except queue.Empty:
+                break
+            late = self._abandoned.pop(ticket, None)
+            if result is None:  # only an abandoned eviction goes unsent
+                self.log.info("eviction_not_sent", pod=late.action.pod.key if late else None, why="abandoned")
+                continue
+            eviction = next((e for e in self._pending.values() if e.ticket == ticket), None)
+            if eviction is not None:
+                del self._pending[eviction.action.pod.uid]
+                outcomes.append(self._finish_eviction(eviction.action, result))
+            elif late is not None and result.evicted:
+                outcomes.append(self._accepted_late(late, result))
+            else:
+                self.log.info("eviction_answer_too_late", ticket=ticket, evicted=result.evicted, detail=result.message)
+        now = self.clock.now()
+        for uid, eviction in list(self._pending.items()):
+            if now - eviction.started_at >= self.policy.eviction_timeout_s:
+                del self._pending[uid]
+                self._abandon(eviction)
+                waited = format_duration(self.policy.eviction_timeout_s)
+                result = EvictResult(evicted=False, refused=False, message=f"no answer from the API server in {waited}")
+                outcomes.append(self._finish_eviction(eviction.action, result))
+        return outcomes
+
+    def evictions_in_flight(self) -> int:
+        return len(self._pending)
+
+    def _abandon(self, eviction: _Eviction) -> None:
+        """Stop waiting for `eviction`: never sent if its task has not begun; an answer that still comes is logged,
+        or reported when it is an acceptance."""
+        eviction.abandoned.set()
+        self._abandoned[eviction.ticket] = eviction
+
+    def _accepted_late(self, late: _Eviction, result: EvictResult) -> Outcome:
+        """An abandoned eviction accepted after all: reported, since the pod is being evicted."""
+        waited = format_duration(self.policy.eviction_timeout_s)
+        self.log.info("eviction_accepted_late", pod=late.action.pod.key, detail=result.message)
+        answered = EvictResult(evicted=True, refused=False, message=f"accepted after more than {waited}")
+        return self._finish_eviction(late.action, answered)
+
+    def start(self) -> None:
+        """Start the eviction worker."""
+        self._runner.start()
+
+    def stop(self, deadline: float) -> None:
+        """Stop the eviction worker; an eviction in flight at `deadline` is abandoned (its request has a timeout)."""
+        self._runner.stop(deadline)
+
+    # -- eviction --------------------------------------------------------------------------------------------
+
+    def _start_eviction(self, action: Action) -> Outcome | None:
+        pod = action.pod
+        if pod.uid in self._pending:
+            return None  # one eviction per pod at a time; the first one's outcome will be reported
+        if any(e.action.pod.uid == pod.uid for e in self._abandoned.values()):
+            # Two of the pod's evictions on the worker would both be sent once the API server answers again.
+            unanswered = EvictResult(evicted=False, refused=False, message="its last eviction is still unanswered")
+            return self._finish_eviction(action, unanswered)
+        ticket = next(self._tickets)
+        abandoned = threading.Event()
+
+        def evict() -> None:
+            if abandoned.is_set():  # the scan stopped waiting for it: an eviction nobody waits for is not sent
+                self._answers.put((ticket, None))
+                return
+            try:
+                result = self.evictor.evict(pod, action.message)
+            except Exception as e:  # an evictor should answer with a result; an exception is a failure too
+                result = EvictResult(evicted=False, refused=False, message=f"{type(e).__name__}: {e}")
+            self._answers.put((ticket, result))
+
+        self._pending[pod.uid] = _Eviction(action, self.clock.now(), ticket, abandoned)
+        if not self._runner.submit(evict):
+            del self._pending[pod.uid]
+            return self._finish_eviction(
+                action, EvictResult(evicted=False, refused=False, message="too many evictions in flight")
+            )
+        return None
+
+    def _finish_eviction(self, action: Action, result: EvictResult) -> Outcome:
+        if result.evicted:
+            came_back = f"{action.escalation.came_back}: " if action.escalation is not None else ""
+            self._event(action, EVENT_EVICTED, f"{came_back}evicted: {action.message}")
+            return Outcome(action, "ok", result.message)
+        if result.gone:
+            return Outcome(action, "gone", result.message)
+        refused = result.refused
+        then_kill = self.policy.on_eviction_refused is EvictionRefused.KILL
+        what = "eviction refused" if refused else "eviction failed"
+        next_step = "killing its GPU processes" if then_kill else "it keeps running (on_eviction_refused: wait)"
+        self._event(
+            action,
+            EVENT_EVICTION_REFUSED if refused else EVENT_EVICTION_FAILED,
+            f"{what}: {result.message}; {next_step}: {action.message}",
+        )
+        label = "refused" if refused else "failed"
+        if not then_kill:
+            return Outcome(action, label, result.message)
+        try:
+            return self._kill(action, after=f"{what}: {result.message}", label=f"{label}-then-killed")
+        except Exception as e:
+            self.log.error("action_failed", action="kill", pod=action.pod.key, error=repr(e))
+            return Outcome(action, "failed", repr(e))
+
+    # -- killing ---------------------------------------------------------------------------------------------
+
+    def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
+        # A repeat takes every process of the container, so that its supervisor cannot respawn GPU workers again.
+        whole = action.escalation is not None
+        kill = self.killer.kill(action.violation, every_process=whole)
+        if not kill.killed:
+            why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
+            if len(kill.skipped) > 10:
+                why += f"; and {len(kill.skipped) - 10} more"
+            return Outcome(action, "nothing-to-kill", why, kill)
+        pids = ", ".join(str(ref.pid) for ref in kill.killed[:20])
+        if len(kill.killed) > 20:
+            pids += f" and {len(kill.killed) - 20} more"
+        prefix = f"{after}; " if after else ""
+        if whole:
+            assert action.escalation is not None
+            prefix += f"{action.escalation.came_back}: stopped the whole container; "
+        self._event(action, EVENT_KILLED, f"{prefix}killed PIDs {pids}: {action.message}")
+        if kill.remaining:
+            left = sorted(ref.pid for ref in kill.remaining)
+            shown = ", ".join(map(str, left[:20])) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
+            return Outcome(action, "memory-not-freed", f"PIDs {shown} of the container still hold the GPU", kill)
+        if not kill.exited:
+            return Outcome(action, "failed", "processes did not exit before the deadline", kill)
+        return Outcome(action, label, after, kill)
+
+    def _event(self, action: Action, reason: str, message: str) -> None:
+        self._record(action.pod, reason, message)
+
+    def report_limits(self, outcomes: Iterable[LimitOutcome]) -> None:
+        """One Event per container (or pod-wide quota) for the driver limits just applied, and a Warning for
+        those that failed, naming the GPUs."""
+        grouped: dict[tuple[str, str | None, str], list[LimitOutcome]] = {}
+        for o in outcomes:
+            if o.result in ("applied", "late", "failed"):
+                grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
+        for (_, _, result), group in grouped.items():
+            t = group[0].target
+            gpus = ", ".join(str(o.target.gpu_index) for o in group)
+            if result == "applied":
+                message = (
+                    f"the driver now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
+                    f"an allocation beyond it fails in this {'container' if t.container is not None else 'pod'} only"
+                )
+                self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
+            elif result == "late":
+                message = (
+                    f"{t.subject} was running before the driver held its limit; the driver now holds it to "
+                    f"{format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}). Whether a limit set late binds memory "
+                    "allocated before is not documented: vramguard enforces the quota itself, and restarting the pod "
+                    "puts the limit in place before its first instruction"
+                )
+                self._record(t.pod, EVENT_LIMIT_LATE, cut(message, 1024))
+            else:
+                message = (
+                    f"could not set the driver's memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "
+                    "vramguard enforces the quota itself"
+                )
+                self._record(t.pod, EVENT_LIMIT_FAILED, cut(message, 1024))
+
+    def _record(self, pod: PodInfo, reason: str, message: str, *, warning: bool = True) -> None:
+        if self.dry_run:
+            self.log.warning("event", pod=pod.key, reason=reason, message=message, dry_run=True)
+            return
+        try:
+            self.events.record(pod, reason, message, warning=warning, important=reason in ENFORCEMENT_EVENTS)
+        except Exception as e:  # an Event is a report; failing to queue it must not undo the action
+            self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))

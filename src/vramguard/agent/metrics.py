@@ -1,0 +1,253 @@
+"""Prometheus metrics. Per-container series come from the latest scan, so a pod that is gone leaves no stale series.
+
+Names carry their units (`_bytes`, `_seconds`, `_total`), following client_python's conventions. Everything is
+registered on the registry passed in: no module-level globals, so tests and the benchmark build their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vramguard.core.decide import Decision
+from vramguard.core.limit_plan import LimitTarget
+from vramguard.core.model import Mode, PodQuota, Reason, Snapshot
+
+SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanView:
+    """What one scan publishes: replaced whole after each scan, so a scrape never mixes two scans."""
+
+    snapshot: Snapshot
+    quotas: Mapping[str, PodQuota]
+    driver_limits: tuple[LimitTarget, ...] = ()
+    claim_source_up: bool | None = None  # None: no claim quota source
+
+
+class _ScanCollector(Collector):
+    """Gauges computed at scrape time from the latest scan's `ScanView`."""
+
+    def __init__(self) -> None:
+        self.view: ScanView | None = None  # one reference, swapped in one assignment
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view  # read once: the scan may publish the next view while this scrape runs
+        if view is None:
+            return
+        snap = view.snapshot
+        labels = ["namespace", "pod", "container", "gpu", "gpu_uuid"]
+        used = GaugeMetricFamily(
+            "vramguard_container_gpu_memory_used_bytes", "GPU memory used by a container on one GPU.", labels=labels
+        )
+        quota = GaugeMetricFamily(
+            "vramguard_container_gpu_memory_quota_bytes",
+            "VRAM quota of a container on one GPU (container is empty for a pod-wide quota).",
+            labels=labels,
+        )
+        share = GaugeMetricFamily(
+            "vramguard_claim_share_bytes",
+            "GPU memory a container holds on one GPU through DRA claims (a claim quota source), by claim name.",
+            labels=[*labels, "claim"],
+        )
+        devices = {d.uuid: d for d in snap.devices}
+        quota_seen: set[tuple[str, ...]] = set()
+        for u in snap.containers:
+            device = devices.get(u.device_uuid)
+            if device is None:
+                continue
+            used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
+            pq = view.quotas.get(u.pod.uid)
+            if pq is None:
+                continue
+            own = pq.own(u.container, u.device_uuid) if u.container else None
+            q, who = (own, u.container) if own is not None else (pq.pod, "")
+            key = (u.pod.uid, who, device.uuid)
+            if q is not None and key not in quota_seen:
+                quota_seen.add(key)
+                values = [u.pod.namespace, u.pod.name, who, device.label, device.uuid]
+                limit = q.limit_for(device.total_bytes)
+                quota.add_metric(values, limit)
+                if q.claim is not None:
+                    share.add_metric([*values, q.claim], limit)
+        yield used
+        yield quota
+        yield share
+
+        gpu_labels = ["gpu", "gpu_uuid", "name"]
+        families = {
+            "total": GaugeMetricFamily(
+                "vramguard_gpu_memory_total_bytes", "Total memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+            "used": GaugeMetricFamily(
+                "vramguard_gpu_memory_used_bytes", "Used memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+            "free": GaugeMetricFamily(
+                "vramguard_gpu_memory_free_bytes", "Free memory of a GPU or MIG instance.", labels=gpu_labels
+            ),
+        }
+        healthy = GaugeMetricFamily(
+            "vramguard_gpu_healthy", "1 when every NVML call for the GPU succeeded in the last scan.", labels=gpu_labels
+        )
+        unattributed = GaugeMetricFamily(
+            "vramguard_unattributed_gpu_memory_bytes",
+            "GPU memory used by processes outside any known pod (reported, never acted on).",
+            labels=["gpu", "gpu_uuid"],
+        )
+        for d in snap.devices:
+            lv = [d.label, d.uuid, d.name]
+            families["total"].add_metric(lv, d.total_bytes)
+            families["used"].add_metric(lv, d.used_bytes)
+            families["free"].add_metric(lv, d.free_bytes)
+            healthy.add_metric(lv, 1.0 if d.healthy else 0.0)
+            unattributed.add_metric(
+                [d.label, d.uuid], sum(p.used_bytes for p in snap.unattributed if p.device_uuid == d.uuid)
+            )
+        yield from families.values()
+        yield healthy
+        yield unattributed
+
+        limits = GaugeMetricFamily(
+            "vramguard_driver_limit_bytes",
+            "The hard GPU memory limit the driver holds for a container's cgroup on one GPU (container is empty for "
+            "a pod's own cgroup): allocations beyond it fail in that container.",
+            labels=labels,
+        )
+        for t in view.driver_limits:
+            device = devices.get(t.gpu_uuid)
+            label = device.label if device is not None else str(t.gpu_index)
+            limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
+        yield limits
+        if view.claim_source_up is not None:
+            yield GaugeMetricFamily(
+                "vramguard_claim_source_up",
+                "1 while the claim quota source reads this node's ResourceSlices, 0 while it cannot (then pods with "
+                "DRA claims fall through to the next quota source); absent without a claim: source.",
+                value=1.0 if view.claim_source_up else 0.0,
+            )
+
+
+class Metrics:
+    """Every metric the agent exports, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # `*_created` timestamps double the series count and say nothing an agent's restart time does not.
+        # (client_python keeps this switch process-wide; the agent is the only exporter in its process.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # client_python leaves it unannotated
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._scan = _ScanCollector()
+        self.registry.register(self._scan)
+        # process_open_fds and process_max_fds: fd pressure (alert on their ratio), with the agent's CPU and memory.
+        ProcessCollector(registry=self.registry)
+        self.violations = Counter(
+            "vramguard_violations_total",
+            "Violation episodes started: a subject went above its quota (severity hard: above its hard limit).",
+            ["namespace", "severity"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "vramguard_actions_total",
+            "Actions taken, by action (warn, evict, kill) and result (ok, failed, refused, dry-run, ...).",
+            ["action", "result"],
+            registry=self.registry,
+        )
+        self.escalations = Counter(
+            "vramguard_escalations_total",
+            "Repeats acted on one step further (counted when the action's outcome is known): a container killed "
+            "within the cooldown and over its quota again (a supervisor respawning GPU workers), by namespace and "
+            "step (kill-container, evict).",
+            ["namespace", "step"],
+            registry=self.registry,
+        )
+        self.scan_duration = Histogram(
+            "vramguard_scan_duration_seconds",
+            "Wall time of one scan: sample, attribute, decide, act.",
+            buckets=SCAN_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.scans_failed = Counter(
+            "vramguard_scans_failed_total",
+            "Scans that raised (logged as scan_failed); the loop goes on with the next one.",
+            registry=self.registry,
+        )
+        self.scan_cpu = Counter(
+            "vramguard_scan_cpu_seconds_total",
+            "CPU the agent process spent in scans (all its threads while a scan ran); the process's own "
+            "process_cpu_seconds_total less this is what it spends between scans.",
+            registry=self.registry,
+        )
+        self.triggered_scans = Counter(
+            "vramguard_triggered_scans_total",
+            "Scans run before the next poll because the watch between scans saw a GPU's used memory rise "
+            "(memory-rise) or its free memory fall into the pressure band (pressure).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.scan_triggers_held = Counter(
+            "vramguard_scan_triggers_held_total",
+            "Times a trigger had to wait for triggered_scans_per_second (allocations churning faster than that).",
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "vramguard_events_total",
+            "Kubernetes Events by result: written, patched (a repeat of a written one), aggregated (a repeat of a "
+            "queued one), dropped (over a bound), failed (refused, or unanswered for 10 minutes).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.events_queued = Gauge(
+            "vramguard_events_queued",
+            "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
+            registry=self.registry,
+        )
+        self.api_requests = Counter(
+            "vramguard_api_requests_total",
+            "LIST and WATCH requests the agent made to the API server, by resource and verb. In steady state only "
+            "WATCH grows, by one per watched resource every 5 to 10 minutes; LISTs are relists (start, 410 Gone).",
+            ["resource", "verb"],
+            registry=self.registry,
+        )
+        self.driver_limit_results = Counter(
+            "vramguard_driver_limits_total",
+            "Driver memory limits programmed, by outcome: applied, late (applied to a container already running), "
+            "unchanged (already held), cleared, unsupported (the reactive modes hold that quota), failed (the first "
+            "failure of a run; retried with back-off).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.driver_limits_failing = Gauge(
+            "vramguard_driver_limits_failing",
+            "Driver memory limits (per cgroup and GPU) whose calls are failing now, each retried with back-off.",
+            registry=self.registry,
+        )
+        self.nvml_errors = Counter(
+            "vramguard_nvml_errors_total",
+            "NVML failures and rows dropped by sanity checks, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def observe_scan(
+        self,
+        snapshot: Snapshot,
+        quotas: Mapping[str, PodQuota],
+        decision: Decision,
+        driver_limits: Iterable[LimitTarget] = (),
+        claim_source_up: bool | None = None,
+    ) -> None:
+        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up)
+        for a in decision.actions:
+            # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
+            if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
+                severity = "hard" if a.violation.hard else "soft"
+                self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
+
+    def count_nvml_errors(self, counts: Iterable[tuple[str, int]]) -> None:
+        for kind, n in counts:
+            if n:
+                self.nvml_errors.labels(kind=kind).inc(n)

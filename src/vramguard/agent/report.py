@@ -1,0 +1,135 @@
+"""What one scan found and did (`ScanReport`), the agent's last one (`LastScan`), and its rows, one per (GPU,
+container): what `vramguard top` shows and `/status` carries (`http/status.py`).
+
+Names, commands and claims are tenant text: the rows carry them exactly; whoever shows them escapes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+from vramguard.agent.act import Outcome
+from vramguard.core.decide import Decision
+from vramguard.core.limit_plan import LimitTarget
+from vramguard.core.model import PodQuota, Snapshot, SubjectKey, Violation
+from vramguard.node.describe import ProcessDetail, describe_process
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    snapshot: Snapshot
+    quotas: Mapping[str, PodQuota]
+    decision: Decision
+    outcomes: tuple[Outcome, ...]
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LastScan:
+    """The agent's last completed scan, for /status (`status.StatusPage`): replaced whole after each scan, so the
+    HTTP thread reads it without a lock; nothing in it is changed once built."""
+
+    report: ScanReport
+    held: Mapping[SubjectKey, LimitTarget]  # the limits the driver held as the scan reported (the limiter's record)
+    finished_at: float  # on the agent's clock
+
+
+@dataclass(frozen=True, slots=True)
+class TopRow:
+    gpu: str
+    namespace: str
+    pod: str
+    container: str
+    processes: tuple[ProcessDetail, ...]
+    used_bytes: int
+    quota_bytes: int | None
+    state: str  # ok | over-soft | over-hard | unmanaged | unattributed: <why> | gpu-unhealthy: <error>
+    # Who holds the quota: "driver" (its hard limit on the container's cgroup, R615+: an allocation beyond it
+    # fails), "driver:pod" (only the pod's cgroup holds one: the container's own is missing), "agent" (the
+    # reactive modes alone: where the driver holds limits, a container running without its own), "-" without one.
+    held_by: str = "-"
+    claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
+    quota_source: str = ""  # the quota's `Quota.source`, e.g. "limits[vramguard.io/vram]"; "" without a quota
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.processes)
+
+    @property
+    def percent(self) -> float | None:
+        return 100.0 * self.used_bytes / self.quota_bytes if self.quota_bytes else None
+
+
+def rows_from_report(
+    report: ScanReport,
+    describe: Callable[[int], ProcessDetail] = describe_process,
+    driver_limits: Mapping[SubjectKey, object] | None = None,
+) -> list[TopRow]:
+    """The rows of one scan; `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`)
+    says which quotas the driver holds."""
+    snap, quotas = report.snapshot, report.quotas
+    held = driver_limits or {}
+    # A container's violation: its own, its pod's (pod-wide quota), or its share's (containers holding one DRA
+    # share are one subject).
+    violated: dict[tuple[str, str | None, str], Violation] = {v.key: v for v in report.decision.violations}
+    violated |= {(v.pod.uid, cid, v.device.uuid): v for v in report.decision.violations for cid in v.container_ids}
+    rows: list[TopRow] = []
+    for u in snap.containers:
+        device = snap.device(u.device_uuid)
+        if device is None:
+            continue
+        pq = quotas.get(u.pod.uid)
+        own = pq.own(u.container, u.device_uuid) if pq is not None and u.container else None
+        quota = own if own is not None else (pq.pod if pq is not None else None)
+        v = violated.get((u.pod.uid, u.container if own is not None else None, u.device_uuid))
+        if v is None and u.container_id is not None:
+            v = violated.get((u.pod.uid, u.container_id, u.device_uuid))
+        if quota is None:
+            state = "unmanaged"
+        elif v is None:
+            state = "ok"
+        else:
+            state = "over-hard" if v.hard else "over-soft"
+        key = SubjectKey(u.pod.uid, u.container if own is not None else None, u.device_uuid)
+        pod_key = SubjectKey(u.pod.uid, None, u.device_uuid)
+        held_by = "-" if quota is None else "driver" if key in held else "driver:pod" if pod_key in held else "agent"
+        rows.append(
+            TopRow(
+                gpu=device.label,
+                namespace=u.pod.namespace,
+                pod=u.pod.name,
+                container=u.container or "?",
+                processes=tuple(describe(p.pid) for p in u.processes),
+                used_bytes=u.used_bytes,
+                quota_bytes=quota.limit_for(device.total_bytes) if quota is not None else None,
+                state=state,
+                held_by=held_by,
+                claim=(quota.claim or "") if quota is not None else "",
+                quota_source=quota.source if quota is not None else "",
+            )
+        )
+    for p in snap.unattributed:
+        device = snap.device(p.device_uuid)
+        rows.append(
+            TopRow(
+                gpu=device.label if device else p.device_uuid,
+                namespace="-",
+                pod="-",
+                container="-",
+                processes=(describe(p.process.pid),),
+                used_bytes=p.used_bytes,
+                quota_bytes=None,
+                state=f"unattributed: {p.reason}",
+            )
+        )
+    for d in snap.devices:
+        if not d.healthy:
+            rows.append(TopRow(d.label, "-", "-", "-", (), 0, None, f"gpu-unhealthy: {d.error}"))
+    return sorted(rows, key=lambda r: (r.gpu, r.namespace, r.pod, r.container))
+
+
+def row_dict(row: TopRow) -> dict[str, object]:
+    """The row as JSON takes it, its text exact (json escapes controls and non-ASCII characters itself); the
+    status document's (`status.py`) "containers" are these."""
+    return {**asdict(row), "pids": list(row.pids), "percent": row.percent}

@@ -1,0 +1,108 @@
+"""A bounded background worker: where the agent's slow calls go, so the scan loop never waits on the network.
+
+One daemon thread runs submitted tasks in order; `submit` never blocks (a full queue says so, and the caller
+counts the drop or tries again next scan). `Inline` runs each task on the caller's thread, for unit tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+
+Task = Callable[[], None]
+
+
+class Runner(Protocol):
+    """Where background work goes: a `Worker` thread, or `Inline` in tests. A `lifecycle.Service`."""
+
+    def start(self) -> None: ...
+
+    def submit(self, task: Task) -> bool: ...
+
+    def pending(self) -> int: ...
+
+    def stop(self, deadline: float) -> None: ...
+
+
+class Worker:
+    """Tasks submitted before `start()` wait in the queue; `stop(deadline)` drops the queued ones."""
+
+    def __init__(
+        self,
+        name: str,
+        max_queue: int,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.log = log if log is not None else structlog.get_logger("vramguard.base.worker")
+        self._stopping = threading.Event()
+        self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, task: Task) -> bool:
+        """Queue `task`; False (and nothing queued) when the queue is full or the worker is stopping."""
+        if self._stopping.is_set():
+            return False
+        try:
+            self._queue.put_nowait(task)
+        except queue.Full:
+            return False
+        return True
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def stop(self, deadline: float) -> None:
+        """Stop after the current task, waiting for it until `deadline` at most. A task stuck in a socket read on a
+        frozen API server is abandoned there: the thread is a daemon, and every API call has its own request
+        timeout, so it ends by itself soon after."""
+        self._stopping.set()
+        # Wakes the thread if it waits for work; if the queue is full it is busy, and sees `_stopping` after its task.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            task = self._queue.get()
+            if task is None or self._stopping.is_set():
+                return
+            try:
+                task()
+            except Exception as e:  # a task reports its own failures; this is the last line of defence
+                self.log.exception("worker_task_failed", worker=self.name, error=repr(e))
+
+
+class Inline:
+    """Runs each task at once on the caller's thread: the deterministic stand-in for a `Worker` in unit tests."""
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, task: Task) -> bool:
+        if self._stopping.is_set():
+            return False
+        task()
+        return True
+
+    def pending(self) -> int:
+        return 0
+
+    def stop(self, deadline: float) -> None:
+        self._stopping.set()

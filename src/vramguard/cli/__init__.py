@@ -1,0 +1,1 @@
+"""The `vramguard` command and the wiring that composes the agent from its parts."""

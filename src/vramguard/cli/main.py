@@ -1,0 +1,281 @@
+"""The `vramguard` command: run the agent, look at a node, check a policy. Flags in, `wiring` does the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+
+from vramguard import __version__
+from vramguard.agent.metrics import Metrics
+from vramguard.agent.report import rows_from_report
+from vramguard.base.clock import SYSTEM_CLOCK
+from vramguard.base.lifecycle import Services
+from vramguard.base.logs import configure_logging
+from vramguard.cli.top import render_table
+from vramguard.cli.wiring import (
+    SHUTDOWN_BUDGET_S,
+    Closing,
+    RunConfig,
+    WiringError,
+    build_agent,
+    connect,
+    policy_for,
+    serve,
+    stop_on_signals,
+)
+from vramguard.core.model import DriverLimits, Mode
+from vramguard.core.policy import check_policy_file, parse_watch_interval
+from vramguard.core.quantity import QuantityError, parse_quantity
+from vramguard.core.text import printable, show_value
+from vramguard.http.status import AgentFacts, render, scan_json
+from vramguard.node.describe import describer
+from vramguard.node.limiter import read_held_limits
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
+app.add_typer(policy_app, name="policy")
+
+_T = TypeVar("_T")
+
+
+def _say(message: str) -> None:
+    """A message for a person on standard error: what it quotes (a file's text, a pod's name) shown escaped, line by
+    line; its further lines indented, so that none passes for a message of its own."""
+    first, *rest = message.split("\n")
+    shown = [printable(first), *(printable(line if line.startswith("  ") else f"  {line}") for line in rest)]
+    typer.echo("\n".join(shown), err=True)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    _say(f"vramguard: {message}")
+    raise typer.Exit(code)
+
+
+def _or_exit(build: Callable[[], _T]) -> _T:
+    """`build()`, or exit 2 with its WiringError's message."""
+    try:
+        return build()
+    except WiringError as e:
+        _fail(str(e))
+
+
+ModeOpt = Annotated[Mode | None, typer.Option("--mode", help="warn, evict or kill; overrides the policy's mode.")]
+PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).", exists=True, dir_okay=False)]
+ProcRootOpt = Annotated[str, typer.Option("--proc-root", help="Where the host's /proc is mounted.")]
+CgroupRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--cgroup-root",
+        envvar="VRAMGUARD_CGROUP_ROOT",
+        help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there, and "
+        "driver limits name its v2 directories.",
+    ),
+]
+PodsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--pods-file", help="Pods from a file (`kubectl get pods -o yaml` shape) instead of the API server."),
+]
+NodeOpt = Annotated[str | None, typer.Option("--node-name", envvar="NODE_NAME", help="This node's name.")]
+KubeconfigOpt = Annotated[
+    str | None, typer.Option("--kubeconfig", help="Kubeconfig file; the in-cluster ServiceAccount when absent.")
+]
+
+
+@app.command()
+def run(
+    node_name: NodeOpt = None,
+    mode: ModeOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and report everything, change nothing.")] = False,
+    poll_interval: Annotated[float, typer.Option("--poll-interval", help="Seconds between scans.", min=0.01)] = 1.0,
+    policy_path: PolicyOpt = None,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz, /status.")
+    ] = 9400,
+    metrics_bind_address: Annotated[
+        str,
+        typer.Option(
+            "--metrics-bind-address",
+            help="Address for /metrics and the probes: all interfaces by default (Prometheus scrapes the pod IP); "
+            "127.0.0.1 keeps them on the node.",
+        ),
+    ] = "0.0.0.0",
+    proc_root: ProcRootOpt = "/proc",
+    cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
+    pods_file: PodsFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    advertise_capacity: Annotated[
+        bool,
+        typer.Option(
+            "--advertise-capacity", help="Publish GPU memory as the node's vramguard.io/vram capacity (else remove it)."
+        ),
+    ] = False,
+    capacity_reserve: Annotated[
+        str, typer.Option("--capacity-reserve", help="GPU memory kept out of the advertised capacity (quantity).")
+    ] = "0",
+    agent_namespace: Annotated[
+        str | None, typer.Option("--agent-namespace", envvar="POD_NAMESPACE", help="Exempted like kube-system.")
+    ] = None,
+    device_prefix: Annotated[
+        str, typer.Option("--gpu-device-prefix", hidden=True, help="Device files that hold GPU memory (tests).")
+    ] = "/dev/nvidia",
+    driver_limits: Annotated[
+        DriverLimits | None,
+        typer.Option(
+            "--driver-limits",
+            help="The driver's per-cgroup memory limits (R615+) in evict/kill: auto, off or require "
+            "(overrides the policy's driver_limits).",
+        ),
+    ] = None,
+    state_dir: Annotated[
+        str,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMGUARD_STATE_DIR",
+            help="A writable directory that outlives the agent (a hostPath): it notes each container frozen for a "
+            "kill, so that an agent killed mid-kill is followed by one that thaws it. Without it, no freezing.",
+        ),
+    ] = "/var/lib/vramguard",
+    watch_interval: Annotated[
+        str | None,
+        typer.Option(
+            "--watch-interval",
+            help="How often each GPU's memory counter is read between scans (e.g. 10ms; 1ms to 1s): a rise scans at "
+            "once. 0s: no watch, scans on the poll alone. Overrides the policy's watch_interval.",
+        ),
+    ] = None,
+    status_command_lines: Annotated[
+        bool,
+        typer.Option(
+            "--status-command-lines",
+            help="Show each GPU process's whole command line in /status (by default its program's name only: "
+            "arguments may hold secrets, and whoever can read /status would see them).",
+        ),
+    ] = False,
+) -> None:
+    """Run the agent: scan every poll interval, enforce quotas, serve metrics and probes."""
+    configure_logging(log_format)
+    try:
+        reserve_bytes = parse_quantity(capacity_reserve)
+    except QuantityError as e:
+        _fail(f"--capacity-reserve: {e}")
+    policy = _or_exit(lambda: policy_for(policy_path, mode, agent_namespace, driver_limits))
+    if watch_interval is not None:
+        try:
+            policy = replace(policy, watch_interval_s=parse_watch_interval(watch_interval))
+        except QuantityError as e:
+            _fail(f"--watch-interval: {e}")
+        except ValueError as e:
+            _fail(f"--watch-interval: {show_value(watch_interval)} {e}")
+    config = RunConfig(
+        node_name=node_name,
+        policy=policy,
+        dry_run=dry_run,
+        poll_interval_s=poll_interval,
+        metrics_port=metrics_port,
+        metrics_bind_address=metrics_bind_address,
+        proc_root=proc_root,
+        cgroup_root=cgroup_root,
+        pods_file=pods_file,
+        kubeconfig=kubeconfig,
+        advertise_capacity=advertise_capacity,
+        capacity_reserve_bytes=reserve_bytes,
+        device_prefix=device_prefix,
+        state_dir=state_dir,
+        status_command_lines=status_command_lines,
+    )
+    with stop_on_signals() as stop:
+        _or_exit(lambda: serve(config, stop))
+
+
+@app.command()
+def top(
+    node_name: NodeOpt = None,
+    policy_path: PolicyOpt = None,
+    proc_root: ProcRootOpt = "/proc",
+    cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    pods_file: PodsFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the status document, as the agent's /status answers (one a refresh).")
+    ] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.", min=0.1)] = 2.0,
+) -> None:
+    """A live table of this node: GPU, pod, container, used, quota, %, state, who holds the quota (the driver's
+    limit or the agent), and each process' PID, user and command. Changes nothing."""
+    configure_logging("console", level="error")
+    describe = describer(proc_root, command_lines=True)
+    policy = _or_exit(lambda: policy_for(policy_path, None, None))
+    metrics = Metrics()
+    cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
+    services = Services()
+    try:
+        cluster.start(services)
+        if not cluster.pods.wait_synced(timeout_s=15):
+            _fail(f"could not read this node's pods within 15s: {cluster.pods.problem()}", 1)
+        if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
+            _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
+        try:
+            sampler = NvmlSampler(proc_root=proc_root)
+        except NvmlUnavailable as e:
+            _fail(str(e), 1)
+        services.start("nvml", Closing(sampler))
+        agent = build_agent(
+            sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
+        )
+        memory = NvmlMemoryLimiter()
+        # The agent here is this command's own: dry run, scanning every refresh.
+        facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
+        with stop_on_signals() as stop:
+            try:
+                while not stop.is_set():
+                    report = agent.scan()
+                    held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
+                    if as_json:
+                        finished = agent.last_scan.finished_at if agent.last_scan is not None else None
+                        age = SYSTEM_CLOCK.now() - finished if finished is not None else None
+                        typer.echo(render(facts, age, scan_json(report, held, describe)).decode())
+                    else:
+                        if not once and sys.stdout.isatty():
+                            typer.echo("\x1b[H\x1b[2J", nl=False)
+                        typer.echo(render_table(rows_from_report(report, describe, driver_limits=held)))
+                    if once:
+                        return
+                    SYSTEM_CLOCK.wait(stop, interval)
+            finally:
+                memory.close()
+    finally:
+        services.stop(SHUTDOWN_BUDGET_S)
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to validate.")]) -> None:
+    """Validate a policy file; every error names the field and the value."""
+    errors = check_policy_file(file)
+    if errors:
+        for line in errors:
+            _say(printable(f"{file}: {line}"))  # one line per problem, whatever the file's name holds
+        raise typer.Exit(1)
+    typer.echo(printable(f"{file}: ok"))
+
+
+@app.command()
+def version(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print vramguard's version (and, with --json, its runtime's)."""
+    if as_json:
+        typer.echo(json.dumps({"vramguard": __version__, "python": sys.version.split()[0], "pid": os.getpid()}))
+    else:
+        typer.echo(f"vramguard {__version__}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,528 @@
+"""The composition root: which real part goes behind each seam, and the agent's life from start to stop.
+
+`main.py` turns flags into a `RunConfig`; everything here builds parts from it and never touches a terminal. A
+configuration the agent cannot run with raises `WiringError` with a message for the user. Every background part
+is built idle, started here in dependency order into one `lifecycle.Services` group, and stopped in reverse
+within `SHUTDOWN_BUDGET_S`; one `Clock` is handed to every part that reads time.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+from kubernetes.client import ApiClient
+
+from vramguard import __version__
+from vramguard.agent.act import Enforcer
+from vramguard.agent.loop import Agent
+from vramguard.agent.metrics import Metrics
+from vramguard.agent.report import LastScan
+from vramguard.agent.watch import MemoryWatch, ScanTrigger
+from vramguard.base.backoff import Backoff
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.lifecycle import Service, Services
+from vramguard.base.logs import FailureRun
+from vramguard.core.limit_plan import limits_enabled
+from vramguard.core.model import DriverLimits, Mode, PodInfo, Policy
+from vramguard.core.policy import PolicyError, load_policy
+from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, PodSource
+from vramguard.core.quota import reads_claims
+from vramguard.http.server import HealthServer
+from vramguard.http.status import AgentFacts, StatusPage
+from vramguard.kube.capacity import KubeCapacityPublisher
+from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.client import load_api_client
+from vramguard.kube.events import KubeEventRecorder, KubeEventSink
+from vramguard.kube.eviction import KubeEvictor
+from vramguard.kube.pods import KubePodSource
+from vramguard.kube.pods_file import FilePodSource
+from vramguard.node.cgroup import v2_root
+from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
+from vramguard.node.describe import describer
+from vramguard.node.freezes import FreezeJournal
+from vramguard.node.identify import ProcIdentifier
+from vramguard.node.kill import PidfdKiller
+from vramguard.node.limiter import DriverLimiter
+from vramguard.node.repeats import KillFile
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+
+# What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
+# kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
+# ends it within 2 s) because the node is unguarded from the stop until its successor scans. A part still busy at
+# the deadline (a request to a frozen API server) is abandoned: its thread is a daemon.
+SHUTDOWN_BUDGET_S = 1.5
+
+
+class WiringError(Exception):
+    """The agent cannot start with this configuration; the message says why, for the user."""
+
+
+class LogEventRecorder:
+    """Events when there is no API server to write them to (`--pods-file`): they go to the log instead."""
+
+    def __init__(self) -> None:
+        self.log = structlog.get_logger("vramguard.events")
+
+    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+        self.log.warning("event", pod=pod.key, reason=reason, message=message)
+
+
+class NoApiEvictor:
+    """Eviction is an API call; with `--pods-file` there is no API server, so every eviction fails, visibly."""
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        return EvictResult(evicted=False, refused=False, message="no API server: eviction needs the Kubernetes API")
+
+
+@dataclass
+class Cluster:
+    """Where pods come from and where Events and evictions go: the API server, or a pods file and the log.
+    `parts` are its background parts, built idle, in the order they start (`start`)."""
+
+    pods: FilePodSource | KubePodSource
+    events: EventRecorder
+    evictor: Evictor
+    api: ApiClient | None = None
+    claims: KubeClaimSource | FilePodSource | None = None  # with a `claim:` quota source
+    parts: tuple[tuple[str, Service], ...] = ()
+
+    def start(self, services: Services) -> None:
+        """Start the background parts in `services`, which stops them in reverse."""
+        for name, part in self.parts:
+            services.start(name, part)
+
+
+def policy_for(
+    path: Path | None, mode: Mode | None, agent_namespace: str | None, driver_limits: DriverLimits | None = None
+) -> Policy:
+    """The policy file's policy (defaults without one), with `--mode`, `--driver-limits` and the agent's own
+    namespace exempted."""
+    try:
+        policy = load_policy(path) if path is not None else Policy()
+    except PolicyError as e:
+        raise WiringError(str(e)) from None
+    if mode is not None:
+        policy = replace(policy, mode=mode)
+    if driver_limits is not None:
+        policy = replace(policy, driver_limits=driver_limits)
+    if agent_namespace:
+        policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {agent_namespace})
+    return policy
+
+
+def connect(
+    pods_file: Path | None,
+    kubeconfig: str | None,
+    node_name: str | None,
+    metrics: Metrics,
+    policy: Policy | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Cluster:
+    """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
+    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
+    started: `Cluster.start`."""
+    claim_sources = policy is not None and reads_claims(policy.quota_sources)
+    if pods_file is not None:
+        from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock)
+        # The file's ResourceClaims and ResourceSlices, read with its pods.
+        file_claims = from_file if claim_sources else None
+        parts: tuple[tuple[str, Service], ...] = (("pods-file", from_file),)
+        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts)
+    if not node_name:
+        raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
+    try:
+        api = load_api_client(kubeconfig, node_name)
+    except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
+        where = kubeconfig or "the in-cluster ServiceAccount"
+        raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
+    events = KubeEventRecorder(
+        KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc(), clock=clock
+    )
+    metrics.events_queued.set_function(events.queued)
+
+    def count(resource: str, verb: str) -> None:
+        metrics.api_requests.labels(resource=resource, verb=verb).inc()
+
+    pods = KubePodSource(api, node_name, count=count, clock=clock)
+    kube_parts: list[tuple[str, Service]] = [("events", events), ("pods", pods)]
+    claims = None
+    if claim_sources:
+        claims = KubeClaimSource(api, node_name, pods, count=count, clock=clock)
+        kube_parts.append(("claims", claims))  # after the pods: it reads the claims the pods name
+    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts))
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as far as the kernel allows; (before, after).
+
+    Container runtimes often start processes with a soft limit of 1024 under a far higher hard one. The agent's
+    fd use is bounded (no fd per GPU process, a capped number of HTTP connections), but headroom costs nothing
+    and keeps a flood elsewhere from starving the kill path.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:  # NOFILE cannot be unlimited: the kernel's ceiling is fs.nr_open
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, target
+
+
+def build_agent(
+    *,
+    sampler: NvmlSampler,
+    cluster: Cluster,
+    policy: Policy,
+    dry_run: bool,
+    proc_root: str,
+    metrics: Metrics,
+    cgroup_root: str = "/sys/fs/cgroup",
+    device_prefix: str = "/dev/nvidia",
+    capacity: KubeCapacityPublisher | None = None,
+    limiter: DriverLimiter | None = None,
+    journal: FreezeJournal | None = None,
+    kill_memory: KillMemory | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Agent:
+    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
+    the Enforcer's business alone (its Events go to the log)."""
+    killer = PidfdKiller(
+        proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
+    )
+    enforcer = Enforcer(
+        killer=killer,
+        evictor=cluster.evictor,
+        events=cluster.events,
+        policy=policy,
+        dry_run=dry_run,
+        clock=clock,
+    )
+    agent = Agent(
+        sampler=sampler,
+        identifier=ProcIdentifier(proc_root=proc_root),
+        pods=cluster.pods,
+        policy=policy,
+        enforcer=enforcer,
+        metrics=metrics,
+        capacity=capacity,  # None in dry-run: capacity_publisher makes none
+        limiter=limiter,  # None in dry-run: driver_limiter makes none
+        claims=cluster.claims,
+        kill_memory=kill_memory,
+        watch=memory_watch(sampler, policy, metrics, clock),
+        clock=clock,
+    )
+    if limiter is not None:
+        limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
+    return agent
+
+
+def memory_watch(sampler: NvmlSampler, policy: Policy, metrics: Metrics, clock: Clock) -> MemoryWatch | None:
+    """The watch between scans (not started: `serve` starts it with the loop), None with `watch_interval: 0s`."""
+    if policy.watch_interval_s <= 0:
+        return None
+    trigger = ScanTrigger(policy, clock)
+    return MemoryWatch(
+        sampler.memory, trigger, policy.watch_interval_s, clock, count_held=metrics.scan_triggers_held.inc
+    )
+
+
+def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Services, clock: Clock) -> None:
+    """Limits at cgroup creation: the kubelet's cgroup v2 tree watched with inotify (started in `services`), each
+    new pod and container cgroup handed to the limiter. Nothing where there is nothing to program or no way to
+    watch (then the limiter programs each container once the pod's status names it)."""
+    root = v2_root(cgroup_root)
+    if limiter is None or root is None:
+        return
+    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock)
+    log = structlog.get_logger("vramguard")
+    try:
+        services.start("cgroup-watch", watcher)
+    except InotifyUnavailable as e:
+        log.warning("cgroup_watch_unavailable", reason=str(e), fallback="reconcile")
+        return
+    limiter.watching = True
+    log.info("cgroup_watch", root=root)
+
+
+def driver_limiter(
+    policy: Policy, dry_run: bool, cgroup_root: str, clock: Clock = SYSTEM_CLOCK
+) -> DriverLimiter | None:
+    """The driver-limits programmer, where the policy enforces anywhere (evict or kill) and allows them; None in
+    --dry-run, with `driver_limits: off`, or with a warn-only policy. Call once NVML is up."""
+    enforcing = policy.mode is not Mode.WARN or any(
+        ns.mode is not None and ns.mode is not Mode.WARN for ns in policy.namespaces.values()
+    )
+    if not enforcing or not limits_enabled(policy, dry_run):
+        return None
+    return DriverLimiter(NvmlMemoryLimiter(), cgroup_root, clock=clock)
+
+
+def capacity_publisher(
+    cluster: Cluster, node_name: str | None, reserve_bytes: int, advertise: bool, dry_run: bool, clock: Clock
+) -> KubeCapacityPublisher | None:
+    """The publisher, not started; it withdraws what an earlier run may have advertised when not advertising
+    (once started, in the background like every publish: a failure is logged, never raised, never waited for)."""
+    if cluster.api is None or node_name is None or dry_run:
+        return None
+    publisher = KubeCapacityPublisher(cluster.api, node_name, reserve_bytes, clock=clock)
+    if not advertise:
+        publisher.withdraw()
+    return publisher
+
+
+def open_sampler(
+    proc_root: str, stop: threading.Event, clock: Clock, problem: Callable[[str | None], None]
+) -> NvmlSampler | None:
+    """NVML, once it loads: it may come up after the agent (a driver container still installing), so retry with
+    back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears once
+    per run of the same failure."""
+    log = structlog.get_logger("vramguard")
+    backoff = Backoff(1.0, 60.0)
+    failures = FailureRun()
+    while not stop.is_set():
+        try:
+            sampler = NvmlSampler(proc_root=proc_root)
+        except NvmlUnavailable as e:
+            if failures.failed(str(e)):
+                log.error("nvml_unavailable", error=str(e))
+            problem(str(e))
+            clock.wait(stop, backoff.next())
+            continue
+        problem(None)
+        return sampler
+    return None
+
+
+class Closing:
+    """A resource in a `Services` group: nothing to start, closed when the group stops. The NVML sampler is one:
+    a handle on the driver, not a background part (its deadline thread runs only the calls a scan waits for)."""
+
+    def __init__(self, resource: NvmlSampler) -> None:
+        self.resource = resource
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, deadline: float) -> None:
+        self.resource.close()
+
+
+class Probes:
+    """/healthz: the loop is scanning. /readyz: NVML is up, the pod list is current and a scan completed."""
+
+    def __init__(
+        self, pods: PodSource, poll_interval_s: float, *, clock: Clock = SYSTEM_CLOCK, require_limits: bool = False
+    ) -> None:
+        self.pods = pods
+        self.poll_interval_s = poll_interval_s
+        self.clock = clock  # the agent's: `last_scan_at` is on its scale
+        self.require_limits = require_limits  # driver_limits: require
+        self.agent: Agent | None = None
+        self.nvml_problem: str | None = "NVML not initialised yet"
+
+    def healthz(self) -> tuple[bool, str]:
+        if self.agent is None or self.agent.last_scan_at is None:
+            return True, "starting"
+        age = self.clock.now() - self.agent.last_scan_at
+        return age < max(30.0, 10 * self.poll_interval_s), f"last scan {age:.1f}s ago"
+
+    def readyz(self) -> tuple[bool, str]:
+        problems = [p for p in (self.nvml_problem, self.pods.problem(), self.limits_problem()) if p]
+        if not problems and (self.agent is None or self.agent.last_scan_at is None):
+            problems.append("no scan completed yet")
+        elif not problems and self.agent is not None and self.agent.last_synced_scan_at is None:
+            problems.append("no scan with the pod list yet")  # the scans so far attributed nothing
+        return (not problems), "; ".join(problems) or "ready"
+
+    def last_scan(self) -> LastScan | None:
+        """The agent's last completed scan (for /status), None before it has one."""
+        return self.agent.last_scan if self.agent is not None else None
+
+    def nvml(self, problem: str | None) -> None:
+        """Why NVML is not up (`open_sampler`), or None once it is."""
+        self.nvml_problem = problem
+
+    def limits_problem(self) -> str | None:
+        """With `driver_limits: require`, why the driver cannot hold this node's quotas, or None."""
+        if not self.require_limits or self.agent is None:
+            return None
+        limiter = self.agent.limiter
+        if limiter is None:
+            return "driver limits required, but never applied in warn mode or with --dry-run"
+        if limiter.unavailable is not None:
+            return f"driver limits required: {limiter.unavailable}"
+        unsupported = limiter.unsupported_gpus()
+        if unsupported:
+            return "driver limits required: " + "; ".join(unsupported[g] for g in sorted(unsupported))
+        return None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """`vramguard run`'s flags, checked."""
+
+    node_name: str | None
+    policy: Policy
+    dry_run: bool
+    poll_interval_s: float
+    metrics_port: int
+    metrics_bind_address: str
+    proc_root: str
+    cgroup_root: str
+    pods_file: Path | None
+    kubeconfig: str | None
+    advertise_capacity: bool
+    capacity_reserve_bytes: int
+    device_prefix: str
+    state_dir: str
+    status_command_lines: bool = False  # /status shows whole command lines (else the program's name)
+
+
+def agent_facts(config: RunConfig) -> AgentFacts:
+    """What /status says of the agent itself."""
+    return AgentFacts(
+        version=__version__,
+        node=config.node_name or "",
+        mode=config.policy.mode.value,
+        dry_run=config.dry_run,
+        poll_interval_s=config.poll_interval_s,
+    )
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An Event set by SIGTERM, SIGINT or SIGHUP (whose default would end the agent mid-kill), for the block."""
+    stop = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in signals}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
+    """The journal of this agent's freezes, after thawing every container an earlier agent left frozen (killed
+    mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the journal's directory
+    (it is a hostPath others may write) is refused and reported in one line."""
+    log = structlog.get_logger("vramguard")
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
+    try:
+        journal.ensure()
+        recovery = journal.thaw_abandoned()
+    except OSError as e:
+        log.error(
+            "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
+        )
+        return None
+    if recovery.junk:
+        log.warning("freeze_journal_junk", directory=journal.directory, **recovery.junk.log_fields())
+    forgotten: dict[str, int] = {}
+    for entry, outcome in recovery.outcomes:
+        if outcome in ("not frozen", "gone"):
+            forgotten[outcome] = forgotten.get(outcome, 0) + 1  # nothing changed on the node: no line each
+            continue
+        log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
+    if forgotten:
+        log.info("abandoned_freezes_forgotten", **{k.replace(" ", "_"): n for k, n in sorted(forgotten.items())})
+    return journal
+
+
+def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Run the agent until `stop`: start the cluster's parts and the probes and metrics, wait for NVML, start the
+    enforcement parts, scan; then stop everything in reverse within `SHUTDOWN_BUDGET_S`."""
+    log = structlog.get_logger("vramguard")
+    if config.advertise_capacity and config.pods_file is not None:
+        raise WiringError("--advertise-capacity needs the API server, not --pods-file")
+    open_files = raise_open_file_limit()
+    journal = None if config.dry_run else freeze_journal(config.state_dir, config.cgroup_root)
+    metrics = Metrics()
+    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy, clock)
+    capacity = capacity_publisher(
+        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
+    )
+    probes = Probes(
+        cluster.pods,
+        config.poll_interval_s,
+        clock=clock,
+        require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
+    )
+    # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
+    describe = describer(config.proc_root, config.status_command_lines)
+    status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe)
+    server = HealthServer(
+        config.metrics_port,
+        metrics.registry,
+        probes.healthz,
+        probes.readyz,
+        host=config.metrics_bind_address,
+        status=status.body,
+        clock=clock,
+    )
+    status.notify = server.wake
+    services = Services(clock)
+    try:
+        cluster.start(services)
+        if capacity is not None:
+            services.start("capacity", capacity)
+        services.start("status", status)
+        try:
+            services.start("http", server)
+        except OSError as e:
+            where = f"{config.metrics_bind_address or '*'}:{config.metrics_port}"
+            raise WiringError(f"cannot serve metrics and probes on {where}: {e.strerror or e}") from None
+        log.info(
+            "starting",
+            version=__version__,
+            node=config.node_name,
+            mode=config.policy.mode.value,
+            dry_run=config.dry_run,
+            address=f"{config.metrics_bind_address or '*'}:{server.port}",
+            open_file_limit=open_files[1],
+        )
+        sampler = open_sampler(config.proc_root, stop, clock, probes.nvml)
+        if sampler is None:
+            return
+        services.start("nvml", Closing(sampler))
+        agent = build_agent(
+            sampler=sampler,
+            cluster=cluster,
+            policy=config.policy,
+            dry_run=config.dry_run,
+            proc_root=config.proc_root,
+            metrics=metrics,
+            cgroup_root=config.cgroup_root,
+            device_prefix=config.device_prefix,
+            capacity=capacity if config.advertise_capacity else None,
+            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, clock),
+            journal=journal,
+            kill_memory=None if config.dry_run else KillFile(config.state_dir),  # repeats survive a restart
+            clock=clock,
+        )
+        services.start("evictions", agent.enforcer)
+        if agent.watch is not None:
+            services.start("watch", agent.watch)
+        if agent.limiter is not None:
+            services.start("driver-limits", agent.limiter)
+            watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+        probes.agent = agent
+        agent.run(config.poll_interval_s, stop)
+    finally:
+        services.stop(SHUTDOWN_BUDGET_S)
+        log.info("stopped")

@@ -1,0 +1,225 @@
+"""Driver-level memory limits: which cgroup should hold which hard limit on which GPU. Pure.
+
+In the enforcing modes, one hard limit per container with a quota (its burst where set, capped at the GPU's
+memory) on each whole GPU, the pod's own cgroup holding the sum, a DRA share on its GPU only; never on a MIG
+instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/design.md` "Driver memory limits".
+`limiter.DriverLimiter` programs them; the reactive loop stays the backstop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from vramguard.core.model import (
+    ContainerUsage,
+    DriverLimits,
+    GpuDevice,
+    Mode,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Snapshot,
+    SubjectKey,
+)
+from vramguard.core.shares import PodShares
+from vramguard.core.text import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LimitTarget:
+    """One hard limit the driver should hold: on the cgroup of `pod`'s container `container_id` (the pod's
+    own cgroup when `container` is None), on whole GPU `gpu_index`. A container's target without an ID is
+    `pending`: the container has not started, and its cgroup is known only once the runtime creates it."""
+
+    pod: PodInfo
+    container: str | None
+    container_id: str | None
+    gpu_index: int
+    gpu_uuid: str
+    hard_bytes: int
+    source: str  # the quota's source, for messages
+    # Built once: a target lives across scans, and its key is looked up several times per scan.
+    key: SubjectKey = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", SubjectKey(self.pod.uid, self.container, self.gpu_uuid))
+
+    @property
+    def pending(self) -> bool:
+        return self.container is not None and self.container_id is None
+
+    @property
+    def subject(self) -> str:
+        return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
+
+    def describe(self) -> str:
+        return f"hard limit {format_bytes(self.hard_bytes)} on GPU {self.gpu_index} ({self.gpu_uuid}) ({self.source})"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitOutcome:
+    """What programming one limit came to. `result`: applied (set now), late (set now, but the container was
+    already running: found without its limit), unchanged (the driver already held it: an agent restart), cleared
+    (no longer wanted), unsupported (this driver or GPU cannot: the reactive modes hold the quota), failed (an
+    error; retried with back-off, reported once per run of failures)."""
+
+    target: LimitTarget
+    result: str
+    detail: str = ""
+
+
+def limits_enabled(policy: Policy, dry_run: bool) -> bool:
+    """Whether the agent may program driver limits at all: never with `--dry-run` or `driver_limits: off`."""
+    return not dry_run and policy.driver_limits is not DriverLimits.OFF
+
+
+def whole_gpus(devices: Iterable[GpuDevice]) -> list[GpuDevice]:
+    """The GPUs a limit can go on: healthy, whole, and not split into MIG instances."""
+    devices = list(devices)
+    split = {d.parent_uuid for d in devices if d.parent_uuid is not None}
+    return [d for d in devices if d.mig_index is None and d.healthy and d.uuid not in split]
+
+
+@dataclass(frozen=True, slots=True)
+class WantedLimits:
+    """The targets `wanted_limits` gave, with what they were computed from, to reuse while nothing changed
+    (`computed_from`). Keyed on the pods, node labels and DRA shares the sources handed out, compared with ``==``
+    (as fast as ``is`` for the same mapping, which a source keeps handing out until something changes:
+    `ports.PodSource`), and on the GPUs by value: UUID, index and size."""
+
+    pods: Mapping[str, PodInfo]
+    node_labels: Mapping[str, str]
+    shares: Mapping[str, PodShares] | None
+    gpus: tuple[tuple[str, int, int], ...]
+    targets: tuple[LimitTarget, ...]
+
+    @classmethod
+    def of(
+        cls,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None,
+        gpus: Iterable[GpuDevice],
+        targets: tuple[LimitTarget, ...],
+    ) -> WantedLimits:
+        return cls(pods, node_labels, shares, _shape(gpus), targets)
+
+    def computed_from(
+        self,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None,
+        gpus: Iterable[GpuDevice],
+    ) -> bool:
+        return (self.pods, self.node_labels, self.shares, self.gpus) == (pods, node_labels, shares, _shape(gpus))
+
+
+def _shape(gpus: Iterable[GpuDevice]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
+
+
+def wanted_limits(
+    pods: Mapping[str, PodInfo],
+    quotas: Mapping[str, PodQuota],
+    devices: Iterable[GpuDevice],
+    policy: Policy,
+    *,
+    agent_pod_uid: str | None = None,
+) -> tuple[LimitTarget, ...]:
+    """Every limit the driver should hold now (call only when `limits_enabled`)."""
+    gpus = whole_gpus(devices)
+    if not gpus:
+        return ()
+    targets: list[LimitTarget] = []
+    for uid, pod_quota in quotas.items():
+        pod = pods.get(uid)
+        if pod is None or uid == agent_pod_uid or pod.namespace in policy.exempt_namespaces:
+            continue
+        if policy.mode_for(pod.namespace) is Mode.WARN:
+            continue
+        targets += pod_limits(pod, pod_quota, gpus)
+    return tuple(targets)
+
+
+def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list[LimitTarget]:
+    """One pod's limits on `gpus` (whole GPUs): its own cgroup's, then each container's.
+
+    The pod's cgroup holds, on each GPU, the sum of what its containers may hold there (their own hard limits,
+    DRA shares, and the pod-wide quota for the containers it covers), so the limit is in place from the moment
+    the kubelet creates the cgroup, before any container of the pod exists; summing init containers too is never
+    tighter than the pod needs. Where one container has no quota at all, the pod's cgroup holds none (it would
+    bound that container). A container that has not started yet has a target without `container_id`
+    (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
+    targets: list[LimitTarget] = []
+    for gpu in gpus:
+        total, covered, owned = 0, True, False
+        for container in pod.containers:
+            own = pod_quota.own(container.name, gpu.uuid)
+            if own is not None:
+                total, owned = total + own.hard_for(gpu.total_bytes), True
+            elif pod_quota.pod is None:
+                covered = False
+        source = "the sum of its containers' limits"
+        if pod_quota.pod is not None:
+            total += pod_quota.pod.hard_for(gpu.total_bytes)
+            if not owned:
+                source = pod_quota.pod.source
+        if covered and total > 0:
+            targets.append(_target(pod, None, None, gpu, total, source))
+    for container in pod.containers:
+        shares = pod_quota.shares.get(container.name)
+        quota = pod_quota.containers.get(container.name)
+        for gpu in gpus:
+            own = shares.get(gpu.uuid) if shares is not None else quota  # a DRA share: on its own GPU only
+            if own is not None:
+                hard = own.hard_for(gpu.total_bytes)
+                targets.append(_target(pod, container.name, container.container_id, gpu, hard, own.source))
+    return targets
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDisagreement:
+    """A limited container whose usage on one GPU the driver counts differently from NVML's process rows."""
+
+    target: LimitTarget
+    rows_bytes: int  # the sum of its processes' rows
+    driver_bytes: int  # nvmlDeviceGetMemoryLimits_v1's currentUsed for its cgroup
+
+
+def with_driver_usage(
+    snapshot: Snapshot, held: Mapping[SubjectKey, LimitTarget], usage: Mapping[SubjectKey, int]
+) -> tuple[Snapshot, tuple[UsageDisagreement, ...]]:
+    """The snapshot with each limited container's usage as the driver counts it for its cgroup (every context,
+    which per-process rows can miss), and where the two disagree. `usage` must be fresh (read since the last
+    scan: `DriverLimiter.fresh_usage`). A container the driver counts memory for but NVML lists no process of
+    gets a row without processes: the killer then finds its holders through the cgroup."""
+    if not usage:
+        return snapshot, ()
+    rows = list(snapshot.containers)
+    # Plain tuples, equal to SubjectKeys and a fifth of their cost to build, for every row of every scan.
+    index: dict[tuple[str, str | None, str], int] = {
+        (u.pod.uid, u.container, u.device_uuid): i for i, u in enumerate(rows)
+    }
+    disagreements = []
+    for key, driver_bytes in usage.items():
+        target = held.get(key)
+        if target is None or target.container is None:
+            continue  # a pod's own cgroup: its containers' rows carry the usage
+        at = index.get(key)
+        rows_bytes = rows[at].used_bytes if at is not None else 0
+        if rows_bytes == driver_bytes:
+            continue
+        disagreements.append(UsageDisagreement(target, rows_bytes, driver_bytes))
+        if at is not None:
+            rows[at] = rows[at]._replace(used_bytes=driver_bytes)
+        elif driver_bytes > 0:
+            t = target
+            rows.append(ContainerUsage(t.pod, t.container or "", t.container_id, t.gpu_uuid, driver_bytes, ()))
+    return replace(snapshot, containers=tuple(rows)), tuple(disagreements)
+
+
+def _target(
+    pod: PodInfo, container: str | None, container_id: str | None, gpu: GpuDevice, hard_bytes: int, source: str
+) -> LimitTarget:
+    return LimitTarget(pod, container, container_id, gpu.index, gpu.uuid, min(hard_bytes, gpu.total_bytes), source)

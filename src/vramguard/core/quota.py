@@ -1,0 +1,444 @@
+"""Which VRAM quota applies to each container of a pod: sources, policy defaults, burst and namespace caps.
+
+`resolve_pod_quota` is pure: it reads the pod as the pod cache holds it, the policy and the node's labels, and
+never raises on what a user wrote. The rules: `docs/design.md` "Quotas". Policies built by `vramguard.core.policy`
+contain only valid sources; a `Policy` built in code with a source this module cannot read skips that source.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Final
+
+from vramguard.core.model import DefaultKind, PodInfo, PodQuota, Policy, Quota, QuotaError
+from vramguard.core.quantity import (
+    ANNOTATION_UNIT_BYTES,
+    RESOURCE_UNIT_BYTES,
+    QuantityError,
+    format_quantity,
+    parse_quota_bytes,
+)
+from vramguard.core.shares import PodShares, Share
+from vramguard.core.text import cut, show_value
+
+BURST_ANNOTATION: Final = "vramguard.io/vram-burst"
+REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"  # set by GPU feature discovery; time-slicing replicas per GPU
+
+_REPLICAS = re.compile(r"[0-9]{1,9}")  # bounded: int() of a 5000-digit label would raise
+
+UNMANAGED: Final = "no quota: unmanaged"  # what applies to a container with no quota, in QuotaError.applies
+# The longest VRAMQuotaInvalid text: the events.k8s.io/v1 API refuses a note over 1 kB, and a log line built
+# from a tenant's 10 MB annotation must stay a line.
+MAX_MESSAGE_CHARS: Final = 1024
+
+
+class SourceKind(str, enum.Enum):
+    RESOURCE = "resource"  # a container's resources.limits
+    ANNOTATION = "annotation"  # a pod annotation, covering the whole pod
+    CLAIM = "claim"  # the GPU memory shares of the container's DRA claims, per GPU (`core/shares.py`)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSource:
+    """One entry of `Policy.quota_sources`, e.g. `resource:nvidia.com/gpumem`, with the bytes per unit."""
+
+    kind: SourceKind
+    name: str
+    unit_bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.name}"
+
+
+# The annotation that sets a burst is not a quota source: listing it would make a burst a quota.
+QUOTA_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType(
+    {name: unit for name, unit in ANNOTATION_UNIT_BYTES.items() if name != BURST_ANNOTATION}
+)
+
+
+# A DRA driver's name or a DeviceClass's name: a DNS subdomain.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_quota_source(text: str) -> QuotaSource:
+    """`resource:vramguard.io/vram`, `annotation:gpu-memory` or `claim:gpu.nvidia.com` → QuotaSource; ValueError
+    says what is wrong."""
+    kind_text, sep, name = text.partition(":")
+    known_by_kind = {SourceKind.RESOURCE: RESOURCE_UNIT_BYTES, SourceKind.ANNOTATION: QUOTA_ANNOTATION_UNIT_BYTES}
+    kind = next((k for k in SourceKind if k.value == kind_text), None)
+    if not sep or kind is None:
+        raise ValueError("must be resource:<name>, annotation:<name> or claim:<DRA driver or device class>")
+    if kind is SourceKind.CLAIM:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
+        return QuotaSource(kind, name, 1)
+    known = known_by_kind[kind]
+    if name not in known:
+        raise ValueError(f"vramguard knows the unit of no {kind.value} named {name!r}; known: {', '.join(known)}")
+    return QuotaSource(kind, name, known[name])
+
+
+def reads_claims(quota_sources: Sequence[str]) -> bool:
+    """Whether any of the sources is a `claim:` source: the agent then needs a claim source (`core/shares.py`)."""
+    return any(s.kind is SourceKind.CLAIM for s in _readable_sources(quota_sources))
+
+
+def resolve_pod_quota(
+    pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], shares: PodShares | None = None
+) -> PodQuota:
+    """The quotas of `pod` under `policy` on a node with `node_labels`, with the DRA `shares` its containers hold
+    (`shares.pod_shares`; None: the node has no claim source). Never raises on pod content."""
+    findings: list[_Finding] = []
+    sources = _readable_sources(policy.quota_sources)
+    cap = policy.cap_for(pod.namespace)
+
+    pod_source, pod_quota = _pod_wide_quota(pod, sources, findings)
+    default: Quota | None = None
+    default_resolved = False
+
+    containers: dict[str, Quota] = {}
+    per_gpu: dict[str, dict[str, Quota]] = {}
+    stopped_at: dict[str, int] = {}  # the index in `sources` where each container's walk ended
+    defaulted: list[str] = []  # the containers no source covers, in pod order
+    for container in pod.containers:
+        held = (shares or {}).get(container.name, ())
+        own, stopped_at[container.name] = _container_quota(
+            container.name, container.limits, held, sources, pod_source, findings
+        )
+        if isinstance(own, dict):
+            per_gpu[container.name] = own
+        elif own is not None:
+            containers[container.name] = own
+        elif pod_source is None:  # otherwise the walk reached the pod-wide source: the container is covered
+            if not default_resolved:
+                default = _default_quota(pod, policy, node_labels, findings)
+                default_resolved = True
+            defaulted.append(container.name)
+            if default is not None:
+                containers[container.name] = default
+
+    containers, per_gpu, pod_quota = _apply_burst(pod, containers, per_gpu, pod_quota, findings)
+    applies = {name: _describe(q, cap) for name, q in containers.items()}
+    applies |= {name: "; ".join(_describe(q, cap) for q in gpus.values()) for name, gpus in per_gpu.items()}
+    pod_applies = _describe(pod_quota, cap) if pod_quota is not None else None
+    if cap is not None:
+        per_gpu = {name: {gpu: _capped(q, cap) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()}
+        containers = {name: _capped(q, cap) for name, q in containers.items()}
+        pod_quota = _capped(pod_quota, cap) if pod_quota is not None else None
+        fallback = Quota(limit_bytes=cap, source=f"namespace max_quota {format_quantity(cap)} (no valid quota)")
+        for name in defaulted:
+            if name not in containers:
+                containers[name] = fallback
+                applies[name] = fallback.source
+        containers = {c.name: containers[c.name] for c in pod.containers if c.name in containers}  # pod order
+
+    errors = _with_applies(findings, pod, stopped_at, defaulted, applies, pod_applies)
+    return PodQuota(
+        containers=MappingProxyType(containers),
+        pod=pod_quota,
+        errors=errors,
+        shares=MappingProxyType({name: MappingProxyType(gpus) for name, gpus in per_gpu.items()}),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """One pod's quota and what it was resolved from. Keyed on the PodInfo and the PodShares objects themselves,
+    by identity (the sources hand out a new one only when it changes: `ports.PodSource`), and on the node's
+    labels by value."""
+
+    pod: PodInfo
+    node_labels: Mapping[str, str]
+    shares: PodShares | None
+    quota: PodQuota
+
+    def resolved_from(self, pod: PodInfo, node_labels: Mapping[str, str], shares: PodShares | None) -> bool:
+        return self.pod is pod and self.shares is shares and self.node_labels == node_labels
+
+
+class QuotaBook:
+    """Quotas per pod, each resolved again only when its pod, its DRA shares or the node's labels change
+    (`_Resolved`).
+
+    `resolve` also says which invalid quota values are new: each is reported once per pod, again only when a
+    changed pod carries different errors (an edit that fixes nothing does not repeat the report).
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._book: dict[str, _Resolved] = {}
+
+    def resolve(
+        self,
+        pods: Mapping[str, PodInfo],
+        node_labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None = None,
+    ) -> tuple[dict[str, PodQuota], list[tuple[PodInfo, QuotaError]]]:
+        """(quota by pod UID, the invalid values to report now). `shares`: by pod UID, from the claim source."""
+        book: dict[str, _Resolved] = {}
+        new_errors: list[tuple[PodInfo, QuotaError]] = []
+        for uid, pod in pods.items():
+            held = shares.get(uid) if shares is not None else None
+            cached = self._book.get(uid)
+            if cached is not None and cached.resolved_from(pod, node_labels, held):
+                book[uid] = cached
+                continue
+            pq = resolve_pod_quota(pod, self.policy, node_labels, held)
+            if pq.errors and (cached is None or cached.quota.errors != pq.errors):
+                new_errors.extend((pod, err) for err in pq.errors)
+            book[uid] = _Resolved(pod, dict(node_labels), held, pq)
+        self._book = book  # pods that left the cache leave the book
+        return {uid: entry.quota for uid, entry in book.items()}, new_errors
+
+
+def invalid_message(err: QuotaError) -> str:
+    """The VRAMQuotaInvalid Event and log text of one error: the field, the value as written (bounded), what is
+    wrong with it and what applies instead, e.g.
+
+        metadata.annotations[vramguard.io/vram-limit]: "lots" is not a valid quantity (expected a number ...);
+        applies instead: namespace max_quota 8Gi (no valid quota)
+
+    Never longer than MAX_MESSAGE_CHARS, whatever the error holds: each part is bounded on its own, so a long
+    field or reason never pushes what applies out of the message.
+    """
+    text = f"{cut(err.field, 200)}: {show_value(err.value)} {cut(err.message, 480)}"
+    if err.applies:
+        text += f"; applies instead: {cut(err.applies, 240)}"
+    return cut(text, MAX_MESSAGE_CHARS)
+
+
+class _Governs(enum.Enum):
+    """What an invalid value would have governed, to say once the pod is resolved what applies instead."""
+
+    CONTAINER = enum.auto()  # one container's own limit
+    ANNOTATION = enum.auto()  # the listed containers whose walk reached this annotation, and the unlisted ones
+    DEFAULT = enum.auto()  # the containers that fell through to the policy default
+    BURST = enum.auto()  # the burst of every quota of the pod
+
+
+@dataclass(frozen=True, slots=True)
+class _Finding:
+    error: QuotaError
+    governs: _Governs
+    container: str = ""  # for CONTAINER
+    source_index: int = -1  # for ANNOTATION: its index in the readable sources
+
+
+def _with_applies(
+    findings: Sequence[_Finding],
+    pod: PodInfo,
+    stopped_at: Mapping[str, int],
+    defaulted: Sequence[str],
+    applies: Mapping[str, str],
+    pod_applies: str | None,
+) -> tuple[QuotaError, ...]:
+    """Each finding's error, saying what applies instead to what the bad value would have governed."""
+
+    def governing(names: Sequence[str]) -> str:
+        """What applies to `names`: one text, or where they differ "limits[...] 2Gi for a; default fixed 4Gi for b"."""
+        groups: dict[str, list[str]] = {}
+        for name in names:
+            groups.setdefault(applies.get(name, pod_applies or UNMANAGED), []).append(name)
+        if len(groups) == 1:
+            return next(iter(groups))
+        return "; ".join(f"{text} for {', '.join(group)}" for text, group in groups.items())
+
+    errors = []
+    for f in findings:
+        if f.governs is _Governs.CONTAINER:
+            text = governing([f.container])
+        elif f.governs is _Governs.ANNOTATION:
+            reached = [c.name for c in pod.containers if stopped_at[c.name] > f.source_index]
+            if reached:
+                text = governing(reached)
+            elif pod_applies is not None:
+                text = pod_applies  # a later annotation covers the containers the pod cache does not list
+            else:
+                text = "no pod-wide quota (each container has a quota of its own)"
+        elif f.governs is _Governs.DEFAULT:
+            text = governing(defaulted)
+        else:
+            text = "no burst (each quota is also the hard limit)"
+        errors.append(replace(f.error, applies=text))
+    return tuple(errors)
+
+
+def _describe(quota: Quota, cap: int | None) -> str:
+    """A quota as the message says what applies: "limits[nvidia.com/gpumem] 2Gi", before capping, with the cap."""
+    if quota.limit_bytes is None:  # a fair share: bytes only once it meets a device
+        capped = f" capped at {format_quantity(cap)} by namespace max_quota" if cap is not None else ""
+        return f"{quota.source}{capped}"
+    text = f"{quota.source} {format_quantity(quota.limit_bytes)}"
+    if cap is not None and quota.limit_bytes > cap:
+        text += f" capped to {format_quantity(cap)} by namespace max_quota"
+    return text
+
+
+def _reason(e: QuantityError) -> str:
+    """A QuantityError as text that reads after the value, like the policy file's errors."""
+    return f"is not a valid {e.what} ({e.reason})"
+
+
+def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
+    readable = []
+    for text in texts:
+        try:
+            readable.append(parse_quota_source(text))
+        except ValueError:
+            continue  # the policy loader reports these; a Policy built in code just goes without
+    return tuple(readable)
+
+
+def _pod_wide_quota(
+    pod: PodInfo, sources: Sequence[QuotaSource], findings: list[_Finding]
+) -> tuple[QuotaSource | None, Quota | None]:
+    """The first annotation source with a valid value on the pod, and its quota."""
+    for index, source in enumerate(sources):
+        if source.kind is not SourceKind.ANNOTATION or source.name not in pod.annotations:
+            continue
+        raw = pod.annotations[source.name]
+        try:
+            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
+        except QuantityError as e:
+            error = QuotaError(f"metadata.annotations[{source.name}]", raw, _reason(e))
+            findings.append(_Finding(error, _Governs.ANNOTATION, source_index=index))
+            continue
+        return source, Quota(limit_bytes=limit, source=f"annotation {source.name}")
+    return None, None
+
+
+def _container_quota(
+    container: str,
+    limits: Mapping[str, str],
+    shares: Sequence[Share],
+    sources: Sequence[QuotaSource],
+    pod_source: QuotaSource | None,
+    findings: list[_Finding],
+) -> tuple[Quota | dict[str, Quota] | None, int]:
+    """The container's own quota from the first valid resource or claim source ahead of the pod-wide one, if
+    any (a claim source gives one per GPU, by UUID), and the index in `sources` where the walk stopped
+    (len(sources) when it went through every one)."""
+    for index, source in enumerate(sources):
+        if source == pod_source:
+            return None, index  # covered by the pod-wide quota
+        if source.kind is SourceKind.CLAIM:
+            per_gpu = _claim_quotas(container, shares, source, findings)
+            if per_gpu:
+                return per_gpu, index
+            continue
+        if source.kind is not SourceKind.RESOURCE or source.name not in limits:
+            continue
+        raw = limits[source.name]
+        try:
+            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
+        except QuantityError as e:
+            field = f"spec.containers[{container}].resources.limits[{source.name}]"
+            findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
+            continue
+        return Quota(limit_bytes=limit, source=f"limits[{source.name}]"), index
+    return None, len(sources)
+
+
+def _claim_quotas(
+    container: str, shares: Sequence[Share], source: QuotaSource, findings: list[_Finding]
+) -> dict[str, Quota] | None:
+    """The container's quota on each GPU from the shares `source` reads, or None when it reads none, or when one
+    of them is unreadable (each is reported; half a claim is no quota)."""
+    read = [s for s in shares if s.matches(source.name)]
+    errors = [s.error for s in read if s.error is not None]
+    for error in errors:
+        findings.append(_Finding(error, _Governs.CONTAINER, container=container))
+    if not read or errors:
+        return None
+    per_gpu: dict[str, list[Share]] = {}
+    for share in read:
+        per_gpu.setdefault(share.gpu_uuid, []).append(share)
+    return {
+        gpu: Quota(
+            limit_bytes=sum(s.bytes for s in held),
+            source=" + ".join(s.describe() for s in held),
+            share="+".join(s.key for s in held),
+            claim="+".join(dict.fromkeys(s.claim.partition("/")[2] for s in held)),
+        )
+        for gpu, held in per_gpu.items()
+    }
+
+
+def _default_quota(
+    pod: PodInfo, policy: Policy, node_labels: Mapping[str, str], findings: list[_Finding]
+) -> Quota | None:
+    default = policy.default_for(pod.namespace)
+    if default.kind is DefaultKind.FIXED and default.bytes is not None:
+        return Quota(limit_bytes=default.bytes, source="default fixed")
+    if default.kind is DefaultKind.FAIR_SHARE:
+        raw = node_labels.get(REPLICAS_LABEL)
+        if raw is None:
+            return Quota(share_divisor=1, source="default fair-share (replicas=1)")
+        if _REPLICAS.fullmatch(raw) and int(raw) > 0:
+            return Quota(share_divisor=int(raw), source=f"default fair-share (replicas={int(raw)})")
+        error = QuotaError(
+            f"node.metadata.labels[{REPLICAS_LABEL}]",
+            raw,
+            "is not a valid replica count (expected a positive integer); the fair-share default is not applied",
+        )
+        findings.append(_Finding(error, _Governs.DEFAULT))
+    return None
+
+
+def _apply_burst(
+    pod: PodInfo,
+    containers: dict[str, Quota],
+    per_gpu: dict[str, dict[str, Quota]],
+    pod_quota: Quota | None,
+    findings: list[_Finding],
+) -> tuple[dict[str, Quota], dict[str, dict[str, Quota]], Quota | None]:
+    raw = pod.annotations.get(BURST_ANNOTATION)
+    if raw is None:
+        return containers, per_gpu, pod_quota
+    field = f"metadata.annotations[{BURST_ANNOTATION}]"
+    try:
+        burst = parse_quota_bytes(raw)
+    except QuantityError as e:
+        findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.BURST))
+        return containers, per_gpu, pod_quota
+
+    shares = [q for gpus in per_gpu.values() for q in gpus.values()]
+    quotas = [*containers.values(), *shares, *([pod_quota] if pod_quota is not None else [])]
+    if not quotas:
+        reason = "the pod has no quota for it to extend"
+        findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
+        return containers, per_gpu, pod_quota
+    largest = max((q for q in quotas if q.limit_bytes is not None), key=lambda q: q.limit_bytes or 0, default=None)
+    if largest is not None and largest.limit_bytes is not None and burst < largest.limit_bytes:
+        reason = (
+            f"below the quota {format_quantity(largest.limit_bytes)} from {largest.source}; "
+            "a burst must be at least the quota"
+        )
+        findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
+        return containers, per_gpu, pod_quota
+
+    return (
+        {name: replace(q, burst_bytes=burst) for name, q in containers.items()},
+        {name: {gpu: replace(q, burst_bytes=burst) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()},
+        replace(pod_quota, burst_bytes=burst) if pod_quota is not None else None,
+    )
+
+
+def _capped(quota: Quota, cap: int) -> Quota:
+    limit = min(quota.limit_bytes, cap) if quota.limit_bytes is not None else None
+    burst = min(quota.burst_bytes, cap) if quota.burst_bytes is not None else None
+    # A fair share's bytes depend on the device it meets, so its cap travels with it.
+    cap_bytes = cap if quota.share_divisor is not None else None
+    if limit == quota.limit_bytes and burst == quota.burst_bytes and cap_bytes is None:
+        return quota
+    return replace(
+        quota,
+        limit_bytes=limit,
+        burst_bytes=burst,
+        cap_bytes=cap_bytes,
+        source=f"{quota.source} capped by namespace max {format_quantity(cap)}",
+    )

@@ -1,0 +1,1 @@
+"""The agent's HTTP endpoint: /healthz, /readyz, /metrics and /status."""

@@ -1,0 +1,201 @@
+"""The status document: what `GET /status` answers and `vramguard top --once --json` prints.
+
+One JSON object: the agent's facts and its last scan's age, each GPU, and the rows of `vramguard top`
+(`agent/report.py`).
+Bounded: at most MAX_ROWS container rows and MAX_PROCESSES processes a row, every string cut to MAX_TEXT_CHARS,
+and the rows' JSON to ROWS_BUDGET_BYTES; the rows left out are counted in "truncated". At most MAX_DESCRIBED
+processes are read from /proc, each no further than it is shown, so a build costs a bounded amount whatever the
+tenants' processes hold. Tenant text is carried exactly (JSON escapes it), as in `top --json`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from vramguard.agent.report import LastScan, ScanReport, TopRow, row_dict, rows_from_report
+from vramguard.base.clock import Clock
+from vramguard.core.model import GpuDevice, SubjectKey
+from vramguard.core.text import cut
+from vramguard.node.describe import ProcessDetail, describe_process
+
+KIND = "VramguardStatus"
+SCHEMA = 1
+MAX_ROWS = 4096
+MAX_PROCESSES = 64  # a row's processes beyond this are left out (its "pids" are those shown)
+# Processes described (user and command) in one document; the ones after it show their PID, with "" for both.
+MAX_DESCRIBED = 1024
+# The rows' JSON stays within this (from the first row that would pass it, the rest are left out and counted): with
+# every character escaped as \uXXXX, MAX_ROWS rows of cut text could be gigabytes. The GPUs and the agent's part are
+# small (a node has a few dozen GPUs and MIG instances at most), so the body stays well under 8 MiB.
+ROWS_BUDGET_BYTES = 4 * 1024 * 1024
+CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFacts:
+    """What the document says of the agent itself, fixed for its life."""
+
+    version: str
+    node: str
+    mode: str  # warn | evict | kill: the policy's mode
+    dry_run: bool
+    poll_interval_s: float
+
+
+def gpu_dict(device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object]) -> dict[str, object]:
+    """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"."""
+    on_it = {device.uuid, device.parent_uuid}
+    return {
+        "gpu": cut(device.label),
+        "uuid": cut(device.uuid),
+        "name": cut(device.name),
+        "total_bytes": device.total_bytes,
+        "used_bytes": device.used_bytes,
+        "free_bytes": device.free_bytes,
+        "healthy": device.healthy,
+        "error": cut(device.error or ""),
+        "pressure": pressured,
+        "limits": "driver" if any(k.gpu_uuid in on_it for k in held) else "agent",
+    }
+
+
+def _bounded_row(row: TopRow, describe: Callable[[int], ProcessDetail]) -> dict[str, object]:
+    """The row with its first MAX_PROCESSES processes described (`describe`) and every string cut."""
+    shown = tuple(describe(p.pid) for p in row.processes[:MAX_PROCESSES])
+    shown = tuple(ProcessDetail(p.pid, cut(p.user), cut(p.command)) for p in shown)
+    out = row_dict(replace(row, processes=shown))
+    return {k: cut(v) if isinstance(v, str) else v for k, v in out.items()}
+
+
+def scan_json(
+    report: ScanReport | None,
+    held: Mapping[SubjectKey, object],
+    describe: Callable[[int], ProcessDetail] = describe_process,
+) -> str:
+    """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n`),
+    without braces: `render` puts them after the agent's part. Processes are described (`describe`, which reads
+    /proc) only for the rows kept."""
+    if report is None:
+        return '"gpus": [], "containers": [], "truncated": 0'
+    pressured = set(report.decision.pressured_devices)
+    gpus = [gpu_dict(d, d.uuid in pressured, held) for d in report.snapshot.devices]
+    # Described below, for the rows kept only: a placeholder is cheap, /proc is not.
+    rows = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "", ""), driver_limits=held)
+    parts: list[str] = []
+    size = 0
+    described = itertools.count(1)
+
+    def bounded(pid: int) -> ProcessDetail:
+        return describe(pid) if next(described) <= MAX_DESCRIBED else ProcessDetail(pid, "", "")
+
+    for row in rows[:MAX_ROWS]:
+        part = json.dumps(_bounded_row(row, bounded))
+        if size + len(part) > ROWS_BUDGET_BYTES:
+            break
+        parts.append(part)
+        size += len(part) + 2
+    truncated = len(rows) - len(parts)
+    return f'"gpus": {json.dumps(gpus)}, "containers": [{", ".join(parts)}], "truncated": {truncated}'
+
+
+def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str) -> bytes:
+    """The whole document: the agent's part (its scan age as of now) and a `scan_json` part."""
+    agent = {
+        "version": cut(facts.version),
+        "node": cut(facts.node),
+        "mode": facts.mode,
+        "dry_run": facts.dry_run,
+        "poll_interval_s": facts.poll_interval_s,
+        "scan_age_s": None if scan_age_s is None else round(max(0.0, scan_age_s), 3),
+    }
+    head = json.dumps({"kind": KIND, "schema": SCHEMA, "agent": agent})
+    return f"{head[:-1]}, {scan_part}}}".encode()
+
+
+class StatusPage:
+    """The agent's /status body, built from its last scan on a thread of its own (`start`/`stop`), only when asked
+    and once per scan however many ask.
+
+    `body()` never builds on the caller's thread (the HTTP server's, which must answer probes meanwhile): it gives
+    the document at once when the last scan's is built, else a callable that gives it (None until then) and asks
+    for the build; `notify` is called when a build is done. A reader waits for the scan that was the last when it
+    asked, or a later one: scans faster than builds never starve it.
+    """
+
+    def __init__(
+        self,
+        facts: AgentFacts,
+        last_scan: Callable[[], LastScan | None],
+        clock: Clock,
+        describe: Callable[[int], ProcessDetail] = describe_process,
+        notify: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.facts = facts
+        self.last_scan = last_scan
+        self.clock = clock  # the agent's: `LastScan.finished_at` is on its scale
+        self.describe = describe
+        self.notify = notify
+        self._cond = threading.Condition()
+        self._built_for: LastScan | None = None
+        self._scan_part = scan_json(None, {})
+        self._wanted = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vramguard-status", daemon=True)
+        self.builds = 0  # scan parts built, for tests
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, deadline: float) -> None:
+        """Stop building; a build under way (bounded: MAX_DESCRIBED reads) is waited for until `deadline` at most."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - self.clock.now()))
+
+    def body(self) -> bytes | Callable[[], bytes | None]:
+        scan = self.last_scan()
+        ready = self._ready(scan)
+        if ready is not None:
+            return ready
+        return lambda: self._ready(scan)
+
+    def _ready(self, scan: LastScan | None) -> bytes | None:
+        """The document of `scan` or a later scan, if built; else None, and its build is asked for."""
+        with self._cond:
+            built = self._built_for
+            if scan is not None and scan is not built and (built is None or built.finished_at <= scan.finished_at):
+                self._wanted = True
+                self._cond.notify()
+                return None
+            part = self._scan_part
+        age = None if built is None else self.clock.now() - built.finished_at
+        return render(self.facts, age, part)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted and not self._stop.is_set():
+                    self._cond.wait()
+                if self._stop.is_set():
+                    return
+            self.build()
+
+    def build(self) -> None:
+        """The thread's step: where a reader asked for a document not built yet, build the last scan's (it serves
+        every reader waiting for an older scan too) and notify."""
+        with self._cond:
+            wanted, self._wanted = self._wanted, False
+        scan = self.last_scan()
+        if not wanted or scan is None or scan is self._built_for:
+            return
+        part = scan_json(scan.report, scan.held, self.describe)
+        with self._cond:
+            self._scan_part, self._built_for = part, scan
+            self.builds += 1
+        self.notify()

@@ -1,0 +1,89 @@
+"""`MemoryLimiter` over NVML: nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1 (driver R615+).
+
+Drivers before R615 lack both symbols (pynvml reports NVML_ERROR_FUNCTION_NOT_FOUND), and nvidia-ml-py before
+13.615 lacks the bindings: either way the driver cannot hold limits and the agent enforces reactively.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import pynvml
+
+from vramguard.core.ports import DriverLimit, LimitFailed, LimitsUnavailable
+
+_NOT_FOUND = getattr(pynvml, "NVML_ERROR_NOT_FOUND", 6)
+_NOT_SUPPORTED = getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+_FUNCTION_NOT_FOUND = getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+
+
+class NvmlMemoryLimiter:
+    """Holds its own NVML initialisation (NVML counts them), so it outlives nothing it depends on."""
+
+    def __init__(self) -> None:
+        if not hasattr(pynvml, "nvmlDeviceSetMemoryLimits_v1"):
+            self._missing = f"nvidia-ml-py {_binding_version()} has no memory-limit bindings (13.615 or later has)"
+        else:
+            self._missing = ""
+        pynvml.nvmlInit()
+        self._handles: dict[int, Any] = {}
+
+    def get(self, gpu_index: int, cgroup: str) -> DriverLimit | None:
+        self._check_binding()
+        limits = pynvml.c_nvmlGetMemoryLimits_v1_t()
+        path = cgroup.encode()
+        limits.nameSpace = path
+        try:
+            pynvml.nvmlDeviceGetMemoryLimits_v1(self._handle(gpu_index), limits)
+        except pynvml.NVMLError as e:
+            if e.value == _NOT_FOUND:
+                return None
+            raise _translate(e, "nvmlDeviceGetMemoryLimits_v1", gpu_index) from None
+        return DriverLimit(int(limits.softLimit), int(limits.hardLimit), int(limits.currentUsed))
+
+    def set(self, gpu_index: int, cgroup: str, soft_bytes: int, hard_bytes: int) -> None:
+        self._check_binding()
+        limits = pynvml.c_nvmlSetMemoryLimits_v1_t()
+        path = cgroup.encode()
+        limits.nameSpace = path
+        limits.softLimit = soft_bytes
+        limits.hardLimit = hard_bytes
+        try:
+            pynvml.nvmlDeviceSetMemoryLimits_v1(self._handle(gpu_index), limits)
+        except pynvml.NVMLError as e:
+            raise _translate(e, "nvmlDeviceSetMemoryLimits_v1", gpu_index) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+    def _check_binding(self) -> None:
+        if self._missing:
+            raise LimitsUnavailable(self._missing, whole_driver=True)
+
+    def _handle(self, gpu_index: int) -> Any:
+        handle = self._handles.get(gpu_index)
+        if handle is None:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+            except pynvml.NVMLError as e:
+                raise LimitFailed(f"GPU {gpu_index}: nvmlDeviceGetHandleByIndex: {e}") from None
+            self._handles[gpu_index] = handle
+        return handle
+
+
+def _translate(error: pynvml.NVMLError, function: str, gpu_index: int) -> Exception:
+    if error.value == _FUNCTION_NOT_FOUND:
+        return LimitsUnavailable(f"the driver has no {function} (it needs R615 or later)", whole_driver=True)
+    if error.value == _NOT_SUPPORTED:
+        return LimitsUnavailable(f"GPU {gpu_index} does not support memory limits ({function})", whole_driver=False)
+    return LimitFailed(f"{function} on GPU {gpu_index}: {error}")
+
+
+def _binding_version() -> str:
+    try:
+        return version("nvidia-ml-py")
+    except PackageNotFoundError:
+        return "(unknown version)"
