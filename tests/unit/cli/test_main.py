@@ -15,7 +15,7 @@ from vramguard import __version__
 from vramguard.cli.main import app
 
 runner = CliRunner()
-EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 # A file name as anyone with a directory may write it: a clear-screen sequence, a bell, bidi marks, a tab.
 HOSTILE_NAME = "\x1b[2J\x07\u202e\u200f\t"
 HOSTILE_NAME_SHOWN = "\\x1b[2J\\x07\\u202e\\u200f\\x09"

@@ -21,7 +21,7 @@ from vramguard.core.model import (
 )
 from vramguard.core.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 
 
 def errors_of(data: object) -> list[str]:

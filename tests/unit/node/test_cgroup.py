@@ -10,7 +10,7 @@ import pytest
 from vramguard.core.model import CgroupIdentity
 from vramguard.node.cgroup import parse_cgroup, parse_cgroup_path
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "cgroup"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "cgroup"
 
 UID = "8f2a6c1e-3b4d-4e5f-9a0b-1c2d3e4f5a6b"
 CID = "3f1c9a7e5b2d4f6081a3c5e7092b4d6f8a1c3e5071b9d2f4a6c8e0123456789a"

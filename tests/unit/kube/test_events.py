@@ -1,196 +1,21 @@
-"""The Kubernetes adapters' own logic, without a server: watch events, the Event bound, advertisable memory.
-
-Everything that talks to the API server is tested against a real one in tests/cluster/.
-"""
+"""The Event writer: repeats folded, the queue bounded and fair, important Events first, text bounded and escaped."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
-from unit.test_reflector import HangingResponse
-from vramguard.base.backoff import Backoff, TokenBucket
-from vramguard.base.worker import Inline
-from vramguard.core.model import ClaimUse, GiB, GpuDevice, GpuSample, PodInfo
-from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
-from vramguard.kube.claims import KubeClaimSource
+from vramguard.base.backoff import TokenBucket
+from vramguard.kube.client import FORBIDDEN_GRACE_S, forbidden_for_now
 from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
-from vramguard.kube.events import EventRecord, KubeEventRecorder
-from vramguard.kube.pods import KubePodSource
-from vramguard.kube.reflector import Reflector, WatchExpired, watch_events, watched_object
-from vramguard.testing.fakes import FakeClock, FakePodSource, SteppedClock, pod
+from vramguard.kube.events import EVENT_DENIED_S, EventRecord, KubeEventRecorder
+from vramguard.testing.fakes import FakeClock, SteppedClock, pod
 from vramguard_testbed.waiting import wait_until
-
-POD = {
-    "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "resourceVersion": "10"},
-    "spec": {"containers": [{"name": "main"}]},
-}
-
-
-def source() -> KubePodSource:
-    return KubePodSource(client.ApiClient(), "node-1")
-
-
-@pytest.mark.parametrize(
-    ("events", "pods", "resource_version"),
-    [
-        pytest.param([("ADDED", POD)], {"u1"}, "10", id="added-pod-is-cached"),
-        pytest.param([("ADDED", POD), ("DELETED", POD)], set(), "10", id="deleted-pod-is-forgotten"),
-        pytest.param(
-            [("BOOKMARK", {"metadata": {"resourceVersion": "42"}})], set(), "42", id="bookmark-advances-the-version"
-        ),
-        pytest.param(
-            [("ADDED", {"metadata": {"name": "no-uid", "resourceVersion": "11"}})], set(), "11", id="bad-pod-skipped"
-        ),
-    ],
-)
-def test_watch_events_update_the_cache(
-    events: list[tuple[str, dict[str, Any]]], pods: set[str], resource_version: str
-) -> None:
-    """ADDED/MODIFIED/DELETED change the cache, BOOKMARK only the resourceVersion; bad objects are skipped."""
-    s = source()
-    rv = "1"
-    for event_type, event_object in events:
-        kind, obj, rv = watched_object({"type": event_type, "object": event_object}, rv)
-        if kind != "BOOKMARK":
-            s.apply(kind, obj)
-    assert set(s._pods) == pods
-    assert rv == resource_version
-
-
-def test_watch_410_means_relist() -> None:
-    """An ERROR event with code 410 (resourceVersion too old) asks for a relist; other errors are errors."""
-    with pytest.raises(WatchExpired):
-        watched_object({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "1")
-    with pytest.raises(RuntimeError, match="500"):
-        watched_object({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "1")
-
-
-def test_unchanged_pod_keeps_its_object() -> None:
-    """A MODIFIED event that changes nothing the agent reads keeps the cached object (quotas stay resolved)."""
-    s = source()
-    s.apply("ADDED", POD)
-    first = s._pods["u1"]
-    s.apply("MODIFIED", {**POD, "status": {"phase": "Running"}})
-    assert s._pods["u1"] is first
-
-
-class ChunkedResponse:
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    def stream(self, amt: int, decode_content: bool) -> list[bytes]:
-        return self.chunks
-
-
-def test_events_split_across_chunks() -> None:
-    """Watch lines cut anywhere by the transport are reassembled into whole events."""
-    body = b'{"type": "ADDED", "object": {}}\n{"type": "BOOKMARK", "object": {}}\n'
-    chunks = [body[:7], body[7:40], body[40:]]
-    assert [e["type"] for e in watch_events(ChunkedResponse(chunks))] == ["ADDED", "BOOKMARK"]
-
-
-def test_token_bucket_bounds_bursts_and_rate() -> None:
-    """`burst` at once, then `per_minute` spread over the minute."""
-    clock = FakeClock(0.0)
-    bucket = TokenBucket(burst=3, per_minute=6, clock=clock)
-    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
-    clock.step(9.9)
-    assert not bucket.take()
-    clock.step(0.1)
-    assert bucket.take()
-    clock.step(990.0)
-    assert sum(bucket.take() for _ in range(10)) == 3, "refills cap at the burst"
-
-
-def _device(uuid: str, total_gib: int, parent: str | None = None, healthy: bool = True) -> GpuDevice:
-    total = total_gib * GiB
-    return GpuDevice(
-        index=0, uuid=uuid, name="g", total_bytes=total, used_bytes=0, free_bytes=total,
-        mig_index=0 if parent else None, parent_uuid=parent, healthy=healthy,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("devices", "reserve", "expected_gib"),
-    [
-        pytest.param([_device("GPU-a", 80), _device("GPU-b", 80)], 0, 160, id="whole-gpus-add-up"),
-        pytest.param(
-            [_device("GPU-a", 80), _device("MIG-1", 40, "GPU-a"), _device("MIG-2", 20, "GPU-a")],
-            0,
-            60,
-            id="mig-instances-count-not-their-parent",
-        ),
-        pytest.param([_device("GPU-a", 80), _device("GPU-b", 80, healthy=False)], 0, 80, id="unhealthy-gpu-left-out"),
-        pytest.param([_device("GPU-a", 24)], 4 * GiB, 20, id="reserve-is-kept-back"),
-        pytest.param([_device("GPU-a", 2)], 4 * GiB, 0, id="never-below-zero"),
-    ],
-)
-def test_advertisable_bytes(devices: list[GpuDevice], reserve: int, expected_gib: int) -> None:
-    """Schedulable GPU memory: whole GPUs or MIG instances that answer NVML, minus the reserve."""
-    assert advertisable_bytes(GpuSample(tuple(devices), ()), reserve) == expected_gib * GiB
-
-
-class RefusingCore:
-    """Stands in for CoreV1Api's one call the publisher makes, answering like an admission policy that denies."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def patch_node_status(self, name: str, body: object, _content_type: str, _request_timeout: object) -> None:
-        self.calls += 1
-        raise client.ApiException(status=403, reason="Forbidden")
-
-
-def test_capacity_publisher_backs_off_after_a_refusal() -> None:
-    """A denied PATCH is not raised; it is retried after 10 s, then 20 s, ... — not once per scan."""
-    clock = FakeClock(0.0)
-    publisher = KubeCapacityPublisher(
-        client.ApiClient(), "node-1", clock=clock, runner=Inline(), backoff=Backoff(10.0, 600.0, jitter=0.0)
-    )
-    core = RefusingCore()
-    publisher.core = core  # type: ignore[assignment]
-    sample = GpuSample((_device("GPU-a", 24),), ())
-    publisher.start()
-    attempts = []
-    with capture_logs() as logs:
-        for _ in range(0, 40):
-            publisher.publish(sample)
-            attempts.append(core.calls)
-            clock.step(1.0)
-    publisher.stop(clock.now())
-    assert core.calls == 3  # at 0 s, 10 s and 30 s
-    assert attempts[9] == 1 and attempts[10] == 2 and attempts[29] == 2 and attempts[30] == 3
-    assert [e["event"] for e in logs] == ["capacity_publish_failed"], "one line for a run of the same refusal"
-
-
-@pytest.mark.parametrize(
-    ("initial", "cap", "draws", "expected"),
-    [
-        pytest.param(1.0, 60.0, [0.0] * 8, [1, 2, 4, 8, 16, 32, 60, 60], id="doubles-up-to-the-cap"),
-        pytest.param(1.0, 60.0, [1.0] * 3, [1.5, 3, 6], id="jitter-stretches-by-up-to-half"),
-        pytest.param(10.0, 600.0, [0.5, 0.0], [12.5, 20], id="each-delay-draws-its-own-jitter"),
-    ],
-)
-def test_backoff_grows_with_jitter(initial: float, cap: float, draws: list[float], expected: list[float]) -> None:
-    """Delays double up to the cap, each stretched by jitter x a random draw (so a fleet spreads out)."""
-    it = iter([*draws, 0.0])
-    backoff = Backoff(initial, cap, jitter=0.5, rng=lambda: next(it))
-    assert [backoff.next() for _ in draws] == expected
-    backoff.reset()
-    assert backoff.next() == initial, "a reset starts again from the initial delay"
-
-
-def test_backoff_spreads_a_fleet() -> None:
-    """A thousand agents failing together retry over a spread of times, not in lockstep."""
-    delays = sorted(Backoff(1.0, 60.0).next() for _ in range(1000))
-    assert delays[0] >= 1.0 and delays[-1] <= 1.5
-    assert delays[900] - delays[100] > 0.3
 
 
 class FakeEventsApi:
@@ -517,107 +342,154 @@ def test_event_messages_and_names_are_bounded() -> None:
     assert len(str(body.message)) == 1024 and len(str(body.name)) <= 253
 
 
-class ListResponse:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+def _forbidden(namespace: str) -> ApiException:
+    return _with_body({"kind": "Status", "reason": "Forbidden", "message": f'events is forbidden in "{namespace}"'})
 
 
-class FakeDraApi:
-    """resource.k8s.io/v1 as an API server serves it (`served`) or does not (every request: 404), with no claims
-    (GETs answer 404, or `get_error`): counts the requests. With `stop_slices_at`, it stops the slice reflector at
-    that request, so a test can run the reflector on its own thread."""
+class Authorizer(FakeEventsApi):
+    """An `EventSink` behind an authorizer: `refusal` (a 403) for the namespaces in `denied` (every namespace: "*")
+    while the clock is before `until`."""
 
-    def __init__(self, served: bool, stop_slices_at: int | None = None) -> None:
-        self.served = served
-        self.stop_slices_at = stop_slices_at
-        self.slices: Reflector | None = None
-        self.slice_requests = self.gets = 0
-        self.get_error: ApiException | None = None
+    def __init__(
+        self,
+        clock: FakeClock,
+        until: float = float("inf"),
+        denied: frozenset[str] = frozenset("*"),
+        refusal: Callable[[str], ApiException] = _forbidden,
+    ) -> None:
+        super().__init__()
+        self.clock = clock
+        self.until = until
+        self.denied = denied
+        self.refusal = refusal
+        self.attempts: list[tuple[float, str]] = []  # (time, namespace) of each request
 
-    def list_cluster_custom_object(self, *args: Any, watch: bool = False, **kwargs: Any) -> Any:
-        self.slice_requests += 1
-        if self.slice_requests == self.stop_slices_at:
-            assert self.slices is not None
-            self.slices.stop(self.slices.clock.now())
-        if not self.served:
-            raise ApiException(status=404, reason="Not Found")
-        if watch:
-            return HangingResponse()
-        return ListResponse(b'{"metadata": {"resourceVersion": "1"}, "items": []}')
+    def create(self, event: EventRecord) -> bool:
+        self._authorize(event.pod.namespace)
+        return super().create(event)
 
-    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
-        self.gets += 1
-        raise self.get_error or ApiException(status=404, reason="Not Found")
+    def bump(self, namespace: str, name: str, count: int, last: object) -> bool:
+        self._authorize(namespace)
+        return super().bump(namespace, name, count, last)
 
-
-def claim_pod(name: str) -> PodInfo:
-    """A pod whose one container holds the claim `<name>-gpu`."""
-    named = replace(pod(name, "ml"), claims={"gpu": f"{name}-gpu"})
-    return replace(named, containers=(replace(named.containers[0], claims=(ClaimUse("gpu"),)),))
+    def _authorize(self, namespace: str) -> None:
+        self.attempts.append((self.clock.now(), namespace))
+        if self.clock.now() < self.until and ("*" in self.denied or namespace in self.denied):
+            raise self.refusal(namespace)
 
 
-def listed_claim_source(api: FakeDraApi, pods: list[PodInfo], clock: FakeClock) -> KubeClaimSource:
-    """A claim source whose slice reflector made its requests on this thread (its LIST and WATCH, or its 404s) until
-    `api` stopped it; its claim thread not started: the test runs its cycles (`read_once`)."""
-    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource(pods), clock=clock)
-    source.objects = api  # type: ignore[assignment]
-    api.slices = source.slices
-    source.slices._run()
-    return source
+def _writer(core: Authorizer, **kwargs: Any) -> tuple[KubeEventRecorder, dict[str, int]]:
+    """A recorder on the sink's clock whose back-off has no jitter: 1, 2, 4, 8, 15 s."""
+    return _recorder(core, clock=core.clock, rng=lambda: 0.0, **kwargs)
 
 
-@pytest.mark.parametrize("served", [True, False], ids=["v1-served", "no-resource.k8s.io/v1"])
-def test_claims_are_read_only_where_the_api_server_serves_them(served: bool) -> None:
-    """A pod naming a claim: with resource.k8s.io/v1 the claim is read (after the slices) and reported missing;
-    without it, no claim is read at all (each GET would 404, and the claim be reported missing for nothing)."""
-    named = claim_pod("p")
-    api = FakeDraApi(served, stop_slices_at=2)  # the WATCH after the LIST; or the retry after the first 404
-    source = listed_claim_source(api, [named], FakeClock())
-    for _ in range(3):  # three cycles of the claim reader
-        source.read_once()
-    assert source.wait_synced(0)
-    if served:
-        ((missing,),) = source.shares()[named.uid].values()
-        assert missing.error is not None and missing.error.message == "does not exist"
-        assert api.gets == 1 and source.problem() is None
-    else:
-        assert api.gets == 0 and source.shares() == {}
-        assert source.problem() == "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 or later has it)"
+def _with_body(body: dict[str, object]) -> ApiException:
+    e = ApiException(status=403, reason="Forbidden")
+    e.body = json.dumps(body)
+    return e
 
 
-def test_claim_read_failures_are_logged_once_per_run() -> None:
-    """Claims of 3 pods failing to be read on a failing API server: one `claim_read_failed` line, not one per claim;
-    read again `retry_s` later, the first success logs one `claim_read_recovered`."""
-    clock = FakeClock()
-    api = FakeDraApi(served=True, stop_slices_at=2)
-    source = listed_claim_source(api, [claim_pod("a"), claim_pod("b"), claim_pod("c")], clock)
-    api.get_error = ApiException(status=503, reason="Service Unavailable")
-    with capture_logs() as logs:
-        source.read_once()
-        assert api.gets == 3 and not source.wait_synced(0)
-        api.get_error = None
-        source.read_once()
-        assert api.gets == 3, "not read again before retry_s"
-        clock.step(source.retry_s)
-        source.read_once()
-    assert api.gets == 6 and source.wait_synced(0)
-    failed = ("claim_read_failed", "503 Service Unavailable")
-    recovered = ("claim_read_recovered", "503 Service Unavailable")
-    seen = [(e["event"], e.get("error") or e.get("last_error")) for e in logs if e["event"].startswith("claim_")]
-    assert seen == [failed, recovered]
+def _terminating() -> ApiException:
+    cause = {"reason": "NamespaceTerminating", "message": "namespace ml is being terminated", "field": "metadata"}
+    return _with_body({"kind": "Status", "reason": "Forbidden", "details": {"causes": [cause]}})
 
 
-def test_claim_source_starts_and_stops() -> None:
-    """Constructed idle (no request); `start()` lists the slices and reads claims on its threads; `stop(deadline)`
-    ends both while the slice watch waits on a silent server."""
-    named = claim_pod("p")
-    api = FakeDraApi(served=True)
-    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([named]))
-    source.objects = api  # type: ignore[assignment]
-    assert api.slice_requests == 0 and not source.wait_synced(0)
-    source.start()
+@pytest.mark.parametrize(
+    ("error", "for_now"),
+    [
+        pytest.param(ApiException(status=403, reason="Forbidden"), True, id="403-may-be-an-authorizer-warming-up"),
+        pytest.param(_with_body({"kind": "Status", "code": 403}), True, id="403-status-without-causes"),
+        pytest.param(_terminating(), False, id="403-namespace-terminating-is-final"),
+        pytest.param(ApiException(status=404), False, id="404-is-not-a-403"),
+        pytest.param(ApiException(status=503), False, id="503-is-transient-not-forbidden"),
+        pytest.param(ConnectionRefusedError("refused"), False, id="no-answer-is-not-a-403"),
+    ],
+)
+def test_which_errors_are_forbidden_for_now(error: BaseException, for_now: bool) -> None:
+    """A 403 may be an API server whose authorizer has not loaded RBAC yet, unless its namespace is being deleted."""
+    assert forbidden_for_now(error) is for_now
+
+
+def test_events_owed_during_rbac_warm_up_arrive_and_later_ones_too() -> None:
+    """A kill and a warning of one pod queued while the API server answers 403 for 5 s: the writer holds the first,
+    backs off, and writes both once the server accepts; a later Event of the pod is written at once."""
+    core = Authorizer(FakeClock(0.0), until=5.0)
+    recorder, counts = _writer(core)
+    greedy = pod("greedy", "ml")
+    recorder.record(greedy, "VRAMQuotaExceeded", "container main uses 5GiB")
+    recorder.record(greedy, "VRAMKilled", "killed PIDs 7", important=True)
+    recorder.start()
     try:
-        assert source.wait_synced(5) and api.gets == 1
+        assert recorder.flush(15)
+        recorder.record(greedy, "VRAMKilled", "killed PIDs 8", important=True)
+        assert recorder.flush(15)
     finally:
-        source.stop(source.clock.now() + 5)
-    assert not source._thread.is_alive() and not source.slices._thread.is_alive()
+        stop(recorder)
+    assert [e.reason for e in core.bodies] == ["VRAMKilled", "VRAMQuotaExceeded", "VRAMKilled"]
+    assert counts == {"written": 3}
+    assert [t for t, _ in core.attempts] == [0.0, 1.0, 3.0, 7.0, 7.0, 7.0], "backed off 1, 2, 4 s, then written"
+
+
+def test_a_persistent_403_ends_after_the_grace_and_is_logged_once() -> None:
+    """RBAC that really denies Events: the first Event is retried for FORBIDDEN_GRACE_S, then failed; every later
+    one, in any namespace, is tried once and failed; the log says so once, and again when a write succeeds."""
+    core = Authorizer(FakeClock(0.0))
+    with capture_logs() as logs:
+        recorder, counts = _writer(core)
+        recorder.start()
+        try:
+            recorder.record(pod("first", "ml"), "VRAMKilled", "killed PIDs 7", important=True)
+            assert recorder.flush(15)
+            for i, namespace in enumerate(["ml", "ml", "other"]):
+                recorder.record(pod(f"later{i}", namespace), "VRAMQuotaExceeded", "over")
+                assert recorder.flush(15)
+            core.until = core.clock.now()  # the binding is restored
+            recorder.record(pod("after", "ml"), "VRAMQuotaExceeded", "over")
+            assert recorder.flush(15)
+        finally:
+            stop(recorder)
+    grace = FORBIDDEN_GRACE_S
+    assert [t for t, _ in core.attempts] == [0.0, 1.0, 3.0, 7.0, 15.0, grace, grace, grace, grace, grace], (
+        "the first Event held for the grace, with back-off; after it, one request per Event"
+    )
+    assert counts == {"failed": 4, "written": 1}
+    said = [(e["event"], e.get("namespace")) for e in logs if e["event"].startswith("event")]
+    assert said == [("event_failed", None), ("events_forbidden", "ml"), ("events_restored", None)]
+
+
+def test_a_namespace_that_refuses_events_holds_the_writer_once() -> None:
+    """One namespace refuses Events for good (a quota on them) while others are written: its first Event is held
+    for the grace, its later ones fail at once, so the other namespaces' Events are not held behind each of them;
+    after EVENT_DENIED_S the namespace has a grace again."""
+    core = Authorizer(FakeClock(0.0), denied=frozenset({"quota"}))
+    recorder, counts = _writer(core)
+    recorder.start()
+    try:
+        for i in range(3):
+            recorder.record(pod(f"refused{i}", "quota"), "VRAMQuotaExceeded", "over")
+            recorder.record(pod(f"fine{i}", "ml"), "VRAMQuotaExceeded", "over")
+            assert recorder.flush(15)
+        held_s = core.clock.now()
+        core.clock.step(EVENT_DENIED_S)
+        recorder.record(pod("refused-later", "quota"), "VRAMQuotaExceeded", "over")
+        assert recorder.flush(15)
+    finally:
+        stop(recorder)
+    assert held_s == FORBIDDEN_GRACE_S, "one grace in all, not one per Event"
+    assert core.clock.now() == 2 * FORBIDDEN_GRACE_S + EVENT_DENIED_S
+    assert counts == {"failed": 4, "written": 3}
+    assert [namespace for _, namespace in core.attempts].count("ml") == 3
+
+
+def test_a_namespace_being_deleted_fails_its_event_at_once() -> None:
+    """A 403 for a namespace being deleted is final: one request, no back-off."""
+    core = Authorizer(FakeClock(0.0), refusal=lambda namespace: _terminating())
+    recorder, counts = _writer(core)
+    recorder.record(pod("p", "ml"), "VRAMQuotaExceeded", "over")
+    recorder.start()
+    try:
+        assert recorder.flush(15)
+    finally:
+        stop(recorder)
+    assert counts == {"failed": 1}
+    assert core.attempts == [(0.0, "ml")], "one request, no back-off"

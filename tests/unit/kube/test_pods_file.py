@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from unit.test_pods import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
+from unit.kube.test_pod_manifest import BOMB, NODE, POD, UID, as_yaml, pod, pod_list
 from vramguard.base.clock import SystemClock
 from vramguard.core.model import MiB, Policy
 from vramguard.core.quota import resolve_pod_quota
