@@ -2,14 +2,14 @@
 
 The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them (`collect`);
 the cgroup watcher hands over each new pod and container cgroup (`appeared`). Everything that touches the file
-system or NVML runs on the worker, started by `start()` and ended by `stop(deadline)`. See docs/design.md
+system (through one `cgroup_tree.CgroupTree`) or NVML runs on the worker, started by `start()` and ended by
+`stop(deadline)`. See docs/design.md
 "Driver limits: the limiter" for how it stays idempotent, retries and gives up.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -22,20 +22,27 @@ from vramguard.base.worker import Runner, Worker
 from vramguard.core.limit_plan import LimitOutcome, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
 from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
-from vramguard.node.cgroup import leaf_container_id, locate_cgroups, v2_root
+from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
 
 
 def read_held_limits(
-    memory: MemoryLimiter, cgroup_root: str, containers: Iterable[ContainerUsage], devices: Iterable[GpuDevice]
+    memory: MemoryLimiter,
+    cgroup_root: str,
+    containers: Iterable[ContainerUsage],
+    devices: Iterable[GpuDevice],
+    *,
+    tree: CgroupTree | None = None,
 ) -> dict[SubjectKey, int]:
     """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key: what
-    `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop."""
-    root = v2_root(cgroup_root)
+    `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop.
+    `tree`: where the cgroups are found, cgroupfs at `cgroup_root` unless given."""
+    tree = tree if tree is not None else CgroupfsTree(cgroup_root)
+    root = tree.v2_root()
     rows = [u for u in containers if u.container_id]
     if root is None or not rows:
         return {}
     index = {d.uuid: d.index for d in devices if d.mig_index is None}
-    located = locate_cgroups(root, {u.pod.uid for u in rows})
+    located = tree.locate(root, {u.pod.uid for u in rows})
     held: dict[SubjectKey, int] = {}
     for u in rows:
         gpu = index.get(u.device_uuid)
@@ -75,6 +82,8 @@ known (yet). Called on the limiter's worker."""
 
 
 class DriverLimiter:
+    """`cgroup_root`: where the cgroups are found (cgroupfs), unless a `tree` stands in for them."""
+
     def __init__(
         self,
         memory: MemoryLimiter,
@@ -87,9 +96,10 @@ class DriverLimiter:
         clock: Clock = SYSTEM_CLOCK,
         plan: Planner | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        tree: CgroupTree | None = None,
     ) -> None:
         self.memory = memory
-        self.cgroup_root = cgroup_root
+        self.tree = tree if tree is not None else CgroupfsTree(cgroup_root)
         self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1, clock=clock)
         self.resync_s = resync_s
         self.retry_s = retry_s
@@ -220,9 +230,9 @@ class DriverLimiter:
     # -- the worker's side -------------------------------------------------------------------------------------
 
     def _probe(self, gpus: tuple[int, ...]) -> None:
-        root = v2_root(self.cgroup_root)
+        root = self.tree.v2_root()
         if root is None:
-            self._give_up(f"no cgroup v2 hierarchy under {self.cgroup_root} (the driver's limits need cgroup v2)")
+            self._give_up(f"no cgroup v2 hierarchy under {self.tree.root} (the driver's limits need cgroup v2)")
             return
         for gpu in gpus:
             try:
@@ -276,7 +286,7 @@ class DriverLimiter:
             else:
                 chosen = [t for t in targets if t.container_id == identity.container_id and t.container is not None]
                 if not chosen:
-                    chosen, provisional = _unambiguous(targets, _living_siblings(path)), True
+                    chosen, provisional = _unambiguous(targets, self.tree.sibling_container_ids(path)), True
             for t in chosen:
                 if t.gpu_index not in self._unsupported_gpus:
                     self._try(path, t, now, outcomes, provisional=provisional)
@@ -288,15 +298,15 @@ class DriverLimiter:
         self._read = {}
         try:
             self._program_appeared(outcomes)
-            root = v2_root(self.cgroup_root)
+            root = self.tree.v2_root()
             if root is None:
-                self._give_up(f"no cgroup v2 hierarchy under {self.cgroup_root} (the driver's limits need cgroup v2)")
+                self._give_up(f"no cgroup v2 hierarchy under {self.tree.root} (the driver's limits need cgroup v2)")
                 return
             by_pod: dict[str, list[LimitTarget]] = {}
             for t in targets:
                 by_pod.setdefault(t.pod.uid, []).append(t)
             self._latest = {uid: tuple(ts) for uid, ts in by_pod.items()}
-            located = locate_cgroups(root, by_pod)
+            located = self.tree.locate(root, by_pod)
             wanted: dict[tuple[str, int], tuple[LimitTarget, bool]] = {}
             missing = False
             for t in targets:
@@ -326,7 +336,7 @@ class DriverLimiter:
             outcomes += self._clear_unwanted(wanted, computed_at)
             with self._lock:  # forget the cgroups that are gone
                 fresh = list(self._fresh)
-            gone = {p for p in fresh if not os.path.isdir(p)}
+            gone = {p for p in fresh if not self.tree.exists(p)}
             with self._lock:
                 self._fresh -= gone
         except _GiveUp:
@@ -390,7 +400,7 @@ class DriverLimiter:
         if announced:
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
-        if t.container is not None and not provisional and not self._is_fresh(path) and _populated(path):
+        if t.container is not None and not provisional and not self._is_fresh(path) and self.tree.populated(path):
             return LimitOutcome(t, "late", f"{t.describe()}{was}: the container was already running")
         return LimitOutcome(t, "applied", f"{t.describe()}{was}")
 
@@ -404,7 +414,7 @@ class DriverLimiter:
                 continue
             self._forget(key)
             path, gpu = key
-            if key in self._provisional or not os.path.isdir(path):
+            if key in self._provisional or not self.tree.exists(path):
                 self._provisional.discard(key)
                 continue  # or removed with its cgroup, and its limits with it
             try:
@@ -489,22 +499,3 @@ def _unambiguous(targets: tuple[LimitTarget, ...], living: set[str]) -> list[Lim
         return []
     name = next(iter(per_container))
     return [t for t in targets if t.pending and t.container == name]
-
-
-def _living_siblings(path: str) -> set[str]:
-    """The container IDs of the cgroups next to a container's cgroup (in its pod's), itself included."""
-    parent = os.path.dirname(path)
-    try:
-        names = [e.name for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return set()
-    return {cid for name in names if (cid := leaf_container_id(name)) is not None}
-
-
-def _populated(path: str) -> bool:
-    """Whether any process runs in the cgroup or below it (cgroup v2's cgroup.events)."""
-    try:
-        with open(os.path.join(path, "cgroup.events")) as f:
-            return any(line.split() == ["populated", "1"] for line in f)
-    except OSError:
-        return False
