@@ -14,6 +14,7 @@ from typing import Protocol
 
 import structlog
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 
 Task = Callable[[], None]
@@ -44,16 +45,15 @@ class Worker:
         self.name = name
         self.clock = clock
         self.log = log if log is not None else structlog.get_logger("vramguard.base.worker")
-        self._stopping = threading.Event()
         self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.loop = BackgroundLoop(name, self._step, clock=clock, wake=self._wake, log=self.log)
 
     def start(self) -> None:
-        self._thread.start()
+        self.loop.start()
 
     def submit(self, task: Task) -> bool:
         """Queue `task`; False (and nothing queued) when the queue is full or the worker is stopping."""
-        if self._stopping.is_set():
+        if self.loop.stopping.is_set():
             return False
         try:
             self._queue.put_nowait(task)
@@ -68,22 +68,23 @@ class Worker:
         """Stop after the current task, waiting for it until `deadline` at most. A task stuck in a socket read on a
         frozen API server is abandoned there: the thread is a daemon, and every API call has its own request
         timeout, so it ends by itself soon after."""
-        self._stopping.set()
-        # Wakes the thread if it waits for work; if the queue is full it is busy, and sees `_stopping` after its task.
+        self.loop.stop(deadline)
+
+    def _wake(self) -> None:
+        # Ends the thread's wait for work; if the queue is full it is busy, and sees the stop after its task.
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            task = self._queue.get()
-            if task is None or self._stopping.is_set():
-                return
-            try:
-                task()
-            except Exception as e:  # a task reports its own failures; this is the last line of defence
-                self.log.exception("worker_task_failed", worker=self.name, error=repr(e))
+    def _step(self) -> float:
+        """Run the next task, waiting for one."""
+        task = self._queue.get()
+        if task is None or self.loop.stopping.is_set():
+            return 0.0
+        try:
+            task()
+        except Exception as e:  # a task reports its own failures; this is the last line of defence
+            self.log.exception("worker_task_failed", worker=self.name, error=repr(e))
+        return 0.0
 
 
 class Inline:
