@@ -24,7 +24,6 @@ import selectors
 import socket
 import struct
 import termios
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 
@@ -51,7 +51,7 @@ StatusBody = Callable[[], "bytes | Callable[[], bytes | None]"]
 
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
-# The loop checks for stop() (and looks at its clock) this often when nothing else wakes it.
+# The loop looks at its clock this often when nothing else wakes it (stop() wakes it through the wake pipe).
 _TICK_S = 0.1
 # How long the listening socket goes unpolled when no fd can be had: long enough to cost nothing, short
 # enough that a probe arriving once fds are free again is answered well within its timeout.
@@ -177,8 +177,9 @@ class HealthServer:
         self._connection_bugs = FailureRun()
         self._waiting: set[_Conn] = set()  # connections in WAIT
         self._wake_r, self._wake_w = -1, -1
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="vramguard-http", daemon=True)
+        self._loop = BackgroundLoop(
+            "vramguard-http", self._step, clock=clock, wake=self.wake, on_exit=self._close, log=self.log
+        )
 
     def start(self) -> None:
         """Bind the port (raises OSError when it cannot) and start serving."""
@@ -196,7 +197,7 @@ class HealthServer:
         self._listener_poll.register(self._listener, select.POLLIN)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
-        self._thread.start()
+        self._loop.start()
 
     def wake(self) -> None:
         """An answer a connection waits for may be ready (any thread may call this; it never blocks)."""
@@ -204,45 +205,47 @@ class HealthServer:
             os.write(self._wake_w, b"!")
 
     def stop(self, deadline: float) -> None:
-        """Stop serving, reset every connection and release the port, within about `_TICK_S`; waits for the
-        thread until `deadline` at most (a callback stuck on the loop thread keeps the port until it returns)."""
-        self._stopping.set()
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
+        """Stop serving, reset every connection and release the port, once the round under way ends (the wake pipe
+        ends its wait); waits for the thread until `deadline` at most (a callback stuck on the loop thread keeps the
+        port until it returns)."""
+        self._loop.stop(deadline)
 
-    # The loop: expire, wait, serve the clients that are ready, then accept.
+    # One round: expire, wait, serve the clients that are ready, then accept.
 
-    def _serve(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                now = self.clock.now()
-                self._expire(now)
-                if self._accept_paused_until is not None and now >= self._accept_paused_until:
-                    self._accept_paused_until = None
-                over_budget = self._over_budget()
-                self._listen(self._accept_paused_until is None and not over_budget and self._room())
-                ready = self._selector.select(self._timeout_s(now))
-                now = self.clock.now()
-                listener_ready = woken = False
-                for key, _ in ready:
-                    if key.data is None:
-                        listener_ready = True
-                    elif key.data is _WAKE:
-                        woken = True
-                    else:
-                        self._service(key.data)
-                if woken or self._waiting:
-                    self._answer_waiting(now, woken)
-                # Clients first: a connection accepted last round is read before a new one can evict it.
-                if listener_ready and not over_budget:
-                    self._accept(now)
-        finally:
-            for conn in list(self._conns.values()):
-                self._drop(conn, abort=True)
-            self._selector.close()
-            self._listener.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+    def _step(self) -> float:
+        now = self.clock.now()
+        self._expire(now)
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+        over_budget = self._over_budget()
+        self._listen(self._accept_paused_until is None and not over_budget and self._room())
+        ready = self._selector.select(self._timeout_s(now))
+        now = self.clock.now()
+        listener_ready = woken = False
+        for key, _ in ready:
+            if key.data is None:
+                listener_ready = True
+            elif key.data is _WAKE:
+                woken = True
+            else:
+                self._service(key.data)
+        if woken or self._waiting:
+            self._answer_waiting(now, woken)
+        # Clients first: a connection accepted last round is read before a new one can evict it.
+        if listener_ready and not over_budget:
+            self._accept(now)
+        return 0.0  # the select was the wait
+
+    def _close(self) -> None:
+        """After the last round, on the loop's thread: reset every connection, release the port and the wake pipe."""
+        for conn in list(self._conns.values()):
+            self._drop(conn, abort=True)
+        self._selector.close()
+        self._listener.close()
+        wake_r, wake_w = self._wake_r, self._wake_w
+        self._wake_r, self._wake_w = -1, -1  # a late wake() must not write to an fd number reused elsewhere
+        os.close(wake_r)
+        os.close(wake_w)
 
     def _timeout_s(self, now: float) -> float:
         # At most `_TICK_S` of real time, whatever the clock says: the loop looks at the clock again then.
@@ -411,24 +414,32 @@ class HealthServer:
 
     def _answer(self, conn: _Conn, head: bytes) -> bytes | None:
         """The response to the request `head`, or None when its answer is being prepared: `conn` then waits."""
+        conn.path, conn.head_only, answer = self._request(head)
+        if isinstance(answer, bytes):
+            return answer
+        conn.later, conn.phase = answer, _Phase.WAIT
+        conn.wait_until = self.clock.now() + min(_WAIT_S, self._request_timeout_s / 2)
+        self._waiting.add(conn)
+        return self._ask_again(conn)
+
+    def _request(self, head: bytes) -> tuple[str, bool, bytes | _Later]:
+        """(path, HEAD or not, the response) for the request `head`; the response is a `_Later` when its route
+        prepares it elsewhere. The path is "" for a request no route is looked up for."""
         match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
         if match is None:
-            return _render(400, _text(), b"malformed request line\n")
+            return "", False, _render(400, _text(), b"malformed request line\n")
         method, target = match.group(1), match.group(2)
         if method not in (b"GET", b"HEAD"):
-            return _render(405, [*_text(), ("Allow", "GET, HEAD")], b"only GET and HEAD\n")
+            return "", False, _render(405, [*_text(), ("Allow", "GET, HEAD")], b"only GET and HEAD\n")
         path, _, query = target.decode("ascii").partition("?")
-        conn.path, conn.head_only = path, method == b"HEAD"
+        head_only = method == b"HEAD"
         route = self._routes.get(path)
         if route is None:
-            return _render(404, _text(), b"not found\n", head_only=conn.head_only)
+            return path, head_only, _render(404, _text(), b"not found\n", head_only=head_only)
         answer = self._call(path, lambda: route(query, _headers(head)))
         if callable(answer):
-            conn.later, conn.phase = answer, _Phase.WAIT
-            conn.wait_until = self.clock.now() + min(_WAIT_S, self._request_timeout_s / 2)
-            self._waiting.add(conn)
-            return self._ask_again(conn)
-        return _render(*answer, head_only=conn.head_only)
+            return path, head_only, answer
+        return path, head_only, _render(*answer, head_only=head_only)
 
     def _call(self, path: str, route: Callable[[], _T]) -> _T | _Answer:
         """`route()`, or a 500 naming the route when it raises."""

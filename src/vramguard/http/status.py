@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from vramguard.agent.report import LastScan, ScanReport, TopRow, row_dict, rows_from_report
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import Clock
 from vramguard.core.model import GpuDevice, SubjectKey
 from vramguard.core.text import cut
@@ -143,20 +144,15 @@ class StatusPage:
         self._built_for: LastScan | None = None
         self._scan_part = scan_json(None, {})
         self._wanted = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vramguard-status", daemon=True)
+        self._loop = BackgroundLoop("vramguard-status", self._step, clock=clock, wake=self._wake)
         self.builds = 0  # scan parts built, for tests
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, deadline: float) -> None:
         """Stop building; a build under way (bounded: MAX_DESCRIBED reads) is waited for until `deadline` at most."""
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
+        self._loop.stop(deadline)
 
     def body(self) -> bytes | Callable[[], bytes | None]:
         scan = self.last_scan()
@@ -177,18 +173,22 @@ class StatusPage:
         age = None if built is None else self.clock.now() - built.finished_at
         return render(self.facts, age, part)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._wanted and not self._stop.is_set():
-                    self._cond.wait()
-                if self._stop.is_set():
-                    return
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _step(self) -> float:
+        """The thread's round: wait until a reader asks for a build (or the stop), then `build`."""
+        with self._cond:
+            while not self._wanted and not self._loop.stopping.is_set():
+                self._cond.wait()
+        if not self._loop.stopping.is_set():
             self.build()
+        return 0.0
 
     def build(self) -> None:
-        """The thread's step: where a reader asked for a document not built yet, build the last scan's (it serves
-        every reader waiting for an older scan too) and notify."""
+        """Where a reader asked for a document not built yet, build the last scan's (it serves every reader waiting
+        for an older scan too) and notify."""
         with self._cond:
             wanted, self._wanted = self._wanted, False
         scan = self.last_scan()
