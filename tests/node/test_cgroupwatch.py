@@ -132,3 +132,14 @@ def test_ticks_follow_the_clock_while_the_tick_asks_for_more(tmp_path: Path) -> 
     finally:
         watcher.stop(clock.now() + 2.0)
     assert not watcher.running and not wanted
+
+
+def test_the_inotify_and_wake_fds_are_closed_once_stopped(tmp_path: Path) -> None:
+    """`start()` opens the inotify fd and the wake pipe; the thread closes them on its way out, within the stop."""
+    before = set(os.listdir("/proc/self/fd"))
+    watcher = CgroupWatcher(str(tmp_path), lambda p, i, f: None)
+    watcher.start()
+    assert len(set(os.listdir("/proc/self/fd")) - before) == 3  # inotify, and the pipe's two ends
+    watcher.stop(SYSTEM_CLOCK.now() + 2.0)
+    assert not watcher.running
+    assert set(os.listdir("/proc/self/fd")) - before == set()

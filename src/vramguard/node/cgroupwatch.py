@@ -2,7 +2,7 @@
 
 A limit programmed when a cgroup appears is in place before the container's first instruction. `start()` raises
 `InotifyUnavailable` where inotify cannot be had (then the agent's reconcile, driven by the pod's status, is the
-only path); `stop(deadline)` ends the watching thread. See docs/design.md "Cgroup watcher" for why no cgroup is
+only path); `stop(deadline)` ends the watching loop. See docs/design.md "Cgroup watcher" for why no cgroup is
 missed.
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.model import CgroupIdentity
 from vramguard.node.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path
@@ -89,11 +90,16 @@ class CgroupWatcher:
         self._watches: dict[int, str] = {}  # watch descriptor → directory
         self._seen: set[str] = set()  # directories reported or watched, so a rescan reports each once
         self._wake_r, self._wake_w = -1, -1
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._fds = threading.Lock()  # the wake's write and the close on the thread's way out
+        self._poller = select.poll()
+        self._tick_at = 0.0
+        self._ticking = True
         # Set once the cgroups there at start are reported: one made after that is reported `fresh`.
         self.walked = threading.Event()
         self.exhausted: str | None = None  # why some directory could not be watched (the kernel's limit)
+        self.loop = BackgroundLoop(
+            "cgroup-watch", self._step, clock=clock, wake=self._wake, on_exit=self._close, log=self.log
+        )
 
     def start(self) -> None:
         """Start watching; raises `InotifyUnavailable` saying why it cannot (the caller falls back to the
@@ -105,66 +111,65 @@ class CgroupWatcher:
             self._close()
             raise InotifyUnavailable(e.errno or 0, f"cannot watch {self.root} with inotify: {e}") from None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        first_tick = self.clock.now() + self.tick_s  # from the start, not from when the thread gets going
-        self._thread = threading.Thread(target=self._run, args=(first_tick,), name="cgroup-watch", daemon=True)
-        self._thread.start()
+        self._poller.register(self._inotify.fd, select.POLLIN)
+        self._poller.register(self._wake_r, select.POLLIN)
+        self._tick_at = self.clock.now() + self.tick_s  # from the start, not from when the thread gets going
+        self.loop.start()
 
     def stop(self, deadline: float) -> None:
         """Stop the thread, waiting for it until `deadline`; its fds are closed once it has ended (a thread still
         inside `appeared` keeps them until it returns and sees the stop)."""
-        self._stopping.set()
-        if self._wake_w >= 0:
-            os.write(self._wake_w, b"x")
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
-            if self._thread.is_alive():
-                return
-        self._close()
+        self.loop.stop(deadline)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self.loop.running
+
+    def _wake(self) -> None:
+        with self._fds:
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"x")
 
     def _close(self) -> None:
-        if self._inotify is not None:
-            self._inotify.close()
-            self._inotify = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        with self._fds:
+            if self._inotify is not None:
+                self._inotify.close()
+                self._inotify = None
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
 
     # -- the watcher's thread --------------------------------------------------------------------------------
 
-    def _run(self, tick_at: float) -> None:
+    def _step(self) -> float:
+        """The walk of what is there, first; then one wait for events (or the next tick), and what they call for."""
         assert self._inotify is not None
-        poller = select.poll()
-        poller.register(self._inotify.fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        self._scan(self.root, fresh=False)
-        self.walked.set()
-        ticking = True
-        while not self._stopping.is_set():
-            # At most `tick_s` of real time: the clock is looked at again then (a test's clock may have moved).
-            timeout_ms = min(self.tick_s, max(0.0, tick_at - self.clock.now())) * 1000 if ticking else None
-            ready = poller.poll(timeout_ms)
-            if self._stopping.is_set():
-                return
-            if any(fd == self._inotify.fd for fd, _ in ready):
-                try:
-                    self._read_events()
-                    ticking = True  # a new cgroup may be parked: tick again until the limiter says none waits
-                except Exception as e:  # a bug here must not stop the watching: the reconcile stays the backstop
-                    self.log.exception("cgroup_watch_failed", error=repr(e))
-            now = self.clock.now()
-            if not ticking or now < tick_at:
-                continue
-            tick_at = now + self.tick_s
+        if not self.walked.is_set():
+            self._scan(self.root, fresh=False)
+            self.walked.set()
+            return 0.0
+        # At most `tick_s` of real time: the clock is looked at again then (a test's clock may have moved).
+        timeout_ms = min(self.tick_s, max(0.0, self._tick_at - self.clock.now())) * 1000 if self._ticking else None
+        ready = self._poller.poll(timeout_ms)
+        if self.loop.stopping.is_set():
+            return 0.0
+        if any(fd == self._inotify.fd for fd, _ in ready):
             try:
-                ticking = self.tick()
-            except Exception as e:
-                self.log.exception("cgroup_watch_tick_failed", error=repr(e))
-                ticking = False
+                self._read_events()
+                self._ticking = True  # a new cgroup may be parked: tick again until the limiter says none waits
+            except Exception as e:  # a bug here must not stop the watching: the reconcile stays the backstop
+                self.log.exception("cgroup_watch_failed", error=repr(e))
+        now = self.clock.now()
+        if not self._ticking or now < self._tick_at:
+            return 0.0
+        self._tick_at = now + self.tick_s
+        try:
+            self._ticking = self.tick()
+        except Exception as e:
+            self.log.exception("cgroup_watch_tick_failed", error=repr(e))
+            self._ticking = False
+        return 0.0
 
     def _read_events(self) -> None:
         assert self._inotify is not None
