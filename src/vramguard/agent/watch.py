@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
@@ -85,7 +86,7 @@ class ScanTrigger:
 
 
 class MemoryWatch:
-    """`read()` (the GPUs' memory counters) every `interval_s` on a thread of its own, from `start()` to
+    """`read()` (the GPUs' memory counters) every `interval_s` of `clock` on a thread of its own, from `start()` to
     `stop(deadline)`; the scan loop waits for it (`wait`).
 
     The reads run on this thread alone, never on the scan loop's: a hung driver leaves one stuck thread here (the
@@ -116,21 +117,14 @@ class MemoryWatch:
         self._read_at = float("-inf")  # when the reading behind the posted reason was taken
         self._waiter_stop: threading.Event | None = None
         self._failures = FailureRun()
-        # Held until `stop()`: the pause between readings is a timed acquire of it, real time (the readings poll
-        # hardware), and at a hundred a second the cheapest wait there is (a third of an Event's).
-        self._running = threading.Lock()
-        self._running.acquire()
-        self._thread = threading.Thread(target=self._run, name="vramguard-watch", daemon=True)
+        self.loop = BackgroundLoop("vramguard-watch", self._step, clock=clock, log=self.log)
 
     def start(self) -> None:
-        self._thread.start()
+        self.loop.start()
 
     def stop(self, deadline: float) -> None:
         """Stop reading; a read stuck in the driver is abandoned (the thread is a daemon)."""
-        if self._running.locked():
-            self._running.release()
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
+        self.loop.stop(deadline)
 
     def wait(self, stop: threading.Event, until: float) -> Trigger | None:
         """Block until a reading calls for a scan (its reason), `until` (on the clock), or `stop` (then None, within
@@ -155,9 +149,9 @@ class MemoryWatch:
                 self._posted.clear()
                 self._reason = None
 
-    def _run(self) -> None:
-        while not self._running.acquire(True, self.interval_s):
-            self.read_once()
+    def _step(self) -> float:
+        self.read_once()
+        return self.interval_s
 
     def read_once(self) -> None:
         """The thread's step: read the counters and post the reason when they call for a scan (and wake the waiter

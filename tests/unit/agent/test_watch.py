@@ -158,3 +158,13 @@ def test_a_stop_set_while_the_loop_waits_ends_the_wait() -> None:
     watch.read_once()
     assert watch.wait(stop, clock.now() + 3600.0) is None
     assert clock.now() < 1000.0 + 3600.0, "it did not wait for the poll"
+
+
+def test_the_watch_reads_every_interval_on_its_clock_until_stopped() -> None:
+    """The watch's loop reads once a round and waits its interval between, on the clock; the stop ends it."""
+    clock = FakeClock()
+    watch = _watch([reading(GiB)], clock, [])
+    clock.on_wait = lambda: watch.loop.stopping.set() if watch.readings == 3 else None
+    watch.loop.run()
+    assert watch.readings == 3
+    assert clock.waits == [0.02, 0.02, 0.02]
