@@ -402,11 +402,9 @@ class HealthServer:
             self._drop(conn)  # closed before finishing its request: nobody to answer
             return
         conn.received += chunk
-        # Blank lines before the request line are skipped (RFC 9112 §2.2).
-        head = bytes(conn.received).lstrip(b"\r\n")
-        end = _HEAD_END.search(head)
-        if end is not None:
-            answer = self._answer(conn, head[: end.start()])
+        head = _head_of(conn.received)
+        if head is not None:
+            answer = self._answer(conn, head)
             if isinstance(answer, bytes):
                 self._respond(conn, answer)
         elif len(conn.received) > self._max_request_bytes:
@@ -521,6 +519,14 @@ class HealthServer:
         if conn.events != events:
             conn.events = events
             self._selector.modify(conn.sock, events, conn)
+
+
+def _head_of(received: bytes | bytearray) -> bytes | None:
+    """The request head without the empty line that ends it, or None until that line has come. Blank lines before
+    the request line are skipped (RFC 9112 §2.2)."""
+    head = bytes(received).lstrip(b"\r\n")
+    end = _HEAD_END.search(head)
+    return None if end is None else head[: end.start()]
 
 
 def _unsent_bytes(sock: socket.socket) -> int:

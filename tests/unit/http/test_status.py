@@ -210,3 +210,13 @@ def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> Non
     scans.append(_last_scan(clock.now()))  # another scan before the build
     page.build()
     assert json.loads(waiting() or b"null")["agent"]["scan_age_s"] == 0.0
+
+
+def test_the_pages_loop_builds_what_a_reader_asked_for() -> None:
+    """A round of the page's loop waits for a reader's ask, then builds once; its readers are told."""
+    scan = _last_scan(0.0)
+    page = StatusPage(FACTS, lambda: scan, FakeClock(), describe, notify=lambda: page._loop.stopping.set())
+    waiting = page.body()
+    assert callable(waiting) and waiting() is None
+    page._loop.run()
+    assert page.builds == 1 and waiting() is not None
