@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-import time
+from collections.abc import Callable
 
 import pytest
 from structlog.testing import capture_logs
 
 from vramguard.agent.act import Enforcer, Outcome
-from vramguard.base.worker import Task, Worker
+from vramguard.base.worker import Task
 from vramguard.core.decide import find_violations
 from vramguard.core.model import (
     Action,
@@ -27,7 +26,6 @@ from vramguard.core.model import (
 from vramguard.core.ports import Evictor, EvictResult
 from vramguard.testing.fakes import (
     FakeClock,
-    GatedEvictor,
     RecordingEventRecorder,
     RecordingKiller,
     SnapshotBuilder,
@@ -71,12 +69,17 @@ class HeldRunner:
 
 
 class ScriptedEvictor:
+    """An API server that answers `result`, once `meanwhile` (what the agent does while a request is in flight)
+    has run."""
+
     def __init__(self, result: EvictResult) -> None:
         self.result = result
         self.calls: list[str] = []
+        self.meanwhile: Callable[[], None] = lambda: None
 
     def evict(self, pod: PodInfo, message: str) -> EvictResult:
         self.calls.append(pod.key)
+        self.meanwhile()
         return self.result
 
 
@@ -151,13 +154,6 @@ def test_an_abandoned_eviction_is_never_sent() -> None:
     assert events.reasons() == ["VRAMEvictionFailed"]
 
 
-def _drain(worker: Worker) -> None:
-    """Return once every task submitted so far has run (the worker runs them in order)."""
-    done = threading.Event()
-    assert worker.submit(done.set)
-    assert done.wait(10)
-
-
 @pytest.mark.parametrize(
     ("answer", "results", "reasons"),
     [
@@ -174,34 +170,23 @@ def _drain(worker: Worker) -> None:
 def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str], reasons: list[str]) -> None:
     """An eviction sent before it was abandoned is still the pod's eviction: no other of the pod is sent before its
     answer (a new one fails at once), and when the API server accepts it after all, that is reported."""
-    evictor = GatedEvictor(answer)
-    clock = FakeClock()
-    worker = Worker("test-evict", max_queue=16, clock=clock)
-    events = RecordingEventRecorder()
-    enforcer = Enforcer(
-        killer=RecordingKiller(),
-        evictor=evictor,
-        events=events,
-        policy=Policy(eviction_timeout_s=15.0),
-        clock=clock,
-        evictions=worker,
-    )
+    evictor = ScriptedEvictor(answer)
+    enforcer, runner, clock, events, _ = _enforcer(evictor)
     action = _evict_action()
-    enforcer.start()
-    try:
-        assert enforcer.execute(action) is None
-        assert evictor.entered.wait(10)
+    meanwhile: list[Outcome | None] = []
+
+    def while_in_flight() -> None:
         clock.step(15.0)
-        outcomes = enforcer.collect()
-        again = enforcer.execute(action)
-        assert again is not None and again.result == "failed" and "still unanswered" in again.detail
-        evictor.gate.set()
-        _drain(worker)
-        outcomes += enforcer.collect()
-    finally:
-        evictor.gate.set()
-        enforcer.stop(clock.now() + 1.0)
-    assert [o.result for o in outcomes] == results
+        meanwhile.extend(enforcer.collect())
+        meanwhile.append(enforcer.execute(action))
+
+    evictor.meanwhile = while_in_flight
+    assert enforcer.execute(action) is None
+    runner.answer_all()
+    *outcomes, again = meanwhile
+    assert again is not None and again.result == "failed" and "still unanswered" in again.detail
+    outcomes += enforcer.collect()
+    assert [o.result for o in outcomes if o is not None] == results
     assert evictor.calls == ["ml/victim"], "one request for the pod, never a second behind it"
     assert events.reasons() == reasons
 
@@ -248,47 +233,6 @@ def test_what_follows_an_eviction_that_did_not_happen(
     assert len(killer.killed) == kills
     if reasons:
         assert answer.message in events.events[0][2]
-
-
-class HangingEvictor:
-    """An evictor stuck in a socket read (a frozen API server) until released."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-
-    def evict(self, pod: PodInfo, message: str) -> EvictResult:
-        self.release.wait(30)
-        return EVICTED
-
-
-def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
-    """With the real worker thread, execute() and collect() return at once while the evictor hangs."""
-    evictor = HangingEvictor()
-    clock = FakeClock()
-    enforcer = Enforcer(
-        killer=RecordingKiller(),
-        evictor=evictor,
-        events=RecordingEventRecorder(),
-        policy=Policy(on_eviction_refused=EvictionRefused.KILL),
-        clock=clock,
-        evictions=Worker("test-evict", max_queue=4, clock=clock),
-    )
-    enforcer.start()
-    try:
-        started = time.perf_counter()
-        outcomes: list[Outcome] = []
-        for i in range(5):
-            o = enforcer.execute(_evict_action(f"victim-{i}"))
-            if o is not None:  # past the queue bound: reported at once, never waited for
-                outcomes.append(o)
-            outcomes += enforcer.collect()
-        clock.step(Policy().eviction_timeout_s)
-        outcomes += enforcer.collect()
-        assert time.perf_counter() - started < 0.5
-        assert [o.result for o in outcomes] == ["failed-then-killed"] * 5
-    finally:
-        evictor.release.set()
-        enforcer.stop(clock.now() + 1.0)
 
 
 def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
