@@ -15,6 +15,7 @@ import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
@@ -68,7 +69,6 @@ class KubeClaimSource:
         self.retry_max_s = retry_max_s
         self.log = log if log is not None else structlog.get_logger("vramguard.claims")
         self.clock = clock
-        self._stop = threading.Event()
         self._synced = threading.Event()  # set by the claim thread once `synced()` held with the pods synced
         self._gets = TokenBucket(GETS_BURST, gets_per_s * 60.0, clock)
         self._slices: dict[str, dict[DeviceKey, SliceDevice]] = {}  # by ResourceSlice name
@@ -94,17 +94,16 @@ class KubeClaimSource:
             retry_after=self._unserved_retry,
             count=count,
         )
-        self._thread = threading.Thread(target=self._read_claims, name="vramguard-claims", daemon=True)
+        self.loop = BackgroundLoop("vramguard-claims", self._read_claims, clock=clock, log=self.log)
 
     def start(self) -> None:
         self.slices.start()
-        self._thread.start()
+        self.loop.start()
 
     def stop(self, deadline: float) -> None:
-        self._stop.set()
+        self.loop.stopping.set()  # a claim read in flight stops reading the rest of its cycle
         self.slices.stop(deadline)
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
+        self.loop.stop(deadline)
 
     def wait_synced(self, timeout_s: float) -> bool:
         """Block until the pods were synced and every claim they name was read once (`synced()`), `timeout_s` at
@@ -176,11 +175,10 @@ class KubeClaimSource:
 
     # -- ResourceClaims --------------------------------------------------------------------------------------
 
-    def _read_claims(self) -> None:
-        while not self._stop.is_set():
-            self.read_once()
-            self.cycles += 1
-            self.clock.wait(self._stop, CYCLE_S)
+    def _read_claims(self) -> float:
+        self.read_once()
+        self.cycles += 1
+        return CYCLE_S
 
     def read_once(self) -> None:
         """One cycle of the claim thread: note the pods' claims, read those due (paced), publish the shares."""
@@ -194,7 +192,7 @@ class KubeClaimSource:
         # without this node's slices no share could be placed on a GPU anyway.
         readable = self.slices.listed and not self._unserved
         for key in sorted(k for k, at in self._due.items() if at <= now) if readable else ():
-            if self._stop.is_set() or not self._gets.take():
+            if self.loop.stopping.is_set() or not self._gets.take():
                 break  # paced: the rest next cycle
             self._get(key)
         self._publish_shares(pods)

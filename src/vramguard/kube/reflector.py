@@ -16,6 +16,7 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.kube.client import TIMEOUT_LIST, describe, retry_backoff
@@ -131,22 +132,23 @@ class Reflector:
         self._connected_since: float | None = None
         self._unreachable_since: float | None = None  # the server has not answered since (no reply at all)
         self._renewing_since: float | None = None  # a silent watch's renewal, while in flight
-        self._stop = threading.Event()
         self._response: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"vramguard-{name}-reflector", daemon=True)
+        self._backoff = retry_backoff(rng)
+        self._list_version = "0"  # the first LIST: whatever the watch cache has
+        self.loop = BackgroundLoop(f"vramguard-{name}-reflector", self._step, clock=clock, wake=self._wake, log=log)
 
     def start(self) -> None:
-        self._thread.start()
+        self.loop.start()
 
     def stop(self, deadline: float) -> None:
         """End the thread, waiting for it until `deadline` at most: a request stuck there is abandoned (the thread
         is a daemon, and every request has its own timeout)."""
-        self._stop.set()
+        self.loop.stop(deadline)
+
+    def _wake(self) -> None:
         response = self._response
         if response is not None:
             response.shutdown()  # interrupts the read blocked in the thread; close() alone would wait for data
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
 
     def wait_listed(self, deadline: float) -> bool:
         """Block until the first LIST landed, or until `deadline` (on the clock's scale); True when it did."""
@@ -176,33 +178,33 @@ class Reflector:
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        backoff = retry_backoff(self.rng)
-        list_version = "0"  # the first LIST: whatever the watch cache has
-        while not self._stop.is_set():
-            try:
-                if self.resource_version is None:
-                    self._list(list_version)
-                self._watch()
-                backoff.reset()
-            except WatchSilent:
-                self._renewing_since = self.clock.now()
-            except WatchExpired:
-                self.log.info("watch_expired", watch=self.name, detail="410 Gone: relisting")
-                list_version, self.resource_version = self.resource_version or "", None
-            except Exception as e:
-                if self._stop.is_set():
-                    break
-                if self.resource_version is None and _version_gone(e):
-                    list_version = ""  # asked for a version the server no longer has: the latest, then
-                delay = self.retry_after(e)
-                if delay is None and self._working():
-                    backoff.reset()
-                    delay = self.spread_s * self.rng()
-                elif delay is None:
-                    delay = backoff.next()
-                self._failed(e, delay)
-                self.clock.wait(self._stop, delay)
+    def _step(self) -> float:
+        """A LIST when there is no resourceVersion to resume from, then one WATCH until it ends; the delay before the
+        next round (0 but after a failure)."""
+        try:
+            if self.resource_version is None:
+                self._list(self._list_version)
+            self._watch()
+            self._backoff.reset()
+        except WatchSilent:
+            self._renewing_since = self.clock.now()
+        except WatchExpired:
+            self.log.info("watch_expired", watch=self.name, detail="410 Gone: relisting")
+            self._list_version, self.resource_version = self.resource_version or "", None
+        except Exception as e:
+            if self.loop.stopping.is_set():
+                return 0.0
+            if self.resource_version is None and _version_gone(e):
+                self._list_version = ""  # asked for a version the server no longer has: the latest, then
+            delay = self.retry_after(e)
+            if delay is None and self._working():
+                self._backoff.reset()
+                delay = self.spread_s * self.rng()
+            elif delay is None:
+                delay = self._backoff.next()
+            self._failed(e, delay)
+            return delay
+        return 0.0
 
     def _working(self) -> bool:
         """Whether the watch that just broke had been working for a while (not failing again at once)."""
@@ -266,12 +268,12 @@ class Reflector:
         self._response = resp
         events = 0
         try:
-            if self._stop.is_set():
+            if self.loop.stopping.is_set():
                 return
             self._heard()
             opened = self.clock.now()
             for event in watch_events(resp):
-                if self._stop.is_set():
+                if self.loop.stopping.is_set():
                     return
                 events += 1
                 self.last_heard = self.clock.now()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -10,11 +12,27 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
-from unit.kube.test_reflector import HangingResponse
 from vramguard.core.model import ClaimUse, PodInfo
-from vramguard.kube.claims import KubeClaimSource
+from vramguard.kube.claims import CYCLE_S, KubeClaimSource
 from vramguard.kube.reflector import Reflector
 from vramguard.testing.fakes import FakeClock, FakePodSource, pod
+
+
+class SilentWatch:
+    """A watch on which nothing arrives until the reflector shuts it down (its stop)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        self.closed.wait(30)
+        yield from ()
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.closed.set()
 
 
 class ListResponse:
@@ -42,7 +60,7 @@ class FakeDraApi:
         if not self.served:
             raise ApiException(status=404, reason="Not Found")
         if watch:
-            return HangingResponse()
+            return SilentWatch()
         return ListResponse(b'{"metadata": {"resourceVersion": "1"}, "items": []}')
 
     def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
@@ -62,7 +80,7 @@ def listed_claim_source(api: FakeDraApi, pods: list[PodInfo], clock: FakeClock) 
     source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource(pods), clock=clock)
     source.objects = api  # type: ignore[assignment]
     api.slices = source.slices
-    source.slices._run()
+    source.slices.loop.run()
     return source
 
 
@@ -107,17 +125,17 @@ def test_claim_read_failures_are_logged_once_per_run() -> None:
     assert seen == [failed, recovered]
 
 
-def test_claim_source_starts_and_stops() -> None:
-    """Constructed idle (no request); `start()` lists the slices and reads claims on its threads; `stop(deadline)`
-    ends both while the slice watch waits on a silent server."""
-    named = claim_pod("p")
-    api = FakeDraApi(served=True)
-    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([named]))
+def test_the_claim_loop_reads_a_cycle_every_cycle_s_until_stopped() -> None:
+    """Constructed idle (no request); the claim loop runs a cycle, then waits `CYCLE_S` on its clock, until the stop;
+    the claim is read once, in the first cycle."""
+    clock = FakeClock()
+    api = FakeDraApi(served=True, stop_slices_at=2)
+    source = KubeClaimSource(client.ApiClient(), "node-a", FakePodSource([claim_pod("p")]), clock=clock)
     source.objects = api  # type: ignore[assignment]
     assert api.slice_requests == 0 and not source.wait_synced(0)
-    source.start()
-    try:
-        assert source.wait_synced(5) and api.gets == 1
-    finally:
-        source.stop(source.clock.now() + 5)
-    assert not source._thread.is_alive() and not source.slices._thread.is_alive()
+    api.slices = source.slices
+    source.slices.loop.run()
+    clock.on_wait = lambda: source.loop.stopping.set() if source.cycles == 3 else None
+    source.loop.run()
+    assert source.cycles == 3 and clock.waits == [CYCLE_S] * 3
+    assert api.gets == 1 and source.wait_synced(0)

@@ -7,7 +7,6 @@ tests/cluster/test_fleet.py.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -20,7 +19,6 @@ from urllib3.exceptions import ReadTimeoutError
 
 from vramguard.kube.reflector import SPREAD_S, WORKING_S, Reflector
 from vramguard.testing.fakes import FakeClock
-from vramguard_testbed.waiting import wait_until
 
 LOG = structlog.get_logger("test")
 
@@ -51,22 +49,29 @@ class Watched:
 
 
 class Hang:
-    """A WATCH's answer on which nothing comes until the reflector is stopped (it shuts the response down)."""
+    """A WATCH's answer on which the reflector is stopped while it reads: what a stop does to a blocked read."""
 
 
 class HangingResponse:
-    def __init__(self) -> None:
-        self.closed = threading.Event()
+    """Stops the reflector from inside its read, and notes whether the stop shut the response down (which is what
+    ends a read blocked on a silent server)."""
+
+    def __init__(self, reflector: Reflector, clock: FakeClock) -> None:
+        self.reflector = reflector
+        self.clock = clock
+        self.shut_down = False
+        self.shut_down_by_stop = False
 
     def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
-        self.closed.wait(30)
+        self.reflector.stop(self.clock.now())
+        self.shut_down_by_stop = self.shut_down
         yield from ()
 
     def release_conn(self) -> None:
         pass
 
     def shutdown(self) -> None:
-        self.closed.set()
+        self.shut_down = True
 
 
 class WatchResponse:
@@ -100,6 +105,7 @@ class FakeServer:
     clock: FakeClock = field(default_factory=FakeClock)
     requests: list[str] = field(default_factory=list)
     reflector: Reflector | None = None
+    hung: list[HangingResponse] = field(default_factory=list)
 
     def __call__(self, **kwargs: Any) -> Any:
         verb = "WATCH" if kwargs.get("watch") else "LIST"
@@ -118,7 +124,9 @@ class FakeServer:
             return type("R", (), {"data": json.dumps({"metadata": {"resourceVersion": answer.resource_version},
                                                       "items": items})})()  # fmt: skip
         if isinstance(answer, Hang):
-            return HangingResponse()
+            assert self.reflector is not None
+            self.hung.append(HangingResponse(self.reflector, self.clock))
+            return self.hung[-1]
         return WatchResponse(answer, self.clock)
 
 
@@ -145,7 +153,7 @@ def run(script: list[Listed | Watched | Hang | Exception], draw: float = 0.5) ->
     store = Names()
     reflector = Reflector("things", server, store, log=LOG, clock=server.clock, rng=lambda: draw)
     server.reflector = reflector
-    reflector._run()
+    reflector.loop.run()
     return server.requests, server.clock.waits, store
 
 
@@ -255,23 +263,22 @@ def test_problem_tells_no_answer_from_an_error(error: Exception, problem: str) -
     server.reflector = reflector
     seen: list[str | None] = []
     server.clock.on_wait = lambda: seen.append(reflector.problem())
-    reflector._run()
+    reflector.loop.run()
     assert seen[0] == problem
 
 
-def test_constructed_idle_started_then_stopped_by_its_deadline() -> None:
-    """The constructor asks nothing; `start()` lists then watches on the reflector's thread; `stop(deadline)` ends
-    it while the watch waits on a silent server."""
+def test_constructed_idle_and_a_stop_shuts_the_watch_down() -> None:
+    """The constructor asks nothing; the loop lists then watches; a stop during the watch shuts its response down
+    (what ends a read blocked on a silent server) and no request follows."""
     server = FakeServer([Listed("5", ["a"]), Hang()])
     store = Names()
     reflector = Reflector("things", server, store, log=LOG, clock=server.clock)
     server.reflector = reflector
     assert server.requests == [] and not reflector.wait_listed(server.clock.now())
-    reflector.start()
-    assert reflector.wait_listed(server.clock.now() + 5) and store.names == {"a"}
-    wait_until(lambda: server.requests == ["LIST rv=0", "WATCH rv=5"], 5, "the watch")
-    reflector.stop(server.clock.now() + 5)
-    assert not reflector._thread.is_alive()
+    reflector.loop.run()
+    assert reflector.wait_listed(server.clock.now()) and store.names == {"a"}
+    assert server.requests == ["LIST rv=0", "WATCH rv=5"]
+    assert [r.shut_down_by_stop for r in server.hung] == [True]
 
 
 def test_a_run_of_failures_is_logged_once() -> None:
