@@ -3,8 +3,7 @@
 The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them (`collect`);
 the cgroup watcher hands over each new pod and container cgroup (`appeared`). Everything that touches the file
 system (through one `cgroup_tree.CgroupTree`) or NVML runs on the worker, started by `start()` and ended by
-`stop(deadline)`. See docs/design.md
-"Driver limits: the limiter" for how it stays idempotent, retries and gives up.
+`stop(deadline)`. See docs/design.md "Driver limits: the limiter" for how it stays idempotent, retries and gives up.
 """
 
 from __future__ import annotations
