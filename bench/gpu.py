@@ -276,6 +276,7 @@ def in_process_costs(node: SimulatedNode, processes: int, reps: int) -> dict[str
     pods = FilePodSource(str(node.pods_path), node.node_name)
     pods.start()
     sampler = NvmlSampler()
+    sampler.start()
     try:
         assert pods.wait_synced(30), pods.problem()
         agent = Agent(
@@ -301,7 +302,7 @@ def in_process_costs(node: SimulatedNode, processes: int, reps: int) -> dict[str
             "attributed": float(attributed),
         }
     finally:
-        sampler.close()
+        sampler.stop(time.monotonic() + 1)
         pods.stop(time.monotonic() + 1)
 
 

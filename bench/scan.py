@@ -83,6 +83,7 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
 
     def fresh_agent() -> tuple[Agent, NvmlSampler]:
         sampler = NvmlSampler()
+        sampler.start()
         agent = Agent(
             sampler=sampler,
             identifier=ProcIdentifier(),
@@ -119,7 +120,7 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
         c0 = time.process_time()
         sampler.sample()
         nvml_cpu.append(time.process_time() - c0)
-    sampler.close()
+    sampler.stop(time.monotonic() + 1)
     pods.stop(time.monotonic() + 1)
     ms = 1000.0
     return {

@@ -45,17 +45,18 @@ def nvml_state(fake_nvml_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture
 def make_sampler(nvml_state: Path) -> Iterator[Callable[..., NvmlSampler]]:
-    """Builds NvmlSamplers over this test's state and closes them afterwards."""
+    """Builds NvmlSamplers over this test's state, started, and stops them afterwards."""
     made: list[NvmlSampler] = []
 
     def make(*, proc_root: str | Path = "/proc", call_timeout_s: float = 2.0) -> NvmlSampler:
         sampler = NvmlSampler(proc_root=proc_root, call_timeout_s=call_timeout_s)
         made.append(sampler)
+        sampler.start()
         return sampler
 
     yield make
     for sampler in made:
-        sampler.close()
+        sampler.stop(sampler.clock.now() + 2.0)
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ def _missing() -> str | None:
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         limiter = NvmlMemoryLimiter()
+        limiter.start()
         try:
             limiter.get(0, v2_root("/sys/fs/cgroup") or "/sys/fs/cgroup")
         except LimitsUnavailable as e:
@@ -55,7 +56,7 @@ def _missing() -> str | None:
         except LimitFailed:
             pass  # the root cgroup itself: what matters is that the function exists and the GPU supports it
         finally:
-            limiter.close()
+            limiter.stop(0.0)
     finally:
         pynvml.nvmlShutdown()
     return None
@@ -109,10 +110,11 @@ def _pod(node: SimulatedNode, name: str) -> SimPod:
 
 def _limit(path: str, hard_bytes: int) -> None:
     limiter = NvmlMemoryLimiter()
+    limiter.start()
     try:
         limiter.set(0, path, 0, hard_bytes)
     finally:
-        limiter.close()
+        limiter.stop(0.0)
 
 
 def _grow_until_refused(proc: subprocess.Popen[str], most: int = 8) -> int | None:

@@ -6,6 +6,7 @@ import ctypes.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -529,6 +530,29 @@ def test_fake_drops_exited_processes_like_the_driver(
 # NVML unavailable
 
 
+def test_constructed_idle_started_and_stopped(nvml_state: Path) -> None:
+    """The constructor calls nothing and starts no thread; `start()` initialises NVML on the deadline runner's
+    thread; `stop(deadline)` shuts NVML down and ends that thread, after which it samples nothing."""
+    FakeNode.gpus(1).write(nvml_state)
+
+    def nvml_threads() -> int:
+        return sum(t.name.startswith("vramguard-nvml") and t.is_alive() for t in threading.enumerate())
+
+    before = nvml_threads()
+    sampler = NvmlSampler()
+    assert (sampler.threads_started, sampler.gpu_count, nvml_threads()) == (0, 0, before)
+    with pytest.raises(RuntimeError, match="not running"):
+        sampler.sample()
+    sampler.start()
+    assert sampler.gpu_count == 1 and len(sampler.sample().devices) == 1
+    assert (sampler.threads_started, nvml_threads()) == (1, before + 1)
+    sampler.stop(sampler.clock.now() + 2.0)
+    wait_until(lambda: nvml_threads() == before, 5, "the deadline runner's thread to end")
+    assert sampler.memory() == ()
+    with pytest.raises(RuntimeError, match="not running"):
+        sampler.sample()
+
+
 @pytest.mark.parametrize(
     ("state", "message"),
     [
@@ -577,13 +601,14 @@ def test_a_state_file_that_does_not_parse_fails_init(nvml_state: Path, make_samp
 _IN_SUBPROCESS = """
 import sys
 from vramguard.nvml import NvmlSampler, NvmlUnavailable
+sampler = NvmlSampler()
 try:
-    sampler = NvmlSampler()
+    sampler.start()
 except NvmlUnavailable as e:
     print(e)
     sys.exit(3)
 print(len(sampler.sample().devices), sampler.driver_version)
-sampler.close()
+sampler.stop(sampler.clock.now() + 2)
 """
 
 

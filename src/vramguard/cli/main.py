@@ -21,7 +21,6 @@ from vramguard.base.logs import configure_logging
 from vramguard.cli.top import render_table
 from vramguard.cli.wiring import (
     SHUTDOWN_BUDGET_S,
-    Closing,
     RunConfig,
     WiringError,
     build_agent,
@@ -225,34 +224,30 @@ def top(
         if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
             _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
         try:
-            sampler = NvmlSampler(proc_root=proc_root)
+            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
         except NvmlUnavailable as e:
             _fail(str(e), 1)
-        services.start("nvml", Closing(sampler))
         agent = build_agent(
             sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
         )
-        memory = NvmlMemoryLimiter()
+        memory = services.start("nvml-limits", NvmlMemoryLimiter())
         # The agent here is this command's own: dry run, scanning every refresh.
         facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
         with stop_on_signals() as stop:
-            try:
-                while not stop.is_set():
-                    report = agent.scan()
-                    held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
-                    if as_json:
-                        finished = agent.last_scan.finished_at if agent.last_scan is not None else None
-                        age = SYSTEM_CLOCK.now() - finished if finished is not None else None
-                        typer.echo(render(facts, age, scan_json(report, held, describe)).decode())
-                    else:
-                        if not once and sys.stdout.isatty():
-                            typer.echo("\x1b[H\x1b[2J", nl=False)
-                        typer.echo(render_table(rows_from_report(report, describe, driver_limits=held)))
-                    if once:
-                        return
-                    SYSTEM_CLOCK.wait(stop, interval)
-            finally:
-                memory.close()
+            while not stop.is_set():
+                report = agent.scan()
+                held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
+                if as_json:
+                    finished = agent.last_scan.finished_at if agent.last_scan is not None else None
+                    age = SYSTEM_CLOCK.now() - finished if finished is not None else None
+                    typer.echo(render(facts, age, scan_json(report, held, describe)).decode())
+                else:
+                    if not once and sys.stdout.isatty():
+                        typer.echo("\x1b[H\x1b[2J", nl=False)
+                    typer.echo(render_table(rows_from_report(report, describe, driver_limits=held)))
+                if once:
+                    return
+                SYSTEM_CLOCK.wait(stop, interval)
     finally:
         services.stop(SHUTDOWN_BUDGET_S)
 

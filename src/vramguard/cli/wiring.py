@@ -260,16 +260,17 @@ def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Ser
 
 
 def driver_limiter(
-    policy: Policy, dry_run: bool, cgroup_root: str, clock: Clock = SYSTEM_CLOCK
+    policy: Policy, dry_run: bool, cgroup_root: str, services: Services, clock: Clock = SYSTEM_CLOCK
 ) -> DriverLimiter | None:
-    """The driver-limits programmer, where the policy enforces anywhere (evict or kill) and allows them; None in
-    --dry-run, with `driver_limits: off`, or with a warn-only policy. Call once NVML is up."""
+    """The driver-limits programmer (not started), where the policy enforces anywhere (evict or kill) and allows
+    them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. Its NVML initialisation is
+    started in `services`: call once NVML is up."""
     enforcing = policy.mode is not Mode.WARN or any(
         ns.mode is not None and ns.mode is not Mode.WARN for ns in policy.namespaces.values()
     )
     if not enforcing or not limits_enabled(policy, dry_run):
         return None
-    return DriverLimiter(NvmlMemoryLimiter(), cgroup_root, clock=clock)
+    return DriverLimiter(services.start("nvml-limits", NvmlMemoryLimiter()), cgroup_root, clock=clock)
 
 
 def capacity_publisher(
@@ -286,17 +287,17 @@ def capacity_publisher(
 
 
 def open_sampler(
-    proc_root: str, stop: threading.Event, clock: Clock, problem: Callable[[str | None], None]
+    proc_root: str, services: Services, stop: threading.Event, clock: Clock, problem: Callable[[str | None], None]
 ) -> NvmlSampler | None:
-    """NVML, once it loads: it may come up after the agent (a driver container still installing), so retry with
-    back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears once
-    per run of the same failure."""
+    """NVML, once it loads, started in `services`: it may come up after the agent (a driver container still
+    installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and None once it
+    is up; the log hears once per run of the same failure."""
     log = structlog.get_logger("vramguard")
     backoff = Backoff(1.0, 60.0)
     failures = FailureRun()
     while not stop.is_set():
         try:
-            sampler = NvmlSampler(proc_root=proc_root)
+            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
         except NvmlUnavailable as e:
             if failures.failed(str(e)):
                 log.error("nvml_unavailable", error=str(e))
@@ -306,20 +307,6 @@ def open_sampler(
         problem(None)
         return sampler
     return None
-
-
-class Closing:
-    """A resource in a `Services` group: nothing to start, closed when the group stops. The NVML sampler is one:
-    a handle on the driver, not a background part (its deadline thread runs only the calls a scan waits for)."""
-
-    def __init__(self, resource: NvmlSampler) -> None:
-        self.resource = resource
-
-    def start(self) -> None:
-        pass
-
-    def stop(self, deadline: float) -> None:
-        self.resource.close()
 
 
 class Probes:
@@ -496,10 +483,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             address=f"{config.metrics_bind_address or '*'}:{server.port}",
             open_file_limit=open_files[1],
         )
-        sampler = open_sampler(config.proc_root, stop, clock, probes.nvml)
+        sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml)
         if sampler is None:
             return
-        services.start("nvml", Closing(sampler))
         agent = build_agent(
             sampler=sampler,
             cluster=cluster,
@@ -510,7 +496,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             cgroup_root=config.cgroup_root,
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
-            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, clock),
+            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, services, clock),
             journal=journal,
             kill_memory=None if config.dry_run else KillFile(config.state_dir),  # repeats survive a restart
             clock=clock,

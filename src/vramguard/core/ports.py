@@ -24,8 +24,6 @@ class GpuSampler(Protocol):
         reads. A GPU that fails or hangs is left out (the next scan reports it)."""
         ...
 
-    def close(self) -> None: ...
-
 
 class ProcessIdentifier(Protocol):
     """Finds a process' identity (PID + start time) and its pod cgroup; caches by that identity."""

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from types import TracebackType
 
 from vramguard.core.model import Identity, ProcessRef
 from vramguard.node.cgroup import parse_cgroup
@@ -214,19 +213,6 @@ class ProcIdentifier:
         keep = pids if isinstance(pids, (AbstractSet, Mapping)) else set(pids)
         for pid in [pid for pid in self._cache if pid not in keep]:
             del self._cache[pid]
-
-    def close(self) -> None:
-        """Forget everything (the identifier holds no fds; kept so callers can release it like a resource)."""
-        self._cache.clear()
-        self._cursor = None
-
-    def __enter__(self) -> ProcIdentifier:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def _read(self, pid: int) -> Identity | None:
         stat_path = f"{self._proc_root}/{pid}/stat"

@@ -4,7 +4,7 @@
 - `deadline`: runs each GPU's calls on a worker thread under a deadline, abandoning a hung one;
 - `rows`: which process-list functions the driver has, and decoding their rows (the R535 row-size trap);
 - `errors`: the error kinds the agent counts, dropped rows, and messages that say what to do;
-- `limits`: `NvmlMemoryLimiter`, the `MemoryLimiter` seam: the driver's per-cgroup memory limits (R615+).
+- `memory_limit`: `NvmlMemoryLimiter`, the `MemoryLimiter` seam: the driver's per-cgroup memory limits (R615+).
 """
 
 from vramguard.nvml.errors import DroppedRow, NvmlErrorKind, NvmlUnavailable

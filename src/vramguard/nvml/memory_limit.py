@@ -20,15 +20,29 @@ _FUNCTION_NOT_FOUND = getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
 
 
 class NvmlMemoryLimiter:
-    """Holds its own NVML initialisation (NVML counts them), so it outlives nothing it depends on."""
+    """Holds its own NVML initialisation (NVML counts them), so it outlives nothing it depends on: `start()` takes
+    it (raising `pynvml.NVMLError` where NVML cannot start), `stop(deadline)` gives it back."""
 
     def __init__(self) -> None:
         if not hasattr(pynvml, "nvmlDeviceSetMemoryLimits_v1"):
             self._missing = f"nvidia-ml-py {_binding_version()} has no memory-limit bindings (13.615 or later has)"
         else:
             self._missing = ""
-        pynvml.nvmlInit()
         self._handles: dict[int, Any] = {}
+        self._initialised = False
+
+    def start(self) -> None:
+        pynvml.nvmlInit()
+        self._initialised = True
+
+    def stop(self, deadline: float) -> None:
+        """Give the initialisation back (nvmlShutdown); the limits set stay with the driver."""
+        if not self._initialised:
+            return
+        self._initialised = False
+        self._handles.clear()
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
 
     def get(self, gpu_index: int, cgroup: str) -> DriverLimit | None:
         self._check_binding()
@@ -54,10 +68,6 @@ class NvmlMemoryLimiter:
             pynvml.nvmlDeviceSetMemoryLimits_v1(self._handle(gpu_index), limits)
         except pynvml.NVMLError as e:
             raise _translate(e, "nvmlDeviceSetMemoryLimits_v1", gpu_index) from None
-
-    def close(self) -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
 
     def _check_binding(self) -> None:
         if self._missing:

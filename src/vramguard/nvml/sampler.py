@@ -2,7 +2,8 @@
 
 Narrow on purpose, like dcgm-exporter's nvmlprovider: `NvmlSampler.sample()` returns plain `GpuSample` data and
 hides NVML's quirks (process lists, memory v1/v2, row sizes, MIG, hung calls) behind it; docs/design.md "The
-NVML sampler" says how each is handled. A resource, not a background part: `close()` shuts NVML down.
+NVML sampler" says how each is handled. Constructed idle: `start()` initialises NVML (on the deadline runner's
+thread, as every call), `stop(deadline)` shuts it down and ends that thread.
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ class _GpuScan:
 
 
 class NvmlSampler:
-    """The `GpuSampler` over NVML (nvidia-ml-py). Raises `NvmlUnavailable` from the constructor, never later.
+    """The `GpuSampler` over NVML (nvidia-ml-py). Raises `NvmlUnavailable` from `start()`, never later; a sampler
+    whose start failed is not started again (make a new one).
 
-    `errors` counts problems by kind since construction; `dropped_rows` lists the rows the last `sample()`
+    `errors` counts problems by kind since the start; `dropped_rows` lists the rows the last `sample()`
     dropped. GPU handles, UUIDs and names are read on the first scan and cached (MIG instances' UUIDs are read
     every scan: instances come and go). The GPU count is read once: GPUs do not appear without a driver reload.
     An unhealthy GPU is reported with its last good memory figures (zeros if there never were any).
@@ -97,17 +99,14 @@ class NvmlSampler:
             raise ValueError("call_timeout_s must be positive")
         self._proc_root = os.fspath(proc_root)
         self._timeout_s = call_timeout_s
-        self._nv = _import_pynvml()
-        self._error_names = {
-            value: name
-            for name, value in vars(self._nv).items()
-            if name.startswith("NVML_ERROR_") and isinstance(value, int)
-        }
+        self._nv: Any = None  # pynvml, once `start()` imported it
+        self._error_names: dict[int, str] = {}
         self.clock = clock
-        self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml", clock)
-        self._lock = threading.Lock()  # one sample() at a time
-        self._closed = False
-        self._errors = dict.fromkeys(NvmlErrorKind, 0)  # since construction, for `errors`
+        self._runner = DeadlineRunner(call_timeout_s, "vramguard-nvml", clock)  # its thread starts with a call
+        self._lock = threading.Lock()  # one sample() at a time; start and stop too
+        self._started = False
+        self._stopped = False
+        self._errors = dict.fromkeys(NvmlErrorKind, 0)  # since the start, for `errors`
         self._dropped: tuple[DroppedRow, ...] = ()
         self._memory_v2: bool | None = None  # None: not tried yet
         self._capacity_rows = _INITIAL_CAPACITY
@@ -118,14 +117,13 @@ class NvmlSampler:
         self._lists: tuple[_ProcessList, ...] = ()
         self.driver_version = ""
         self.gpu_count = 0
-        self._start()
 
     # -- the GpuSampler protocol ---------------------------------------------------------------------------
 
     def sample(self) -> GpuSample:
         with self._lock:
-            if self._closed:
-                raise RuntimeError("NvmlSampler is closed")
+            if not self._started or self._stopped:
+                raise RuntimeError("NvmlSampler is not running: sample() between start() and stop()")
             alive: dict[int, bool] = {}
             jobs: dict[int, Job] = {}
             skipped: dict[int, str] = {}
@@ -180,7 +178,7 @@ class NvmlSampler:
         thread-safe): the watch's reading between scans (`watch.MemoryWatch`), from a thread of its own that a hung
         driver may keep. GPUs no scan has opened yet, stuck ones, and any whose call fails are left out (the scans
         report them)."""
-        if self._closed:
+        if not self._started or self._stopped:
             return ()
         gpus = [(i, gpu) for i, gpu in list(self._gpus.items()) if self._runner.stuck(i) is None]
         return self._read_memory(_call, gpus)
@@ -195,28 +193,48 @@ class NvmlSampler:
             readings.append(GpuMemory(index, total, used, free))
         return tuple(readings)
 
-    def close(self) -> None:
+    # -- the lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Initialise NVML and read what does not change (driver version, GPU count, process-list functions), under
+        the call deadline; raises `NvmlUnavailable` saying why it cannot (the deadline runner's thread ended)."""
         with self._lock:
-            if self._closed:
+            if self._started or self._stopped:
+                raise RuntimeError("NvmlSampler is started once")
+            self._stopped = True  # until the start succeeds: a failed start leaves nothing to stop
+            try:
+                self._nv = _import_pynvml()
+            except NvmlUnavailable:
+                self._runner.close()
+                raise
+            self._error_names = {
+                value: name
+                for name, value in vars(self._nv).items()
+                if name.startswith("NVML_ERROR_") and isinstance(value, int)
+            }
+            self._init()
+            self._started, self._stopped = True, False
+
+    def stop(self, deadline: float) -> None:
+        """Shut NVML down and end the deadline runner's thread. nvmlShutdown runs under the call timeout, as every
+        NVML call does, whatever is left until `deadline`: one that hangs is abandoned with its thread."""
+        with self._lock:
+            if self._stopped or not self._started:
+                self._stopped = True
+                self._runner.close()
                 return
-            self._closed = True
+            self._stopped = True
             shutdown = Job("shutdown", lambda job: job.call("nvmlShutdown", self._nv.nvmlShutdown))
             try:
                 self._runner.run([shutdown])
             finally:
                 self._runner.close()
 
-    def __enter__(self) -> NvmlSampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- what the agent reads besides samples --------------------------------------------------------------
 
     @property
     def errors(self) -> Mapping[NvmlErrorKind, int]:
-        """Problems by kind since construction (a snapshot)."""
+        """Problems by kind since the start (a snapshot)."""
         return MappingProxyType(dict(self._errors))
 
     @property
@@ -236,7 +254,7 @@ class NvmlSampler:
 
     # -- start-up ------------------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _init(self) -> None:
         job = Job("init", self._init_nvml)
         self._runner.run([job])
         if job.timed_out:

@@ -110,9 +110,6 @@ class FakeSampler:
             if d.mig_index is None and d.healthy
         )
 
-    def close(self) -> None:
-        pass
-
 
 class FakeIdentifier:
     """Process identities as the test declares them: `add(pid, pod_uid, container_id)`; unknown PIDs are gone."""

@@ -461,16 +461,16 @@ def test_zombie_is_still_the_same_process(use_cursor: bool) -> None:
     child = subprocess.Popen(["sleep", "60"])
     time.sleep(0.03)  # read in a later tick than it started in
     try:
-        with ProcIdentifier("/proc", use_pid_cursor=use_cursor) as attributor:
-            first = attributor.scan([child.pid])
-            child.send_signal(signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while (read_stat(child.pid) or ("?", 0))[0] != "Z":
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
-            assert attributor.scan([child.pid]) == first
-            assert attributor.identify(child.pid) == first[child.pid]
-            assert attributor.hits == 2
+        attributor = ProcIdentifier("/proc", use_pid_cursor=use_cursor)
+        first = attributor.scan([child.pid])
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while (read_stat(child.pid) or ("?", 0))[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert attributor.scan([child.pid]) == first
+        assert attributor.identify(child.pid) == first[child.pid]
+        assert attributor.hits == 2
     finally:
         child.kill()
         child.wait()

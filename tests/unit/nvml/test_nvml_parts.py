@@ -1,13 +1,11 @@
 """The NVML adapter's parts on their own: the deadline runner (no NVML at all) and row decoding (bytes in, rows
-out). The sampler over the test NVML library is tested in test_nvml.py."""
+out, over a fake /proc). The sampler over the test NVML library is tested in tests/node/test_nvml.py, a hung call
+abandoned in real time in tests/node/test_nvml_deadline.py."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import threading
-import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +19,6 @@ from vramguard.nvml.rows import (
     check_rows,
     decode_rows,
 )
-from vramguard_testbed.waiting import wait_until
 
 # ----------------------------------------------------------------------------------------------------------
 # DeadlineRunner
@@ -47,29 +44,6 @@ def test_a_job_that_raises_hands_the_error_back() -> None:
     runner.close()
 
 
-def test_a_hung_job_is_abandoned_and_the_next_run_gets_a_fresh_thread() -> None:
-    """Past the deadline: the job is timed out and its key stuck until the late call returns; the other jobs
-    run on a new thread meanwhile."""
-    release = threading.Event()
-    runner = DeadlineRunner(0.2, "test")
-    hung = Job("gpu0", lambda j: j.call("nvmlHang", release.wait, 10))
-    other = Job("gpu1", lambda j: j.call("fine", lambda: "ok"))
-    started = time.monotonic()
-    runner.run([hung, other])
-    assert time.monotonic() - started < 2.0
-    assert hung.timed_out and hung.current_call == "nvmlHang"
-    assert other.done and not other.timed_out and other.result == "ok"
-    assert runner.stuck("gpu0") is hung and runner.stuck("gpu1") is None
-    assert runner.threads_started == 2
-    release.set()
-    # Once the late call returned, the device may be tried again.
-    wait_until(lambda: runner.stuck("gpu0") is None, what="the late call to return and free the device")
-    again = Job("gpu0", lambda j: j.call("fine", lambda: "back"))
-    runner.run([again])
-    assert again.result == "back"
-    runner.close()
-
-
 def test_a_closed_runner_refuses_work() -> None:
     runner = DeadlineRunner(1.0, "test")
     runner.close()
@@ -91,14 +65,15 @@ def _rows(stride: int, *rows: tuple[int, int]) -> bytes:
     return data.ljust(len(rows) * MAX_STRIDE_BYTES, b"\0")
 
 
-@pytest.fixture(scope="module")
-def dead_pid() -> int:
-    child = subprocess.Popen(["/bin/true"])
-    child.wait()
-    return child.pid
+ME, PARENT, GONE = 100, 200, 300
 
 
-ME, PARENT = os.getpid(), os.getppid()
+@pytest.fixture
+def proc(tmp_path: Path) -> str:
+    """A /proc where ME and PARENT run and GONE does not."""
+    for pid in (ME, PARENT):
+        (tmp_path / str(pid)).mkdir()
+    return str(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -110,32 +85,36 @@ ME, PARENT = os.getpid(), os.getppid()
         pytest.param(STRIDE_V1_BYTES, STRIDE_V2_BYTES, STRIDE_V1_BYTES, id="v1-rows"),
     ],
 )
-def test_decode_rows_finds_the_row_size_the_rows_confirm(written: int, expected: int, decoded: int) -> None:
+def test_decode_rows_finds_the_row_size_the_rows_confirm(written: int, expected: int, decoded: int, proc: str) -> None:
+    """The row size is the one whose rows all make sense, whatever the driver declared."""
     raw = _rows(written, (ME, 2 * GIB), (PARENT, 3 * GIB))
-    rows, stride = decode_rows(raw, 2, expected, 80 * GIB, {}, "/proc")
+    rows, stride = decode_rows(raw, 2, expected, 80 * GIB, {}, proc)
     assert stride == decoded
     assert rows == [(ME, 2 * GIB, None), (PARENT, 3 * GIB, None)]
 
 
-def test_a_single_row_reads_the_same_under_every_layout() -> None:
+def test_a_single_row_reads_the_same_under_every_layout(proc: str) -> None:
+    """One row cannot tell the layouts apart: the declared size stands."""
     raw = _rows(STRIDE_R535_BYTES, (ME, GIB))
-    assert decode_rows(raw, 1, STRIDE_V2_BYTES, 80 * GIB, {}, "/proc") == ([(ME, GIB, None)], STRIDE_V2_BYTES)
+    assert decode_rows(raw, 1, STRIDE_V2_BYTES, 80 * GIB, {}, proc) == ([(ME, GIB, None)], STRIDE_V2_BYTES)
 
 
-def test_check_rows_names_each_problem(dead_pid: int) -> None:
-    raw = _rows(STRIDE_V2_BYTES, (ME, GIB), (0, GIB), (PARENT, 81 * GIB), (dead_pid, GIB), (ME, NOT_AVAILABLE))
-    rows, sane = check_rows(raw, 5, STRIDE_V2_BYTES, 80 * GIB, {}, "/proc")
+def test_check_rows_names_each_problem(proc: str) -> None:
+    """PID 0, more used than the GPU has, and a PID not in /proc are each named; an unknown amount is not one."""
+    raw = _rows(STRIDE_V2_BYTES, (ME, GIB), (0, GIB), (PARENT, 81 * GIB), (GONE, GIB), (ME, NOT_AVAILABLE))
+    rows, sane = check_rows(raw, 5, STRIDE_V2_BYTES, 80 * GIB, {}, proc)
     assert rows == [
         (ME, GIB, None),
         (0, GIB, NvmlErrorKind.INVALID_PID),
         (PARENT, 81 * GIB, NvmlErrorKind.USED_EXCEEDS_TOTAL),
-        (dead_pid, GIB, NvmlErrorKind.DEAD_PID),
+        (GONE, GIB, NvmlErrorKind.DEAD_PID),
         (ME, None, None),  # NVML_VALUE_NOT_AVAILABLE: the amount is unknown, the process is there
     ]
     assert sane == 2
 
 
-def test_liveness_is_looked_up_once_per_pid() -> None:
-    alive = {ME: False}  # what an earlier list of this scan found
-    rows, sane = check_rows(_rows(STRIDE_V2_BYTES, (ME, GIB)), 1, STRIDE_V2_BYTES, 80 * GIB, alive, "/proc")
+def test_liveness_is_looked_up_once_per_pid(proc: str) -> None:
+    """What an earlier list of this scan found about a PID stands, /proc is not asked again."""
+    alive = {ME: False}
+    rows, sane = check_rows(_rows(STRIDE_V2_BYTES, (ME, GIB)), 1, STRIDE_V2_BYTES, 80 * GIB, alive, proc)
     assert rows == [(ME, GIB, NvmlErrorKind.DEAD_PID)] and sane == 0
