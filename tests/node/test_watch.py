@@ -1,16 +1,19 @@
-"""The watch between scans on a simulated node: `vramguard run` over the test NVML library, real processes in pod
-cgroups. An allocation past a quota is acted on without waiting for the poll; a churn within quotas costs at most
-the triggered-scan rate."""
+"""The watch between scans in real time: its thread paces and stops, and on a simulated node (`vramguard run` over
+the test NVML library, real processes in pod cgroups) an allocation past a quota is acted on without waiting for the
+poll, and a churn within quotas costs at most the triggered-scan rate."""
 
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.agent.watch import MemoryWatch, ScanTrigger
+from vramguard.base.clock import SYSTEM_CLOCK
+from vramguard.core.model import GiB, GpuMemory, Policy
 from vramguard_testbed.simnode import SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
@@ -63,3 +66,23 @@ def test_a_churn_within_quota_costs_at_most_the_triggered_scan_rate(sim_node: Si
     assert 1 <= triggered <= 2 * elapsed + 2 + 1  # the burst, the rate, and one in flight at the end
     assert _metric(sim_node, "vramguard_scan_triggers_held_total") >= 1
     assert proc.alive(), "within its quota: never killed"
+
+
+def test_the_stop_ends_the_pause_between_readings() -> None:
+    """The watch's thread reads every `interval_s` of real time; a stop in the middle of an hour's pause ends the
+    thread at once, not at the next reading."""
+    read = threading.Event()
+
+    def readings() -> tuple[GpuMemory, ...]:
+        read.set()
+        return ()
+
+    fast = MemoryWatch(readings, ScanTrigger(Policy()), 0.01)
+    fast.start()
+    assert read.wait(5), "a reading after the first pause"
+    fast.stop(SYSTEM_CLOCK.now() + 5)
+    slow = MemoryWatch(readings, ScanTrigger(Policy()), 3600.0)
+    slow.start()
+    started = time.monotonic()
+    slow.stop(SYSTEM_CLOCK.now() + 5)
+    assert time.monotonic() - started < 1.0 and not slow.loop.running and not fast.loop.running

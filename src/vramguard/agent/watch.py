@@ -86,7 +86,7 @@ class ScanTrigger:
 
 
 class MemoryWatch:
-    """`read()` (the GPUs' memory counters) every `interval_s` of `clock` on a thread of its own, from `start()` to
+    """`read()` (the GPUs' memory counters) every `interval_s` on a thread of its own, from `start()` to
     `stop(deadline)`; the scan loop waits for it (`wait`).
 
     The reads run on this thread alone, never on the scan loop's: a hung driver leaves one stuck thread here (the
@@ -117,7 +117,11 @@ class MemoryWatch:
         self._read_at = float("-inf")  # when the reading behind the posted reason was taken
         self._waiter_stop: threading.Event | None = None
         self._failures = FailureRun()
-        self.loop = BackgroundLoop("vramguard-watch", self._step, clock=clock, log=self.log)
+        # Held until the stop: the pause between readings is a timed acquire of it, real time (the readings poll
+        # hardware), and at a hundred a second the cheapest stoppable wait there is (a third of an Event's).
+        self._paused = threading.Lock()
+        self._paused.acquire()
+        self.loop = BackgroundLoop("vramguard-watch", self._step, clock=clock, wake=self._wake, log=self.log)
 
     def start(self) -> None:
         self.loop.start()
@@ -149,12 +153,18 @@ class MemoryWatch:
                 self._posted.clear()
                 self._reason = None
 
+    def _wake(self) -> None:
+        if self._paused.locked():
+            self._paused.release()
+
     def _step(self) -> float:
-        self.read_once()
-        return self.interval_s
+        """Pause `interval_s`, then read; the stop ends the pause."""
+        if not self._paused.acquire(True, self.interval_s):
+            self.read_once()
+        return 0.0
 
     def read_once(self) -> None:
-        """The thread's step: read the counters and post the reason when they call for a scan (and wake the waiter
+        """One reading: read the counters and post the reason when they call for a scan (and wake the waiter
         whose stop was set)."""
         waiter_stop = self._waiter_stop
         if waiter_stop is not None and waiter_stop.is_set():
