@@ -24,4 +24,5 @@ from real_parts import verdict
     ],
 )
 def test_cgroup_verdict(reason: str | None, ci: bool, expected: tuple[bool, str] | None) -> None:
+    """A cgroup test that cannot run skips saying why, or fails under CI; one that can runs."""
     assert verdict(reason, under_ci=ci, **cgroup_messages(2)) == expected

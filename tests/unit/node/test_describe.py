@@ -15,7 +15,7 @@ from vramguard.node.describe import COMMAND_CHARS, ProcessDetail, describe_proce
 # a return, a tab and a newline that would forge a row.
 HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\r\t\nforged line"
 PID = 4242
-PYTHON = ["/usr/bin/python3", "-c", "import time; time.sleep(30)"]
+PYTHON = ["/usr/bin/python3", "train.py", "--epochs=3"]
 
 
 def fake_process(
@@ -43,7 +43,7 @@ def test_describe_process_reads_user_and_command_line(tmp_path: Path) -> None:
     """The user is named from the process's real UID; a tenant's command line is cut."""
     detail = describe_process(PID, fake_process(tmp_path, [*PYTHON, "x" * 5000]))
     assert (detail.pid, detail.user) == (PID, "root")
-    assert detail.command.startswith("/usr/bin/python3 -c import time")
+    assert detail.command.startswith("/usr/bin/python3 train.py --epochs=3 xxx")
     assert len(detail.command) <= COMMAND_CHARS, "a tenant's command line is cut"
 
 
@@ -60,7 +60,7 @@ def test_describe_process_reads_user_and_command_line(tmp_path: Path) -> None:
 def test_describe_process_carries_the_command_line_exactly(tmp_path: Path, argument: str) -> None:
     """The command line is the process's arguments joined by spaces, each character as the kernel holds it."""
     detail = describe_process(PID, fake_process(tmp_path, [*PYTHON, argument]))
-    assert detail.command == f"/usr/bin/python3 -c import time; time.sleep(30) {argument}"
+    assert detail.command == f"/usr/bin/python3 train.py --epochs=3 {argument}"
 
 
 @pytest.mark.parametrize(
