@@ -24,4 +24,5 @@ bash scripts/controlplane.sh
 bash scripts/helm.sh
 bash scripts/image.sh
 bash scripts/node.sh
+bash scripts/prometheus.sh
 .venv/bin/pytest "$@"
