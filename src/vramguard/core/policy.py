@@ -11,8 +11,9 @@ Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.core.quanti
 Errors are collected, not raised one at a time: `PolicyError.errors` lists every problem, each naming the field
 path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid quantity (...)`.
 
-The YAML is read with a `yaml.SafeLoader` that also rejects duplicate keys, which plain `safe_load` resolves
-silently in favour of the last one.
+The YAML is read under `vramguard.core.documents`' rules (bounded; no anchors, aliases, merge keys or tags; no
+duplicate keys, which plain `yaml.safe_load` resolves silently in favour of the last one), with YAML 1.1's typing
+of plain scalars.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from __future__ import annotations
 import difflib
 import enum
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
-import yaml
-
+from vramguard.core.documents import MAX_BYTES, DocumentError, Scalars, load_yaml
 from vramguard.core.model import (
     DefaultKind,
     DefaultQuota,
@@ -124,11 +124,13 @@ def load_policy(path: str | Path) -> Policy:
     source = str(path)
     try:
         with open(path, "rb") as f:
-            data = yaml.load(f, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+            text = f.read(MAX_BYTES + 1)  # one byte over, for the loader to refuse
     except OSError as e:
         raise PolicyError([FieldError("", None, f"cannot read the file: {e.strerror or e}", show=False)], source) from e
-    except yaml.YAMLError as e:
-        raise PolicyError([FieldError("", None, f"is not valid YAML: {_yaml_problem(e)}", show=False)], source) from e
+    try:
+        data = load_yaml(text, scalars=Scalars.YAML_1_1)
+    except DocumentError as e:
+        raise PolicyError([FieldError("", None, f"is not valid YAML: {e}", show=False)], source) from e
     try:
         return parse_policy({} if data is None else data)
     except PolicyError as e:
@@ -414,34 +416,3 @@ def _quota_source(value: object) -> str:
     except ValueError as e:
         raise _Invalid(f"is not a quota source ({e})") from None
     return value
-
-
-# --------------------------------------------------------------------------------------------------------------
-# YAML
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: plain `safe_load` keeps the last one without a word."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[Hashable] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # keys brought in by `<<:` may be overridden on purpose
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, Hashable):
-                continue  # the base constructor reports unhashable keys itself
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """A YAML error on one line: "line 3, column 7: found duplicate key 'mode'"."""
-    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
-        mark = error.problem_mark
-        return f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
-    return " ".join(str(error).split())

@@ -14,7 +14,7 @@ from vramguard.core.model import PodInfo
 from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
-from vramguard.kube.pods_file import PodSourceError, pod_info_from_manifest
+from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
 from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
 
 

@@ -440,11 +440,22 @@ def test_policy_error_text_lists_every_error() -> None:
     ("text", "expected"),
     [
         pytest.param("mode: [warn\n", "is not valid YAML: line 2, column 1", id="not-yaml"),
-        pytest.param("mode: warn\nmode: kill\n", "found duplicate key 'mode'", id="duplicate-key"),
+        pytest.param("mode: warn\nmode: kill\n", "is not valid YAML: line 2: duplicate key 'mode'", id="duplicate-key"),
+        pytest.param(
+            "namespaces:\n  team-a: {mode: kill}\n  team-b:\n    <<: {mode: kill}\n",
+            "is not valid YAML: line 4: YAML merge keys (<<) are not allowed",
+            id="merge-key-refused",
+        ),
+        pytest.param(
+            "namespaces:\n  team-a: &base {mode: kill}\n  team-b: *base\n",
+            "is not valid YAML: line 2: YAML anchors and aliases are not allowed",
+            id="anchor-refused",
+        ),
+        pytest.param("hard_grace: " + "[" * 65 + "]" * 65, "line 1: nested deeper than 64 levels", id="too-deep"),
         pytest.param("- mode\n", '["mode"] is not a mapping', id="top-level-list"),
         pytest.param("just text\n", '"just text" is not a mapping', id="top-level-scalar"),
         pytest.param("mode: wran\n", 'mode: "wran" must be one of', id="invalid-field"),
-        pytest.param("!!python/object:os.system {}\n", "is not valid YAML", id="unsafe-tag-refused"),
+        pytest.param("!!python/object:os.system {}\n", "is not valid YAML: line 1: YAML tag", id="unsafe-tag-refused"),
     ],
 )
 def test_load_policy_errors_name_the_file(tmp_path: Path, text: str, expected: str) -> None:
@@ -458,13 +469,12 @@ def test_load_policy_errors_name_the_file(tmp_path: Path, text: str, expected: s
     assert expected in str(info.value)
 
 
-def test_yaml_merge_keys_may_override(tmp_path: Path) -> None:
-    """A key that overrides one merged in with `<<:` is not a duplicate."""
+def test_yaml_1_1_numbers_are_numbers(tmp_path: Path) -> None:
+    """The policy's plain scalars are typed as YAML 1.1 types them: a fractional rate is a number, not text."""
     path = tmp_path / "policy.yaml"
-    path.write_text(
-        "namespaces:\n  team-a: &base {mode: kill, max_quota: 16Gi}\n  team-b:\n    <<: *base\n    max_quota: 8Gi\n"
-    )
-    assert load_policy(path).namespaces["team-b"] == NamespacePolicy(mode=Mode.KILL, max_quota_bytes=8 * GiB)
+    path.write_text("triggered_scans_per_second: 2.5\nmax_actions_per_scan: 3\n")
+    policy = load_policy(path)
+    assert (policy.triggered_scans_per_second, policy.max_actions_per_scan) == (2.5, 3)
 
 
 def test_load_policy_missing_file(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from vramguard.core.shares import (
     pod_shares,
 )
 from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
-from vramguard.kube.pods_file import MAX_CLAIMS, pod_info_from_manifest
+from vramguard.kube.pod_manifest import MAX_CLAIMS, pod_info_from_manifest
 from vramguard.testing.fakes import SnapshotBuilder, gpu
 
 DRIVER = "gpu.nvidia.com"
