@@ -1,12 +1,10 @@
-"""The identify stage: ProcIdentifier's cache over a fake /proc tree and the real /proc, its PID cursor, and the
-one /proc/<pid>/stat parser it shares with the killer."""
+"""The identify stage: ProcIdentifier's cache over a fake /proc tree, its PID cursor, and the one /proc/<pid>/stat
+parser it shares with the killer. Over real processes: tests/node/test_identify_real.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -419,98 +417,11 @@ def test_fake_proc_checks_every_entry(proc: FakeProc) -> None:
     assert attributor.scan([1000])[1000][0] == ProcessRef(1000, 7777)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Real processes (no cgroups needed)
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 def test_pid_cursor_is_used_only_for_the_agents_own_proc(proc: FakeProc) -> None:
     """The real /proc gets the cursor check (and its cursor reads); a fake tree falls back to stat."""
     assert ProcIdentifier("/proc").uses_pid_cursor
     assert read_pid_cursor("/proc") is not None
     assert not ProcIdentifier(str(proc.root)).uses_pid_cursor
-
-
-@pytest.mark.parametrize("use_cursor", [pytest.param(True, id="cursor"), pytest.param(False, id="stat")])
-def test_real_process_cache_lifecycle(use_cursor: bool) -> None:
-    """A live process is a hit; once it exits and is reaped it reads as gone and leaves the cache. No fd is kept."""
-    before = fd_count()
-    child = subprocess.Popen(["sleep", "60"])
-    time.sleep(0.03)  # read in a later tick than it started in (else every check is a re-read: see "same tick")
-    try:
-        attributor = ProcIdentifier("/proc", use_pid_cursor=use_cursor)
-        first = attributor.scan([child.pid])[child.pid]
-        assert first[0] == ProcessRef(child.pid, (read_stat(child.pid) or ("?", -1))[1])
-        assert attributor.scan([child.pid]) == {child.pid: first}
-        assert (attributor.hits, attributor.misses) == (1, 1)
-        assert fd_count() == before
-    finally:
-        child.kill()
-        child.wait()
-    assert attributor.scan([child.pid]) == {}
-    assert attributor.identify(child.pid) is None
-    assert attributor.cache_size == 0
-
-
-@pytest.mark.parametrize("use_cursor", [pytest.param(True, id="cursor"), pytest.param(False, id="stat")])
-def test_zombie_is_still_the_same_process(use_cursor: bool) -> None:
-    """An exited but unreaped child keeps its PID, so its cached identity is still a hit."""
-    child = subprocess.Popen(["sleep", "60"])
-    time.sleep(0.03)  # read in a later tick than it started in
-    try:
-        attributor = ProcIdentifier("/proc", use_pid_cursor=use_cursor)
-        first = attributor.scan([child.pid])
-        child.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while (read_stat(child.pid) or ("?", 0))[0] != "Z":
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-        assert attributor.scan([child.pid]) == first
-        assert attributor.identify(child.pid) == first[child.pid]
-        assert attributor.hits == 2
-    finally:
-        child.kill()
-        child.wait()
-
-
-def test_process_read_in_its_start_tick_is_vouched_for_once_read_later() -> None:
-    """A process read right after it started is re-read when next checked; read in a later tick, stat suffices."""
-    child = subprocess.Popen(["sleep", "60"])
-    try:
-        attributor = ProcIdentifier("/proc")
-        first = attributor.identify(child.pid)
-        time.sleep(0.03)
-        assert attributor.identify(child.pid) == first  # a re-read or (if the first read was a tick late) a check
-        checks = attributor.stat_checks
-        assert attributor.identify(child.pid) == first
-        assert attributor.stat_checks == checks + 1
-    finally:
-        child.kill()
-        child.wait()
-
-
-@pytest.mark.slow
-def test_a_thousand_cached_processes_cost_no_fd() -> None:
-    """Scanning (cold, then warm) 1,000 real processes leaves the agent with exactly the fds it had before."""
-    children = [subprocess.Popen(["sleep", "120"]) for _ in range(1000)]
-    try:
-        before = fd_count()
-        attributor = ProcIdentifier("/proc")
-        assert len(attributor.scan(c.pid for c in children)) == 1000
-        assert fd_count() == before
-        warm = attributor.scan(c.pid for c in children)
-        assert len(warm) == 1000 and attributor.cache_size == 1000
-        assert fd_count() == before
-        assert attributor.full_checks == 1  # only the first scan had no earlier reading to go by
-        assert attributor.hits == 1000
-    finally:
-        for c in children:
-            c.kill()
-        for c in children:
-            c.wait()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -532,14 +443,6 @@ def test_a_thousand_cached_processes_cost_no_fd() -> None:
 def test_parse_stat(data: bytes, parsed: tuple[bytes, bytes] | None) -> None:
     """State and start time come after the last ')'; anything that does not parse is None, never a guess."""
     assert parse_stat(data) == parsed
-
-
-def test_read_stat_of_a_real_and_a_gone_process() -> None:
-    me = read_stat(os.getpid())
-    assert me is not None and me[0] in ("R", "S") and me[1] > 0
-    child = subprocess.Popen(["/bin/true"])
-    child.wait()
-    assert read_stat(child.pid) is None
 
 
 def test_read_stat_raises_for_unparsable_contents(tmp_path: Path) -> None:
