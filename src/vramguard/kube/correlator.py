@@ -1,15 +1,19 @@
-"""The Event correlator: which Events are written at all, and which only bump the count of one written before.
+"""The Event correlator: asked once per Event, it answers what the writer does with it (client-go's
+`EventCorrelate`): create it, patch the count of the same Event written before, or drop it.
 
 Pure, its clock injected (client-go's `events_cache.go`): a spam filter per (pod, reason) — `SPAM_BURST` at once,
-then one per `SPAM_REFILL_S` — so one noisy pod cannot starve the others; and the Events written in the last
-`REPEAT_WINDOW_S`, so the same thing said again is one object whose count grows. Not thread-safe: the recorder
-calls `allow` under its lock and the rest from its writer thread only.
+then one per `SPAM_REFILL_S` — so one noisy pod cannot starve the others; and the Events said in the last
+`REPEAT_WINDOW_S`, so the same thing said again is one object whose count grows. Optimistic, as client-go's
+`lastObservedEventCache`: an Event counts as written once answered. A create that never lands needs no word back —
+the next repeat's patch finds nothing (404) and the writer creates it afresh — so the writer tells back one thing
+only, the replacement it created for a patch's 404 (`gone`). Not thread-safe: the writer calls it under its lock.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, NamedTuple
 
 from vramguard.base.backoff import TokenBucket
@@ -29,14 +33,52 @@ class EventKey(NamedTuple):
     message: str
 
 
-@dataclass(slots=True)
-class Written:
-    """An Event on the API server: its name, namespace and count, and when it was last written."""
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An Event to correlate: about which pod, why, and the name it is created under if it is new."""
 
-    name: str
+    pod_uid: str
     namespace: str
+    reason: str
+    message: str
+    name: str
+
+    @property
+    def key(self) -> EventKey:
+        return EventKey(self.pod_uid, self.reason, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Write a new Event: `name` in `namespace`, with this count."""
+
+    namespace: str
+    name: str
     count: int
-    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Set the count of the Event written before as `name` in `namespace`."""
+
+    namespace: str
+    name: str
+    count: int
+
+
+class DropReason(enum.Enum):
+    SPAM = "spam"  # the pod's budget for this reason is spent
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Write nothing."""
+
+    reason: DropReason
+
+
+Write = Create | Patch
+Answer = Create | Patch | Drop
 
 
 class EventCorrelator:
@@ -53,10 +95,43 @@ class EventCorrelator:
         self.repeat_window_s = repeat_window_s
         self.clock = clock
         self._spam: OrderedDict[tuple[str, str], TokenBucket] = OrderedDict()
-        self._written: dict[EventKey, Written] = {}
+        # key -> (the last answer for it, when): oldest first, since every answer moves its key to the end.
+        self._said: OrderedDict[EventKey, tuple[Write, float]] = OrderedDict()
 
-    def allow(self, pod_uid: str, reason: str) -> bool:
-        """The spam filter: whether one more Event for this pod and reason may be written."""
+    def correlate(self, event: Event, *, owed: bool = False) -> Answer:
+        """What to write for `event`. Said within the repeat window of the last time: a patch of that Event's count;
+        otherwise a new Event. Either costs one of the pod's spam budget for the reason, or it is dropped.
+
+        `owed`: the writer holds this Event still unwritten, so the repeat joins that write at no cost: the answer
+        is the held answer with one more in its count, for the writer to write instead."""
+        now = self.clock.now()
+        while self._said and next(iter(self._said.values()))[1] <= now - self.repeat_window_s:
+            self._said.popitem(last=False)
+        key = event.key
+        said = self._said.get(key)
+        answer: Write
+        if owed and said is not None:
+            answer = replace(said[0], count=said[0].count + 1)
+        elif not owed and not self._spend(event.pod_uid, event.reason):
+            return Drop(DropReason.SPAM)
+        elif said is None:
+            answer = Create(event.namespace, event.name, 1)
+        else:
+            answer = Patch(said[0].namespace, said[0].name, said[0].count + 1)
+        self._remember(key, answer, now)
+        return answer
+
+    def gone(self, key: EventKey, created: Create) -> None:
+        """The Event a patch for `key` was answered with is gone (expired or deleted) and `created` replaces it: a
+        repeat patches that one. The writer alone learns this, from the server's 404."""
+        self._remember(key, Patch(created.namespace, created.name, created.count), self.clock.now())
+
+    def _remember(self, key: EventKey, answer: Write, now: float) -> None:
+        self._said[key] = (answer, now)
+        self._said.move_to_end(key)
+
+    def _spend(self, pod_uid: str, reason: str) -> bool:
+        """The spam filter: whether one more write for this pod and reason is within its budget (and spend it)."""
         key = (pod_uid, reason)
         bucket = self._spam.get(key)
         if bucket is None:
@@ -66,18 +141,3 @@ class EventCorrelator:
         else:
             self._spam.move_to_end(key)
         return bucket.take()
-
-    def repeat_of(self, key: EventKey) -> Written | None:
-        """The Event written for `key` within the repeat window, whose count a repeat bumps; None: write anew."""
-        t = self.clock.now()
-        if any(t - w.at >= self.repeat_window_s for w in self._written.values()):
-            self._written = {k: w for k, w in self._written.items() if t - w.at < self.repeat_window_s}
-        return self._written.get(key)
-
-    def wrote(self, key: EventKey, name: str, namespace: str, count: int) -> None:
-        """The Event for `key` now stands on the server with this count (created, or its count bumped)."""
-        self._written[key] = Written(name, namespace, count, self.clock.now())
-
-    def gone(self, key: EventKey) -> None:
-        """The Event for `key` is no longer on the server (it expired or was deleted): the next is written anew."""
-        self._written.pop(key, None)

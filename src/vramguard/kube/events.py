@@ -1,5 +1,5 @@
 """The Event writer: core/v1 Events on pods, queued by `record` (never blocks, never raises) and written by one
-background thread through an `EventSink` (client-go's `event.go`); which are written, and as what, the correlator
+background loop through an `EventSink` (client-go's `event.go`); which are written, and as what, the correlator
 decides (`vramguard.kube.correlator`). Its bounds and priorities: docs/design.md "Writing Events".
 """
 
@@ -18,6 +18,7 @@ import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff, TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
@@ -32,7 +33,7 @@ from vramguard.kube.client import (
     status_message,
     transient,
 )
-from vramguard.kube.correlator import EventCorrelator, EventKey
+from vramguard.kube.correlator import Create, Drop, Event, EventCorrelator, EventKey, Patch, Write
 
 COMPONENT: Final = "vramguard"
 EVENT_QUEUE: Final = 256  # Events waiting at most; past it, what is recorded is dropped and counted
@@ -129,24 +130,29 @@ class KubeEventSink:
 
 @dataclass(slots=True)
 class _Pending:
-    """An Event waiting for the writer, with the repeats that arrived meanwhile folded into its count."""
+    """An Event waiting for the writer: the correlator's answer, with the repeats said meanwhile in its count."""
 
     pod: PodInfo
     reason: str
     message: str
     warning: bool
-    important: bool  # an enforcement Event: written ahead of the others, never dropped to make room for them
-    name: str
-    count: int
+    name: str  # fixed at record time: what a patch that finds its Event gone (404) creates afresh
+    write: Write
+    times: int  # said this often since queued: the count of that fresh Event
     first: datetime
     last: datetime
     queued_at: float
 
+    @property
+    def key(self) -> EventKey:
+        return EventKey(self.pod.uid, self.reason, self.message)
+
 
 class KubeEventRecorder:
-    """core/v1 Events on pods, written by one background thread. `record` never blocks and never raises.
+    """core/v1 Events on pods, written by one background loop. `record` never blocks and never raises.
 
-    An Event said again while queued is one Event whose count grows; each Event's name is fixed when it is
+    What to write for each Event the correlator answers, once, when it is recorded; the writer carries the answer
+    out. An Event said again while queued is one write whose count grows; each Event's name is fixed when it is
     recorded, so a create retried after a timeout never writes it twice. Enforcement Events (`important`) take the
     next write before any other, and a full queue drops its oldest other Event to make room for one. Messages are
     shown to people by `kubectl describe`: their control and bidi characters are escaped (`text.printable`).
@@ -184,37 +190,40 @@ class KubeEventRecorder:
         self._count = count if count is not None else (lambda result: None)
         self._queue: OrderedDict[EventKey, _Pending] = OrderedDict()  # oldest first
         self._urgent: OrderedDict[EventKey, _Pending] = OrderedDict()  # important Events, oldest first; same bound
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
+        self._cond = threading.Condition()  # guards the queues, `_held` and the correlator
+        self._held: _Pending | None = None  # taken off the queue: being written, or waiting to be retried
+        self._backoff = retry_backoff(rng)  # the held Event's retries
         self._failures = FailureRun()  # writes failing: logged once per distinct error, not once per retry
         self._forbidden_since: float | None = None  # the first 403 since the last write that succeeded
         self._forbidden_told = False  # that run's 403s outlived the grace and the log said so
         self._denied: OrderedDict[str, float] = OrderedDict()  # namespace -> when its 403 outlived the grace
-        self._writing = False  # an Event taken off the queue is being written
-        self._thread = threading.Thread(target=self._run, name="vramguard-events", daemon=True)
+        self.loop = BackgroundLoop("vramguard-events", self.step, clock=clock, wake=self._wake, on_exit=self._exited)
 
     def start(self) -> None:
-        """Start the writer thread."""
-        self._thread.start()
+        """Start the writer loop."""
+        self.loop.start()
 
     def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
         # Cut, escape, and cut again: an escape is up to ten characters, so escaping can lengthen the message.
         message = cut(printable(cut(message, EVENT_MESSAGE_CHARS)), EVENT_MESSAGE_CHARS)
-        key = EventKey(pod.uid, reason, message)
+        event = Event(pod.uid, pod.namespace, reason, message, _event_name(pod.name))
         queue = self._urgent if important else self._queue
+        stamp = _now()
         with self._cond:
-            pending = queue.get(key)
-            if pending is not None:  # said again before it was even written: one Event, counted twice
-                pending.count += 1
-                pending.last = _now()
-                self._count("aggregated")
-                return
-            if not self.correlator.allow(pod.uid, reason) or not self._room(important):
+            pending = queue.get(event.key)
+            answer = self.correlator.correlate(event, owed=pending is not None)
+            if isinstance(answer, Drop):
                 self._count("dropped")
                 return
-            stamp = _now()
-            queue[key] = _Pending(
-                pod, reason, message, warning, important, _event_name(pod.name), 1, stamp, stamp, self.clock.now()
+            if pending is not None:  # said again before it was even written: one write, counted twice
+                pending.write, pending.times, pending.last = answer, pending.times + 1, stamp
+                self._count("aggregated")
+                return
+            if not self._room(important):
+                self._count("dropped")
+                return
+            queue[event.key] = _Pending(
+                pod, reason, message, warning, event.name, answer, 1, stamp, stamp, self.clock.now()
             )
             self._cond.notify()
 
@@ -232,76 +241,92 @@ class KubeEventRecorder:
     def queued(self) -> int:
         """Events waiting to be written, the one being written included."""
         with self._cond:
-            return len(self._queue) + len(self._urgent) + self._writing
+            return len(self._queue) + len(self._urgent) + (self._held is not None)
 
     def stop(self, deadline: float) -> None:
         """Stop the writer; Events still queued are dropped (counted). Waits for the one being written until
         `deadline` at most: a request stuck there is abandoned (the thread is a daemon)."""
-        self._stop.set()
+        self.loop.stopping.set()  # set first: no Event is taken off the queue once it is emptied
         with self._cond:
             left = len(self._queue) + len(self._urgent)
             self._queue.clear()
             self._urgent.clear()
-            self._cond.notify_all()
         for _ in range(left):
             self._count("dropped")
-        if self._thread.ident is not None:
-            self._thread.join(max(0.0, deadline - self.clock.now()))
+        self.loop.stop(deadline)
 
     def flush(self, timeout_s: float) -> bool:
         """Block until nothing is queued or being written, `timeout_s` at most (real time: it waits on the writer
         thread); True when it emptied in time."""
         with self._cond:
-            return self._cond.wait_for(lambda: not (self._queue or self._urgent or self._writing), timeout_s)
+            return self._cond.wait_for(lambda: not (self._queue or self._urgent or self._held), timeout_s)
 
-    # -- the writer thread -------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Wake a step waiting for an Event: the loop is stopping."""
+        with self._cond:
+            self._cond.notify_all()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with self._cond:
-                while not (self._queue or self._urgent) and not self._stop.is_set():
-                    self._cond.wait()
+    def _exited(self) -> None:
+        """The loop has ended: an Event it still held (waiting for a retry) is abandoned, as the queue is."""
+        with self._cond:
+            self._held = None
+            self._cond.notify_all()  # `flush`
+
+    # -- the writer loop ---------------------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """One round of the writer (its loop's step; a test runs it on its own thread): wait for an Event, take a
+        write token, and make one attempt at writing the Event; returns the seconds until the next round (a retry's
+        back-off)."""
+        stopping = self.loop.stopping
+        with self._cond:
+            while self._held is None and not (self._queue or self._urgent):
+                if stopping.is_set():
+                    return 0.0
+                self._cond.wait()
+            item = self._held
+        if item is None:
             # The token first, the Event second: an important Event recorded while the writer waits for a token
             # is the one that gets it.
-            if not self.bucket.wait(self._stop):
-                return
+            if not self.bucket.wait(stopping):
+                return 0.0
             with self._cond:
                 if not (self._queue or self._urgent):
-                    continue  # emptied by stop()
-                key, item = (self._urgent or self._queue).popitem(last=False)
-                self._writing = True
-            try:
-                self._deliver(key, item)
-            finally:
-                with self._cond:
-                    self._writing = False
-                    self._cond.notify_all()  # `flush` may be waiting for the queue to empty
+                    return 0.0  # emptied by stop()
+                _, item = (self._urgent or self._queue).popitem(last=False)
+                self._held = item
+            self._backoff.reset()
+        retry_s = self._attempt(item)
+        if retry_s is None:
+            with self._cond:
+                self._held = None
+                self._cond.notify_all()  # `flush` may be waiting for the queue to empty
+            return 0.0
+        return retry_s
 
-    def _deliver(self, key: EventKey, item: _Pending) -> None:
-        backoff = retry_backoff(self.rng)
-        while not self._stop.is_set():
-            if self.clock.now() - item.queued_at > EVENT_MAX_AGE_S:
+    def _attempt(self, item: _Pending) -> float | None:
+        """One attempt at writing `item`; the seconds until it is tried again, or None: done with it."""
+        if self.clock.now() - item.queued_at > EVENT_MAX_AGE_S:
+            self._count("failed")
+            self.log.warning("event_expired", pod=item.pod.key, reason=item.reason, age_s=EVENT_MAX_AGE_S)
+            return None
+        try:
+            result = self._write(item)
+        except Exception as e:
+            error = describe(e)
+            if self._failures.failed(error):
+                self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
+            delay = self._retry_in(item.pod.namespace, e, self._backoff)
+            if delay is None:
                 self._count("failed")
-                self.log.warning("event_expired", pod=item.pod.key, reason=item.reason, age_s=EVENT_MAX_AGE_S)
-                return
-            try:
-                self._write(key, item)
-            except Exception as e:
-                error = describe(e)
-                if self._failures.failed(error):
-                    self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
-                delay = self._retry_in(item.pod.namespace, e, backoff)
-                if delay is None:
-                    self._count("failed")
-                    return
-                self.clock.wait(self._stop, delay)
-                continue
-            after = self._failures.error
-            if self._failures.ok():
-                self.log.info("events_restored", after=after)
-            self._forbidden_since, self._forbidden_told = None, False
-            self._denied.pop(item.pod.namespace, None)
-            return
+            return delay
+        self._count(result)
+        after = self._failures.error
+        if self._failures.ok():
+            self.log.info("events_restored", after=after)
+        self._forbidden_since, self._forbidden_told = None, False
+        self._denied.pop(item.pod.namespace, None)
+        return None
 
     def _retry_in(self, namespace: str, e: Exception, backoff: Backoff) -> float | None:
         """How long to wait before writing the Event again after `e`; None: it failed."""
@@ -334,23 +359,23 @@ class KubeEventRecorder:
             )
         return None
 
-    def _write(self, key: EventKey, item: _Pending) -> None:
-        seen = self.correlator.repeat_of(key)
-        if seen is not None:  # the same thing said again: bump the count on the Event already written
-            count = seen.count + item.count
-            if self.sink.bump(seen.namespace, seen.name, count, item.last):
-                self.correlator.wrote(key, seen.name, seen.namespace, count)
-                self._count("patched")
-                return
-            self.correlator.gone(key)  # it expired or was deleted: write it afresh
+    def _write(self, item: _Pending) -> str:
+        """Carry out the correlator's answer for `item`; the result to count."""
+        write = item.write
+        if isinstance(write, Patch):
+            if self.sink.bump(write.namespace, write.name, write.count, item.last):
+                return "patched"
+            # Gone (expired or deleted): said afresh, as a new Event of the repeats this write carries.
+            item.write = write = Create(item.pod.namespace, item.name, item.times)
+            with self._cond:
+                self.correlator.gone(item.key, write)
         record = EventRecord(
-            item.name, item.pod, item.reason, item.message, item.warning, item.count, item.first, item.last
+            write.name, item.pod, item.reason, item.message, item.warning, write.count, item.first, item.last
         )
         # False: an earlier attempt whose answer was lost (a timeout) did write it; writing it again under another
         # name would be the duplicate the fixed name exists to prevent.
         self.sink.create(record)
-        self.correlator.wrote(key, item.name, item.pod.namespace, item.count)
-        self._count("written")
+        return "written"
 
 
 def _event_name(pod_name: str) -> str:
