@@ -1,6 +1,5 @@
-"""The NVML adapter's parts on their own: the deadline runner (no NVML at all) and row decoding (bytes in, rows
-out, over a fake /proc). The sampler over the test NVML library is tested in tests/node/test_nvml.py, a hung call
-abandoned in real time in tests/node/test_nvml_deadline.py."""
+"""Row decoding, bytes in, rows out, over a fake /proc: which row size the rows confirm, and what is wrong with
+each row. The sampler over the test NVML library is tested in tests/node/test_nvml.py."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.nvml.deadline import DeadlineRunner, Job
 from vramguard.nvml.errors import NvmlErrorKind
 from vramguard.nvml.rows import (
     MAX_STRIDE_BYTES,
@@ -19,40 +17,6 @@ from vramguard.nvml.rows import (
     check_rows,
     decode_rows,
 )
-
-# ----------------------------------------------------------------------------------------------------------
-# DeadlineRunner
-
-
-def test_a_job_returns_its_result() -> None:
-    runner = DeadlineRunner(1.0, "test")
-    job = Job("gpu0", lambda j: j.call("answer", lambda: 42))
-    runner.run([job])
-    assert (job.done, job.timed_out, job.result, job.error, job.current_call) == (True, False, 42, None, "answer")
-    runner.close()
-
-
-def test_a_job_that_raises_hands_the_error_back() -> None:
-    runner = DeadlineRunner(1.0, "test")
-
-    def fail(job: Job) -> None:
-        job.call("boom", lambda: 1 / 0)
-
-    job = Job("gpu0", fail)
-    runner.run([job])
-    assert job.done and isinstance(job.error, ZeroDivisionError) and job.current_call == "boom"
-    runner.close()
-
-
-def test_a_closed_runner_refuses_work() -> None:
-    runner = DeadlineRunner(1.0, "test")
-    runner.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        runner.run([Job("x", lambda j: None)])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Rows
 
 GIB = 1 << 30
 NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
