@@ -107,10 +107,10 @@ class CgroupWatcher:
         try:
             self._inotify = _Inotify()
             self._watches[self._inotify.add(self.root)] = self.root  # the walk below it runs on the thread
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             self._close()
             raise InotifyUnavailable(e.errno or 0, f"cannot watch {self.root} with inotify: {e}") from None
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._poller.register(self._inotify.fd, select.POLLIN)
         self._poller.register(self._wake_r, select.POLLIN)
         self._tick_at = self.clock.now() + self.tick_s  # from the start, not from when the thread gets going
