@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,9 @@ from vramguard.base.backoff import TokenBucket
 from vramguard.kube.client import FORBIDDEN_GRACE_S, forbidden_for_now
 from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
 from vramguard.kube.events import EVENT_DENIED_S, EventRecord, KubeEventRecorder
-from vramguard.testing.fakes import FakeClock, SteppedClock, pod
-from vramguard_testbed.waiting import wait_until
+from vramguard.testing.fakes import FakeClock, pod
+
+NEVER = threading.Event()
 
 
 class FakeEventsApi:
@@ -69,17 +71,17 @@ def _recorder(
 
 
 def stop(recorder: KubeEventRecorder) -> None:
-    """Stop the writer, giving it 5 s (real: it joins the thread) to finish the Event it is writing."""
-    recorder.stop(recorder.clock.now() + 5)
+    """Stop the writer (never started: nothing to join); what is still queued is dropped."""
+    recorder.stop(recorder.clock.now())
 
 
 def write_all(recorder: KubeEventRecorder) -> None:
-    """Start the writer, let it write everything queued, stop it."""
-    recorder.start()
-    try:
-        assert recorder.flush(15)
-    finally:
-        stop(recorder)
+    """Run the writer's rounds on this thread until nothing is left to write, each round's wait passed on its
+    clock."""
+    while recorder.queued():
+        wait_s = recorder.step()
+        if wait_s > 0:
+            recorder.clock.wait(NEVER, wait_s)
 
 
 def test_event_repeats_fold_into_the_queued_event() -> None:
@@ -102,84 +104,92 @@ M = "container main uses 5GiB"
 @pytest.mark.parametrize(
     ("steps", "fail", "calls", "results"),
     [
-        pytest.param([(0, M)], [], [("create", 1)], {"written": 1}, id="first-time-a-create"),
+        pytest.param([(0, M)], [], [("create", 1, 0)], {"written": 1}, id="first-time-a-create"),
         pytest.param(
             [(0, M), (1, M), (2, M)],
             [],
-            [("create", 1), ("patch", 2), ("patch", 3)],
+            [("create", 1, 0), ("patch", 2, 0), ("patch", 3, 0)],
             {"written": 1, "patched": 2},
             id="repeats-after-the-write-patch-its-count",
         ),
         pytest.param(
             [(0, M), (REPEAT_WINDOW_S + 1, M)],
             [],
-            [("create", 1), ("create", 1)],
+            [("create", 1, 0), ("create", 1, 1)],
             {"written": 2},
             id="a-repeat-after-the-window-is-a-new-event",
         ),
         pytest.param(
             [(0, M), (1, "container main uses 6GiB")],
             [],
-            [("create", 1), ("create", 1)],
+            [("create", 1, 0), ("create", 1, 1)],
             {"written": 2},
             id="another-message-is-another-event",
         ),
         pytest.param(
             [(0, M), ("deleted", M), (2, M)],
             [],
-            [("create", 1), ("patch", 2), ("create", 1), ("patch", 2)],
+            [("create", 1, 0), ("patch", 2, 0), ("create", 1, 1), ("patch", 2, 1)],
             {"written": 2, "patched": 1},
             id="deleted-on-the-server-a-404-then-written-afresh",
         ),
         pytest.param(
             [(0, M), (1, M)],
+            [400],
+            [("create", 1, 0), ("patch", 2, 0), ("create", 1, 1)],
+            {"failed": 1, "written": 1},
+            id="a-create-that-failed-is-created-by-the-next-repeat",
+        ),
+        pytest.param(
+            [(0, M), (1, M)],
             [409],
-            [("create", 1), ("patch", 2)],
+            [("create", 1, 0), ("patch", 2, 0)],
             {"written": 1, "patched": 1},
             id="a-409-on-create-means-written-and-a-repeat-patches-it",
         ),
         pytest.param(
             [(0, M), (1, M)],
             [503],
-            [("create", 1), ("create", 1), ("patch", 2)],
+            [("create", 1, 0), ("create", 1, 0), ("patch", 2, 0)],
             {"written": 1, "patched": 1},
             id="a-503-is-retried-with-the-same-name",
         ),
         pytest.param(
             [(0, M), (1, M)],
             [403],
-            [("create", 1), ("create", 1), ("patch", 2)],
+            [("create", 1, 0), ("create", 1, 0), ("patch", 2, 0)],
             {"written": 1, "patched": 1},
             id="a-403-is-retried-with-the-same-name",
         ),
     ],
 )
 def test_event_repeat_patch(
-    steps: list[tuple[float | str, str]], fail: list[int], calls: list[tuple[str, int]], results: dict[str, int]
+    steps: list[tuple[float | str, str]],
+    fail: list[int],
+    calls: list[tuple[str, int, int]],
+    results: dict[str, int],
 ) -> None:
-    """Said again within REPEAT_WINDOW_S of being written, an Event is a PATCH of its count; otherwise (a
-    new message, the window passed, the Event deleted) it is created afresh. Retries keep the Event's name."""
+    """Said again within REPEAT_WINDOW_S, an Event is a PATCH of its count; otherwise (a new message, the window
+    passed, the Event deleted or never created) it is created afresh. Retries keep the Event's name (each call
+    below names its Event by the order names first appear)."""
     core = FakeEventsApi(fail)
     clock = FakeClock(0.0)
     recorder, counts = _recorder(core, clock=clock)
-    recorder.start()
     p = pod("noisy", "ml")
-    try:
-        for at, message in steps:
-            if at == "deleted":
-                core.stored.clear()
-            else:
-                assert isinstance(at, float | int)
-                clock.step(max(0.0, at - clock.now()))  # a retry's back-off may have passed it already
+    for at, message in steps:
+        if at == "deleted":
+            core.stored.clear()
+        else:
+            assert isinstance(at, float | int)
+            clock.step(max(0.0, at - clock.now()))  # a retry's back-off may have passed it already
+        with capture_logs():
             recorder.record(p, R, message)
-            assert recorder.flush(15)
-    finally:
-        stop(recorder)
-    assert [(verb, count) for verb, _, count in core.calls] == calls
+            write_all(recorder)
+    names: list[str] = []
+    for _, name, _ in core.calls:
+        names += [name] if name not in names else []
+    assert [(verb, count, names.index(name)) for verb, name, count in core.calls] == calls
     assert counts == results
-    names = [name for verb, name, _ in core.calls]
-    if fail:  # the retry, and everything after it, speak of the one Event first created
-        assert len(set(names)) == 1
 
 
 def test_one_noisy_pod_cannot_starve_the_others() -> None:
@@ -247,23 +257,24 @@ def test_the_next_write_token_goes_to_an_important_event(
     """While the writer waits for a token (the pace is spent on warnings), an enforcement Event recorded meanwhile
     takes the next one: the warnings wait, not the kill."""
     core = FakeEventsApi()
-    clock = SteppedClock()
+    clock = FakeClock(0.0)
     bucket = TokenBucket(burst=1, per_minute=600, clock=clock)  # a token per 0.1 s of the clock
     for _ in range(1 - tokens_at_start):
         assert bucket.take()
     recorder, counts = _recorder(core, bucket=bucket, clock=clock)
     for i in range(warnings):
         recorder.record(pod(f"p{i}", "ml"), "VRAMQuotaExceeded", "over")
-    recorder.start()
-    try:
-        wait_until(lambda: len(core.bodies) == len(written_before), 5, "the warnings the bucket had tokens for")
-        wait_until(lambda: clock.waiting, 5, "the writer waiting for a token")
+
+    def evict_while_waiting() -> None:
         assert _written(core) == written_before, "no token, no write, though warnings are queued"
         recorder.record(pod("greedy", "ml"), "VRAMEvicted", "evicted", important=True)
-        clock.step(0.1)  # the next token is due
-        wait_until(lambda: len(core.bodies) == len(written_before) + 1, 5, "the next write")
-    finally:
-        stop(recorder)
+        clock.on_wait = lambda: None
+
+    clock.on_wait = evict_while_waiting  # the writer's wait for a token: the eviction is recorded meanwhile
+    for _ in range(len(written_before) + 1):
+        assert recorder.step() == 0.0
+    assert clock.waits == [0.1]
+    stop(recorder)
     assert _written(core) == [*written_before, "VRAMEvicted"]
     assert counts["dropped"] == warnings - len(written_before), "the warnings still queued are dropped at stop"
 
@@ -418,13 +429,10 @@ def test_events_owed_during_rbac_warm_up_arrive_and_later_ones_too() -> None:
     greedy = pod("greedy", "ml")
     recorder.record(greedy, "VRAMQuotaExceeded", "container main uses 5GiB")
     recorder.record(greedy, "VRAMKilled", "killed PIDs 7", important=True)
-    recorder.start()
-    try:
-        assert recorder.flush(15)
+    with capture_logs():
+        write_all(recorder)
         recorder.record(greedy, "VRAMKilled", "killed PIDs 8", important=True)
-        assert recorder.flush(15)
-    finally:
-        stop(recorder)
+        write_all(recorder)
     assert [e.reason for e in core.bodies] == ["VRAMKilled", "VRAMQuotaExceeded", "VRAMKilled"]
     assert counts == {"written": 3}
     assert [t for t, _ in core.attempts] == [0.0, 1.0, 3.0, 7.0, 7.0, 7.0], "backed off 1, 2, 4 s, then written"
@@ -436,18 +444,14 @@ def test_a_persistent_403_ends_after_the_grace_and_is_logged_once() -> None:
     core = Authorizer(FakeClock(0.0))
     with capture_logs() as logs:
         recorder, counts = _writer(core)
-        recorder.start()
-        try:
-            recorder.record(pod("first", "ml"), "VRAMKilled", "killed PIDs 7", important=True)
-            assert recorder.flush(15)
-            for i, namespace in enumerate(["ml", "ml", "other"]):
-                recorder.record(pod(f"later{i}", namespace), "VRAMQuotaExceeded", "over")
-                assert recorder.flush(15)
-            core.until = core.clock.now()  # the binding is restored
-            recorder.record(pod("after", "ml"), "VRAMQuotaExceeded", "over")
-            assert recorder.flush(15)
-        finally:
-            stop(recorder)
+        recorder.record(pod("first", "ml"), "VRAMKilled", "killed PIDs 7", important=True)
+        write_all(recorder)
+        for i, namespace in enumerate(["ml", "ml", "other"]):
+            recorder.record(pod(f"later{i}", namespace), "VRAMQuotaExceeded", "over")
+            write_all(recorder)
+        core.until = core.clock.now()  # the binding is restored
+        recorder.record(pod("after", "ml"), "VRAMQuotaExceeded", "over")
+        write_all(recorder)
     grace = FORBIDDEN_GRACE_S
     assert [t for t, _ in core.attempts] == [0.0, 1.0, 3.0, 7.0, 15.0, grace, grace, grace, grace, grace], (
         "the first Event held for the grace, with back-off; after it, one request per Event"
@@ -463,18 +467,15 @@ def test_a_namespace_that_refuses_events_holds_the_writer_once() -> None:
     after EVENT_DENIED_S the namespace has a grace again."""
     core = Authorizer(FakeClock(0.0), denied=frozenset({"quota"}))
     recorder, counts = _writer(core)
-    recorder.start()
-    try:
+    with capture_logs():
         for i in range(3):
             recorder.record(pod(f"refused{i}", "quota"), "VRAMQuotaExceeded", "over")
             recorder.record(pod(f"fine{i}", "ml"), "VRAMQuotaExceeded", "over")
-            assert recorder.flush(15)
+            write_all(recorder)
         held_s = core.clock.now()
         core.clock.step(EVENT_DENIED_S)
         recorder.record(pod("refused-later", "quota"), "VRAMQuotaExceeded", "over")
-        assert recorder.flush(15)
-    finally:
-        stop(recorder)
+        write_all(recorder)
     assert held_s == FORBIDDEN_GRACE_S, "one grace in all, not one per Event"
     assert core.clock.now() == 2 * FORBIDDEN_GRACE_S + EVENT_DENIED_S
     assert counts == {"failed": 4, "written": 3}
@@ -486,10 +487,22 @@ def test_a_namespace_being_deleted_fails_its_event_at_once() -> None:
     core = Authorizer(FakeClock(0.0), refusal=lambda namespace: _terminating())
     recorder, counts = _writer(core)
     recorder.record(pod("p", "ml"), "VRAMQuotaExceeded", "over")
-    recorder.start()
-    try:
-        assert recorder.flush(15)
-    finally:
-        stop(recorder)
+    with capture_logs():
+        write_all(recorder)
     assert counts == {"failed": 1}
     assert core.attempts == [(0.0, "ml")], "one request, no back-off"
+
+
+def test_the_loop_paces_retries_and_a_stop_abandons_the_held_event() -> None:
+    """The writer's loop, run on this thread, waits each retry's back-off on the clock; stopped while it holds an
+    Event for a retry, it ends without another request and holds nothing."""
+    core = FakeEventsApi(fail=[503] * 10)
+    clock = FakeClock(0.0)
+    recorder, counts = _recorder(core, clock=clock, rng=lambda: 0.0)
+    recorder.record(pod("p", "ml"), "VRAMQuotaExceeded", "over")
+    clock.on_wait = lambda: recorder.loop.stopping.set() if len(clock.waits) == 3 else None
+    with capture_logs():
+        recorder.loop.run()
+    assert clock.waits == [1.0, 2.0, 4.0]
+    assert len(core.calls) == 3, "no request after the stop"
+    assert recorder.queued() == 0 and counts == {}
