@@ -151,7 +151,7 @@ class _Pending:
 class KubeEventRecorder:
     """core/v1 Events on pods, written by one background loop. `record` never blocks and never raises.
 
-    What to write for each Event the correlator answers, once, when it is recorded; the writer carries the answer
+    The correlator answers, once, when an Event is recorded, what to write for it; the writer carries the answer
     out. An Event said again while queued is one write whose count grows; each Event's name is fixed when it is
     recorded, so a create retried after a timeout never writes it twice. Enforcement Events (`important`) take the
     next write before any other, and a full queue drops its oldest other Event to make room for one. Messages are
