@@ -1,7 +1,6 @@
-"""DRA claims as quotas: the mapping from ResourceSlices and ResourceClaims to per-GPU shares (`core/shares.py`,
-`kube/claim_manifest.py`), the `claim:` quota source (`core/quota.py`), per-GPU judging (`core/decide.py`) and
-per-share driver limits (`core/limit_plan.py`).
-The objects are shaped as the API server serialises resource.k8s.io/v1."""
+"""DRA claims as quotas: per-GPU shares from ResourceSlices and ResourceClaims (`core/shares.py`), the `claim:` quota
+source (`core/quota.py`), per-GPU judging (`core/decide.py`) and per-share driver limits (`core/limit_plan.py`).
+The objects are shaped as the API server serialises resource.k8s.io/v1 (read by `kube/claim_manifest.py`)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from vramguard.core.shares import (
     pod_shares,
 )
 from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
-from vramguard.kube.pod_manifest import MAX_CLAIMS, pod_info_from_manifest
 from vramguard.testing.fakes import SnapshotBuilder, gpu
 
 DRIVER = "gpu.nvidia.com"
@@ -94,51 +92,6 @@ def trainer(*uses: tuple[str, str], claims: Mapping[str, str | None] | None = No
         ),
         claims=dict(claims if claims is not None else {"gpu": "trainer-gpu"}),
     )
-
-
-# --------------------------------------------------------------------------------------------------------------
-# ResourceSlices and claims, read
-
-
-@pytest.mark.parametrize(
-    ("dev", "expected"),
-    [
-        (device("gpu-0", "GPU-a"), SliceDevice("GPU-a", "24Gi")),
-        (device("gpu-0", "GPU-a", qualified=True), SliceDevice("GPU-a", "24Gi")),
-        (device("gpu-0", None), SliceDevice(None, "24Gi")),
-        (device("gpu-0", "GPU-a", memory=None), SliceDevice("GPU-a", None)),
-        ({"name": "gpu-0", "attributes": {"uuid": {"int": 7}}}, SliceDevice(None, None)),  # not a string
-        ({"name": "gpu-0", "attributes": "junk", "capacity": ["junk"]}, SliceDevice(None, None)),
-    ],
-    ids=["unqualified", "qualified", "no-uuid", "no-memory", "uuid-not-a-string", "junk"],
-)
-def test_slice_devices(dev: dict[str, Any], expected: SliceDevice) -> None:
-    assert slice_devices(resource_slice(dev)) == {(DRIVER, "node-a", "gpu-0"): expected}
-
-
-def test_slice_devices_are_bounded_and_junk_is_skipped() -> None:
-    many = resource_slice(*(device(f"gpu-{i % 10}{i}", f"GPU-{i}") for i in range(500)))
-    many["spec"]["devices"].insert(0, "not a device")
-    assert len(slice_devices(many)) == 127  # 128 entries read, one of them junk
-    assert slice_devices({"spec": "junk"}) == {}
-
-
-def test_claim_from_manifest_reads_results_and_device_classes() -> None:
-    obj = claim_manifest("c", result("gpu", "gpu-1"), result("big/large", "gpu-2", None, None))
-    obj["spec"]["devices"]["requests"] = [
-        {"name": "gpu", "exactly": {"deviceClassName": SHARE_CLASS}},
-        {"name": "big", "firstAvailable": [{"name": "large", "deviceClassName": CLASS}]},
-    ]
-    c = claim_from_manifest(obj)
-    assert (c.namespace, c.name, c.uid, c.allocated) == ("ml", "c", "uid-c", True)
-    assert [(r.request, r.device_key, r.consumed_memory, r.share_id) for r in c.results] == [
-        ("gpu", (DRIVER, "node-a", "gpu-1"), "10Gi", "5f0e2a1c-aaaa"),
-        ("big/large", (DRIVER, "node-a", "gpu-2"), None, None),
-    ]
-    assert dict(c.classes) == {"gpu": SHARE_CLASS, "big/large": CLASS}
-    assert not claim_from_manifest(claim_manifest("c", allocated=False)).allocated
-    flood = claim_manifest("c", *(result("gpu", "gpu-1") for _ in range(100)))
-    assert len(claim_from_manifest(flood).results) == 32
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -224,30 +177,6 @@ def test_pod_shares(
 def test_claim_keys_are_the_named_claims_the_containers_use() -> None:
     pod = trainer(("gpu", ""), claims={"gpu": "trainer-gpu", "unused": "x", "pending": None})
     assert claim_keys(pod) == [("ml", "trainer-gpu")]
-
-
-def test_pod_manifest_claims_are_read_and_bounded() -> None:
-    manifest: dict[str, Any] = {
-        "metadata": {"uid": "u", "namespace": "ml", "name": "p"},
-        "spec": {
-            "resourceClaims": [
-                {"name": "gpu", "resourceClaimTemplateName": "share-10gi"},
-                {"name": "shared", "resourceClaimName": "team-gpu"},
-                {"name": "later", "resourceClaimTemplateName": "t"},
-            ],
-            "containers": [
-                {"name": "main", "resources": {"claims": [{"name": "gpu"}, {"name": "shared", "request": "r"}]}}
-            ],
-        },
-        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2"}]},
-    }
-    info = pod_info_from_manifest(manifest)
-    assert dict(info.claims) == {"gpu": "p-gpu-x7k2", "shared": "team-gpu", "later": None}
-    assert info.containers[0].claims == (ClaimUse("gpu"), ClaimUse("shared", "r"))
-    manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": f"c{i}"} for i in range(1000)]
-    manifest["spec"]["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(1000)] + ["junk"]
-    flooded = pod_info_from_manifest(manifest)
-    assert len(flooded.claims) == MAX_CLAIMS and len(flooded.containers[0].claims) == MAX_CLAIMS
 
 
 # --------------------------------------------------------------------------------------------------------------

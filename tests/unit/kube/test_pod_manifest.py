@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import GiB, NamespacePolicy, Policy
+from vramguard.core.model import ClaimUse, GiB, NamespacePolicy, Policy
 from vramguard.core.quota import resolve_pod_quota
-from vramguard.kube.pod_manifest import MAX_VALUE_CHARS, PodSourceError, pod_info_from_manifest
+from vramguard.kube.pod_manifest import MAX_CLAIMS, MAX_VALUE_CHARS, PodSourceError, pod_info_from_manifest
 
 UID = "3f1c2a9e-0b7d-4c55-9d1e-2b3c4d5e6f70"
 POD: dict[str, Any] = {
@@ -151,3 +151,27 @@ def test_huge_values_are_cut_and_still_reported_invalid() -> None:
         "spec.containers[main].resources.limits[vramguard.io/vram]",
     }
     assert all("longer than 64 characters" in m and len(m) < 300 for m in fields.values())
+
+
+def test_pod_manifest_claims_are_read_and_bounded() -> None:
+    manifest: dict[str, Any] = {
+        "metadata": {"uid": "u", "namespace": "ml", "name": "p"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "share-10gi"},
+                {"name": "shared", "resourceClaimName": "team-gpu"},
+                {"name": "later", "resourceClaimTemplateName": "t"},
+            ],
+            "containers": [
+                {"name": "main", "resources": {"claims": [{"name": "gpu"}, {"name": "shared", "request": "r"}]}}
+            ],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2"}]},
+    }
+    info = pod_info_from_manifest(manifest)
+    assert dict(info.claims) == {"gpu": "p-gpu-x7k2", "shared": "team-gpu", "later": None}
+    assert info.containers[0].claims == (ClaimUse("gpu"), ClaimUse("shared", "r"))
+    manifest["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": f"c{i}"} for i in range(1000)]
+    manifest["spec"]["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(1000)] + ["junk"]
+    flooded = pod_info_from_manifest(manifest)
+    assert len(flooded.claims) == MAX_CLAIMS and len(flooded.containers[0].claims) == MAX_CLAIMS
