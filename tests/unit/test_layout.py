@@ -107,3 +107,18 @@ def test_unit_test_files_mirror_modules(test_file: Path) -> None:
     """tests/unit/<package>/test_<module>.py tests src/vramguard/<package>/<module>.py."""
     module = SRC / test_file.parent.name / (test_file.name.removeprefix("test_"))
     assert module.exists(), f"{test_file.relative_to(ROOT)} names no module: {module.relative_to(ROOT)} is missing"
+
+
+# The one background-loop primitive, and the one thread that must be abandoned rather than joined: a call hung in
+# the GPU driver (README "Layout").
+THREAD_OWNERS = {"vramguard.base.background", "vramguard.nvml.deadline"}
+
+
+def test_every_thread_is_a_background_loop() -> None:
+    """`threading.Thread(` appears only in the loop primitive and the NVML deadline runner."""
+    starters = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Thread":
+                starters.add(name)
+    assert starters == THREAD_OWNERS
