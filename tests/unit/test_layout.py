@@ -119,6 +119,9 @@ def test_every_thread_is_a_background_loop() -> None:
     starters = set()
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Thread":
+            called = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(called, ast.Attribute) and called.attr == "Thread") or (
+                isinstance(called, ast.Name) and called.id == "Thread"
+            ):
                 starters.add(name)
     assert starters == THREAD_OWNERS
