@@ -30,6 +30,7 @@ from .agents import (
 
 
 def test_agent_pods_are_found_by_the_charts_label() -> None:
+    """Agents are found by the chart's label, on one node by a field selector, in all namespaces or the one given."""
     core = core_for(fleet())
     agents = find_agents(core, None, "node-a")
     assert core.lists[0]["label_selector"] == "app.kubernetes.io/name=vramguard"
@@ -46,6 +47,7 @@ def test_agent_pods_are_found_by_the_charts_label() -> None:
 
 
 def test_the_status_is_read_through_the_proxy_on_the_metrics_port() -> None:
+    """Each agent's /status is read through the API server's pod proxy on the agent's metrics port."""
     core = core_for(fleet()[:1])
     [got] = read_all(core, [agent_from_pod(agent_pod("node-a", port=9555))])
     assert isinstance(got, Answer) and got.document["agent"]["node"] == "node-a"
@@ -85,6 +87,7 @@ def agent_404() -> ApiException:
     ],
 )
 def test_an_agent_that_fails_is_a_row_saying_why(failure: Any, why: str) -> None:
+    """An agent that cannot be read is a row saying why, and the other agents' rows stay whole."""
     core = core_for(fleet()[:2], {"vramguard-node-b": failure})
     agents = find_agents(core)
     rows = merge_rows(read_all(core, agents))
@@ -94,6 +97,7 @@ def test_an_agent_that_fails_is_a_row_saying_why(failure: Any, why: str) -> None
 
 
 def test_a_pod_not_running_is_not_asked() -> None:
+    """An agent pod that is not Running is a failure naming its phase, and is not asked."""
     core = FakeCore([agent_pod("node-p", phase="Pending")], {})
     [got] = read_all(core, find_agents(core))
     assert isinstance(got, Failure) and got.reason == "pod is Pending"
@@ -101,6 +105,7 @@ def test_a_pod_not_running_is_not_asked() -> None:
 
 
 def test_the_body_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A status body over MAX_BODY_BYTES is a failure saying so."""
     monkeypatch.setattr(fetch, "MAX_BODY_BYTES", 1000)
     monkeypatch.setattr(fetch, "CHUNK_BYTES", 100)
     core = FakeCore([agent_pod("node-b")], {"vramguard-node-b": b"x" * 5000})
@@ -109,6 +114,7 @@ def test_the_body_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_trickling_agent_is_cut_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent that sends its body slowly is cut at its deadline, a failure, and its response is released."""
     monkeypatch.setattr(fetch, "CHUNK_BYTES", 10)
     clock = FakeClock()
     agent = AgentPod(ref("node-t"), 9400, "Running")
@@ -125,6 +131,7 @@ def test_a_trickling_agent_is_cut_at_its_deadline(monkeypatch: pytest.MonkeyPatc
 
 
 def test_reads_are_concurrent_and_bounded() -> None:
+    """Reads run `workers` at once and no more, and the answers keep the agents' order."""
     workers = 3
     meeting = threading.Barrier(workers, timeout=10)  # passes only when `workers` reads are in flight at once
     in_flight, most = 0, 0

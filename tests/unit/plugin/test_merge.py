@@ -33,6 +33,7 @@ from .agents import (
 
 
 def test_every_agent_is_in_the_table_and_the_silent_one_says_why() -> None:
+    """Every agent is in the table: one that did not answer is a problem row saying why, and the answer is partial."""
     rows = merge_rows(fleet())
     assert len(rows_of(rows, "node-a")) == 4
     assert [(r.namespace, r.pod) for r in rows_of(rows, "node-b")] == [("team-b", "batch")]
@@ -45,6 +46,7 @@ def test_every_agent_is_in_the_table_and_the_silent_one_says_why() -> None:
 
 
 def test_many_agents_merge() -> None:
+    """Two hundred agents merge into one row each, the one that failed a row saying why."""
     fetched: list[Fetched] = [
         answer(f"node-{i:03}", [gpu_doc("0")], [container_doc(f"ns-{i % 7}", f"p{i}", i * GiB, 100 * GiB)])
         for i in range(200)
@@ -57,6 +59,7 @@ def test_many_agents_merge() -> None:
 
 
 def test_a_stale_agent_is_marked_on_every_row() -> None:
+    """Every row of an agent whose last scan is old is marked stale and a problem, in both views."""
     stale = answer("node-s", [gpu_doc("0")], [container_doc("t", "p", GiB, 2 * GiB)], scan_age_s=600.0)
     fresh = answer("node-f", [gpu_doc("0")], [container_doc("t", "q", GiB, 2 * GiB)], scan_age_s=3.0)
     rows = merge_rows([stale, fresh])
@@ -69,12 +72,14 @@ def test_a_stale_agent_is_marked_on_every_row() -> None:
 
 
 def test_an_agent_before_its_first_scan_is_a_row() -> None:
+    """An agent before its first scan is one row saying so, in both views."""
     fetched: list[Fetched] = [answer("node-n", [], [], scan_age_s=None)]
     assert [(r.node, r.state) for r in merge_rows(fetched)] == [("node-n", "no scan yet")]
     assert [(g.node, g.state) for g in merge_nodes(fetched)] == [("node-n", "no scan yet")]
 
 
 def test_an_older_agents_document_is_read_with_defaults() -> None:
+    """An older agent's document is read with defaults for the fields it lacks, and a junk row reads as unknown."""
     old_gpu = {"gpu": "0", "uuid": "GPU-0", "name": "A100", "total_bytes": 40 * GiB, "used_bytes": 9 * GiB}
     old_row = {"gpu": "0", "namespace": "t", "pod": "p", "container": "c", "used_bytes": 9 * GiB}
     old_row |= {"quota_bytes": 10 * GiB, "state": "ok", "processes": [{"pid": 7}]}
@@ -97,6 +102,7 @@ def test_an_older_agents_document_is_read_with_defaults() -> None:
     ],
 )
 def test_something_else_than_a_status_is_a_failure_row(document: Any, why: str) -> None:
+    """A document that is no status document is a failure row in both views, and the answer is partial."""
     fetched = [Answer(ref("node-x"), document)]
     [row] = merge_rows(fetched)
     assert row.state == f"no answer: {why}"
@@ -106,6 +112,7 @@ def test_something_else_than_a_status_is_a_failure_row(document: Any, why: str) 
 
 
 def test_a_truncated_document_says_so() -> None:
+    """A document the agent truncated adds a row saying how many rows it did not send."""
     doc = status_doc("node-t", [gpu_doc("0")], [container_doc("t", "p", GiB, None, "unmanaged")])
     doc["truncated"] = 12
     rows = merge_rows([Answer(ref("node-t"), doc)])
@@ -123,6 +130,7 @@ def test_a_truncated_document_says_so() -> None:
     ],
 )
 def test_filters(namespace: str | None, node: str | None, want: int) -> None:
+    """Filters keep a namespace's and a node's rows; a silent agent's row stays under any namespace."""
     rows = filter_rows(merge_rows(fleet()), namespace, node)
     assert len(rows) == want
     assert all(node is None or r.node == node for r in rows)
@@ -139,6 +147,7 @@ def test_filters(namespace: str | None, node: str | None, want: int) -> None:
     ],
 )
 def test_sort_orders(by: SortBy | None, first: tuple[str, str, str]) -> None:
+    """Rows sort by place, used, overage or quota, a row without the value last."""
     rows = sort_rows(merge_rows(fleet()), by)
     assert (rows[0].node, rows[0].gpu, rows[0].pod) == first
     assert rows[-1].node == "node-d" or by is None  # a row without a value sorts last
@@ -147,6 +156,7 @@ def test_sort_orders(by: SortBy | None, first: tuple[str, str, str]) -> None:
 
 
 def test_nodes_totals() -> None:
+    """`nodes` gives each GPU its total, used, free, under-quota and unattributed memory, its limits and pressure."""
     gpus = merge_nodes(fleet())
     by_key = {(g.node, g.gpu): g for g in gpus}
     a0 = by_key["node-a", "0"]
@@ -161,6 +171,7 @@ def test_nodes_totals() -> None:
 
 
 def test_nodes_shows_an_unhealthy_gpu() -> None:
+    """`nodes` shows an unhealthy GPU as a problem, with its error."""
     bad = answer("node-u", [gpu_doc("0", healthy=False, error="GPU is lost")], [])
     [g] = merge_nodes([bad])
     assert g.state == "unhealthy: GPU is lost" and g.level is Level.problem

@@ -16,6 +16,7 @@ from .agents import answer, container_doc, fleet, gpu_doc
 
 
 def test_pods_over_quota_on_a_gpu_under_pressure_are_marked() -> None:
+    """Only a pod over its hard quota on a GPU under pressure is marked at risk, in the table and in JSON."""
     rows = {r.pod: r for r in merge_rows(fleet())}
     assert rows["train"].at_risk  # over-hard on GPU 0, under pressure
     assert not rows["big"].at_risk  # over-soft, on GPU 1: no pressure
@@ -39,6 +40,7 @@ def test_the_tables_name_an_agent_without_an_answer() -> None:
 
 
 def test_table_columns() -> None:
+    """The top, wide and nodes tables have their columns in order, and one line per row."""
     table = render_top(sort_rows(merge_rows(fleet())), Output.table)
     header, *lines = table.splitlines()
     assert header.split() == ["NODE", "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "HELD-BY"]
@@ -60,6 +62,7 @@ def test_table_columns() -> None:
 
 
 def test_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None:
+    """Tenant text is escaped in the tables and carried exactly in JSON."""
     hostile = "evil\x1b[2J\u202e"
     rows = merge_rows([answer("node-h", [gpu_doc("0")], [container_doc("t", hostile, GiB, None, "unmanaged")])])
     assert "\x1b" not in render_top(rows, Output.wide)
@@ -69,6 +72,7 @@ def test_tenant_text_is_escaped_in_the_table_and_exact_in_json() -> None:
 
 @pytest.mark.parametrize("output", [Output.json, Output.yaml])
 def test_machine_output_round_trips(output: Output) -> None:
+    """JSON and YAML output of top and nodes load back to the rows as dictionaries."""
     rows = sort_rows(merge_rows(fleet()))
     load = json.loads if output is Output.json else yaml.safe_load
     top = load(render_top(rows, output))
@@ -87,6 +91,7 @@ def test_machine_output_round_trips(output: Output) -> None:
     ],
 )
 def test_state_colour_only_when_asked(pod: str, colour: bool, sgr: str | None) -> None:
+    """The state is coloured by its level only when asked, and the columns after it stay aligned."""
     rows = [r for r in merge_rows(fleet()) if r.pod == pod]
     table = render_top(rows, Output.table, colour=colour)
     if sgr is None:
