@@ -474,6 +474,7 @@ def _violation(name: str, spec: Spec) -> Violation:
     ],
 )
 def test_each_comparator(comparator: Comparator, a: Spec, b: Spec, sign: int) -> None:
+    """Each comparator puts first the larger overage, lower priority, larger usage or lower UID; a tie is 0."""
     va, vb = _violation("a", a), _violation("b", b)
     assert comparator(va, vb) == sign
     assert comparator(vb, va) == -sign
@@ -494,6 +495,7 @@ DISAGREE = [
 
 @pytest.mark.parametrize(("a", "b", "first"), DISAGREE)
 def test_victim_order_when_criteria_disagree(a: Spec, b: Spec, first: str) -> None:
+    """Where two criteria disagree the comparator earlier in VICTIM_ORDER decides, whatever the input order."""
     va, vb = _violation("a", a), _violation("b", b)
     assert rank([va, vb])[0].pod.name == first
     assert rank([vb, va])[0].pod.name == first, "whatever the input order"
@@ -530,6 +532,7 @@ def test_pressure_transition_period(period_s: float, steps: list[tuple[float, fl
 
 
 def test_an_unhealthy_or_vanished_gpu_leaves_pressure() -> None:
+    """A GPU under pressure leaves it at once when it turns unhealthy or is no longer listed."""
     policy = _policy(pressure_free_bytes=2 * GiB, pressure_transition_s=30)
     full = gpu(0, total_bytes=16 * GiB, used_bytes=15 * GiB)
     state = track_pressure([full], policy, {}, 0.0)
@@ -938,6 +941,7 @@ NOTICE_CASES = [
 
 @pytest.mark.parametrize("steps", NOTICE_CASES)
 def test_pressure_notices(steps: list[NoticeStep]) -> None:
+    """A GPU entering pressure tells each pod on it once per episode, naming who is over; never the agent."""
     clock = FakeClock()
     state = DecisionState()
     for i, (after_s, rows, expected) in enumerate(steps):

@@ -68,10 +68,12 @@ WANTED_CASES = [
 def test_wanted_limits(
     case: str, pods: list[PodInfo], devices: list[GpuDevice], policy: Policy, expected: list[object]
 ) -> None:
+    """A container with a quota gets a driver limit on each healthy whole GPU in kill or evict mode; its pod the sum."""
     assert targets_for(pods, devices, policy) == expected, case
 
 
 def test_not_the_agents_own_pod_and_pending_before_the_container_runs() -> None:
+    """The agent's own pod gets no limit; a container not yet running is pending, its pod's limit is not."""
     assert targets_for([PAIR], [gpu(0)], agent_pod_uid=PAIR.uid) == []
     not_started = replace(PAIR, containers=tuple(replace(c, container_id=None) for c in PAIR.containers))
     by_uid = {not_started.uid: not_started}
@@ -92,10 +94,12 @@ def test_not_the_agents_own_pod_and_pending_before_the_container_runs() -> None:
     ],
 )
 def test_limits_enabled(policy: Policy, dry_run: bool, enabled: bool) -> None:
+    """Driver limits are on unless the agent runs dry or the policy turns them off."""
     assert limits_enabled(policy, dry_run) is enabled
 
 
 def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> None:
+    """The driver's count replaces the rows' usage of each limited container, and each difference is reported."""
     gpu0 = gpu(0, 24 * GiB)
     other = pod("other", "ml", containers={"main": {QUOTA: "8Gi"}})
     quiet = pod("quiet", "ml", containers={"main": {QUOTA: "8Gi"}})

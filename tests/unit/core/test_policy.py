@@ -562,6 +562,7 @@ def test_every_field_reads_into_the_policy(text: str, policy: Policy) -> None:
 
 @pytest.mark.parametrize("value", ["-5s", "soon", True, [30]])
 def test_pressure_transition_period_must_be_a_duration(value: object) -> None:
+    """A pressure_transition_period that is no non-negative duration is one PolicyError naming the field and value."""
     with pytest.raises(PolicyError) as info:
         parse_policy({"pressure_transition_period": value})
     (error,) = info.value.errors

@@ -853,6 +853,7 @@ def test_quota_book_resolves_again_only_for_a_new_pod_object_or_new_labels() -> 
 
 
 def test_reads_claims_only_with_a_claim_source() -> None:
+    """Claims are read only when one of the quota sources is a valid `claim:` source."""
     assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
     assert not reads_claims(DEFAULT_QUOTA_SOURCES)
     assert not reads_claims(("claim:Not_A_Name",))  # the policy loader reports it; no claim source either

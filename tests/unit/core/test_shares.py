@@ -161,6 +161,7 @@ def row(case: str, *values: object) -> Any:
 def test_pod_shares(
     case: str, pod: PodInfo, claims: Mapping[ClaimKey, Claim | None], expected: list[tuple[str, str, int, str]]
 ) -> None:
+    """A container holds the shares allocated to the claim requests it names; a claim it cannot read is an error."""
     devices = SLICE
     if "uuid attribute" in case:
         devices = {**SLICE, (DRIVER, "node-a", "gpu-2"): SliceDevice(None, "24Gi")}
@@ -175,6 +176,7 @@ def test_pod_shares(
 
 
 def test_claim_keys_are_the_named_claims_the_containers_use() -> None:
+    """Claim keys are the claims a container uses that have a name; unused and unnamed claims are left out."""
     pod = trainer(("gpu", ""), claims={"gpu": "trainer-gpu", "unused": "x", "pending": None})
     assert claim_keys(pod) == [("ml", "trainer-gpu")]
 
@@ -188,6 +190,7 @@ def quota_of(pod: PodInfo, claims: Mapping[ClaimKey, Claim | None], *sources: st
 
 
 def test_a_share_is_the_quota_on_its_gpu_and_nothing_elsewhere() -> None:
+    """A share is the container's quota on its GPU, naming claim and share; on another GPU it holds no share."""
     pq = quota_of(trainer(("gpu", "")), ONE_SHARE, f"claim:{DRIVER}")
     on_gpu2 = pq.own("main", GPU_UUID[2])
     assert (on_gpu2.limit_bytes, on_gpu2.claim) == (10 * GiB, "trainer-gpu")
@@ -205,12 +208,14 @@ def test_a_share_is_the_quota_on_its_gpu_and_nothing_elsewhere() -> None:
     ],
 )
 def test_the_source_reads_the_shares_of_its_driver_or_device_class(source: str, holds: bool) -> None:
+    """A `claim:` source reads the shares of its driver or device class, never another driver's."""
     claims = {KEY: claim("trainer-gpu", result("gpu", "gpu-2"), cls=SHARE_CLASS)}
     pq = quota_of(trainer(("gpu", "")), claims, source)
     assert ("main" in pq.shares) is holds
 
 
 def test_two_claims_on_one_gpu_add_up_and_per_gpu_shares_stay_apart() -> None:
+    """Two claims on one GPU add up into one quota; shares on different GPUs stay apart."""
     pod = trainer(("a", ""), ("b", ""), claims={"a": "ca", "b": "cb"})
     claims = {
         ("ml", "ca"): claim("ca", result("gpu", "gpu-1"), result("gpu", "gpu-2", "12Gi", "s2")),
@@ -225,6 +230,7 @@ def test_two_claims_on_one_gpu_add_up_and_per_gpu_shares_stay_apart() -> None:
 
 
 def test_an_unreadable_claim_is_reported_and_the_next_source_applies() -> None:
+    """A claim that cannot be read is a QuotaError, and the next quota source applies."""
     pod = trainer(("gpu", ""))
     pod = PodInfo(
         uid=pod.uid, namespace="ml", name="trainer", claims=pod.claims,
@@ -241,6 +247,7 @@ def test_an_unreadable_claim_is_reported_and_the_next_source_applies() -> None:
 
 
 def test_namespace_cap_and_burst_apply_to_shares() -> None:
+    """A namespace's max quota caps a share, and a burst annotation raises its hard limit."""
     claims = {KEY: claim("trainer-gpu", result("gpu", "gpu-2", "20Gi"))}
     capped = quota_of(trainer(("gpu", "")), claims, f"claim:{DRIVER}",
                       namespaces={"ml": NamespacePolicy(max_quota_bytes=16 * GiB)})  # fmt: skip
@@ -253,6 +260,7 @@ def test_namespace_cap_and_burst_apply_to_shares() -> None:
 
 
 def test_quota_book_resolves_again_only_when_the_shares_change() -> None:
+    """The QuotaBook keeps a pod's quota while its shares are the same, and resolves it again when they change."""
     pod = trainer(("gpu", ""))
     book = QuotaBook(Policy(quota_sources=(f"claim:{DRIVER}",)))
     held = pod_shares(pod, ONE_SHARE, SLICE)
@@ -283,6 +291,7 @@ TWO_GPUS = {KEY: claim("trainer-gpu", result("gpu", "gpu-1", "12Gi", "s1"), resu
 def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
     usage: dict[int, int], violations: list[tuple[int, int, int]]
 ) -> None:
+    """A container with shares on two GPUs is judged on each GPU against its share there, not against its total."""
     pod = trainer(("gpu", ""))
     quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}
     devices = [gpu(i, 24 * GiB) for i in range(4)]
@@ -297,6 +306,7 @@ def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
 
 
 def test_containers_holding_one_share_are_judged_together() -> None:
+    """Containers holding one share are judged together: one violation of their summed usage against it."""
     pod = trainer(("gpu", ""), containers=2)
     quotas = {pod.uid: quota_of(pod, ONE_SHARE, f"claim:{DRIVER}")}
     devices = [gpu(i, 24 * GiB) for i in range(4)]
@@ -309,6 +319,7 @@ def test_containers_holding_one_share_are_judged_together() -> None:
 
 
 def test_driver_limits_hold_each_share_on_its_own_gpu_only() -> None:
+    """Driver limits hold each share on its own GPU only, for the container and for its pod."""
     pod = trainer(("gpu", ""))
     policy = Policy(mode=Mode.KILL, quota_sources=(f"claim:{DRIVER}",))
     quotas = {pod.uid: quota_of(pod, TWO_GPUS, f"claim:{DRIVER}")}

@@ -57,6 +57,7 @@ def test_printable_text_is_shown_as_it_is() -> None:
     ],
 )
 def test_cut_keeps_the_head_and_says_how_long_the_text_was(text: str, limit: int, expected: str) -> None:
+    """cut keeps the head of a text over the limit and says how long it was, never passing the limit."""
     assert cut(text, limit) == expected
     assert len(cut(text, limit)) <= limit
 
@@ -94,4 +95,5 @@ def test_show_value_quotes_and_is_bounded(value: object, expected: str) -> None:
     ],
 )
 def test_format_bytes(n: int, expected: str) -> None:
+    """format_bytes writes bytes in the largest binary unit that fits, with one decimal above bytes."""
     assert format_bytes(n) == expected
