@@ -12,6 +12,7 @@ from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 
 def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_whole() -> None:
+    """A scrape under way when a scan publishes reads the earlier scan to its end; the next scrape reads the new one."""
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     trainer, notebook = pod("trainer", "ml"), pod("notebook", "ml")

@@ -31,6 +31,7 @@ class Part:
 
 
 def test_parts_start_in_order_and_stop_in_reverse_by_one_deadline() -> None:
+    """Parts stop in reverse of their start by one shared deadline, past a failing stop, and only once."""
     clock, journal = FakeClock(), list[str]()
     services = Services(clock)
     first = services.start("first", Part("first", journal, clock, takes_s=0.2))
@@ -43,6 +44,7 @@ def test_parts_start_in_order_and_stop_in_reverse_by_one_deadline() -> None:
 
 
 def test_failure_run_logs_the_first_failure_a_changed_error_and_the_recovery() -> None:
+    """FailureRun says to log the first failure of a run, a changed error and the recovery, and nothing else."""
     run = FailureRun()
     assert not run.ok()  # no run to end
     assert [run.failed("timeout"), run.failed("timeout"), run.failing] == [True, False, True]
@@ -52,6 +54,7 @@ def test_failure_run_logs_the_first_failure_a_changed_error_and_the_recovery() -
 
 
 def test_fake_clock_wait_passes_the_time_unless_stopped() -> None:
+    """FakeClock.wait passes the whole timeout unless its event is set, and then passes no time."""
     clock, stop = FakeClock(), threading.Event()
     assert not clock.wait(stop, 5.0) and clock.now() == 1005.0
     stop.set()

@@ -54,6 +54,7 @@ def document(
 
 
 def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
+    """The document carries the agent's facts, each GPU with its pressure and limits, and one row per container."""
     trainer = pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "4Gi"}})
     free = pod("free", "ml")
     builder = SnapshotBuilder().use(trainer, "main", GPU0, 6 * GiB, pid=10).use(free, "main", GPU1, GiB, pid=11)
@@ -80,6 +81,7 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
 
 
 def test_an_unhealthy_gpu_is_a_gpu_and_a_row() -> None:
+    """An unhealthy GPU is a GPU carrying its error exactly, and a row saying so."""
     sick = replace(gpu(2), healthy=False, error=HOSTILE)
     doc = document(report_of(SnapshotBuilder(devices=[sick])))
     (g,) = doc["gpus"]
@@ -89,6 +91,7 @@ def test_an_unhealthy_gpu_is_a_gpu_and_a_row() -> None:
 
 
 def test_before_the_first_scan_nothing_but_the_agent() -> None:
+    """Before the first scan the document holds the agent with no scan age, and no GPUs or rows."""
     doc = document(None, age=None)
     assert doc["agent"]["scan_age_s"] is None
     assert (doc["gpus"], doc["containers"], doc["truncated"]) == ([], [], 0)
@@ -112,6 +115,7 @@ def _crowd(pods: int, processes: int) -> ScanReport:
     ],
 )
 def test_rows_and_processes_are_bounded(pods: int, processes: int, rows: int, per_row: int, truncated: int) -> None:
+    """Rows over MAX_ROWS are counted as truncated and processes over MAX_PROCESSES cut; only those shown are read."""
     described: list[int] = []
 
     def counting(pid: int) -> ProcessDetail:

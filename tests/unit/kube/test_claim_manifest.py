@@ -25,10 +25,12 @@ from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
     ids=["unqualified", "qualified", "no-uuid", "no-memory", "uuid-not-a-string", "junk"],
 )
 def test_slice_devices(dev: dict[str, Any], expected: SliceDevice) -> None:
+    """A slice device's UUID, qualified or not, and its memory are read where present; anything else reads as None."""
     assert slice_devices(resource_slice(dev)) == {(DRIVER, "node-a", "gpu-0"): expected}
 
 
 def test_slice_devices_are_bounded_and_junk_is_skipped() -> None:
+    """At most 128 entries of one slice are read, junk skipped, and a slice with a junk spec holds no devices."""
     many = resource_slice(*(device(f"gpu-{i % 10}{i}", f"GPU-{i}") for i in range(500)))
     many["spec"]["devices"].insert(0, "not a device")
     assert len(slice_devices(many)) == 127  # 128 entries read, one of them junk
@@ -36,6 +38,7 @@ def test_slice_devices_are_bounded_and_junk_is_skipped() -> None:
 
 
 def test_claim_from_manifest_reads_results_and_device_classes() -> None:
+    """A claim reads its allocation, each request's device class (firstAvailable too) and at most 32 results."""
     obj = claim_manifest("c", result("gpu", "gpu-1"), result("big/large", "gpu-2", None, None))
     obj["spec"]["devices"]["requests"] = [
         {"name": "gpu", "exactly": {"deviceClassName": SHARE_CLASS}},

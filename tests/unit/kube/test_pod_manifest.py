@@ -154,6 +154,7 @@ def test_huge_values_are_cut_and_still_reported_invalid() -> None:
 
 
 def test_pod_manifest_claims_are_read_and_bounded() -> None:
+    """A pod's claims name their claim (None until generated), its containers' uses are read, both up to MAX_CLAIMS."""
     manifest: dict[str, Any] = {
         "metadata": {"uid": "u", "namespace": "ml", "name": "p"},
         "spec": {

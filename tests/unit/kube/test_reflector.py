@@ -237,6 +237,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_reflector_requests(case: Case) -> None:
+    """The reflector lists, watches, resumes, relists and backs off as each scripted server answer calls for."""
     requests, delays, store = run(list(case.script))
     assert requests == case.requests
     assert delays == case.delays
@@ -258,6 +259,7 @@ def test_working_watch_means_open_long_enough() -> None:
     ],
 )  # fmt: skip
 def test_problem_tells_no_answer_from_an_error(error: Exception, problem: str) -> None:
+    """problem() calls a server that does not answer unreachable, and an error answer a failed watch."""
     server = FakeServer([Listed("5"), Watched(then=error)])
     reflector = Reflector("things", server, Names(), log=LOG, clock=server.clock)
     server.reflector = reflector
