@@ -9,30 +9,12 @@ import time
 
 import pytest
 
+from unit.agent.test_act import EVICTED, LATE_ANSWERS, over_quota_action
 from vramguard.agent.act import Enforcer, Outcome
 from vramguard.base.worker import Worker
-from vramguard.core.decide import find_violations
-from vramguard.core.model import Action, EvictionRefused, GiB, Mode, PodInfo, PodQuota, Policy, Quota, Reason
+from vramguard.core.model import EvictionRefused, PodInfo, Policy
 from vramguard.core.ports import EvictResult
-from vramguard.testing.fakes import (
-    FakeClock,
-    GatedEvictor,
-    RecordingEventRecorder,
-    RecordingKiller,
-    SnapshotBuilder,
-    gpu,
-    pod,
-)
-
-GPU0 = gpu(0, total_bytes=16 * GiB)
-EVICTED = EvictResult(evicted=True, refused=False)
-
-
-def _evict_action(name: str = "victim") -> Action:
-    p = pod(name, "ml")
-    quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
-    return Action(kind=Mode.EVICT, reason=Reason.HARD_LIMIT, violation=violation)
+from vramguard.testing.fakes import FakeClock, GatedEvictor, RecordingEventRecorder, RecordingKiller
 
 
 def _drain(worker: Worker) -> None:
@@ -42,19 +24,7 @@ def _drain(worker: Worker) -> None:
     assert done.wait(10)
 
 
-@pytest.mark.parametrize(
-    ("answer", "results", "reasons"),
-    [
-        pytest.param(
-            EVICTED, ["failed", "ok"], ["VRAMEvictionFailed", "VRAMEvictionFailed", "VRAMEvicted"],
-            id="late-acceptance-is-reported",
-        ),
-        pytest.param(
-            EvictResult(evicted=False, refused=True, message="budget"), ["failed"],
-            ["VRAMEvictionFailed", "VRAMEvictionFailed"], id="late-refusal-is-only-logged",
-        ),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("answer", "results", "reasons"), LATE_ANSWERS)
 def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str], reasons: list[str]) -> None:
     """An eviction sent before it was abandoned is still the pod's eviction: no other of the pod is sent before its
     answer (a new one fails at once), and when the API server accepts it after all, that is reported."""
@@ -70,7 +40,7 @@ def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str
         clock=clock,
         evictions=worker,
     )
-    action = _evict_action()
+    action = over_quota_action()
     enforcer.start()
     try:
         assert enforcer.execute(action) is None
@@ -118,7 +88,7 @@ def test_a_hanging_evictor_never_holds_up_the_caller() -> None:
         started = time.perf_counter()
         outcomes: list[Outcome] = []
         for i in range(5):
-            o = enforcer.execute(_evict_action(f"victim-{i}"))
+            o = enforcer.execute(over_quota_action(name=f"victim-{i}"))
             if o is not None:  # past the queue bound: reported at once, never waited for
                 outcomes.append(o)
             outcomes += enforcer.collect()

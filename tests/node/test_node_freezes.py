@@ -15,38 +15,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from unit.node.test_freezes import fake_root, freeze_state, frozen_container
 from vramguard.cli.wiring import freeze_journal
 from vramguard.node.freezes import FreezeJournal, Frozen, Junk, JunkReport
-
-UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
-CID = "ab" * 32
-DEAD_PID = (1 << 22) + 1  # above the kernel's highest pid_max: no process ever has it
-
-
-def _root(tmp_path: Path) -> Path:
-    """A fake cgroup v2 root (it has cgroup.controllers, as `v2_root` looks for)."""
-    root = tmp_path / "cgroup"
-    root.mkdir(exist_ok=True)
-    (root / "cgroup.controllers").touch()
-    return root
-
-
-def _cgroup(directory: Path, v2: bool = True, frozen: bool = True) -> str:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / ("cgroup.freeze" if v2 else "freezer.state")).write_text(
-        ("1" if frozen else "0") if v2 else ("FROZEN" if frozen else "THAWED")
-    )
-    return str(directory)
-
-
-def _container(root: Path, v2: bool = True, cid: str = CID) -> str:
-    """A frozen container cgroup where the killer finds one (cgroupfs driver, burstable), in v2 or v1's freezer."""
-    base = root if v2 else root / "freezer"
-    return _cgroup(base / "kubepods" / "burstable" / f"pod{UID}" / cid, v2)
-
-
-def _state(cgroup: str, v2: bool = True) -> str:
-    return Path(cgroup, "cgroup.freeze" if v2 else "freezer.state").read_text()
 
 
 def _junk_fifo(directory: Path) -> None:
@@ -70,7 +41,7 @@ def test_what_is_not_a_small_regular_file_is_refused_without_blocking(
     tmp_path: Path, plant: Callable[[Path], None], kind: Junk
 ) -> None:
     """A FIFO or a socket is never read: the look returns at once, removes it, and reports it."""
-    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(_root(tmp_path)))
+    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(fake_root(tmp_path)))
     directory = tmp_path / "freezes"
     directory.mkdir()
     plant(directory)
@@ -92,8 +63,8 @@ def test_what_is_not_a_small_regular_file_is_refused_without_blocking(
 
 def test_a_journal_directory_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     """Where `<state dir>/freezes` is a FIFO, the agent's start says so in one line, at once, and does not freeze."""
-    root = _root(tmp_path)
-    cgroup = _container(root)
+    root = fake_root(tmp_path)
+    cgroup = frozen_container(root)
     state = tmp_path / "state"
     state.mkdir()
     os.mkfifo(state / "freezes")
@@ -113,4 +84,4 @@ def test_a_journal_directory_that_is_a_fifo_is_refused_without_blocking(tmp_path
     assert journal is None
     assert [(e["event"], e["freezing"]) for e in logs] == [("freeze_journal_unavailable", False)]
     assert "not a directory" in str(logs[0]["error"])
-    assert _state(cgroup) == "1"
+    assert freeze_state(cgroup) == "1"

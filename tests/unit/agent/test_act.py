@@ -36,11 +36,12 @@ from vramguard.testing.fakes import (
 GPU0 = gpu(0, total_bytes=16 * GiB)
 
 
-def _evict_action(name: str = "victim") -> Action:
+def over_quota_action(kind: Mode = Mode.EVICT, name: str = "victim") -> Action:
+    """An action of `kind` on pod `ml/<name>`, whose container uses 2 GiB of its 1 GiB quota."""
     p = pod(name, "ml")
     quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
     (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
-    return Action(kind=Mode.EVICT, reason=Reason.HARD_LIMIT, violation=violation)
+    return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
 
 
 class HeldRunner:
@@ -105,7 +106,7 @@ def _enforcer(
 def test_an_eviction_leaves_the_scan_and_reports_when_answered() -> None:
     """execute() hands the eviction to the worker and returns at once; collect() reports it once answered."""
     enforcer, runner, _, events, _ = _enforcer(ScriptedEvictor(EVICTED))
-    assert enforcer.execute(_evict_action()) is None
+    assert enforcer.execute(over_quota_action()) is None
     assert enforcer.collect() == [] and enforcer.evictions_in_flight() == 1
     runner.answer_all()
     (outcome,) = enforcer.collect()
@@ -128,7 +129,7 @@ def test_an_unanswered_eviction_is_not_evicted_after_the_bound(
 ) -> None:
     """A frozen API server: after eviction_timeout the eviction counts as not done and the policy applies."""
     enforcer, _, clock, events, killer = _enforcer(ScriptedEvictor(EVICTED), on_refused)
-    assert enforcer.execute(_evict_action()) is None
+    assert enforcer.execute(over_quota_action()) is None
     clock.step(14.9)
     assert enforcer.collect() == []
     clock.step(0.1)
@@ -143,7 +144,7 @@ def test_an_abandoned_eviction_is_never_sent() -> None:
     when the worker reaches it: the API server never sees it, and the outcome stays the one reported."""
     evictor = ScriptedEvictor(EVICTED)
     enforcer, runner, clock, events, _ = _enforcer(evictor)
-    enforcer.execute(_evict_action())
+    enforcer.execute(over_quota_action())
     clock.step(15.0)
     assert [o.result for o in enforcer.collect()] == ["failed"]
     with capture_logs() as logs:
@@ -154,25 +155,26 @@ def test_an_abandoned_eviction_is_never_sent() -> None:
     assert events.reasons() == ["VRAMEvictionFailed"]
 
 
-@pytest.mark.parametrize(
-    ("answer", "results", "reasons"),
-    [
-        pytest.param(
-            EVICTED, ["failed", "ok"], ["VRAMEvictionFailed", "VRAMEvictionFailed", "VRAMEvicted"],
-            id="late-acceptance-is-reported",
-        ),
-        pytest.param(
-            EvictResult(evicted=False, refused=True, message="budget"), ["failed"],
-            ["VRAMEvictionFailed", "VRAMEvictionFailed"], id="late-refusal-is-only-logged",
-        ),
-    ],
-)  # fmt: skip
+# The API server's late answer to an eviction already abandoned, what the eviction's outcomes are, and its Events.
+LATE_ANSWERS = [
+    pytest.param(
+        EVICTED, ["failed", "ok"], ["VRAMEvictionFailed", "VRAMEvictionFailed", "VRAMEvicted"],
+        id="late-acceptance-is-reported",
+    ),
+    pytest.param(
+        EvictResult(evicted=False, refused=True, message="budget"), ["failed"],
+        ["VRAMEvictionFailed", "VRAMEvictionFailed"], id="late-refusal-is-only-logged",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("answer", "results", "reasons"), LATE_ANSWERS)
 def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str], reasons: list[str]) -> None:
     """An eviction sent before it was abandoned is still the pod's eviction: no other of the pod is sent before its
     answer (a new one fails at once), and when the API server accepts it after all, that is reported."""
     evictor = ScriptedEvictor(answer)
     enforcer, runner, clock, events, _ = _enforcer(evictor)
-    action = _evict_action()
+    action = over_quota_action()
     meanwhile: list[Outcome | None] = []
 
     def while_in_flight() -> None:
@@ -195,7 +197,7 @@ def test_one_eviction_per_pod_at_a_time() -> None:
     """While a pod's eviction is in flight another action on it is not queued a second time."""
     evictor = ScriptedEvictor(EVICTED)
     enforcer, runner, _, _, _ = _enforcer(evictor)
-    action = _evict_action()
+    action = over_quota_action()
     assert enforcer.execute(action) is None
     assert enforcer.execute(action) is None
     runner.answer_all()
@@ -225,7 +227,7 @@ def test_what_follows_an_eviction_that_did_not_happen(
     """With on_eviction_refused: kill, a refusal or an error is said on the pod, then its GPU processes die;
     a pod that is gone is nobody's business any more."""
     enforcer, runner, _, events, killer = _enforcer(ScriptedEvictor(answer), EvictionRefused.KILL)
-    enforcer.execute(_evict_action())
+    enforcer.execute(over_quota_action())
     runner.answer_all()
     (outcome,) = enforcer.collect()
     assert outcome.result == result

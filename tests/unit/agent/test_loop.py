@@ -11,14 +11,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from unit.agent.test_act import GPU0, over_quota_action
 from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.base.worker import Inline, Worker
 from vramguard.cli.wiring import Probes
-from vramguard.core.decide import find_violations
 from vramguard.core.model import (
-    Action,
     EvictionRefused,
     GiB,
     GpuProcess,
@@ -26,11 +25,8 @@ from vramguard.core.model import (
     Mode,
     OnRepeat,
     PodInfo,
-    PodQuota,
     Policy,
     ProcessRef,
-    Quota,
-    Reason,
 )
 from vramguard.core.ports import KillResult
 from vramguard.core.shares import PodShares, Share
@@ -43,12 +39,10 @@ from vramguard.testing.fakes import (
     GatedEvictor,
     RecordingEventRecorder,
     RecordingKiller,
-    SnapshotBuilder,
     gpu,
     pod,
 )
 
-GPU0 = gpu(0, total_bytes=16 * GiB)
 WAIT = EvictionRefused.WAIT
 VRAM = "vramguard.io/vram"
 
@@ -327,13 +321,6 @@ def test_a_failing_scan_does_not_stop_the_loop() -> None:
     assert n.metric("vramguard_scans_failed_total") == 3, "each failed scan counted"
 
 
-def _action(kind: Mode) -> Action:
-    p = pod("victim", "ml")
-    quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
-    return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
-
-
 class ExplodingKiller:
     def kill(self, violation: object, every_process: bool = False) -> KillResult:
         raise PermissionError("no CAP_KILL")
@@ -370,7 +357,7 @@ def test_enforcer_outcomes(
         dry_run=dry_run,
         evictions=Inline(),
     )
-    outcome = enforcer.execute(_action(kind))
+    outcome = enforcer.execute(over_quota_action(kind))
     if outcome is None:  # an eviction: its outcome comes from collect() once the API server answered
         (outcome,) = enforcer.collect()
     assert outcome.result == result
@@ -385,13 +372,13 @@ def test_enforcer_survives_failing_seams() -> None:
     """A killer that raises is a failed result; an Event that cannot be written does not undo a kill."""
     recorder = RecordingEventRecorder()
     failed = Enforcer(killer=ExplodingKiller(), evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
-        _action(Mode.KILL)
+        over_quota_action(Mode.KILL)
     )
     assert failed is not None and failed.result == "failed"
     recorder.inject_error(ConnectionError("apiserver down"))
     killer = RecordingKiller()
     outcome = Enforcer(killer=killer, evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
-        _action(Mode.KILL)
+        over_quota_action(Mode.KILL)
     )
     assert outcome is not None and outcome.result == "ok" and len(killer.killed) == 1
 

@@ -23,7 +23,7 @@ CID = "ab" * 32
 DEAD_PID = (1 << 22) + 1  # above the kernel's highest pid_max: no process ever has it
 
 
-def _root(tmp_path: Path) -> Path:
+def fake_root(tmp_path: Path) -> Path:
     """A fake cgroup v2 root (it has cgroup.controllers, as `v2_root` looks for)."""
     root = tmp_path / "cgroup"
     root.mkdir(exist_ok=True)
@@ -39,13 +39,13 @@ def _cgroup(directory: Path, v2: bool = True, frozen: bool = True) -> str:
     return str(directory)
 
 
-def _container(root: Path, v2: bool = True, cid: str = CID) -> str:
+def frozen_container(root: Path, v2: bool = True, cid: str = CID) -> str:
     """A frozen container cgroup where the killer finds one (cgroupfs driver, burstable), in v2 or v1's freezer."""
     base = root if v2 else root / "freezer"
     return _cgroup(base / "kubepods" / "burstable" / f"pod{UID}" / cid, v2)
 
 
-def _state(cgroup: str, v2: bool = True) -> str:
+def freeze_state(cgroup: str, v2: bool = True) -> str:
     return Path(cgroup, "cgroup.freeze" if v2 else "freezer.state").read_text()
 
 
@@ -59,8 +59,8 @@ def _forge(journal: FreezeJournal, cgroup: str, v2: bool = True, name: str = "fo
 
 def test_record_and_forget(tmp_path: Path) -> None:
     """An entry names the cgroup and this process; forgetting it removes it; forgetting twice is harmless."""
-    root = _root(tmp_path)
-    cgroup = _container(root)
+    root = fake_root(tmp_path)
+    cgroup = frozen_container(root)
     journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(root))
     path = journal.record(cgroup, v2=True)
     (entry,) = journal.entries()
@@ -74,22 +74,22 @@ def test_record_and_forget(tmp_path: Path) -> None:
 @pytest.mark.parametrize("v2", [pytest.param(True, id="v2"), pytest.param(False, id="v1-freezer")])
 def test_a_genuine_abandoned_freeze_is_thawed(tmp_path: Path, v2: bool) -> None:
     """A container cgroup below the root, frozen by an agent that is gone, is thawed and its entry forgotten."""
-    root = _root(tmp_path)
-    cgroup = _container(root, v2)
+    root = fake_root(tmp_path)
+    cgroup = frozen_container(root, v2)
     journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(root))
     entry = _forge(journal, cgroup, v2)
 
     recovery = journal.thaw_abandoned()
 
     assert [(e.cgroup, outcome) for e, outcome in recovery.outcomes] == [(cgroup, "thawed")]
-    assert _state(cgroup, v2) == ("0" if v2 else "THAWED")
+    assert freeze_state(cgroup, v2) == ("0" if v2 else "THAWED")
     assert not entry.exists()
     assert not recovery.junk
 
 
 def test_record_refuses_what_the_journal_would_not_honour(tmp_path: Path) -> None:
     """A freeze the next agent could not thaw is never recorded (and so never made): record raises ValueError."""
-    root = _root(tmp_path)
+    root = fake_root(tmp_path)
     journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(root))
     with pytest.raises(ValueError, match="never frozen"):
         journal.record("/sys/fs/cgroup/system.slice", v2=True)
@@ -104,12 +104,12 @@ def _outside(tmp_path: Path) -> str:
 def _dot_dot_escape(tmp_path: Path) -> str:
     """Below the root by its prefix, outside by its `..` segments."""
     _outside(tmp_path)
-    return f"{_root(tmp_path)}/kubepods/../../elsewhere/kubepods/burstable/pod{UID}/{CID}"
+    return f"{fake_root(tmp_path)}/kubepods/../../elsewhere/kubepods/burstable/pod{UID}/{CID}"
 
 
 def _symlink_escape(tmp_path: Path) -> str:
     """Below the root by its text, outside by a symlink on the way."""
-    root = _root(tmp_path)
+    root = fake_root(tmp_path)
     _outside(tmp_path)
     (root / "kubepods" / "burstable").mkdir(parents=True)
     (root / "kubepods" / "burstable" / f"pod{UID}").symlink_to(
@@ -126,35 +126,38 @@ def _symlink_escape(tmp_path: Path) -> str:
         pytest.param(_outside, True, Junk.OUTSIDE, id="container-shaped-beside-the-root"),
         pytest.param(_dot_dot_escape, True, Junk.OUTSIDE, id="dot-dot-escape"),
         pytest.param(_symlink_escape, True, Junk.OUTSIDE, id="symlink-on-the-way-out"),
-        pytest.param(lambda t: _container(_root(t)) + "/", True, Junk.OUTSIDE, id="trailing-slash"),
-        pytest.param(lambda t: _container(_root(t)), False, Junk.OUTSIDE, id="v2-cgroup-named-as-v1"),
-        pytest.param(lambda t: _cgroup(_root(t)), True, Junk.NOT_A_CONTAINER, id="the-root-itself"),
+        pytest.param(lambda t: frozen_container(fake_root(t)) + "/", True, Junk.OUTSIDE, id="trailing-slash"),
+        pytest.param(lambda t: frozen_container(fake_root(t)), False, Junk.OUTSIDE, id="v2-cgroup-named-as-v1"),
+        pytest.param(lambda t: _cgroup(fake_root(t)), True, Junk.NOT_A_CONTAINER, id="the-root-itself"),
         pytest.param(
-            lambda t: _cgroup(_root(t) / "kubepods" / "burstable" / f"pod{UID}"),
+            lambda t: _cgroup(fake_root(t) / "kubepods" / "burstable" / f"pod{UID}"),
             True,
             Junk.NOT_A_CONTAINER,
             id="a-pod-cgroup",
         ),
         pytest.param(
-            lambda t: _cgroup(Path(_container(_root(t))) / "sub"), True, Junk.NOT_A_CONTAINER, id="a-sub-cgroup"
+            lambda t: _cgroup(Path(frozen_container(fake_root(t))) / "sub"),
+            True,
+            Junk.NOT_A_CONTAINER,
+            id="a-sub-cgroup",
         ),
         pytest.param(
-            lambda t: _cgroup(_root(t) / "system.slice" / f"kubepods-pod{UID.replace('-', '_')}.slice" / CID),
+            lambda t: _cgroup(fake_root(t) / "system.slice" / f"kubepods-pod{UID.replace('-', '_')}.slice" / CID),
             True,
             Junk.NOT_A_CONTAINER,
             id="look-alike-under-system-slice",
         ),
-        pytest.param(lambda t: _cgroup(_root(t) / "kubepods"), True, Junk.NOT_A_CONTAINER, id="kubepods"),
+        pytest.param(lambda t: _cgroup(fake_root(t) / "kubepods"), True, Junk.NOT_A_CONTAINER, id="kubepods"),
     ],
 )
 def test_a_forged_entry_is_refused(tmp_path: Path, make: Callable[[Path], str], v2: bool, kind: Junk) -> None:
     """An entry that does not name a container's own cgroup below the root is removed and reported, and the cgroup
     it names stays frozen."""
     target = make(tmp_path)
-    root = _root(tmp_path)
+    root = fake_root(tmp_path)
     journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(root))
     entry = _forge(journal, target, v2)
-    before = _state(target) if os.path.exists(f"{target}/cgroup.freeze") else None
+    before = freeze_state(target) if os.path.exists(f"{target}/cgroup.freeze") else None
 
     recovery = journal.thaw_abandoned()
 
@@ -162,7 +165,7 @@ def test_a_forged_entry_is_refused(tmp_path: Path, make: Callable[[Path], str], 
     assert dict(recovery.junk.counts) == {kind.value: 1}
     assert not entry.exists()
     if before is not None:
-        assert _state(target) == before == "1", "a refused entry's cgroup is never thawed"
+        assert freeze_state(target) == before == "1", "a refused entry's cgroup is never thawed"
 
 
 def _junk_dir(directory: Path) -> None:
@@ -190,7 +193,7 @@ def _junk_big(directory: Path) -> None:
 def test_what_is_not_a_small_regular_file_is_refused(tmp_path: Path, plant: Callable[[Path], None], kind: Junk) -> None:
     """A directory, a symlink or a big file is never read: the look removes it (a symlink's target stays), and
     reports it. FIFOs and sockets, which could block a reader, are the node tier's (tests/node/test_node_freezes.py)."""
-    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(_root(tmp_path)))
+    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(fake_root(tmp_path)))
     directory = tmp_path / "freezes"
     directory.mkdir()
     plant(directory)
@@ -204,7 +207,7 @@ def test_what_is_not_a_small_regular_file_is_refused(tmp_path: Path, plant: Call
 
 def test_junk_of_every_kind_is_reported_in_one_line(tmp_path: Path) -> None:
     """Junk of several kinds makes one log line that counts each kind, not one line per entry."""
-    root = _root(tmp_path)
+    root = fake_root(tmp_path)
     directory = tmp_path / "state" / "freezes"
     directory.mkdir(parents=True)
     journal = FreezeJournal(str(directory), cgroup_root=str(root))
@@ -229,7 +232,7 @@ def test_junk_of_every_kind_is_reported_in_one_line(tmp_path: Path) -> None:
 
 def test_a_directory_with_something_in_it_is_kept_and_reported(tmp_path: Path) -> None:
     """What cannot be removed safely (someone's non-empty directory) is left there, and counted as kept."""
-    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(_root(tmp_path)))
+    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(fake_root(tmp_path)))
     (tmp_path / "freezes" / "dir").mkdir(parents=True)
     (tmp_path / "freezes" / "dir" / "file").touch()
     entries, junk = journal.scan()
@@ -260,7 +263,7 @@ def test_a_malformed_entry_is_dropped(tmp_path: Path, content: str) -> None:
 
 def test_an_unfinished_write_is_removed_unless_its_writer_lives(tmp_path: Path) -> None:
     """A temporary entry of an agent that is gone is removed; one of a live process may be a record under way."""
-    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(_root(tmp_path)))
+    journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(fake_root(tmp_path)))
     stale = _forge(journal, "/x", name=f"{'0' * 20}-{DEAD_PID}.tmp")
     live = _forge(journal, "/x", name=f"{'0' * 20}-{os.getpid()}.tmp")
     entries, junk = journal.scan()
@@ -272,9 +275,9 @@ def test_an_unwritable_journal_says_so(tmp_path: Path) -> None:
     """Where the state directory cannot hold the journal, recording raises (and the killer then never freezes)."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    root = _root(tmp_path)
+    root = fake_root(tmp_path)
     with pytest.raises(OSError):
-        FreezeJournal(str(blocker / "freezes"), cgroup_root=str(root)).record(_container(root), v2=True)
+        FreezeJournal(str(blocker / "freezes"), cgroup_root=str(root)).record(frozen_container(root), v2=True)
 
 
 def _freezes_symlink(state: Path, tmp_path: Path) -> None:
@@ -293,8 +296,8 @@ def _freezes_symlink(state: Path, tmp_path: Path) -> None:
 def test_a_journal_directory_that_is_not_one_is_refused(tmp_path: Path, plant: Callable[[Path, Path], object]) -> None:
     """Where `<state dir>/freezes` is a symlink or a file, the agent says so in one line and does not freeze; a
     symlinked journal's entries are never acted on. A FIFO there is the node tier's."""
-    root = _root(tmp_path)
-    cgroup = _container(root)
+    root = fake_root(tmp_path)
+    cgroup = frozen_container(root)
     state = tmp_path / "state"
     state.mkdir()
     plant(state, tmp_path)
@@ -305,15 +308,15 @@ def test_a_journal_directory_that_is_not_one_is_refused(tmp_path: Path, plant: C
     assert journal is None
     assert [(e["event"], e["freezing"]) for e in logs] == [("freeze_journal_unavailable", False)]
     assert "not a directory" in str(logs[0]["error"])
-    assert _state(cgroup) == "1"
+    assert freeze_state(cgroup) == "1"
 
 
 def test_a_journal_stuffed_with_junk_makes_one_log_line_and_bounded_work(tmp_path: Path) -> None:
     """A journal stuffed with junk costs one start at most `MAX_EXAMINED` looks and one log line that counts the
     junk by kind, shows a few examples and says how much is left for the next start; a genuine entry is honoured
     once it is reached."""
-    root = _root(tmp_path)
-    cgroup = _container(root)
+    root = fake_root(tmp_path)
+    cgroup = frozen_container(root)
     directory = tmp_path / "state" / "freezes"
     directory.mkdir(parents=True)
     planted = 2 * MAX_EXAMINED + 1
@@ -339,4 +342,4 @@ def test_a_journal_stuffed_with_junk_makes_one_log_line_and_bounded_work(tmp_pat
     with capture_logs() as logs:
         assert freeze_journal(str(tmp_path / "state"), str(root)) is not None
     assert [(e["event"], e["outcome"]) for e in logs] == [("abandoned_freeze", "thawed")]
-    assert _state(cgroup) == "0"
+    assert freeze_state(cgroup) == "0"
