@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.agent.report import TopRow
+from unit.cli.test_top import command_row
+from unit.node.test_describe import ARGUMENTS
 from vramguard.cli.top import render_table
-from vramguard.core.model import GiB
 from vramguard.node.describe import COMMAND_CHARS, ProcessDetail, describe_process, describe_process_name
 from vramguard_testbed.waiting import wait_until
-
-# Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and
-# a return, a tab and a newline that would forge a row.
-HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\r\t\nforged line"
 
 
 def describe_sleeper(
@@ -51,16 +47,7 @@ def test_describe_process_reads_user_and_command_line() -> None:
     assert len(detail.command) <= COMMAND_CHARS, "a tenant's command line is cut"
 
 
-@pytest.mark.parametrize(
-    "argument",
-    [
-        pytest.param(HOSTILE, id="escape-sequences-and-bidi-kept"),
-        pytest.param("a\rb", id="carriage-return-not-turned-into-newline"),
-        pytest.param("a\r\nb\n", id="crlf-and-newline-kept"),
-        pytest.param("two words", id="spaces-kept"),
-        pytest.param(os.fsdecode(b"caf\xe9"), id="undecodable-bytes-as-surrogates"),
-    ],
-)
+@pytest.mark.parametrize("argument", ARGUMENTS)
 def test_describe_process_carries_the_command_line_exactly(argument: str) -> None:
     """The command line is the process's arguments joined by spaces, each character as the kernel holds it."""
     _, detail = describe_sleeper(argument)
@@ -91,6 +78,5 @@ def test_a_long_command_is_cut_with_a_marker_in_json_and_shorter_in_the_table(le
     command = "python " + "x" * 5000
     _, detail = describe_sleeper("x" * length)
     assert len(detail.command) == COMMAND_CHARS and detail.command.endswith(marker)
-    row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
-    shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]
+    shown = render_table([command_row(command)]).splitlines()[1].rsplit(" python ", 1)[1]
     assert len("python " + shown) == 80 and shown.endswith("[cut: 5007 characters]")

@@ -6,14 +6,11 @@ import unicodedata
 
 import pytest
 
+from unit.agent.test_report import CLAIM_ROW, HOSTILE_ROW, TRAINER_ROW
 from vramguard.agent.report import TopRow
 from vramguard.cli.top import TABLE_COMMAND_CHARS, render_table
 from vramguard.core.model import GiB
 from vramguard.node.describe import ProcessDetail
-
-# Tenant text as a hostile tenant writes it: a clear-screen sequence, a bell, a terminal title, bidi overrides, and
-# a return, a tab and a newline that would forge a row.
-HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\r\t\nforged line"
 
 
 def raw_controls(text: str) -> set[str]:
@@ -21,20 +18,14 @@ def raw_controls(text: str) -> set[str]:
     return {c for line in text.split("\n") for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
+def command_row(command: str) -> TopRow:
+    """A row of one process whose command line is `command`."""
+    return TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
+
+
 def test_table_lists_each_process_of_a_container() -> None:
     """The container's line carries its first process; the others follow on lines of their own."""
-    row = TopRow(
-        gpu="0",
-        namespace="ml",
-        pod="trainer",
-        container="main",
-        processes=(ProcessDetail(10, "alice", "python train.py"), ProcessDetail(11, "alice", "python loader.py")),
-        used_bytes=3 * GiB,
-        quota_bytes=4 * GiB,
-        state="ok",
-        held_by="driver",
-    )
-    header, first, second = render_table([row]).splitlines()
+    header, first, second = render_table([TRAINER_ROW]).splitlines()
     assert header.split()[-3:] == ["PID", "USER", "COMMAND"]
     assert first.split() == [
         "0",
@@ -57,12 +48,10 @@ def test_table_lists_each_process_of_a_container() -> None:
 
 def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
     """Rows whose quota is a DRA share name its claim; without any, the table has no CLAIM column."""
-    share = TopRow("2", "ml", "small", "main", (ProcessDetail(7, "bob", "python serve.py"),), 11 * GiB, 10 * GiB,
-                   "over-hard", "agent", claim="small-gpu0-x7k2")  # fmt: skip
     other = TopRow("0", "ml", "batch", "main", (ProcessDetail(8, "eve", "python batch.py"),), GiB, 4 * GiB, "ok")
-    header, *_ = render_table([share, other]).splitlines()
+    header, *_ = render_table([CLAIM_ROW, other]).splitlines()
     assert header.split()[8:10] == ["HELD-BY", "CLAIM"]
-    lines = render_table([share, other]).splitlines()
+    lines = render_table([CLAIM_ROW, other]).splitlines()
     assert "small-gpu0-x7k2" in next(line for line in lines if " small " in line)
     assert "CLAIM" not in render_table([other]).splitlines()[0]
 
@@ -70,9 +59,7 @@ def test_a_claim_column_only_where_dra_claims_give_quotas() -> None:
 def test_hostile_tenant_text_is_escaped_in_the_table() -> None:
     """Namespace, pod, container, user, command, state and claim: no raw control or bidi character in the table
     (one line per row, columns aligned)."""
-    row = TopRow("0", HOSTILE, HOSTILE, HOSTILE, (ProcessDetail(7, HOSTILE, HOSTILE),), GiB, 2 * GiB,
-                 f"unattributed: {HOSTILE}", claim=HOSTILE)  # fmt: skip
-    table = render_table([row])
+    table = render_table([HOSTILE_ROW])
     assert raw_controls(table) == set()
     header, line = table.splitlines()
     assert "\\x1b[2J" in line and "\\u202e" in line and "\\x0d\\x09\\x0aforged line" in line
@@ -90,7 +77,7 @@ def test_hostile_tenant_text_is_escaped_in_the_table() -> None:
 )
 def test_the_table_shows_at_most_a_screen_of_a_command(command: str) -> None:
     """The COMMAND cell is at most TABLE_COMMAND_CHARS of the escaped command, marked when cut, nothing raw."""
-    row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
+    row = command_row(command)
     header, line = render_table([row]).splitlines()
     cell = line[header.index("COMMAND") :]
     assert len(cell) == TABLE_COMMAND_CHARS and cell.endswith(" characters]") and raw_controls(cell) == set()
@@ -99,6 +86,6 @@ def test_the_table_shows_at_most_a_screen_of_a_command(command: str) -> None:
 def test_a_long_command_is_shorter_in_the_table() -> None:
     """A command line is tenant-sized: the table shows a screen's worth, marked with the whole length."""
     command = "python " + "x" * 5000
-    row = TopRow("0", "ml", "p", "main", (ProcessDetail(7, "u", command),), GiB, 2 * GiB, "ok")
+    row = command_row(command)
     shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]
     assert len("python " + shown) == 80 and shown.endswith("[cut: 5007 characters]")

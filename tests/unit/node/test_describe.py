@@ -16,6 +16,14 @@ from vramguard.node.describe import COMMAND_CHARS, ProcessDetail, describe_proce
 HOSTILE = "evil\x1b[2J\x1b[H\x07\u202eexe.txt\u200f\x1b]0;pwned\x07\r\t\nforged line"
 PID = 4242
 PYTHON = ["/usr/bin/python3", "train.py", "--epochs=3"]
+# Command-line arguments a tenant may give, each to be carried exactly.
+ARGUMENTS = [
+    pytest.param(HOSTILE, id="escape-sequences-and-bidi-kept"),
+    pytest.param("a\rb", id="carriage-return-not-turned-into-newline"),
+    pytest.param("a\r\nb\n", id="crlf-and-newline-kept"),
+    pytest.param("two words", id="spaces-kept"),
+    pytest.param(os.fsdecode(b"caf\xe9"), id="undecodable-bytes-as-surrogates"),
+]
 
 
 def fake_process(
@@ -47,16 +55,7 @@ def test_describe_process_reads_user_and_command_line(tmp_path: Path) -> None:
     assert len(detail.command) <= COMMAND_CHARS, "a tenant's command line is cut"
 
 
-@pytest.mark.parametrize(
-    "argument",
-    [
-        pytest.param(HOSTILE, id="escape-sequences-and-bidi-kept"),
-        pytest.param("a\rb", id="carriage-return-not-turned-into-newline"),
-        pytest.param("a\r\nb\n", id="crlf-and-newline-kept"),
-        pytest.param("two words", id="spaces-kept"),
-        pytest.param(os.fsdecode(b"caf\xe9"), id="undecodable-bytes-as-surrogates"),
-    ],
-)
+@pytest.mark.parametrize("argument", ARGUMENTS)
 def test_describe_process_carries_the_command_line_exactly(tmp_path: Path, argument: str) -> None:
     """The command line is the process's arguments joined by spaces, each character as the kernel holds it."""
     detail = describe_process(PID, fake_process(tmp_path, [*PYTHON, argument]))
