@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
+from unit.node.test_limiter import Queued
 from vramguard.base.worker import Inline
 from vramguard.core.limit_plan import LimitTarget, wanted_limits
 from vramguard.core.model import GiB, Mode, PodInfo, Policy, SubjectKey
@@ -249,27 +249,10 @@ def test_a_cgroup_whose_pod_is_not_known_waits_for_it(node: Node, v2: KubeletCgr
     assert results(node.collect()) == [("applied", None, 0), ("applied", None, 1)]
 
 
-class _Queued(Inline):
-    """A worker that runs its tasks only when told to (`run`), as a busy thread would."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tasks: list[Callable[[], None]] = []
-
-    def submit(self, task: Callable[[], None]) -> bool:
-        self.tasks.append(task)
-        return True
-
-    def run(self) -> None:
-        tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            task()
-
-
 def test_the_watcher_keeps_ticking_while_a_cgroup_waits(node: Node, v2: KubeletCgroups) -> None:
     """Handed over but not yet taken by the busy worker, or parked until its pod is known: either way the
     watcher is told to call again, so no new cgroup waits for the next event or scan."""
-    queued = _Queued()
+    queued = Queued()
     limiter = DriverLimiter(node.driver, runner=queued, clock=FakeClock(0.0), plan=node.plan)
     fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
     pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
@@ -337,13 +320,6 @@ def test_usage_counts_only_when_read_since_the_last_update(node: Node) -> None:
     assert key not in node.limiter.fresh_usage()  # just set: nothing read back yet
     node.update(targets, now=1)  # a usage refresh
     assert node.limiter.fresh_usage()[key] == 3 * GiB
-    busy = DriverLimiter(node.driver, runner=_Busy(), resync_s=30)
+    busy = DriverLimiter(node.driver, runner=Queued(), resync_s=30)
     busy.update(targets, [0, 1], 0)
     assert busy.fresh_usage() == {}, "a task that has not run yet leaves no figure to use"
-
-
-class _Busy(Inline):
-    """A worker that accepts tasks and never gets to them."""
-
-    def submit(self, task: object) -> bool:
-        return True

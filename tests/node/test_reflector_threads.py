@@ -4,37 +4,17 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import structlog
 from kubernetes import client
 
-from unit.kube.test_claims import FakeDraApi, claim_pod
+from unit.kube.test_claims import FakeDraApi, SilentWatch, claim_pod
+from unit.kube.test_reflector import Names
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.reflector import Reflector
 from vramguard.testing.fakes import FakePodSource
-
-
-class SilentWatch:
-    """A watch response on which nothing arrives until it is shut down."""
-
-    def __init__(self) -> None:
-        self.reading = threading.Event()
-        self.closed = threading.Event()
-
-    def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
-        self.reading.set()
-        self.closed.wait(30)
-        yield from ()
-
-    def release_conn(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        self.closed.set()
 
 
 class Server:
@@ -51,17 +31,6 @@ class Server:
         self.requests.append("LIST")
         body = {"metadata": {"resourceVersion": "5"}, "items": [{"metadata": {"name": "a"}}]}
         return type("R", (), {"data": json.dumps(body)})()
-
-
-class Names:
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
-        self.names = {str(i["metadata"]["name"]) for i in items}
-
-    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self.names.add(str(obj["metadata"]["name"]))
 
 
 def test_started_on_its_thread_and_stopped_by_its_deadline_while_the_watch_is_silent() -> None:

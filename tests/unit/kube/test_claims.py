@@ -19,12 +19,15 @@ from vramguard.testing.fakes import FakeClock, FakePodSource, pod
 
 
 class SilentWatch:
-    """A watch on which nothing arrives until the reflector shuts it down (its stop)."""
+    """A watch on which nothing arrives until the reflector shuts it down (its stop); `reading` is set once it is
+    read."""
 
     def __init__(self) -> None:
+        self.reading = threading.Event()
         self.closed = threading.Event()
 
     def stream(self, amt: int, decode_content: bool) -> Iterator[bytes]:
+        self.reading.set()
         self.closed.wait(30)
         yield from ()
 

@@ -441,7 +441,7 @@ def test_a_limit_set_from_a_fresher_plan_is_not_cleared_by_an_older_reconcile(be
     assert bench.held(pod_dir) == [8 * GiB, 8 * GiB]
 
 
-class _Queued(Inline):
+class Queued(Inline):
     """A worker that runs its tasks only when told to (`run`), as a busy thread would."""
 
     def __init__(self) -> None:
@@ -461,7 +461,7 @@ class _Queued(Inline):
 def test_the_watcher_keeps_ticking_while_a_cgroup_waits() -> None:
     """Handed over but not yet taken by the busy worker, or parked until its pod is known: either way the
     watcher is told to call again."""
-    queued = _Queued()
+    queued = Queued()
     bench = Bench(runner=queued)
     pod_dir = bench.tree.pod(TRAINER.uid)
     bench.limiter.appeared(pod_dir, bench.tree.dirs[pod_dir])
@@ -490,7 +490,7 @@ class _Hooked(FakeMemoryLimiter):
 
 def test_a_cgroup_that_appears_during_a_reconcile_goes_before_the_rest_of_it() -> None:
     """Between two limits of a long reconcile, a new cgroup is programmed first, before its process starts."""
-    queued = _Queued()
+    queued = Queued()
     bench = Bench(runner=queued)
     trainer_dir, shared_dir = bench.start(TRAINER), bench.start(SHARED)
     bench.known[PAIR.uid] = PAIR
@@ -604,7 +604,7 @@ def test_usage_counts_only_when_read_since_the_last_update(bench: Bench) -> None
     assert key not in bench.limiter.fresh_usage(), "just set: nothing read back yet"
     bench.update(targets, now=1)  # a usage refresh
     assert bench.limiter.fresh_usage() == {key: 3 * GiB, SubjectKey(TRAINER.uid, "main", bench.devices[1].uuid): 0}
-    busy = Bench(runner=_Queued())
+    busy = Bench(runner=Queued())
     busy.limiter.update(targets, [0, 1], 0)
     assert busy.limiter.fresh_usage() == {}, "a task that has not run yet leaves no figure to use"
 
