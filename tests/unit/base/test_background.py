@@ -93,19 +93,25 @@ def test_on_exit_runs_after_a_step_that_raises_on_the_way_out() -> None:
     assert exits == [True]
 
 
-def test_stop_wakes_a_blocked_step_and_joins_the_thread() -> None:
-    """A step blocked on its own wait is ended by `wake`; stop returns True once the thread has ended."""
-    gate = threading.Event()
-    entered = threading.Event()
+class BlockedStep:
+    """A step blocked on its own wait until `gate` is set; `entered` is set once it runs."""
 
-    def step() -> float:
-        entered.set()
-        gate.wait()
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def __call__(self) -> float:
+        self.entered.set()
+        self.gate.wait()
         return 0.0
 
-    loop = BackgroundLoop("blocked", step, wake=gate.set)
+
+def test_stop_wakes_a_blocked_step_and_joins_the_thread() -> None:
+    """A step blocked on its own wait is ended by `wake`; stop returns True once the thread has ended."""
+    step = BlockedStep()
+    loop = BackgroundLoop("blocked", step, wake=step.gate.set)
     loop.start()
-    assert entered.wait(10)
+    assert step.entered.wait(10)
     assert loop.running
     assert loop.stop(deadline=loop.clock.now() + 10)
     assert not loop.running
@@ -113,20 +119,13 @@ def test_stop_wakes_a_blocked_step_and_joins_the_thread() -> None:
 
 def test_a_stuck_step_is_abandoned_at_the_deadline() -> None:
     """A step that ignores its wake is left behind at the deadline: stop returns False instead of waiting."""
-    gate = threading.Event()
-    entered = threading.Event()
-
-    def step() -> float:
-        entered.set()
-        gate.wait()
-        return 0.0
-
+    step = BlockedStep()
     loop = BackgroundLoop("stuck", step)
     loop.start()
-    assert entered.wait(10)
+    assert step.entered.wait(10)
     assert loop.stop(deadline=loop.clock.now()) is False
     assert loop.running
-    gate.set()
+    step.gate.set()
     assert loop.stop(deadline=loop.clock.now() + 10)
 
 
