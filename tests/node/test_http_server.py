@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from unit.http.test_server import idle_server, parse_response
 from vramguard.base.clock import SYSTEM_CLOCK
-from vramguard.http.server import HealthServer, Probe
+from vramguard.http.server import HealthServer
 from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.waiting import wait_until
 
@@ -41,15 +42,11 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
     registry = CollectorRegistry()
     Counter("vramguard_test_total", "a test counter", registry=registry).inc(3)
     ready = {"ok": False}
-    server = HealthServer(
-        0,
+    with _serving(
         registry,
         healthz=lambda: (True, "last scan 0.1s ago"),
         readyz=lambda: (ready["ok"], "ready" if ready["ok"] else "pod cache not synced"),
-        host="127.0.0.1",
-    )
-    server.start()
-    try:
+    ) as server:
         status, body = _get(server.port, "/metrics")
         assert status == 200 and "vramguard_test_total 3.0" in body
         assert _get(server.port, "/healthz") == (200, "last scan 0.1s ago\n")
@@ -57,8 +54,6 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
         ready["ok"] = True
         assert _get(server.port, "/readyz") == (200, "ready\n")
         assert _get(server.port, "/nope")[0] == 404
-    finally:
-        server.stop(SYSTEM_CLOCK.now() + 1.0)
 
 
 def test_a_status_being_built_waits_while_the_probes_answer() -> None:
@@ -91,25 +86,9 @@ def test_a_status_not_built_in_time_is_a_503() -> None:
 # Helpers: a server that is always stopped, raw exchanges, and what /proc says about threads and CPU time.
 
 
-def _alive() -> tuple[bool, str]:
-    return True, "alive"
-
-
-def _gauge_registry() -> CollectorRegistry:
-    """A registry whose exposition is the same every time it is built (a gauge has no `_created` sample)."""
-    registry = CollectorRegistry()
-    Gauge("vramguard_test_bytes", "a test gauge", registry=registry).set(3)
-    return registry
-
-
 @contextmanager
-def _serving(
-    registry: CollectorRegistry | None = None,
-    healthz: Probe = _alive,
-    readyz: Probe = _alive,
-    **limits: Any,
-) -> Iterator[HealthServer]:
-    server = HealthServer(0, registry or _gauge_registry(), healthz, readyz, host="127.0.0.1", **limits)
+def _serving(registry: CollectorRegistry | None = None, **options: Any) -> Iterator[HealthServer]:
+    server = idle_server(registry, **options)
     server.start()
     try:
         yield server
@@ -131,13 +110,7 @@ def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     """Sends raw request bytes and reads to EOF: (status, lower-cased headers, body); the answer must be HTTP/1.1."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(request)
-        response = _read_to_eof(sock)
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    version, status, _ = status_line.split(" ", 2)
-    assert version == "HTTP/1.1"
-    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
-    return int(status), headers, body
+        return parse_response(_read_to_eof(sock))
 
 
 def _timed_healthz(port: int) -> float:
@@ -408,7 +381,7 @@ def test_stop_is_prompt_and_releases_the_port() -> None:
     """stop() with idle clients connected returns within a second, stops the thread, and frees the port."""
     threads_before = _tasks()
     with ExitStack() as stack:
-        server = HealthServer(0, _gauge_registry(), _alive, _alive, host="127.0.0.1")
+        server = idle_server()
         assert _tasks() == threads_before, "constructed idle"
         server.start()
         idle = _connect_many(stack, server.port, 10)

@@ -17,31 +17,31 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from vramguard.http.server import HealthServer, Probe, StatusBody, _head_of
+from vramguard.http.server import HealthServer, Probe, _head_of
 
 
-def _alive() -> tuple[bool, str]:
+def alive() -> tuple[bool, str]:
     return True, "alive"
 
 
-def _gauge_registry() -> CollectorRegistry:
+def gauge_registry() -> CollectorRegistry:
     """A registry whose exposition is the same every time it is built (a gauge has no `_created` sample)."""
     registry = CollectorRegistry()
     Gauge("vramguard_test_bytes", "a test gauge", registry=registry).set(3)
     return registry
 
 
-def _server(
+def idle_server(
     registry: CollectorRegistry | None = None,
-    healthz: Probe = _alive,
-    readyz: Probe = _alive,
-    status: StatusBody | None = None,
+    healthz: Probe = alive,
+    readyz: Probe = alive,
+    **options: Any,
 ) -> HealthServer:
-    """A server never started: no port, no thread, only its routes."""
-    return HealthServer(0, registry or _gauge_registry(), healthz, readyz, host="127.0.0.1", status=status)
+    """A server on 127.0.0.1 and any free port, constructed idle: no port yet, no thread, only its routes."""
+    return HealthServer(0, registry or gauge_registry(), healthz, readyz, host="127.0.0.1", **options)
 
 
-def _parse(response: bytes) -> tuple[int, dict[str, str], bytes]:
+def parse_response(response: bytes) -> tuple[int, dict[str, str], bytes]:
     """(status, lower-cased headers, body) of a whole response; it must be HTTP/1.1."""
     head, _, body = response.partition(b"\r\n\r\n")
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
@@ -52,12 +52,12 @@ def _parse(response: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def _exchange(server: HealthServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """What the server answers the request bytes, as `_parse` gives it; the answer must be ready at once."""
+    """What the server answers the request bytes, as `parse_response` gives it; the answer must be ready at once."""
     head = _head_of(request)
     assert head is not None, "a whole head"
     _, _, response = server._request(head)
     assert isinstance(response, bytes)
-    return _parse(response)
+    return parse_response(response)
 
 
 def test_endpoints_serve_metrics_and_probe_results() -> None:
@@ -65,7 +65,7 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
     registry = CollectorRegistry()
     Counter("vramguard_test_total", "a test counter", registry=registry).inc(3)
     ready = {"ok": False}
-    server = _server(
+    server = idle_server(
         registry,
         healthz=lambda: (True, "last scan 0.1s ago"),
         readyz=lambda: (ready["ok"], "ready" if ready["ok"] else "pod cache not synced"),
@@ -88,7 +88,7 @@ def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
     """/status answers the provider's body as application/json, on every request (HEAD: the length alone); a
     server built without one answers 404 there."""
     bodies = iter([b'{"kind": "VramguardStatus", "n": 1}', b'{"kind": "VramguardStatus", "n": 2}'])
-    server = _server(status=lambda: next(bodies))
+    server = idle_server(status=lambda: next(bodies))
     for n in (1, 2):
         status, headers, body = _exchange(server, b"GET /status HTTP/1.1\r\n\r\n")
         assert (status, headers["content-type"], body) == (
@@ -96,16 +96,16 @@ def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
             "application/json",
             f'{{"kind": "VramguardStatus", "n": {n}}}'.encode(),
         )
-    status, headers, body = _exchange(_server(status=lambda: b"{}"), b"HEAD /status HTTP/1.1\r\n\r\n")
+    status, headers, body = _exchange(idle_server(status=lambda: b"{}"), b"HEAD /status HTTP/1.1\r\n\r\n")
     assert (status, headers["content-length"], body) == (200, "2", b"")
-    assert _exchange(_server(), b"GET /status HTTP/1.1\r\n\r\n")[0] == 404
+    assert _exchange(idle_server(), b"GET /status HTTP/1.1\r\n\r\n")[0] == 404
 
 
 def test_a_status_being_built_is_answered_later_once_built() -> None:
     """/status whose body is being built elsewhere is an answer for later (the build never runs on the server's
     thread): none until the body is built, then the body."""
     built: list[bytes] = []
-    server = _server(status=lambda: lambda: built[0] if built else None)
+    server = idle_server(status=lambda: lambda: built[0] if built else None)
     path, head_only, later = server._request(b"GET /status HTTP/1.1")
     assert (path, head_only) == ("/status", False)
     assert callable(later) and later() is None, "no answer before the body is built"
@@ -134,7 +134,7 @@ def test_the_head_ends_at_the_first_empty_line(received: bytes, head: bytes | No
 @pytest.fixture(scope="module")
 def table_server() -> HealthServer:
     """One server for the whole table (it keeps no state between requests): healthz alive, readyz failing."""
-    return _server(readyz=lambda: (False, "pod cache not synced"))
+    return idle_server(readyz=lambda: (False, "pod cache not synced"))
 
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -148,7 +148,7 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
         pytest.param(
             b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
             200,
-            generate_latest(_gauge_registry()),
+            generate_latest(gauge_registry()),
             {"content-type": choose_encoder("*/*")[1]},
             id="metrics-with-query-is-the-registry",
         ),
@@ -193,7 +193,7 @@ BOTH = {"vramguard_test_bytes", "vramguard_other_bytes"}
 
 
 def _two_metrics() -> CollectorRegistry:
-    registry = _gauge_registry()
+    registry = gauge_registry()
     Gauge("vramguard_other_bytes", "another gauge", registry=registry).set(5)
     return registry
 
@@ -215,7 +215,7 @@ def test_metrics_speak_what_prometheus_asks_for(
 ) -> None:
     """/metrics is client_python's WSGI app: gzip when asked, OpenMetrics when asked, `name[]` selects."""
     request = f"GET /metrics{query} HTTP/1.1\r\nHost: t\r\n".encode() + headers + b"\r\n"
-    status, got_headers, body = _exchange(_server(_two_metrics()), request)
+    status, got_headers, body = _exchange(idle_server(_two_metrics()), request)
     assert status == 200 and got_headers["connection"] == "close"
     assert got_headers["content-length"] == str(len(body))
     assert got_headers.get("content-encoding") == encoding
@@ -260,7 +260,7 @@ def _broken_metrics_registry() -> CollectorRegistry:
 )
 def test_a_raising_callback_is_a_500_and_serving_goes_on(path: bytes, server_args: dict[str, Any], body: bytes) -> None:
     """A probe or collector that raises answers 500 naming the route, every time, and the other routes still work."""
-    server = _server(**server_args)
+    server = idle_server(**server_args)
     for _ in range(2):
         status, _, got_body = _exchange(server, b"GET " + path + b" HTTP/1.1\r\n\r\n")
         assert (status, got_body) == (500, body)
