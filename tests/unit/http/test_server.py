@@ -140,43 +140,44 @@ def table_server() -> HealthServer:
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
-@pytest.mark.parametrize(
-    ("request_bytes", "status", "body", "headers"),
-    [
-        pytest.param(HEALTHZ, 200, b"alive\n", {"content-type": "text/plain; charset=utf-8"}, id="healthz-is-200"),
-        pytest.param(b"GET /healthz?verbose=1&x HTTP/1.1\r\n\r\n", 200, b"alive\n", {}, id="query-string-ignored"),
-        pytest.param(
-            b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
-            200,
-            generate_latest(gauge_registry()),
-            {"content-type": choose_encoder("*/*")[1]},
-            id="metrics-with-query-is-the-registry",
-        ),
-        pytest.param(b"GET /readyz HTTP/1.1\r\n\r\n", 503, b"pod cache not synced\n", {}, id="failing-probe-is-503"),
-        pytest.param(b"GET /healthz HTTP/1.0\r\n\r\n", 200, b"alive\n", {}, id="http-1.0-gets-an-http-1.1-answer"),
-        pytest.param(b"GET /healthz HTTP/1.1\nHost: t\n\n", 200, b"alive\n", {}, id="bare-lf-line-ends-accepted"),
-        pytest.param(b"\r\n" + HEALTHZ, 200, b"alive\n", {}, id="blank-line-before-request-skipped"),
-        pytest.param(b"HEAD /healthz HTTP/1.1\r\n\r\n", 200, b"", {"content-length": "6"}, id="head-no-body"),
-        pytest.param(
-            b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-            405,
-            b"only GET and HEAD\n",
-            {"allow": "GET, HEAD"},
-            id="post-is-405",
-        ),
-        pytest.param(b"get /healthz HTTP/1.1\r\n\r\n", 405, b"only GET and HEAD\n", {}, id="lowercase-get-is-405"),
-        pytest.param(b"hello there\r\n\r\n", 400, b"malformed request line\n", {}, id="garbage-is-400"),
-        pytest.param(b"GET /healthz\r\n\r\n", 400, b"malformed request line\n", {}, id="http-0.9-is-400"),
-        pytest.param(b"GET /healthz HTTP/2.0\r\n\r\n", 400, b"malformed request line\n", {}, id="http-2-line-is-400"),
-        pytest.param(b"GET /h\xc3\xa9 HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="non-ascii-is-400"),
-        pytest.param(b"GET  /healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="double-space-is-400"),
-        pytest.param(
-            b"GET http://t/healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="absolute-form-is-400"
-        ),
-        pytest.param(b"GET /nope HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="unknown-path-is-404"),
-        pytest.param(b"GET /healthz/ HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="trailing-slash-is-another-path"),
-    ],
-)
+# Request bytes, and the status, body and headers they are answered with.
+REQUEST_LINES = [
+    pytest.param(HEALTHZ, 200, b"alive\n", {"content-type": "text/plain; charset=utf-8"}, id="healthz-is-200"),
+    pytest.param(b"GET /healthz?verbose=1&x HTTP/1.1\r\n\r\n", 200, b"alive\n", {}, id="query-string-ignored"),
+    pytest.param(
+        b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
+        200,
+        generate_latest(gauge_registry()),
+        {"content-type": choose_encoder("*/*")[1]},
+        id="metrics-with-query-is-the-registry",
+    ),
+    pytest.param(b"GET /readyz HTTP/1.1\r\n\r\n", 503, b"pod cache not synced\n", {}, id="failing-probe-is-503"),
+    pytest.param(b"GET /healthz HTTP/1.0\r\n\r\n", 200, b"alive\n", {}, id="http-1.0-gets-an-http-1.1-answer"),
+    pytest.param(b"GET /healthz HTTP/1.1\nHost: t\n\n", 200, b"alive\n", {}, id="bare-lf-line-ends-accepted"),
+    pytest.param(b"\r\n" + HEALTHZ, 200, b"alive\n", {}, id="blank-line-before-request-skipped"),
+    pytest.param(b"HEAD /healthz HTTP/1.1\r\n\r\n", 200, b"", {"content-length": "6"}, id="head-no-body"),
+    pytest.param(
+        b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+        405,
+        b"only GET and HEAD\n",
+        {"allow": "GET, HEAD"},
+        id="post-is-405",
+    ),
+    pytest.param(b"get /healthz HTTP/1.1\r\n\r\n", 405, b"only GET and HEAD\n", {}, id="lowercase-get-is-405"),
+    pytest.param(b"hello there\r\n\r\n", 400, b"malformed request line\n", {}, id="garbage-is-400"),
+    pytest.param(b"GET /healthz\r\n\r\n", 400, b"malformed request line\n", {}, id="http-0.9-is-400"),
+    pytest.param(b"GET /healthz HTTP/2.0\r\n\r\n", 400, b"malformed request line\n", {}, id="http-2-line-is-400"),
+    pytest.param(b"GET /h\xc3\xa9 HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="non-ascii-is-400"),
+    pytest.param(b"GET  /healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="double-space-is-400"),
+    pytest.param(
+        b"GET http://t/healthz HTTP/1.1\r\n\r\n", 400, b"malformed request line\n", {}, id="absolute-form-is-400"
+    ),
+    pytest.param(b"GET /nope HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="unknown-path-is-404"),
+    pytest.param(b"GET /healthz/ HTTP/1.1\r\n\r\n", 404, b"not found\n", {}, id="trailing-slash-is-another-path"),
+]
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "body", "headers"), REQUEST_LINES)
 def test_request_line_decides_the_answer(
     table_server: HealthServer, request_bytes: bytes, status: int, body: bytes, headers: dict[str, str]
 ) -> None:
