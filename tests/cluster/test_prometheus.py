@@ -1,0 +1,223 @@
+"""The chart's monitoring on the real node (tests/cluster/real_cluster.py), read by a real Prometheus
+(tests/cluster/prometheus.py): it discovers the agent through the API server (Prometheus' endpoints role, served
+over http_sd: Debian's build has no Kubernetes discovery) with the scrape job generated from the ServiceMonitor
+the chart installed, evaluates the PrometheusRule the chart installed, and answers the Grafana
+dashboard's queries as Grafana would send them. Scrapes and evaluations run every second instead of the chart's
+30 s; the rules' windows and `for:` are the chart's, so the alerts reached here are pending.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import utils
+from prometheus_client.parser import text_string_to_metric_families
+
+from helm_fixtures import need_helm
+from monitoring_fixtures import as_grafana_sends, panel_queries, prometheus, variable_queries
+from real_parts import need
+from vramguard.core.model import GiB
+from vramguard_testbed.waiting import wait_until
+
+from .node import NODE_CONTROLLERS, raw
+from .prometheus import (
+    KubeStateMetrics,
+    Prometheus,
+    install_monitoring_crds,
+    installed,
+    scrape_config,
+    served_discovery,
+)
+from .real_cluster import AGENT_NS, Cluster, real_cluster, unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = "1s"
+RATE_INTERVAL = "1m"  # Grafana's $__rate_interval at this scrape interval and a short time range
+JOB = "vramguard-metrics"  # the chart's Service: the operator names the job after it
+# The endpoints controller fills the Service's Endpoints, which Prometheus' role=endpoints discovery reads.
+CONTROLLERS = f"{NODE_CONTROLLERS},endpoints-controller"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    need(unavailable_reason(), skip="no real node", ci="build the real node's parts first (scripts/test.sh does)")
+    prometheus()
+    with real_cluster(need_helm()) as found:
+        found.plane.components["kube-controller-manager"].stop()
+        found.plane.start_controller_manager(controllers=CONTROLLERS)
+        install_monitoring_crds(found.api)
+        found.values["serviceMonitor"] = {"enabled": True}
+        found.values["prometheusRule"] = {"enabled": True}
+        found.helm_install(mode="warn")
+        yield found
+
+
+def discovery_kubeconfig(cluster: Cluster) -> Path:
+    """A ServiceAccount's kubeconfig with what Prometheus' endpoints discovery reads in the agent's namespace."""
+    kubeconfig = cluster.plane.service_account_kubeconfig("monitoring", "prometheus")
+    meta = {"name": "prometheus", "namespace": AGENT_NS}
+    rule = {"apiGroups": [""], "resources": ["endpoints", "services", "pods"], "verbs": ["get", "list", "watch"]}
+    subject = {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    rbac = "rbac.authorization.k8s.io"
+    for doc in (
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "subjects": [subject],
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "prometheus"},
+        },
+    ):
+        utils.create_from_dict(cluster.api, doc)  # type: ignore[no-untyped-call]  # untyped in the client
+    return kubeconfig
+
+
+def agent_metrics(cluster: Cluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The agent's own /metrics, read directly: (name, labels) -> value."""
+    pod = cluster.agent_pod()
+    assert pod is not None
+    url = f"http://{pod['status']['podIP']}:{cluster.values['metrics']['port']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def reported(exposed: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    (value,) = [v for (n, ls), v in exposed.items() if n == name and labels.items() <= dict(ls).items()]
+    return value
+
+
+def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: Cluster, tmp_path: Path) -> None:
+    """With a pod over its quota and memory outside any pod on the real node: Prometheus discovers and scrapes the
+    agent through the ServiceMonitor's job, every dashboard panel returns the series it is meant to show with the
+    values the agent reports, only VramguardUnattributedMemoryGrowing is raised (pending); then with the agent's
+    pod deleted and not replaced, VramguardAgentDown is."""
+    started = time.monotonic()
+    node = cluster.node.name
+    monitor = installed(cluster.api, AGENT_NS, "servicemonitors")
+    rules = installed(cluster.api, AGENT_NS, "prometheusrules")
+    service = raw(cluster.api, cluster.core.read_namespaced_service(JOB, AGENT_NS))
+    operator_job = scrape_config(monitor, service, discovery_kubeconfig(cluster), INTERVAL)
+    with served_discovery(operator_job) as job, KubeStateMetrics(cluster.plane, AGENT_NS) as ksm:
+        ksm_job = {
+            "job_name": "kube-state-metrics",
+            "honor_labels": True,
+            "static_configs": [{"targets": [ksm.address]}],
+        }
+        server = Prometheus(prometheus(), tmp_path / "prometheus", [job, ksm_job], rules["spec"], interval=INTERVAL)
+        with server.running() as prom:
+            # Discovered through the API server, with the operator's target labels and the chart's `node`.
+            (target,) = wait_until(lambda: prom.targets(job["job_name"]), 60, what="the agent discovered")
+            agent_pod = cluster.agent_pod()
+            assert agent_pod is not None
+            assert target["labels"] | {"instance": ""} == {
+                "job": JOB,
+                "namespace": AGENT_NS,
+                "service": JOB,
+                "endpoint": "metrics",
+                "pod": agent_pod["metadata"]["name"],
+                "container": "vramguard",
+                "node": node,
+                "instance": "",
+            }
+            wait_until(lambda: prom.query(f'up{{job="{JOB}"}} == 1'), 30, what="the agent scraped")
+            wait_until(lambda: prom.query("vramguard_unattributed_gpu_memory_bytes == 0"), 30, what="a first scrape")
+
+            # The situation: a 4Gi pod using 9GiB, and 1GiB held by a process outside any pod (this test's).
+            ns = cluster.namespace("ml")
+            trainer = cluster.workload(ns, "trainer", "4Gi")
+            cluster.gpu({cluster.pid(trainer): 9 * GiB, os.getpid(): 1 * GiB})
+            wait_until(
+                lambda: prom.query(f'vramguard_violations_total{{namespace="{ns}"}}'), 60, what="the violation scraped"
+            )
+            wait_until(lambda: prom.query("vramguard_unattributed_gpu_memory_bytes > 0"), 30, what="unattributed")
+            exposed = agent_metrics(cluster)
+
+            def panel(expr: str) -> list[tuple[dict[str, str], float]]:
+                return prom.query(as_grafana_sends(expr, node=node, rate_interval=RATE_INTERVAL))
+
+            gpu = {"gpu": "0"}
+            trainer_labels = {"namespace": ns, "pod": "trainer", "container": "main", **gpu}
+            used = reported(exposed, "vramguard_container_gpu_memory_used_bytes", pod="trainer")
+            quota = reported(exposed, "vramguard_container_gpu_memory_quota_bytes", pod="trainer")
+            assert (used, quota) == (9 * GiB, 4 * GiB)
+            violations = reported(exposed, "vramguard_violations_total", namespace=ns)
+            warnings = reported(exposed, "vramguard_actions_total", action="warn", result="ok")
+            expected: dict[str, list[tuple[dict[str, str], float | None]]] = {
+                "GPU memory used by container/A": [(trainer_labels, used)],
+                "Usage / quota/A": [(trainer_labels, used / quota)],
+                "GPU memory free/A": [({"node": node, **gpu}, reported(exposed, "vramguard_gpu_memory_free_bytes"))],
+                "Unattributed GPU memory (outside any pod)/A": [({"node": node, **gpu}, 1.0 * GiB)],
+                # Counted within the panel's window: its increase is the whole count.
+                "Violations and actions/A": [({"namespace": ns, "severity": "hard"}, violations)],
+                "Violations and actions/B": [({"action": "warn", "result": "ok"}, warnings)],
+                "Agent health/A": [({"node": node}, 1.0)],
+                "Agent health/B": [({"node": node}, None)],
+                "Agent health/C": [
+                    ({"kind": dict(ls)["kind"]}, None)
+                    for (n, ls), _ in exposed.items()
+                    if n == "vramguard_nvml_errors_total"
+                ],
+            }
+            answers = {f"{q.panel}/{q.ref}": panel(q.expr) for q in panel_queries()}
+            assert answers.keys() == expected.keys()
+            for key, want in expected.items():
+                got = answers[key]
+                assert len(got) == len(want), f"{key}: {got}"
+                for want_labels, want_value in want:
+                    (value,) = [v for labels, v in got if want_labels.items() <= labels.items()]
+                    if want_value is not None:
+                        assert value == pytest.approx(want_value), f"{key}: {want_labels} {value} != {want_value}"
+            (_, p99), *_ = answers["Agent health/B"]
+            assert 0 < p99 <= 5.0
+            for metric, label in variable_queries():
+                assert prom.api(f"label/{label}/values", **{"match[]": metric}) == [node]
+
+            # What the situation raises: memory outside any pod grew (pending for the rule's 30 minutes); nothing
+            # else, kube-state-metrics' series included (the agent's pod is Ready, its DaemonSet has it).
+            def unattributed_raised() -> dict[str, list[dict[str, Any]]]:
+                found = prom.alerts()
+                return found if "VramguardUnattributedMemoryGrowing" in found else {}
+
+            raised = wait_until(unattributed_raised, 30, what="VramguardUnattributedMemoryGrowing raised")
+            assert {name: [a["state"] for a in found] for name, found in raised.items()} == {
+                "VramguardUnattributedMemoryGrowing": ["pending"]
+            }
+            assert raised["VramguardUnattributedMemoryGrowing"][0]["labels"]["node"] == node
+            print(f"panels and alerts checked {time.monotonic() - started:.1f}s after Prometheus started")
+
+            # Stopped on purpose: no daemonset-controller to replace it, the agent's pod deleted. Its target leaves
+            # with it (no `up` series at all) while its DaemonSet still wants one agent.
+            cluster.plane.components["kube-controller-manager"].stop()
+            cluster.plane.start_controller_manager(controllers=CONTROLLERS.replace(",daemonset-controller", ""))
+            cluster.core.delete_namespaced_pod(agent_pod["metadata"]["name"], AGENT_NS, grace_period_seconds=1)
+            wait_until(lambda: not prom.targets(job["job_name"]), 60, what="the agent's target gone")
+            # Its last scrapes may have failed (up 0); then its series are marked stale and `up` is gone.
+            wait_until(lambda: not prom.query(f'up{{job="{JOB}"}}'), 30, what="no up series left")
+
+            def agent_down() -> list[dict[str, Any]]:
+                # The one for the whole job (absent up), not one that a failed last scrape raised for the node.
+                return [a for a in prom.alerts().get("VramguardAgentDown", []) if "node" not in a["labels"]]
+
+            (down,) = wait_until(agent_down, 30, what="VramguardAgentDown raised")
+            assert down["state"] in ("pending", "firing")
+            assert down["labels"] == {
+                "alertname": "VramguardAgentDown",
+                "job": JOB,
+                "namespace": AGENT_NS,
+                "severity": "critical",
+            }
+            assert down["annotations"]["summary"].startswith("no vramguard agent is scraped")
+    print(f"Prometheus test {time.monotonic() - started:.1f}s")
