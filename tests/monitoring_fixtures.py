@@ -1,13 +1,14 @@
-"""The chart's monitoring objects and the Grafana dashboard for the tests: Debian's Prometheus and promtool
-(scripts/prometheus.sh), the rendered PrometheusRule and ServiceMonitor, the dashboard's queries as Grafana sends
-them, the names a PromQL expression reads, and every metric the rules and panels may name with its labels.
+"""The chart's monitoring objects and the Grafana dashboard for the tests: Prometheus and promtool (3.16, built
+from source with Kubernetes discovery by scripts/prometheus.sh), the rendered PrometheusRule and ServiceMonitor, the
+dashboard's queries as Grafana sends them, the names a PromQL expression reads, and every metric the rules and
+panels may name with its labels.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,10 @@ from vramguard.core.model import GiB, PodQuota, Quota
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana-dashboard.json"
+PROMETHEUS_VERSION = "3.16.0"  # as scripts/prometheus.sh builds it
+PROMETHEUS_DIR = (
+    Path(os.environ.get("VRAMGUARD_CACHE") or Path.home() / ".cache" / "vramguard") / "prometheus" / PROMETHEUS_VERSION
+)
 MONITORING = ("serviceMonitor.enabled=true", "prometheusRule.enabled=true")
 
 # Labels prometheus-operator puts on every target of a ServiceMonitor endpoint (its promcfg.go): the chart's own
@@ -45,24 +50,23 @@ PROVIDED: Mapping[str, frozenset[str]] = {
 
 
 def promtool() -> Path:
-    """Debian's promtool; skips without it, or fails under CI (scripts/test.sh runs scripts/prometheus.sh)."""
+    """The built promtool; skips without it, or fails under CI (scripts/test.sh runs scripts/prometheus.sh)."""
     return _tool("promtool")
 
 
 def prometheus() -> Path:
-    """Debian's prometheus server; skips without it, or fails under CI."""
+    """The built prometheus server; skips without it, or fails under CI."""
     return _tool("prometheus")
 
 
 def _tool(name: str) -> Path:
-    found = shutil.which(name)
+    path = PROMETHEUS_DIR / name
     need(
-        None if found else f"{name} is not on PATH",
-        skip="no Prometheus (bash scripts/prometheus.sh installs it)",
-        ci="install Prometheus first",
+        None if path.exists() else f"Prometheus {PROMETHEUS_VERSION} is not built at {path}",
+        skip="no Prometheus (bash scripts/prometheus.sh builds it)",
+        ci="build Prometheus first",
     )
-    assert found is not None
-    return Path(found)
+    return path
 
 
 def rule_groups(helm: Path) -> dict[str, Any]:
