@@ -1,8 +1,9 @@
-"""The chart's alerting rules under Debian's promtool (scripts/prometheus.sh): `promtool check rules` on the rendered
-PrometheusRule, and `promtool test rules` for each alert with the series that must make it fire (its labels and
-summary as an operator reads them) and the nearby series that must not; and one list of what the rules and the
-Grafana dashboard may name: the agent's own series (asked of its registry), Prometheus' and kube-state-metrics'.
-The series are as Prometheus stores them when it scrapes the agent through the chart's ServiceMonitor.
+"""The chart's alerting rules under promtool (Prometheus 3.16, built from source by scripts/prometheus.sh):
+`promtool check rules` on the rendered PrometheusRule, and `promtool test rules` for each alert with the series that
+must make it fire (its labels and summary as an operator reads them) and the nearby series that must not; and one
+list of what the rules and the Grafana dashboard may name: the agent's own series (asked of its registry),
+Prometheus' and kube-state-metrics'. The series are as Prometheus stores them when it scrapes the agent through the
+chart's ServiceMonitor; the agent's counters start at 0 (it exports every result it counts under from its start).
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "VramguardActionsFailing": {
         "fires-on-the-first-failure": Case(
-            {agent("vramguard_actions_total", action="kill", result="failed"): "_x5 1x20"},
+            {agent("vramguard_actions_total", action="kill", result="failed"): "0x5 1x20"},
             "8m",
             (
                 fired(
@@ -204,7 +205,7 @@ CASES: dict[str, dict[str, Case]] = {
             ),
         ),
         "fires-on-a-later-failure": Case(
-            {agent("vramguard_actions_total", action="evict", result="memory-not-freed"): "1x20 2x10"},
+            {agent("vramguard_actions_total", action="evict", result="memory-not-freed"): "0 1x20 2x10"},
             "25m",
             (
                 fired(
@@ -217,7 +218,10 @@ CASES: dict[str, dict[str, Case]] = {
             ),
         ),
         "quiet-15m-after-the-last-failure": Case(
-            {agent("vramguard_actions_total", action="kill", result="failed"): "1x40"}, "30m"
+            {agent("vramguard_actions_total", action="kill", result="failed"): "0 1x40"}, "30m"
+        ),
+        "quiet-before-any-failure": Case(
+            {agent("vramguard_actions_total", action="kill", result="failed"): "0x20"}, "10m"
         ),
         "quiet-while-actions-succeed": Case(
             {agent("vramguard_actions_total", action="kill", result="ok"): "0+1x20"}, "10m"
@@ -225,7 +229,7 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "VramguardEventsDropped": {
         "fires-on-the-first-drop": Case(
-            {agent("vramguard_events_total", result="dropped"): "_x5 3x20"},
+            {agent("vramguard_events_total", result="dropped"): "0x5 3x20"},
             "8m",
             (
                 fired(
@@ -236,7 +240,8 @@ CASES: dict[str, dict[str, Case]] = {
                 ),
             ),
         ),
-        "quiet-15m-after-the-last-drop": Case({agent("vramguard_events_total", result="failed"): "1x40"}, "30m"),
+        "quiet-15m-after-the-last-drop": Case({agent("vramguard_events_total", result="failed"): "0 1x40"}, "30m"),
+        "quiet-before-any-drop": Case({agent("vramguard_events_total", result="dropped"): "0x20"}, "10m"),
         "quiet-while-events-are-written": Case({agent("vramguard_events_total", result="written"): "0+5x20"}, "10m"),
     },
     "VramguardUnattributedMemoryGrowing": {

@@ -18,6 +18,28 @@ from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import Mode, PodQuota, Reason, Snapshot
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Every label value the agent counts under, exported at 0 from the start: a series born with its first count is no
+# increase to Prometheus, and the alerts on failures read increase().
+# The (action, result) pairs agent/act.py reports (its `Outcome`); an eviction refused or failed may end in a kill.
+ACTION_RESULTS: Mapping[Mode, tuple[str, ...]] = {
+    Mode.WARN: ("ok", "dry-run", "failed"),
+    Mode.KILL: ("ok", "dry-run", "failed", "nothing-to-kill", "memory-not-freed"),
+    Mode.EVICT: (
+        "ok",
+        "dry-run",
+        "failed",
+        "gone",
+        "refused",
+        "refused-then-killed",
+        "failed-then-killed",
+        "nothing-to-kill",
+        "memory-not-freed",
+    ),
+}
+# What kube/events.py's recorder counts each Event as.
+EVENT_RESULTS = ("written", "patched", "aggregated", "dropped", "failed")
+# What node/limiter.py reports for each driver limit (its `LimitOutcome`).
+DRIVER_LIMIT_OUTCOMES = ("applied", "late", "unchanged", "cleared", "unsupported", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +178,9 @@ class Metrics:
             ["action", "result"],
             registry=self.registry,
         )
+        for mode, results in ACTION_RESULTS.items():
+            for result in results:
+                self.actions.labels(action=mode.value, result=result)
         self.escalations = Counter(
             "vramguard_escalations_total",
             "Repeats acted on one step further (counted when the action's outcome is known): a container killed "
@@ -200,6 +225,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        for result in EVENT_RESULTS:
+            self.events.labels(result=result)
         self.events_queued = Gauge(
             "vramguard_events_queued",
             "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
@@ -220,6 +247,8 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in DRIVER_LIMIT_OUTCOMES:
+            self.driver_limit_results.labels(outcome=outcome)
         self.driver_limits_failing = Gauge(
             "vramguard_driver_limits_failing",
             "Driver memory limits (per cgroup and GPU) whose calls are failing now, each retried with back-off.",

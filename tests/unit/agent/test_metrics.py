@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.agent.metrics import Metrics
+from vramguard.agent.metrics import ACTION_RESULTS, DRIVER_LIMIT_OUTCOMES, EVENT_RESULTS, Metrics
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB
@@ -33,3 +35,27 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
     assert [s.value for s in rest["vramguard_claim_source_up"].samples] == [1.0]
     after = {f.name: f for f in registry.collect()}
     assert [s.labels["pod"] for s in after["vramguard_container_gpu_memory_used_bytes"].samples] == ["notebook"]
+
+
+@pytest.mark.parametrize(
+    ("name", "labels"),
+    [
+        pytest.param(
+            "vramguard_actions_total",
+            {("action", m.value, "result", r) for m, rs in ACTION_RESULTS.items() for r in rs},
+            id="every-action-with-every-result-it-can-end-in",
+        ),
+        pytest.param("vramguard_events_total", {("result", r) for r in EVENT_RESULTS}, id="every-event-result"),
+        pytest.param(
+            "vramguard_driver_limits_total", {("outcome", o) for o in DRIVER_LIMIT_OUTCOMES}, id="every-limit-outcome"
+        ),
+    ],
+)
+def test_a_counted_result_is_exported_at_zero_before_its_first_count(name: str, labels: set[tuple[str, ...]]) -> None:
+    """Before anything happened, each counter has a 0 series for every label value the agent counts under, so
+    that a first failure is an increase for Prometheus."""
+    metrics = Metrics(CollectorRegistry())
+    exposed = text_string_to_metric_families(generate_latest(metrics.registry).decode())
+    samples = [s for family in exposed for s in family.samples if s.name == name]
+    assert {tuple(x for kv in sorted(s.labels.items()) for x in kv) for s in samples} == labels
+    assert {s.value for s in samples} == {0.0}
