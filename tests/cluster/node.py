@@ -47,7 +47,8 @@ POD_SUBNET = "10.254.0.0/24"
 BRIDGE = "vgbr0"
 # What the node needs from kube-controller-manager: the not-ready taint lifted, each namespace's "default"
 # ServiceAccount and kube-root-ca.crt (for token volumes), DaemonSet pods, PodDisruptionBudget status (for
-# evictions), and the garbage collector (helm uninstall deletes a DaemonSet's pods through it).
+# evictions), the garbage collector (helm uninstall deletes a DaemonSet's pods through it), and the Services'
+# Endpoints (Prometheus' Kubernetes discovery reads the agent's).
 NODE_CONTROLLERS = ",".join(
     (
         "node-lifecycle-controller",
@@ -56,6 +57,7 @@ NODE_CONTROLLERS = ",".join(
         "daemonset-controller",
         "disruption-controller",
         "garbage-collector-controller",
+        "endpoints-controller",
     )
 )
 # The kubelet's setupKernelTunables (protectKernelDefaults: false) writes these.

@@ -1,11 +1,8 @@
-"""A real Prometheus server (Debian's, scripts/prometheus.sh) for the cluster tests: it scrapes the agents with the
-scrape job prometheus-operator would generate from the chart's ServiceMonitor (`scrape_config`), evaluates the
-chart's PrometheusRule, and scrapes a stand-in for kube-state-metrics that serves the two series the rules read.
-
-Debian builds Prometheus without Kubernetes service discovery, so the job's `kubernetes_sd_configs` is served by
-`KubernetesSD` instead: an HTTP service discovery endpoint that reads the real API server (as the ServiceAccount
-the job's kubeconfig names) and gives each target the `__meta_kubernetes_*` labels of Prometheus' `endpoints`
-role; the job's relabelings then run in Prometheus itself.
+"""A real Prometheus server (3.16, built from source with Kubernetes discovery by scripts/prometheus.sh) for the
+cluster tests: it discovers the agents through the API server and scrapes them with the scrape job
+prometheus-operator would generate from the chart's ServiceMonitor (`scrape_config`: role endpoints, as a
+ServiceAccount the test grants a Role), evaluates the chart's PrometheusRule, and scrapes a stand-in for
+kube-state-metrics that serves the two series the rules read.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -23,7 +21,6 @@ from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client, utils
-from kubernetes import config as kube_config
 
 from vramguard_testbed.waiting import wait_until
 
@@ -121,16 +118,6 @@ def scrape_config(
     }
 
 
-@contextmanager
-def served_discovery(job: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """`job` with its `kubernetes_sd_configs` (role endpoints) served by `KubernetesSD` over http_sd."""
-    (sd,) = job["kubernetes_sd_configs"]
-    assert sd["role"] == "endpoints"
-    with KubernetesSD(Path(sd["kubeconfig_file"]), sd["namespaces"]["names"]) as served:
-        rest = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
-        yield rest | {"http_sd_configs": [{"url": f"http://{served.address}/", "refresh_interval": "1s"}]}
-
-
 def _sanitized(label: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
@@ -189,113 +176,10 @@ class _Served:
         return Handler
 
 
-class KubernetesSD(_Served):
-    """Prometheus' `endpoints` role as HTTP service discovery: every address (ready or not) and port of the
-    Endpoints in `namespaces`, read through `kubeconfig`, labelled as Prometheus' discovery/kubernetes/endpoints.go
-    labels it (the endpoint's, its Service's, its Pod's and the Pod's container that has the port)."""
-
-    content_type = "application/json"
-
-    def __init__(self, kubeconfig: Path, namespaces: list[str]) -> None:
-        super().__init__()
-        self._kubeconfig = kubeconfig
-        self._namespaces = namespaces
-
-    def body(self) -> str:
-        groups = []
-        config = str(self._kubeconfig)
-        with kube_config.new_client_from_config(config) as api:  # type: ignore[no-untyped-call]  # untyped in the client
-            core = client.CoreV1Api(api)
-            for ns in self._namespaces:
-                services = {s["metadata"]["name"]: s for s in raw(api, core.list_namespaced_service(ns))["items"]}
-                pods = {p["metadata"]["name"]: p for p in raw(api, core.list_namespaced_pod(ns))["items"]}
-                for endpoints in raw(api, core.list_namespaced_endpoints(ns))["items"]:
-                    groups += _target_groups(endpoints, services.get(endpoints["metadata"]["name"]), pods)
-        return json.dumps(groups)
-
-
-def _target_groups(
-    endpoints: Mapping[str, Any], service: Mapping[str, Any] | None, pods: Mapping[str, Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """One group per target: in http_sd a group's labels are all its targets', and these differ per target."""
-    meta = endpoints["metadata"]
-    labels = {"__meta_kubernetes_namespace": meta["namespace"], "__meta_kubernetes_endpoints_name": meta["name"]}
-    labels |= _object_labels("endpoints", meta)
-    if service is not None:
-        labels["__meta_kubernetes_service_name"] = service["metadata"]["name"]
-        labels |= _object_labels("service", service["metadata"])
-    groups = []
-    for subset in endpoints.get("subsets", []):
-        for ready, key in (("true", "addresses"), ("false", "notReadyAddresses")):
-            for address in subset.get(key, []):
-                for port in subset.get("ports", []):
-                    target = _target(address, port, ready, pods)
-                    groups.append({"targets": [target.pop("__address__")], "labels": labels | target})
-    return groups
-
-
-def _target(
-    address: Mapping[str, Any], port: Mapping[str, Any], ready: str, pods: Mapping[str, Mapping[str, Any]]
-) -> dict[str, str]:
-    labels = {
-        "__address__": f"{address['ip']}:{port['port']}",
-        "__meta_kubernetes_endpoint_port_name": port.get("name", ""),
-        "__meta_kubernetes_endpoint_port_protocol": port.get("protocol", "TCP"),
-        "__meta_kubernetes_endpoint_ready": ready,
-    }
-    if "nodeName" in address:
-        labels["__meta_kubernetes_endpoint_node_name"] = address["nodeName"]
-    ref = address.get("targetRef")
-    if ref is None:
-        return labels
-    labels["__meta_kubernetes_endpoint_address_target_kind"] = ref["kind"]
-    labels["__meta_kubernetes_endpoint_address_target_name"] = ref["name"]
-    pod = pods.get(ref["name"]) if ref["kind"] == "Pod" else None
-    if pod is None:
-        return labels
-    pod_meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
-    conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-    owner = next((o for o in pod_meta.get("ownerReferences", []) if o.get("controller")), None)
-    labels |= {
-        "__meta_kubernetes_pod_name": pod_meta["name"],
-        "__meta_kubernetes_pod_ip": status.get("podIP", ""),
-        "__meta_kubernetes_pod_node_name": spec.get("nodeName", ""),
-        "__meta_kubernetes_pod_host_ip": status.get("hostIP", ""),
-        "__meta_kubernetes_pod_uid": pod_meta["uid"],
-        "__meta_kubernetes_pod_phase": status.get("phase", ""),
-        "__meta_kubernetes_pod_ready": conditions.get("Ready", "unknown").lower(),
-        **_object_labels("pod", pod_meta),
-    }
-    if owner is not None:
-        labels["__meta_kubernetes_pod_controller_kind"] = owner["kind"]
-        labels["__meta_kubernetes_pod_controller_name"] = owner["name"]
-    for c in spec["containers"]:
-        for cp in c.get("ports", []):
-            if cp["containerPort"] == port["port"]:
-                labels |= {
-                    "__meta_kubernetes_pod_container_name": c["name"],
-                    "__meta_kubernetes_pod_container_image": c["image"],
-                    "__meta_kubernetes_pod_container_port_name": cp.get("name", ""),
-                    "__meta_kubernetes_pod_container_port_number": str(cp["containerPort"]),
-                    "__meta_kubernetes_pod_container_port_protocol": cp.get("protocol", "TCP"),
-                }
-    return labels
-
-
-def _object_labels(role: str, meta: Mapping[str, Any]) -> dict[str, str]:
-    """An object's labels and annotations as discovery names them: sanitized, each with its `*present` label."""
-    found = {}
-    for kind, values in (("label", meta.get("labels", {})), ("annotation", meta.get("annotations", {}))):
-        for key, value in values.items():
-            found[f"__meta_kubernetes_{role}_{kind}_{_sanitized(key)}"] = value
-            found[f"__meta_kubernetes_{role}_{kind}present_{_sanitized(key)}"] = "true"
-    return found
-
-
 class KubeStateMetrics(_Served):
     """Serves, at every scrape, the kube-state-metrics series the rules read, from the API server's objects in
     `namespace`: kube_daemonset_status_desired_number_scheduled and kube_pod_status_ready (as the real one
-    names and labels them)."""
+    names and labels them). A stand-in: the Go module proxy answers 403 for k8s.io/kube-state-metrics/v2."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
         super().__init__()
@@ -374,9 +258,14 @@ class Prometheus:
         assert answer["status"] == "success", answer
         return answer["data"]
 
-    def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
-        """An instant query's series: (labels, value)."""
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query's series, at `at` (Unix seconds, to a sample's millisecond) or now: (labels, value)."""
+        params = {"query": expr}
+        if at is not None:
+            # RFC 3339: a float's seconds may round a millisecond down, and past the sample at `at`.
+            ms = round(at * 1000)
+            params["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+        data = self.api("query", **params)
         assert data["resultType"] == "vector", data
         return [(s["metric"], float(s["value"][1])) for s in data["result"]]
 

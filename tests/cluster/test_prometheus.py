@@ -1,7 +1,8 @@
 """The chart's monitoring on the real node (tests/cluster/real_cluster.py), read by a real Prometheus
-(tests/cluster/prometheus.py): it discovers the agent through the API server (Prometheus' endpoints role, served
-over http_sd: Debian's build has no Kubernetes discovery) with the scrape job generated from the ServiceMonitor
-the chart installed, evaluates the PrometheusRule the chart installed, and answers the Grafana
+(tests/cluster/prometheus.py; 3.16, built from source with Kubernetes discovery by scripts/prometheus.sh): it
+discovers the agent through the API server (its kubernetes_sd_configs, role endpoints, as a ServiceAccount with a
+Role that reads endpoints, services and pods in the agent's namespace) with the scrape job generated from the
+ServiceMonitor the chart installed, evaluates the PrometheusRule the chart installed, and answers the Grafana
 dashboard's queries as Grafana would send them. Scrapes and evaluations run every second instead of the chart's
 30 s; the rules' windows and `for:` are the chart's, so the alerts reached here are pending.
 """
@@ -26,23 +27,16 @@ from vramguard.core.model import GiB
 from vramguard_testbed.waiting import wait_until
 
 from .node import NODE_CONTROLLERS, raw
-from .prometheus import (
-    KubeStateMetrics,
-    Prometheus,
-    install_monitoring_crds,
-    installed,
-    scrape_config,
-    served_discovery,
-)
+from .prometheus import KubeStateMetrics, Prometheus, install_monitoring_crds, installed, scrape_config
 from .real_cluster import AGENT_NS, Cluster, real_cluster, unavailable_reason
 
 pytestmark = pytest.mark.slow
 
 INTERVAL = "1s"
-RATE_INTERVAL = "1m"  # Grafana's $__rate_interval at this scrape interval and a short time range
+# Grafana's $__rate_interval for this scrape interval and a short time range; longer than the test, so that a
+# counter's increase over it, at the last scrape, is its whole count since Prometheus first scraped it (at 0).
+RATE_INTERVAL = "5m"
 JOB = "vramguard-metrics"  # the chart's Service: the operator names the job after it
-# The endpoints controller fills the Service's Endpoints, which Prometheus' role=endpoints discovery reads.
-CONTROLLERS = f"{NODE_CONTROLLERS},endpoints-controller"
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +44,6 @@ def cluster() -> Iterator[Cluster]:
     need(unavailable_reason(), skip="no real node", ci="build the real node's parts first (scripts/test.sh does)")
     prometheus()
     with real_cluster(need_helm()) as found:
-        found.plane.components["kube-controller-manager"].stop()
-        found.plane.start_controller_manager(controllers=CONTROLLERS)
         install_monitoring_crds(found.api)
         found.values["serviceMonitor"] = {"enabled": True}
         found.values["prometheusRule"] = {"enabled": True}
@@ -109,8 +101,8 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
     monitor = installed(cluster.api, AGENT_NS, "servicemonitors")
     rules = installed(cluster.api, AGENT_NS, "prometheusrules")
     service = raw(cluster.api, cluster.core.read_namespaced_service(JOB, AGENT_NS))
-    operator_job = scrape_config(monitor, service, discovery_kubeconfig(cluster), INTERVAL)
-    with served_discovery(operator_job) as job, KubeStateMetrics(cluster.plane, AGENT_NS) as ksm:
+    job = scrape_config(monitor, service, discovery_kubeconfig(cluster), INTERVAL)
+    with KubeStateMetrics(cluster.plane, AGENT_NS) as ksm:
         ksm_job = {
             "job_name": "kube-state-metrics",
             "honor_labels": True,
@@ -144,9 +136,11 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
             )
             wait_until(lambda: prom.query("vramguard_unattributed_gpu_memory_bytes > 0"), 30, what="unattributed")
             exposed = agent_metrics(cluster)
+            # The dashboard's right edge at the agent's last scrape: increase() then extrapolates nothing.
+            ((_, scraped_at),) = prom.query(f'timestamp(up{{job="{JOB}"}})')
 
             def panel(expr: str) -> list[tuple[dict[str, str], float]]:
-                return prom.query(as_grafana_sends(expr, node=node, rate_interval=RATE_INTERVAL))
+                return prom.query(as_grafana_sends(expr, node=node, rate_interval=RATE_INTERVAL), at=scraped_at)
 
             gpu = {"gpu": "0"}
             trainer_labels = {"namespace": ns, "pod": "trainer", "container": "main", **gpu}
@@ -155,6 +149,12 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
             assert (used, quota) == (9 * GiB, 4 * GiB)
             violations = reported(exposed, "vramguard_violations_total", namespace=ns)
             warnings = reported(exposed, "vramguard_actions_total", action="warn", result="ok")
+            actions: list[tuple[dict[str, str], float | None]] = [
+                (dict(ls), v) for (n, ls), v in exposed.items() if n == "vramguard_actions_total"
+            ]
+            assert warnings > 0 and [(ls, v) for ls, v in actions if v] == [
+                ({"action": "warn", "result": "ok"}, warnings)
+            ]
             expected: dict[str, list[tuple[dict[str, str], float | None]]] = {
                 "GPU memory used by container/A": [(trainer_labels, used)],
                 "Usage / quota/A": [(trainer_labels, used / quota)],
@@ -162,7 +162,8 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
                 "Unattributed GPU memory (outside any pod)/A": [({"node": node, **gpu}, 1.0 * GiB)],
                 # Counted within the panel's window: its increase is the whole count.
                 "Violations and actions/A": [({"namespace": ns, "severity": "hard"}, violations)],
-                "Violations and actions/B": [({"action": "warn", "result": "ok"}, warnings)],
+                # Every action's every result, counted from 0: the warnings, and 0 for the others.
+                "Violations and actions/B": actions,
                 "Agent health/A": [({"node": node}, 1.0)],
                 "Agent health/B": [({"node": node}, None)],
                 "Agent health/C": [
@@ -201,7 +202,7 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
             # Stopped on purpose: no daemonset-controller to replace it, the agent's pod deleted. Its target leaves
             # with it (no `up` series at all) while its DaemonSet still wants one agent.
             cluster.plane.components["kube-controller-manager"].stop()
-            cluster.plane.start_controller_manager(controllers=CONTROLLERS.replace(",daemonset-controller", ""))
+            cluster.plane.start_controller_manager(controllers=NODE_CONTROLLERS.replace(",daemonset-controller", ""))
             cluster.core.delete_namespaced_pod(agent_pod["metadata"]["name"], AGENT_NS, grace_period_seconds=1)
             wait_until(lambda: not prom.targets(job["job_name"]), 60, what="the agent's target gone")
             # Its last scrapes may have failed (up 0); then its series are marked stale and `up` is gone.
