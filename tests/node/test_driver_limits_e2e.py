@@ -66,7 +66,7 @@ def test_the_driver_stops_the_offender_and_the_neighbour_keeps_its_memory(r615: 
         what="a scan that counts the trainer's 6 GiB",
     )
     assert trainer.process.poll() is None and notebook.process.poll() is None, "nobody was killed"
-    assert metric(r615, "vramguard_actions_total", action="kill") is None
+    assert metric(r615, "vramguard_actions_total", action="kill") == 0
     assert metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB
     assert metric(r615, "vramguard_driver_limits_total", outcome="applied") == 2
     # `top` says who holds each quota, and so does the agent's /status (from the limits it programmed).

@@ -106,7 +106,7 @@ def test_recycled_pid_is_never_signalled(sim_node: SimulatedNode) -> None:
     sim_node.wait_scans(4)
     assert recycled.alive()
     metrics = sim_node.http_get("/metrics")[1]
-    assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) is None
+    assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) == 0
     assert metric_value(metrics, "vramguard_unattributed_gpu_memory_bytes", {"gpu": "0"}) == 10 * GiB
     recycled.popen.kill()
     recycled.popen.wait()
