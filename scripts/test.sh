@@ -8,7 +8,8 @@
 # cgroups, the test NVML library), tests/cluster (a control plane, a kubelet on containerd, images, helm),
 # tests/gpu (a real GPU with PyTorch; skipped elsewhere).
 # The first full run on a machine also builds the Kubernetes control plane the cluster tests use, helm for the
-# chart's checks and a Debian-made Python base for the agent's image (a few minutes; cached under
+# chart's checks, Prometheus and promtool for the alerts' and the dashboard's tests, and a Debian-made Python base
+# for the agent's image (a few minutes each; cached under
 # ~/.cache/vramguard and in buildah's storage, so later runs only rebuild the agent's image, about half a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
