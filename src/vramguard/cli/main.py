@@ -98,6 +98,14 @@ def run(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz, /status.")
     ] = 9400,
+    probe_port: Annotated[
+        int,
+        typer.Option(
+            "--probe-port",
+            help="Port for /healthz and /readyz alone, for the kubelet's probes: a flood of the metrics port cannot "
+            "delay them.",
+        ),
+    ] = 9401,
     metrics_bind_address: Annotated[
         str,
         typer.Option(
@@ -180,6 +188,7 @@ def run(
         dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,
+        probe_port=probe_port,
         metrics_bind_address=metrics_bind_address,
         proc_root=proc_root,
         cgroup_root=cgroup_root,

@@ -34,7 +34,7 @@ from vramguard.core.model import DriverLimits, Mode, PodInfo, Policy
 from vramguard.core.policy import PolicyError, load_policy
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, PodSource
 from vramguard.core.quota import reads_claims
-from vramguard.http.server import HealthServer
+from vramguard.http.server import BindError, HealthServer
 from vramguard.http.status import AgentFacts, StatusPage
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.kube.claims import KubeClaimSource
@@ -368,6 +368,7 @@ class RunConfig:
     dry_run: bool
     poll_interval_s: float
     metrics_port: int
+    probe_port: int  # /healthz and /readyz alone, for the kubelet
     metrics_bind_address: str
     proc_root: str
     cgroup_root: str
@@ -459,6 +460,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         probes.healthz,
         probes.readyz,
         host=config.metrics_bind_address,
+        probe_port=config.probe_port,
         status=status.body,
         clock=clock,
     )
@@ -471,9 +473,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         services.start("status", status)
         try:
             services.start("http", server)
-        except OSError as e:
-            where = f"{config.metrics_bind_address or '*'}:{config.metrics_port}"
-            raise WiringError(f"cannot serve metrics and probes on {where}: {e.strerror or e}") from None
+        except BindError as e:
+            where = f"{config.metrics_bind_address or '*'}:{e.port}"
+            raise WiringError(f"cannot serve {e.serves} on {where}: {e.strerror or e}") from None
         log.info(
             "starting",
             version=__version__,
@@ -481,6 +483,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             mode=config.policy.mode.value,
             dry_run=config.dry_run,
             address=f"{config.metrics_bind_address or '*'}:{server.port}",
+            probe_address=f"{config.metrics_bind_address or '*'}:{server.probe_port}",
             open_file_limit=open_files[1],
         )
         sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml)

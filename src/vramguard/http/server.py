@@ -4,9 +4,10 @@ people and tools (the status document, `status.py`).
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
 the endpoint or starve the agent's loop: its CPU budgeted, bounded connections and fds, the oldest that costs
 nothing to lose evicted, one deadline per connection, answers prepared elsewhere waited for without blocking, no
-busy loop when out of fds (docs/design.md "The HTTP endpoint"). `start()` binds the port and
-starts the thread; `stop(deadline)` resets every connection and releases the port. /metrics is client_python's
-own WSGI app, so it speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
+busy loop when out of fds (docs/design.md "The HTTP endpoint"). The kubelet's probes may have a port of their own,
+accepted first and outside the CPU budget's pause, so that no flood of the main port delays them. `start()` binds
+the ports and starts the thread; `stop(deadline)` resets every connection and releases the ports. /metrics is
+client_python's own WSGI app, so it speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger 
 # The loop's CPU is budgeted per window: past `max_cpu_fraction` of a window, no connection is accepted until the
 # next one (they wait in the kernel's backlog). Short windows keep a probe queued behind a flood waiting little.
 _BUDGET_WINDOW_S = 0.1
+# The probe port's own bounds: a probe is a few hundred bytes, so a handful of slots and a few accepts a window
+# answer the kubelet, and whoever floods that port alone gets at most this many connections' CPU a window.
+_PROBE_CONNECTIONS = 8
+_PROBE_ACCEPTS_PER_WINDOW = 32
 _WAKE = object()  # the selector key data of the wake pipe
 _WAIT_S = 2.0  # a connection waits this long at most for an answer prepared elsewhere, then gets a 503
 _T = TypeVar("_T")
@@ -98,11 +103,40 @@ class _Phase(enum.Enum):
 
 
 @dataclass(slots=True, eq=False)
+class _Listener:
+    """A listening socket, the routes it serves, and the connections taken from it with their bounds."""
+
+    port: int
+    serves: str  # what it is for, in a bind failure's message
+    routes: Mapping[str, Route]
+    max_connections: int
+    # Connections taken per CPU budget window at most; None: as many as the budget allows (paused when it is spent).
+    accepts_per_window: int | None
+    sock: socket.socket | None = None
+    pending: select.poll = field(default_factory=select.poll)  # asks whether a connection waits, without accepting it
+    # In accept order, so the first is both the oldest and the one with the earliest deadline.
+    conns: dict[int, _Conn] = field(default_factory=dict)
+    watched: bool = False
+    paused_until: float | None = None  # out of fds: unpolled until then
+    window_accepts: int = 0
+
+
+class BindError(OSError):
+    """A port could not be bound: `port` (as asked for) and `serves` say which."""
+
+    def __init__(self, port: int, serves: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.port = port
+        self.serves = serves
+
+
+@dataclass(slots=True, eq=False)
 class _Conn:
     sock: socket.socket
     fd: int
     deadline: float
     accept_round: int  # never evicted in the round that accepted it: it has not been read yet
+    listener: _Listener
     phase: _Phase = _Phase.READ
     events: int = selectors.EVENT_READ
     received: bytearray = field(default_factory=bytearray)
@@ -123,7 +157,10 @@ class HealthServer:
     on each, from accept to the last byte written (on `clock`), and `max_request_bytes` the request head. `port`
     0 picks a free one: `port` says which once started. `status`, where given, answers /status. The thread's CPU
     is held to `max_cpu_fraction` of a core: a flood of clients waits in the kernel's backlog rather than taking
-    the node's CPU, and a probe queued behind it is answered within a few budget windows.
+    the node's CPU. `probe_port`, where given, serves /healthz and /readyz alone (0 picks a free one:
+    `probe_port` says which once started); it is accepted first each round, also while the main port waits for
+    the budget or a free slot, within its own few slots and accepts a window: a probe there waits for no flood
+    of the main port.
     """
 
     def __init__(
@@ -134,6 +171,7 @@ class HealthServer:
         readyz: Probe,
         host: str = "",
         *,
+        probe_port: int | None = None,
         status: StatusBody | None = None,
         max_connections: int = 64,
         request_timeout_s: float = 5.0,
@@ -147,14 +185,19 @@ class HealthServer:
                 "need max_connections >= 1, request_timeout_s > 0, max_request_bytes >= 64 "
                 "and 0 < max_cpu_fraction <= 1"
             )
-        self._routes: dict[str, Route] = {
-            "/metrics": _wsgi_route(make_wsgi_app(registry)),
+        probes: dict[str, Route] = {
             "/healthz": lambda query, headers: _probe(healthz),
             "/readyz": lambda query, headers: _probe(readyz),
         }
+        routes: dict[str, Route] = {"/metrics": _wsgi_route(make_wsgi_app(registry)), **probes}
         if status is not None:
-            self._routes["/status"] = lambda query, headers: _json_route(status)
-        self._max_connections = max_connections
+            routes["/status"] = lambda query, headers: _json_route(status)
+        self._main = _Listener(port, "metrics and probes", routes, max_connections, None)
+        self._probes = None
+        if probe_port is not None:
+            self._probes = _Listener(probe_port, "the probes", probes, _PROBE_CONNECTIONS, _PROBE_ACCEPTS_PER_WINDOW)
+        # The probe port first: each round accepts in this order.
+        self._listeners = [self._main] if self._probes is None else [self._probes, self._main]
         self._request_timeout_s = request_timeout_s
         self._max_request_bytes = max_request_bytes
         self._cpu_budget_s = max_cpu_fraction * _BUDGET_WINDOW_S
@@ -162,13 +205,9 @@ class HealthServer:
         self.log = log if log is not None else structlog.get_logger("vramguard.http")
         self.host = host
         self.port = port
+        self.probe_port = probe_port
         self._selector = selectors.PollSelector()  # no fd of its own, unlike epoll; a few dozen fds poll cheaply
-        self._listener_poll = select.poll()  # asks whether a connection waits, without accepting it
-        # In accept order, so the first is both the oldest and the one with the earliest deadline.
-        self._conns: dict[int, _Conn] = {}
         self._round = 0
-        self._accept_paused_until: float | None = None
-        self._listening = False
         self._window_end = 0.0  # the CPU budget's window: its end (time.monotonic) and the thread's CPU at its start
         self._window_cpu_s = 0.0
         # Logged once per run of failures: under attack the same failure repeats thousands of times a second.
@@ -182,19 +221,23 @@ class HealthServer:
         )
 
     def start(self) -> None:
-        """Bind the port (raises OSError when it cannot) and start serving."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # A deep backlog lets the kernel, not our fds, hold a burst of connections until the loop takes them.
-        self._listener = socket.create_server((self.host, self.port), family=family, backlog=socket.SOMAXCONN)
-        # The kernel hands over a connection once its request has arrived (or after a few seconds without one): a
-        # flood of clients that connect before they send is not a flood of idle connections to evict.
-        with contextlib.suppress(AttributeError, OSError):
-            self._listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
-        self._listener.setblocking(False)
-        self.port = self._listener.getsockname()[1]
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._listening = True
-        self._listener_poll.register(self._listener, select.POLLIN)
+        """Bind the ports (raises BindError naming the one it cannot) and start serving."""
+        for listener in self._listeners:
+            try:
+                listener.sock = _bound(self.host, listener.port)
+            except OSError as e:
+                for bound in self._listeners:
+                    if bound.sock is not None:
+                        bound.sock.close()
+                raise BindError(listener.port, listener.serves, e) from None
+        for listener in self._listeners:
+            assert listener.sock is not None
+            listener.port = listener.sock.getsockname()[1]
+            listener.pending.register(listener.sock, select.POLLIN)
+            self._watch_listener(listener, True)
+        self.port = self._main.port
+        if self._probes is not None:
+            self.probe_port = self._probes.port
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._loop.start()
@@ -215,33 +258,52 @@ class HealthServer:
     def _step(self) -> float:
         now = self.clock.now()
         self._expire(now)
-        if self._accept_paused_until is not None and now >= self._accept_paused_until:
-            self._accept_paused_until = None
         over_budget = self._over_budget()
-        self._listen(self._accept_paused_until is None and not over_budget and self._room())
+        for listener in self._listeners:
+            if listener.paused_until is not None and now >= listener.paused_until:
+                listener.paused_until = None
+            self._watch_listener(listener, self._may_accept(listener, over_budget))
         ready = self._selector.select(self._timeout_s(now))
         now = self.clock.now()
-        listener_ready = woken = False
+        woken = False
+        ready_listeners: set[_Listener] = set()
         for key, _ in ready:
-            if key.data is None:
-                listener_ready = True
+            if isinstance(key.data, _Listener):
+                ready_listeners.add(key.data)
             elif key.data is _WAKE:
                 woken = True
             else:
                 self._service(key.data)
         if woken or self._waiting:
             self._answer_waiting(now, woken)
-        # Clients first: a connection accepted last round is read before a new one can evict it.
-        if listener_ready and not over_budget:
-            self._accept(now)
+        # Clients first: a connection accepted last round is read before a new one can evict it. Then the probe
+        # port, so that a probe is answered before the main port's accepts spend the round.
+        for listener in self._listeners:
+            if listener in ready_listeners and listener.watched:
+                self._accept(listener, now)
         return 0.0  # the select was the wait
 
+    def _may_accept(self, listener: _Listener, over_budget: bool) -> bool:
+        """Whether to watch `listener` this round: not paused for fds, within its budget (the CPU's for the main
+        port, its accepts a window for the probe port) and with room for a connection."""
+        if listener.paused_until is not None:
+            return False
+        if listener.accepts_per_window is None:
+            within = not over_budget
+        else:
+            within = listener.window_accepts < listener.accepts_per_window
+        return within and self._room(listener)
+
     def _close(self) -> None:
-        """After the last round, on the loop's thread: reset every connection, release the port and the wake pipe."""
-        for conn in list(self._conns.values()):
-            self._drop(conn, abort=True)
+        """After the last round, on the loop's thread: reset every connection, release the ports and the wake
+        pipe."""
+        for listener in self._listeners:
+            for conn in list(listener.conns.values()):
+                self._drop(conn, abort=True)
         self._selector.close()
-        self._listener.close()
+        for listener in self._listeners:
+            assert listener.sock is not None
+            listener.sock.close()
         wake_r, wake_w = self._wake_r, self._wake_w
         self._wake_r, self._wake_w = -1, -1  # a late wake() must not write to an fd number reused elsewhere
         os.close(wake_r)
@@ -250,36 +312,44 @@ class HealthServer:
     def _timeout_s(self, now: float) -> float:
         # At most `_TICK_S` of real time, whatever the clock says: the loop looks at the clock again then.
         timeout_s = _TICK_S
-        oldest = next(iter(self._conns.values()), None)
-        if oldest is not None:
-            timeout_s = min(timeout_s, oldest.deadline - now)
-        if self._accept_paused_until is not None:
-            timeout_s = min(timeout_s, self._accept_paused_until - now)
-        if not self._listening:
-            timeout_s = min(timeout_s, self._window_end - time.monotonic())
+        for listener in self._listeners:
+            oldest = next(iter(listener.conns.values()), None)
+            if oldest is not None:
+                timeout_s = min(timeout_s, oldest.deadline - now)
+            if listener.paused_until is not None:
+                timeout_s = min(timeout_s, listener.paused_until - now)
+            elif not listener.watched:
+                timeout_s = min(timeout_s, self._window_end - time.monotonic())
         for conn in self._waiting:
             timeout_s = min(timeout_s, conn.wait_until - now)
         return max(timeout_s, 0.0)
 
     def _expire(self, now: float) -> None:
         # Deadlines grow in accept order, so the expired ones are a prefix.
-        while (oldest := next(iter(self._conns.values()), None)) is not None and oldest.deadline <= now:
-            self._drop(oldest, abort=True)
+        for listener in self._listeners:
+            while (oldest := next(iter(listener.conns.values()), None)) is not None and oldest.deadline <= now:
+                self._drop(oldest, abort=True)
 
     # Accepting.
 
-    def _accept(self, now: float) -> None:
-        """Takes waiting connections, evicting the oldest to stay within `max_connections` and the fd limit."""
+    def _accept(self, listener: _Listener, now: float) -> None:
+        """Takes waiting connections, evicting the oldest to stay within the listener's cap and the fd limit."""
         self._round += 1
         evicted_for_fd = False
         # At most a cap's worth per round, so nothing accepted this round is evicted before it has been read.
-        for _ in range(self._max_connections):
-            # At the cap, evict before accepting, so the fd count never passes max_connections + 1 even for a
-            # moment; but only for a connection that is there to take, or each round would evict one too many.
-            if len(self._conns) >= self._max_connections and not (self._pending() and self._evict_one()):
+        attempts = listener.max_connections
+        if listener.accepts_per_window is not None:
+            attempts = min(attempts, listener.accepts_per_window - listener.window_accepts)
+        for _ in range(attempts):
+            # At the cap, evict before accepting, so the fd count never passes the cap + 1 even for a moment; but
+            # only for a connection that is there to take, or each round would evict one too many.
+            if len(listener.conns) >= listener.max_connections and not (
+                self._pending(listener) and self._evict_one(listener)
+            ):
                 return
+            assert listener.sock is not None
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.sock.accept()
             except BlockingIOError:
                 self._accept_failures.ok()  # the backlog is drained: a run of accept failures is over
                 return
@@ -290,23 +360,24 @@ class HealthServer:
                 name = errno.errorcode.get(e.errno or 0, "?")
                 if self._accept_failures.failed(name):
                     self.log.warning("http_accept_failed", error=name)
-                if e.errno in _OUT_OF_FDS and self._conns and not evicted_for_fd:
-                    if not self._evict_one():
+                if e.errno in _OUT_OF_FDS and listener.conns and not evicted_for_fd:
+                    if not self._evict_one(listener):
                         return  # every connection is from this round: read them, then go on evicting
                     evicted_for_fd = True
                     continue
-                self._pause_accepting(now)
+                self._pause_accepting(listener, now)
                 return
             evicted_for_fd = False
-            self._add(sock, now)
+            listener.window_accepts += 1
+            self._add(listener, sock, now)
 
-    def _pending(self) -> bool:
-        return bool(self._listener_poll.poll(0))
+    def _pending(self, listener: _Listener) -> bool:
+        return bool(listener.pending.poll(0))
 
-    def _evict_one(self) -> bool:
-        """Close one connection to make room, the oldest of those that cost nothing to lose (`_evictable`), but
-        never one accepted in this round: it has not been read yet."""
-        for conn in self._conns.values():
+    def _evict_one(self, listener: _Listener) -> bool:
+        """Close one of the listener's connections to make room, the oldest of those that cost nothing to lose
+        (`_evictable`), but never one accepted in this round: it has not been read yet."""
+        for conn in listener.conns.values():
             if conn.accept_round == self._round:
                 return False  # accept order: the rest are from this round too
             if self._evictable(conn):
@@ -314,10 +385,11 @@ class HealthServer:
                 return True
         return False
 
-    def _room(self) -> bool:
-        """Whether a connection can be accepted now or by evicting one; else the rest wait in the backlog until a
-        slot frees (every slot holds one waiting for its answer, or an answer still on its way)."""
-        return len(self._conns) < self._max_connections or any(self._evictable(c) for c in self._conns.values())
+    def _room(self, listener: _Listener) -> bool:
+        """Whether the listener can take a connection now or by evicting one; else the rest wait in the backlog
+        until a slot frees (every slot holds one waiting for its answer, or an answer still on its way)."""
+        conns = listener.conns
+        return len(conns) < listener.max_connections or any(self._evictable(c) for c in conns.values())
 
     def _evictable(self, conn: _Conn) -> bool:
         """One that has not sent its whole request (idle, or trickling), or one already answered whose answer has
@@ -328,19 +400,20 @@ class HealthServer:
             conn.delivered = _unsent_bytes(conn.sock) == 0  # once true, it stays so: nothing more is sent
         return conn.phase is _Phase.READ or conn.delivered
 
-    def _pause_accepting(self, now: float) -> None:
+    def _pause_accepting(self, listener: _Listener, now: float) -> None:
         # Polling a listening socket that stays readable while accept() keeps failing is a busy loop.
-        self._accept_paused_until = now + _ACCEPT_PAUSE_S
-        self._listen(False)
+        listener.paused_until = now + _ACCEPT_PAUSE_S
+        self._watch_listener(listener, False)
 
-    def _listen(self, listening: bool) -> None:
-        """Watch the listening socket for connections, or stop watching it (they wait in the backlog)."""
-        if listening != self._listening:
-            if listening:
-                self._selector.register(self._listener, selectors.EVENT_READ)
+    def _watch_listener(self, listener: _Listener, watched: bool) -> None:
+        """Watch a listening socket for connections, or stop watching it (they wait in the backlog)."""
+        if watched != listener.watched:
+            assert listener.sock is not None
+            if watched:
+                self._selector.register(listener.sock, selectors.EVENT_READ, listener)
             else:
-                self._selector.unregister(self._listener)
-            self._listening = listening
+                self._selector.unregister(listener.sock)
+            listener.watched = watched
 
     def _over_budget(self) -> bool:
         """Whether the thread has used its CPU for the current budget window (real time and the thread's own CPU
@@ -351,19 +424,21 @@ class HealthServer:
             # so that the budget holds over time, not just per window.
             debt_s = max(0.0, cpu_s - self._window_cpu_s - self._cpu_budget_s) if self._window_end else 0.0
             self._window_end, self._window_cpu_s = mono + _BUDGET_WINDOW_S, cpu_s - min(debt_s, self._cpu_budget_s * 10)
+            for listener in self._listeners:
+                listener.window_accepts = 0
         return cpu_s - self._window_cpu_s > self._cpu_budget_s
 
-    def _add(self, sock: socket.socket, now: float) -> None:
+    def _add(self, listener: _Listener, sock: socket.socket, now: float) -> None:
         sock.setblocking(False)
-        conn = _Conn(sock, sock.fileno(), now + self._request_timeout_s, self._round)
-        self._conns[conn.fd] = conn
+        conn = _Conn(sock, sock.fileno(), now + self._request_timeout_s, self._round, listener)
+        listener.conns[conn.fd] = conn
         self._selector.register(sock, conn.events, conn)
         self._service(conn)  # its request is most often there already: answered now, not a poll later
 
     def _drop(self, conn: _Conn, *, abort: bool = False) -> None:
-        if self._conns.get(conn.fd) is not conn:
+        if conn.listener.conns.get(conn.fd) is not conn:
             return  # dropped already (a close that raised, say), its fd perhaps reused: twice must not kill the loop
-        del self._conns[conn.fd]
+        del conn.listener.conns[conn.fd]
         self._waiting.discard(conn)
         self._selector.unregister(conn.sock)
         if abort:
@@ -412,7 +487,7 @@ class HealthServer:
 
     def _answer(self, conn: _Conn, head: bytes) -> bytes | None:
         """The response to the request `head`, or None when its answer is being prepared: `conn` then waits."""
-        conn.path, conn.head_only, answer = self._request(head)
+        conn.path, conn.head_only, answer = self._request(head, conn.listener.routes)
         if isinstance(answer, bytes):
             return answer
         conn.later, conn.phase = answer, _Phase.WAIT
@@ -420,9 +495,9 @@ class HealthServer:
         self._waiting.add(conn)
         return self._ask_again(conn)
 
-    def _request(self, head: bytes) -> tuple[str, bool, bytes | _Later]:
-        """(path, HEAD or not, the response) for the request `head`; the response is a `_Later` when its route
-        prepares it elsewhere. The path is "" for a request no route is looked up for."""
+    def _request(self, head: bytes, routes: Mapping[str, Route]) -> tuple[str, bool, bytes | _Later]:
+        """(path, HEAD or not, the response) for the request `head` to a port serving `routes`; the response is a
+        `_Later` when its route prepares it elsewhere. The path is "" for a request no route is looked up for."""
         match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
         if match is None:
             return "", False, _render(400, _text(), b"malformed request line\n")
@@ -431,7 +506,7 @@ class HealthServer:
             return "", False, _render(405, [*_text(), ("Allow", "GET, HEAD")], b"only GET and HEAD\n")
         path, _, query = target.decode("ascii").partition("?")
         head_only = method == b"HEAD"
-        route = self._routes.get(path)
+        route = routes.get(path)
         if route is None:
             return path, head_only, _render(404, _text(), b"not found\n", head_only=head_only)
         answer = self._call(path, lambda: route(query, _headers(head)))
@@ -519,6 +594,19 @@ class HealthServer:
         if conn.events != events:
             conn.events = events
             self._selector.modify(conn.sock, events, conn)
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A non-blocking listening socket on (host, port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # A deep backlog lets the kernel, not our fds, hold a burst of connections until the loop takes them.
+    sock = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+    # The kernel hands over a connection once its request has arrived (or after a few seconds without one): a
+    # flood of clients that connect before they send is not a flood of idle connections to evict.
+    with contextlib.suppress(AttributeError, OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
+    sock.setblocking(False)
+    return sock
 
 
 def _head_of(received: bytes | bytearray) -> bytes | None:

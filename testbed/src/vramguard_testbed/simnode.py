@@ -128,6 +128,7 @@ class SimulatedNode:
         self.processes: list[SimProcess] = []
         self._agents: list[subprocess.Popen[Any]] = []
         self.metrics_port = 0
+        self.probe_port = 0  # the last `vramguard run` argv's /healthz and /readyz port
         self.poll_interval_s = 1.0  # the running agent's --poll-interval (vramguard's default until one is given)
         # With a kubeconfig, `vramguard run`/`top` watch the API server for pods instead of reading pods.yaml.
         self.kubeconfig: Path | None = None
@@ -342,13 +343,16 @@ class SimulatedNode:
             source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--pods-file", str(self.pods_path)]
             base += [*source, "--node-name", self.node_name]
         if command == "run":
-            base += ["--state-dir", str(self.state_dir)]
+            # A free probe port for each agent, as for its metrics: agents of parallel tests must not collide on 9401.
+            self.probe_port = free_port()
+            base += ["--state-dir", str(self.state_dir), "--probe-port", str(self.probe_port)]
         if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
         return base + list(args)
 
     def start_agent(self, *args: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
-        """`vramguard run` on this node, with its metrics on a free port (`self.metrics_port`)."""
+        """`vramguard run` on this node, with its metrics and its probes on free ports (`self.metrics_port`,
+        `self.probe_port`)."""
         self.metrics_port = free_port()
         self.poll_interval_s = float(args[args.index("--poll-interval") + 1]) if "--poll-interval" in args else 1.0
         argv = self.vramguard_argv("run", "--metrics-port", str(self.metrics_port), "--log-format", "json", *args)
