@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from unit.http.test_server import REQUEST_LINES, idle_server, parse_response
+from unit.http.test_server import HEALTHZ, REQUEST_LINES, idle_server, parse_response
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.http.server import HealthServer
 from vramguard.testing.fakes import FakeClock
@@ -285,6 +285,113 @@ def test_a_client_that_never_reads_blocks_no_one() -> None:
         stuck.settimeout(5.0)
         received = _read_to_eof(stuck)  # returns once the server gives up on it at its deadline
     assert 0 < len(received) < full_bytes  # it was answered, then cut off mid-response at the deadline
+
+
+# The probe port: the kubelet's probes wait for nothing on the main port, and that port cannot take the CPU either.
+
+
+def _probe_port(server: HealthServer) -> int:
+    """The probe port of a server started with one."""
+    assert server.probe_port is not None
+    return server.probe_port
+
+
+def _pending_status(stack: ExitStack, port: int) -> list[socket.socket]:
+    """Two clients whose /status is never built: at a cap of 2 they hold every slot and cannot be evicted."""
+    return _connect_many(stack, port, 2, first=b"GET /status HTTP/1.1\r\n\r\n")
+
+
+def _flood_of_healthz(stack: ExitStack, port: int) -> list[socket.socket]:
+    """300 whole /healthz requests: a backlog that a server spending 0.1 % of a core takes seconds to serve."""
+    return _connect_many(stack, port, 300, first=b"GET /healthz HTTP/1.1\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("fill_main_port", "options"),
+    [
+        pytest.param(_pending_status, {"max_connections": 2}, id="main-port-at-its-cap"),
+        pytest.param(_flood_of_healthz, {"max_cpu_fraction": 0.001}, id="main-port-over-its-cpu-budget"),
+    ],
+)
+def test_the_probe_port_answers_while_the_main_port_takes_no_one(
+    fill_main_port: Callable[[ExitStack, int], list[socket.socket]], options: dict[str, Any]
+) -> None:
+    """While the main port accepts no one (its slots all hold unanswered clients, or its CPU budget is spent), a
+    /healthz or /readyz on the probe port is answered at once and a /healthz on the main port waits its turn."""
+    clock = FakeClock()  # no connection expires, and no /status gives up waiting
+    with (
+        _serving(status=lambda: lambda: None, probe_port=0, clock=clock, **options) as server,
+        ExitStack() as stack,
+    ):
+        fill_main_port(stack, server.port)
+        (queued,) = _connect_many(stack, server.port, 1, first=HEALTHZ)
+        assert max(_timed_healthz(_probe_port(server)) for _ in range(5)) < 0.5
+        assert _exchange(_probe_port(server), b"GET /readyz HTTP/1.1\r\n\r\n")[::2] == (200, b"alive\n")
+        assert select.select([queued], [], [], 0.2)[0] == [], "the main port took no one meanwhile"
+
+
+def test_the_probe_port_holds_its_own_few_slots_evicting_the_oldest() -> None:
+    """50 trickling clients on the probe port: it holds 8 at most, closing the oldest; a probe is still answered,
+    and the main port's slots are untouched."""
+    with _serving(probe_port=0, request_timeout_s=30.0) as server, ExitStack() as stack:
+        trickling = _connect_many(stack, _probe_port(server), 50)
+        assert _timed_healthz(_probe_port(server)) < 1.0
+        # The probe took a slot too, so every trickling client but the newest 7 is gone.
+        oldest, newest = trickling[: 50 - 7], trickling[50 - 7 :]
+        assert _count_closed_by_peer(oldest, at_least=len(oldest), timeout_s=2.0) == len(oldest)
+        assert not any(_closed_by_peer(s) for s in newest)
+        assert _timed_healthz(server.port) < 1.0
+
+
+# Clients (threads, in a process of their own) that ask a port for /healthz as fast as they are answered, for some
+# seconds; prints how many answers they got.
+_PROBE_FLOOD = r"""
+import socket, sys, threading, time
+port, clients, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+answers = []
+def client(end):
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+                answer = b"".join(iter(lambda: sock.recv(4096), b""))
+            answers.append(answer.startswith(b"HTTP/1.1 200"))
+        except OSError:
+            time.sleep(0.01)
+end = time.monotonic() + seconds
+threads = [threading.Thread(target=client, args=(end,)) for _ in range(clients)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sum(answers))
+"""
+
+
+def test_a_flood_of_the_probe_port_stays_within_its_accepts_and_the_cpu_budget() -> None:
+    """20 clients asking the probe port for /healthz as fast as they can for 3 s get at most 32 answers a 100 ms
+    window, the server thread stays within its CPU budget (15 % of a core), and the main port answers meanwhile."""
+    flood_s, windows_s = 3.0, 0.1
+    threads_before = _tasks()
+    with _serving(probe_port=0) as server:
+        (server_tid,) = _tasks() - threads_before
+        server_stat = f"/proc/self/task/{server_tid}/stat"
+        cpu_before, started = _cpu_s(server_stat), time.monotonic()
+        flood = subprocess.Popen(
+            [sys.executable, "-c", _PROBE_FLOOD, str(_probe_port(server)), "20", str(flood_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            main_port_s = [_timed_healthz(server.port) for _ in range(5)]
+            answered = int(flood.communicate(timeout=flood_s + 30)[0])
+        finally:
+            flood.kill()
+        cpu_s, wall_s = _cpu_s(server_stat) - cpu_before, time.monotonic() - started
+    print(f"probe flood: {answered} answers in {wall_s:.1f}s, server thread {cpu_s / wall_s:.1%} of a core")
+    assert 0 < answered <= 32 * (wall_s / windows_s + 1)
+    assert cpu_s <= 0.15 * wall_s, f"server thread used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
+    assert max(main_port_s) < 1.0
 
 
 _CHILD = """
