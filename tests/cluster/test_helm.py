@@ -109,19 +109,30 @@ def test_values_reach_the_pod(helm: Path) -> None:
         "extraArgs={--dry-run,--poll-interval=0.5}",
         "capacityReserve=2Gi",
         "metrics.port=9500",
+        "probes.port=9501",
         "podAnnotations.team=gpu",
     )
     spec = one(objects, "DaemonSet")["spec"]["template"]
     c = container(objects)
     assert c["image"] == "registry.local/vramguard:dev"
     assert c["args"][-4:] == ["--advertise-capacity", "--capacity-reserve=2Gi", "--dry-run", "--poll-interval=0.5"]
-    assert "--metrics-port=9500" in c["args"] and c["ports"] == [{"name": "metrics", "containerPort": 9500}]
+    assert "--metrics-port=9500" in c["args"] and "--probe-port=9501" in c["args"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9500}, {"name": "probes", "containerPort": 9501}]
     assert spec["spec"]["runtimeClassName"] == "nvidia"
     assert spec["spec"]["hostNetwork"] is True and spec["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert spec["spec"]["imagePullSecrets"] == [{"name": "registry"}]
     assert spec["metadata"]["annotations"]["team"] == "gpu"
     assert spec["metadata"]["annotations"]["prometheus.io/port"] == "9500"
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
+
+
+def test_the_kubelet_probes_the_probe_port(helm: Path) -> None:
+    """Liveness and readiness go to the port named `probes` (/healthz and /readyz alone), which the agent is told
+    to serve: a flood of the metrics port cannot delay them."""
+    c = container(render(helm))
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    assert {"name": "probes", "containerPort": 9401} in c["ports"] and "--probe-port=9401" in c["args"]
 
 
 def test_pod_network_by_default(helm: Path) -> None:
@@ -257,7 +268,7 @@ def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Pat
 
 def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path) -> None:
     """Off by default; on, it admits the scraper's namespace and, for kubectl vramguard, the API server's
-    addresses, both to the metrics port alone."""
+    addresses, both to the metrics port alone: never the probe port, which only the node (always allowed) needs."""
     assert not [o for o in render(helm) if o["kind"] == "NetworkPolicy"]
     objects = render(
         helm,
@@ -265,6 +276,7 @@ def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path)
         "networkPolicy.scraperNamespace=prom",
         "networkPolicy.apiServerCIDRs={10.0.0.10/32,10.0.0.11/32}",
         "metrics.port=9500",
+        "probes.port=9501",
     )
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"] == one(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]
