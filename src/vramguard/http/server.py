@@ -248,9 +248,9 @@ class HealthServer:
             os.write(self._wake_w, b"!")
 
     def stop(self, deadline: float) -> None:
-        """Stop serving, reset every connection and release the port, once the round under way ends (the wake pipe
-        ends its wait); waits for the thread until `deadline` at most (a callback stuck on the loop thread keeps the
-        port until it returns)."""
+        """Stop serving, reset every connection and release the ports, once the round under way ends (the wake
+        pipe ends its wait); waits for the thread until `deadline` at most (a callback stuck on the loop thread keeps
+        the ports until it returns)."""
         self._loop.stop(deadline)
 
     # One round: expire, wait, serve the clients that are ready, then accept.
