@@ -134,12 +134,27 @@ def test_ticks_follow_the_clock_while_the_tick_asks_for_more(tmp_path: Path) -> 
     assert not watcher.running and not wanted
 
 
+def _target(fd: int) -> str | None:
+    """What `fd` points at in this process (`anon_inode:inotify`, `pipe:[123]`), or None once it is closed."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        return None
+
+
 def test_the_inotify_and_wake_fds_are_closed_once_stopped(tmp_path: Path) -> None:
-    """`start()` opens the inotify fd and the wake pipe; the thread closes them on its way out, within the stop."""
-    before = set(os.listdir("/proc/self/fd"))
+    """`start()` opens the inotify fd and the wake pipe; the thread closes them on its way out, within the stop.
+
+    The watcher's own fds are checked by what they point at, not the process's fds counted: a thread left by
+    another test may open or close one meanwhile, and a closed number may be reused by it.
+    """
     watcher = CgroupWatcher(str(tmp_path), lambda p, i, f: None)
     watcher.start()
-    assert len(set(os.listdir("/proc/self/fd")) - before) == 3  # inotify, and the pipe's two ends
+    assert watcher._inotify is not None
+    fds = [watcher._inotify.fd, watcher._wake_r, watcher._wake_w]
+    opened = {fd: _target(fd) for fd in fds}
+    assert opened[fds[0]] == "anon_inode:inotify", opened
+    assert str(opened[fds[1]]).startswith("pipe:") and opened[fds[1]] == opened[fds[2]], opened  # one pipe
     watcher.stop(SYSTEM_CLOCK.now() + 2.0)
     assert not watcher.running
-    assert set(os.listdir("/proc/self/fd")) - before == set()
+    assert {fd: _target(fd) for fd in fds if _target(fd) == opened[fd]} == {}
