@@ -10,19 +10,16 @@ import time
 
 import pytest
 
+from fd_fixtures import open_fds, opened_since
 from vramguard.core.model import ProcessRef
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.procfs import read_stat
 
 
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 @pytest.mark.parametrize("use_cursor", [pytest.param(True, id="cursor"), pytest.param(False, id="stat")])
 def test_real_process_cache_lifecycle(use_cursor: bool) -> None:
     """A live process is a hit; once it exits and is reaped it reads as gone and leaves the cache. No fd is kept."""
-    before = fd_count()
+    before = open_fds()
     child = subprocess.Popen(["sleep", "60"])
     time.sleep(0.03)  # read in a later tick than it started in (else every check is a re-read: see "same tick")
     try:
@@ -31,7 +28,7 @@ def test_real_process_cache_lifecycle(use_cursor: bool) -> None:
         assert first[0] == ProcessRef(child.pid, (read_stat(child.pid) or ("?", -1))[1])
         assert attributor.scan([child.pid]) == {child.pid: first}
         assert (attributor.hits, attributor.misses) == (1, 1)
-        assert fd_count() == before
+        assert opened_since(before) == {}
     finally:
         child.kill()
         child.wait()
@@ -82,13 +79,13 @@ def test_a_thousand_cached_processes_cost_no_fd() -> None:
     """Scanning (cold, then warm) 1,000 real processes leaves the agent with exactly the fds it had before."""
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(1000)]
     try:
-        before = fd_count()
+        before = open_fds()
         attributor = ProcIdentifier("/proc")
         assert len(attributor.scan(c.pid for c in children)) == 1000
-        assert fd_count() == before
+        assert opened_since(before) == {}
         warm = attributor.scan(c.pid for c in children)
         assert len(warm) == 1000 and attributor.cache_size == 1000
-        assert fd_count() == before
+        assert opened_since(before) == {}
         assert attributor.full_checks == 1  # only the first scan had no earlier reading to go by
         assert attributor.hits == 1000
     finally:

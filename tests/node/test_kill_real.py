@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
+from fd_fixtures import open_fds, opened_since
 from vramguard.core.model import GpuDevice, PodInfo, ProcessRef, Violation
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import (
@@ -324,11 +325,11 @@ def test_every_pidfd_is_closed(world: World) -> None:
     ctr = pod.container()
     holders = world.holder(ctr, children=3)
     stale = ProcessRef(holders[0].pid, 1)
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_fds()
 
     result = killer(world).kill(violation(pod, [ctr], [stale, holders[1].ref]))
 
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert opened_since(before) == {}
     assert len(result.killed) == 3  # holders[1] sampled, holders[2..3] discovered; holders[0]'s sample is stale
     assert result.exited
 
@@ -503,7 +504,7 @@ def test_container_is_thawed_even_when_a_check_raises(
         (gpu,) = world.holder(ctr)
         directory = next(d for d in ctr.dirs if version == 2 or "/freezer/" in d)
         control = Path(directory, "cgroup.events" if version == 2 else "freezer.state")
-        fds_before = len(os.listdir("/proc/self/fd"))
+        fds_before = open_fds()
         journal = FreezeJournal(str(tmp_path / "freezes"))
         raising = RaisingKiller(control, device_prefix=world.device_prefix, exit_timeout_s=5.0, journal=journal)
 
@@ -517,7 +518,7 @@ def test_container_is_thawed_even_when_a_check_raises(
         assert freeze_state(ctr, version) == ("0" if version == 2 else "THAWED")
         if version == 2:
             assert "frozen 0" in control.read_text()
-        assert len(os.listdir("/proc/self/fd")) == fds_before
+        assert opened_since(fds_before) == {}
         assert journal.entries() == [], "thawed, so forgotten"
         assert gpu.alive()
         # And it really runs again: a thawed container can be killed normally.
