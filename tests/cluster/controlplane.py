@@ -603,8 +603,10 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every component (the last started first) and remove the workdir unless kept. Idempotent."""
         atexit.unregister(self.stop)
+        # SIGKILL: the data goes with the workdir, and kube-apiserver's graceful stop takes ~10 s with a kubelet's
+        # and controllers' watches open (restart tests stop it gracefully on their own).
         for component in reversed(list(self.components.values())):
-            component.stop()
+            component.stop(kill=True)
         if self._owns_workdir and not self.keep_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -202,17 +202,35 @@ class RealNode:
         with self.plane.api_client() as api:
             core = client.CoreV1Api(api)
             selector = f"spec.nodeName={self.name}"
-            for pod in raw(api, core.list_pod_for_all_namespaces(field_selector=selector))["items"]:
+            pods = raw(api, core.list_pod_for_all_namespaces(field_selector=selector))["items"]
+            # A DaemonSet's controller would put its pod back as soon as it is deleted (and the wait below would
+            # run to its end): the DaemonSets go first.
+            apps = client.AppsV1Api(api)
+            for namespace, name in {
+                (pod["metadata"]["namespace"], owner["name"])
+                for pod in pods
+                for owner in pod["metadata"].get("ownerReferences", [])
+                if owner.get("kind") == "DaemonSet"
+            }:
+                with contextlib.suppress(client.ApiException):
+                    apps.delete_namespaced_daemon_set(name, namespace, propagation_policy="Orphan")
+            for pod in pods:
                 meta = pod["metadata"]
                 with contextlib.suppress(client.ApiException):
-                    core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
+                    core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=1)
             with contextlib.suppress(WaitTimeout):  # best effort: stop() tears down what is left anyway
                 wait_until(
-                    lambda: not self.containerd.ctr("containers", "ls", "-q").split(),
+                    lambda: not self._running_tasks(),
                     timeout_s,
-                    what="the kubelet to tear down the node's containers",
+                    what="the kubelet to stop the node's containers",
                     interval_s=_POLL_S,
                 )
+
+    def _running_tasks(self) -> list[str]:
+        """The containers whose process has not ended. An ended one stays listed as a container until the kubelet's
+        garbage collection, which runs once a minute: waiting for the containers to go would wait for that."""
+        rows = [line.split() for line in self.containerd.ctr("tasks", "ls").splitlines()[1:]]
+        return [row[0] for row in rows if row and row[-1] != "STOPPED"]
 
     def _ready(self) -> bool:
         with self.plane.api_client() as api:
