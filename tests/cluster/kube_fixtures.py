@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client, utils
 
@@ -22,12 +23,16 @@ from vramguard.kube.pod_manifest import pod_info_from_manifest
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
-from .controlplane import ControlPlane, write_kubeconfig
+from .controlplane import NEWEST, ControlPlane, write_kubeconfig
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "daemonset.yaml"
 MERGE = "application/merge-patch+json"
 AGENT_NAMESPACE = "vramguard"
 POLL_S = 0.25
+
+# For a test whose subject is the agent alone, the same whichever version of the API server is there (one frozen
+# with SIGSTOP answers nothing, whatever its version): it runs on the newest only, not once per version.
+on_the_newest_only = pytest.mark.parametrize("kubernetes_version", [NEWEST], indirect=True)
 
 
 def deploy_manifest(api: client.ApiClient, manifest: Path = MANIFEST) -> None:

@@ -26,7 +26,7 @@ from vramguard_testbed.simnode import SimProcess
 from vramguard_testbed.waiting import wait_until
 
 from .controlplane import kubeconfig_api_client
-from .kube_fixtures import MERGE, ApiPod, KubeNode, metric, wait_scans
+from .kube_fixtures import MERGE, ApiPod, KubeNode, metric, on_the_newest_only, wait_scans
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
@@ -43,6 +43,7 @@ def _gone(proc: SimProcess) -> bool:
     return not proc.alive()
 
 
+@on_the_newest_only
 def test_frozen_api_server_kill_mode_keeps_its_pace(node: KubeNode, namespace: str) -> None:
     """API server frozen: two offenders crossing their quota are killed within a poll or two each, /healthz stays
     200, and /readyz says the server does not answer once the watches' silence outlasts a bookmark's period;
