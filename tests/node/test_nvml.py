@@ -535,19 +535,22 @@ def test_constructed_idle_started_and_stopped(nvml_state: Path) -> None:
     thread; `stop(deadline)` shuts NVML down and ends that thread, after which it samples nothing."""
     FakeNode.gpus(1).write(nvml_state)
 
-    def nvml_threads() -> int:
-        return sum(t.name.startswith("vramguard-nvml") and t.is_alive() for t in threading.enumerate())
+    def nvml_threads() -> set[threading.Thread]:
+        """The live deadline-runner threads: the sets before and after tell this sampler's apart from one that
+        another test's sampler left winding down."""
+        return {t for t in threading.enumerate() if t.name.startswith("vramguard-nvml") and t.is_alive()}
 
     before = nvml_threads()
     sampler = NvmlSampler()
-    assert (sampler.threads_started, sampler.gpu_count, nvml_threads()) == (0, 0, before)
+    assert (sampler.threads_started, sampler.gpu_count, nvml_threads() - before) == (0, 0, set())
     with pytest.raises(RuntimeError, match="not running"):
         sampler.sample()
     sampler.start()
     assert sampler.gpu_count == 1 and len(sampler.sample().devices) == 1
-    assert (sampler.threads_started, nvml_threads()) == (1, before + 1)
+    (thread,) = nvml_threads() - before
+    assert sampler.threads_started == 1
     sampler.stop(sampler.clock.now() + 2.0)
-    wait_until(lambda: nvml_threads() == before, 5, "the deadline runner's thread to end")
+    wait_until(lambda: not thread.is_alive(), 5, "the deadline runner's thread to end")
     assert sampler.memory() == ()
     with pytest.raises(RuntimeError, match="not running"):
         sampler.sample()

@@ -251,10 +251,11 @@ def rounds(source: FilePodSource, n: int = 1) -> None:
 
 def test_nothing_is_read_before_start(tmp_path: Path) -> None:
     """Construction touches no file and starts no thread: not synced, no pods, and problem() says why."""
+    before = set(threading.enumerate())
     source = source_of(tmp_path / "no" / "such" / "pods.yaml")
     assert not source.synced() and source.pods() == {} and source.node_labels() == {}
     assert source.problem() == f"pods file {tmp_path}/no/such/pods.yaml: not read yet"
-    assert not source.loop.running and "vramguard-pods-file" not in [t.name for t in threading.enumerate()]
+    assert not source.loop.running and set(threading.enumerate()) - before == set()
     source.stop(source.clock.now())  # stopping one never started is harmless
 
 
