@@ -108,9 +108,12 @@ class Cluster:
             return None
         return pods[0]
 
-    def workload(self, namespace: str, name: str, quota: str) -> dict[str, Any]:
-        """A running pod of the workload image with `quota` as its VRAM limit, placed by the scheduler."""
-        self.create_workload(namespace, name, quota)
+    def workload(
+        self, namespace: str, name: str, quota: str | None, *, annotations: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A running pod of the workload image with `quota` as its VRAM limit (None: none), placed by the
+        scheduler."""
+        self.create_workload(namespace, name, quota, annotations=annotations)
         wait_until(
             lambda: self.phase(namespace, name) == "Running", 60, what=f"{namespace}/{name} Running", interval_s=0.25
         )
@@ -118,11 +121,19 @@ class Cluster:
         assert found is not None
         return found
 
-    def create_workload(self, namespace: str, name: str, quota: str, *, command: list[str] | None = None) -> None:
+    def create_workload(
+        self,
+        namespace: str,
+        name: str,
+        quota: str | None,
+        *,
+        command: list[str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         """Create the pod `workload` makes (its container "main" runs `command` if given, else the image's sleep)
         and return at once, without waiting for it to run: for creating many pods together."""
         pod = client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name, labels={"app": name}),
+            metadata=client.V1ObjectMeta(name=name, labels={"app": name}, annotations=annotations),
             spec=client.V1PodSpec(
                 termination_grace_period_seconds=2,
                 containers=[
@@ -131,7 +142,7 @@ class Cluster:
                         image=WORKLOAD_IMAGE,
                         image_pull_policy="Never",
                         command=command,
-                        resources=client.V1ResourceRequirements(limits={QUOTA: quota}),
+                        resources=client.V1ResourceRequirements(limits={QUOTA: quota} if quota else None),
                     )
                 ],
             ),

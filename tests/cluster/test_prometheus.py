@@ -92,10 +92,10 @@ def reported(exposed: dict[tuple[str, frozenset[tuple[str, str]]], float], name:
 
 
 def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: Cluster, tmp_path: Path) -> None:
-    """With a pod over its quota and memory outside any pod on the real node: Prometheus discovers and scrapes the
-    agent through the ServiceMonitor's job, every dashboard panel returns the series it is meant to show with the
-    values the agent reports, only VramguardUnattributedMemoryGrowing is raised (pending); then with the agent's
-    pod deleted and not replaced, VramguardAgentDown is."""
+    """With a pod over its quota, one within a quota for the whole pod and memory outside any pod on the real
+    node: Prometheus discovers and scrapes the agent through the ServiceMonitor's job, every dashboard panel returns
+    the series it is meant to show with the values the agent reports, only VramguardUnattributedMemoryGrowing is
+    raised (pending); then with the agent's pod deleted and not replaced, VramguardAgentDown is."""
     started = time.monotonic()
     node = cluster.node.name
     monitor = installed(cluster.api, AGENT_NS, "servicemonitors")
@@ -127,10 +127,12 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
             wait_until(lambda: prom.query(f'up{{job="{JOB}"}} == 1'), 30, what="the agent scraped")
             wait_until(lambda: prom.query("vramguard_unattributed_gpu_memory_bytes == 0"), 30, what="a first scrape")
 
-            # The situation: a 4Gi pod using 9GiB, and 1GiB held by a process outside any pod (this test's).
+            # The situation: a 4Gi pod using 9GiB, a pod with a 4Gi quota for the whole pod (an annotation) using
+            # 1GiB, and 1GiB held by a process outside any pod (this test's).
             ns = cluster.namespace("ml")
             trainer = cluster.workload(ns, "trainer", "4Gi")
-            cluster.gpu({cluster.pid(trainer): 9 * GiB, os.getpid(): 1 * GiB})
+            notebook = cluster.workload(ns, "notebook", None, annotations={"vramguard.io/vram-limit": "4Gi"})
+            cluster.gpu({cluster.pid(trainer): 9 * GiB, cluster.pid(notebook): 1 * GiB, os.getpid(): 1 * GiB})
             wait_until(
                 lambda: prom.query(f'vramguard_violations_total{{namespace="{ns}"}}'), 60, what="the violation scraped"
             )
@@ -144,9 +146,13 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
 
             gpu = {"gpu": "0"}
             trainer_labels = {"namespace": ns, "pod": "trainer", "container": "main", **gpu}
+            notebook_labels = {"namespace": ns, "pod": "notebook", "container": "main", **gpu}
             used = reported(exposed, "vramguard_container_gpu_memory_used_bytes", pod="trainer")
             quota = reported(exposed, "vramguard_container_gpu_memory_quota_bytes", pod="trainer")
             assert (used, quota) == (9 * GiB, 4 * GiB)
+            notebook_used = reported(exposed, "vramguard_container_gpu_memory_used_bytes", pod="notebook")
+            pod_quota = reported(exposed, "vramguard_container_gpu_memory_quota_bytes", pod="notebook", container="")
+            assert (notebook_used, pod_quota) == (1 * GiB, 4 * GiB)
             violations = reported(exposed, "vramguard_violations_total", namespace=ns)
             warnings = reported(exposed, "vramguard_actions_total", action="warn", result="ok")
             actions: list[tuple[dict[str, str], float | None]] = [
@@ -156,8 +162,9 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
                 ({"action": "warn", "result": "ok"}, warnings)
             ]
             expected: dict[str, list[tuple[dict[str, str], float | None]]] = {
-                "GPU memory used by container/A": [(trainer_labels, used)],
+                "GPU memory used by container/A": [(trainer_labels, used), (notebook_labels, notebook_used)],
                 "Usage / quota/A": [(trainer_labels, used / quota)],
+                "Usage / quota/B": [({"namespace": ns, "pod": "notebook", **gpu}, notebook_used / pod_quota)],
                 "GPU memory free/A": [({"node": node, **gpu}, reported(exposed, "vramguard_gpu_memory_free_bytes"))],
                 "Unattributed GPU memory (outside any pod)/A": [({"node": node, **gpu}, 1.0 * GiB)],
                 # Counted within the panel's window: its increase is the whole count.
