@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups
+from fd_fixtures import open_fds
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.core.model import CgroupIdentity
 from vramguard.node.cgroup import v2_root
@@ -134,14 +135,6 @@ def test_ticks_follow_the_clock_while_the_tick_asks_for_more(tmp_path: Path) -> 
     assert not watcher.running and not wanted
 
 
-def _target(fd: int) -> str | None:
-    """What `fd` points at in this process (`anon_inode:inotify`, `pipe:[123]`), or None once it is closed."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except FileNotFoundError:
-        return None
-
-
 def test_the_inotify_and_wake_fds_are_closed_once_stopped(tmp_path: Path) -> None:
     """`start()` opens the inotify fd and the wake pipe; the thread closes them on its way out, within the stop.
 
@@ -152,9 +145,10 @@ def test_the_inotify_and_wake_fds_are_closed_once_stopped(tmp_path: Path) -> Non
     watcher.start()
     assert watcher._inotify is not None
     fds = [watcher._inotify.fd, watcher._wake_r, watcher._wake_w]
-    opened = {fd: _target(fd) for fd in fds}
+    opened = {fd: open_fds().get(fd) for fd in fds}
     assert opened[fds[0]] == "anon_inode:inotify", opened
     assert str(opened[fds[1]]).startswith("pipe:") and opened[fds[1]] == opened[fds[2]], opened  # one pipe
     watcher.stop(SYSTEM_CLOCK.now() + 2.0)
     assert not watcher.running
-    assert {fd: _target(fd) for fd in fds if _target(fd) == opened[fd]} == {}
+    after = open_fds()
+    assert {fd: after[fd] for fd in fds if after.get(fd) == opened[fd]} == {}
