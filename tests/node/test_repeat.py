@@ -7,13 +7,20 @@ and the container's cgroup, every 10 ms.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vramguard.core.model import GiB, MiB
+from vramguard.node.procfs import read_boot_ticks, read_stat
+from vramguard.node.repeats import OLD_FORMAT, OLDER_THAN_CONTAINER, STARTS_LATER, STILL_RUNNING
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
@@ -27,11 +34,22 @@ def _metric(node: SimulatedNode, name: str, **labels: str) -> float | None:
     return metric_value(node.http_get("/metrics")[1], name, labels)
 
 
-def _start(node: SimulatedNode, tmp_path: Path, policy: str = "") -> None:
+def _start(node: SimulatedNode, tmp_path: Path, policy: str = "", **popen_kwargs: Any) -> subprocess.Popen[Any]:
     path = tmp_path / "policy.yaml"
     path.write_text(policy)
-    node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), "--policy", str(path))
+    agent = node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), "--policy", str(path), **popen_kwargs)
     node.wait_ready()
+    return agent
+
+
+def _log_events(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """The JSON log lines of an agent that was stopped."""
+    _, err = agent.communicate(timeout=15)
+    out = []
+    for line in err.splitlines():
+        with contextlib.suppress(ValueError):  # a non-JSON line would be a traceback: the asserts will show it
+            out.append(json.loads(line))
+    return out
 
 
 def _over_quota_fraction(node: SimulatedNode, pod: SimPod, seconds: float) -> float:
@@ -158,3 +176,89 @@ def test_the_repeat_memory_survives_an_agent_restart(sim_node: SimulatedNode, tm
     assert not again.alive()
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") == 1.0
     assert (sim_node.state_dir / "kills.json").is_file(), "where the memory was kept"
+
+
+def test_the_repeat_after_a_restart_says_the_kill_was_restored(sim_node: SimulatedNode, tmp_path: Path) -> None:
+    """The agent restarted after a kill logs what it restored from kills.json (the container, short), and its
+    escalation of the real repeat says, in its log line and its Event, that the kill was an earlier agent's."""
+    trainer = sim_node.add_pod("trainer", "ml", containers={"main": QUOTA})
+    container_id = trainer.containers["main"].container_id
+    shell = trainer.containers["main"].spawn(["sleep", "600"])
+    first = sim_node.spawn(trainer, "main", 2 * GiB)
+    _start(sim_node, tmp_path)
+    wait_until(lambda: not first.alive(), 3 * POLL_S, what="the first process killed")
+    sim_node.stop_agents()
+
+    again = sim_node.spawn(trainer, "main", 2 * GiB)
+    agent = _start(sim_node, tmp_path, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: shell.poll() is not None, 3 * POLL_S, what="the repeat to take the whole container")
+    assert not again.alive()
+    sim_node.stop_agents()
+    logs = _log_events(agent)
+    (restored,) = [e for e in logs if e.get("event") == "kill_memory_restored"]
+    assert (restored["restored"], restored["containers"]) == (1, [container_id[:12]])
+    assert not [e for e in logs if e.get("event") == "kill_memory_refused"]
+    said = "of the last kill (a kill recorded by an earlier agent, restored from kills.json)"
+    (kill,) = [e for e in logs if e.get("event") == "action" and e.get("action") == "kill"]
+    assert said in kill["escalation"]
+    (event,) = [e for e in logs if e.get("event") == "event" and e.get("reason") == "VRAMKilled"]
+    assert f"{said}: stopped the whole container" in event["message"]
+
+
+def _free_pid() -> int:
+    """A PID no process holds now."""
+    return next(pid for pid in range(4_000_000, 0, -1) if not os.path.exists(f"/proc/{pid}"))
+
+
+def _start_time(pid: int) -> int:
+    found = read_stat(pid)
+    assert found is not None
+    return found[1]
+
+
+# What someone other than the agent writes for the container (this boot, its ID, a kill 5 s ago), and why the agent
+# refuses it: each entry names the processes "killed" through a function of the container's shell.
+FORGED = [
+    pytest.param(None, OLD_FORMAT, id="no-killed-processes-as-before-format-2"),
+    pytest.param(
+        lambda shell: [[_free_pid(), 1]], OLDER_THAN_CONTAINER, id="a-made-up-process-older-than-the-container"
+    ),
+    pytest.param(
+        lambda shell: [[shell, _start_time(shell)]], STILL_RUNNING, id="the-containers-running-shell-as-killed"
+    ),
+    pytest.param(
+        lambda shell: [[_free_pid(), read_boot_ticks() + 100_000]], STARTS_LATER, id="a-made-up-process-from-the-future"
+    ),
+]
+
+
+@pytest.mark.parametrize(("killed", "problem"), FORGED)
+def test_a_forged_kill_memory_does_not_escalate(
+    sim_node: SimulatedNode, tmp_path: Path, killed: Callable[[int], list[list[int]]] | None, problem: str
+) -> None:
+    """A kills.json entry the agent never wrote, written before it starts, is refused and reported (the container,
+    and why); the container's first offence is a plain kill: its GPU process goes, its other process lives."""
+    trainer = sim_node.add_pod("trainer", "ml", containers={"main": QUOTA})
+    container_id = trainer.containers["main"].container_id
+    shell = trainer.containers["main"].spawn(["sleep", "600"])  # holds no GPU: only an escalation would take it
+    greedy = sim_node.spawn(trainer, "main", 1536 * MiB)  # a small offence: 1.5 GiB against 1 GiB
+    at = time.monotonic() - 5  # the agent's clock (CLOCK_MONOTONIC)
+    entry: object = at if killed is None else {"at": at, "killed": killed(shell.pid)}
+    document: dict[str, object] = {"boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
+    document |= {"kills": {container_id: entry}} if killed is None else {"version": 2, "kills": {container_id: entry}}
+    sim_node.state_dir.mkdir(parents=True, exist_ok=True)
+    (sim_node.state_dir / "kills.json").write_text(json.dumps(document))
+
+    agent = _start(sim_node, tmp_path, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: not greedy.alive(), 3 * POLL_S, what="the over-quota process killed")
+    sim_node.wait_scans(2)
+    assert shell.poll() is None, "a plain kill: the container's other process lives"
+    assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0
+    assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
+    sim_node.stop_agents()
+    logs = _log_events(agent)
+    (refused,) = [e for e in logs if e.get("event") == "kill_memory_refused"]
+    assert (refused["refused"], refused["containers"], refused["problems"]) == (1, [container_id[:12]], [problem])
+    assert not [e for e in logs if e.get("event") == "kill_memory_restored"]
+    (kill,) = [e for e in logs if e.get("event") == "action" and e.get("action") == "kill"]
+    assert kill["escalation"] is None and kill["pids"] == [greedy.pid]

@@ -19,11 +19,13 @@ from vramguard.core.model import (
     ContainerUsage,
     Escalation,
     GpuDevice,
+    KillRecord,
     Mode,
     OnRepeat,
     PodQuota,
     Policy,
     PressureNotice,
+    ProcessRef,
     Quota,
     Reason,
     Snapshot,
@@ -50,20 +52,26 @@ class DecisionState:
     last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     # The GPUs under pressure (device UUID), each with the last time its free memory was below the threshold.
     pressure: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    # Container instances (runtime IDs) the agent killed in, each with when: a violation there within the repeat
-    # window is a repeat.
-    kills: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Container instances (runtime IDs) the agent killed in, each with its last kill there: a violation there within
+    # the repeat window, by a process that started after that kill, is a repeat.
+    kills: Mapping[str, KillRecord] = field(default_factory=lambda: MappingProxyType({}))
     # Pods whose eviction the API server accepted (by UID), each with when: not evicted again until seen
     # terminating or gone, or until eviction_timeout_s has passed.
     evicted: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def record_kills(state: DecisionState, container_ids: Iterable[str], now: float) -> DecisionState:
-    """`state` knowing that processes of these containers were just killed (the enforcer's outcomes say so)."""
-    ids = tuple(container_ids)
-    if not ids:
+def record_kills(
+    state: DecisionState, killed_in: Iterable[tuple[str, Iterable[ProcessRef]]], now: float
+) -> DecisionState:
+    """`state` knowing that these processes were just killed in these container instances (the enforcer's outcomes
+    say so): each instance's record becomes this kill's, with every process it killed there."""
+    killed: dict[str, set[ProcessRef]] = {}
+    for container_id, refs in killed_in:
+        killed.setdefault(container_id, set()).update(refs)
+    if not killed:
         return state
-    return replace(state, kills=MappingProxyType({**state.kills, **dict.fromkeys(ids, now)}))
+    records = {c: KillRecord(at=now, killed=tuple(sorted(refs))) for c, refs in killed.items()}
+    return replace(state, kills=MappingProxyType({**state.kills, **records}))
 
 
 def record_evictions(state: DecisionState, pod_uids: Iterable[str], now: float) -> DecisionState:
@@ -177,14 +185,34 @@ def track_episodes(
 # Step 3: what is due, ranked
 
 
-def repeat_of(v: Violation, policy: Policy, kills: Mapping[str, float], now: float) -> Escalation | None:
-    """The escalation a violation gets when it is a repeat (one of its container instances killed in within the
-    repeat window, whatever the cooldown) and the policy escalates repeats in its namespace; None otherwise."""
-    killed_at = [kills[c] for c in v.container_ids if c in kills and now - kills[c] < policy.repeat_window_s]
+def came_back(processes: Iterable[ProcessRef], kill: KillRecord) -> bool:
+    """Whether GPU processes came back after `kill`: one of `processes` started after every process it killed.
+
+    Both start times are clock ticks since boot, as /proc gives them, so no clock is mixed. A kill that names no
+    process is no evidence; a process still there from before the kill (one it missed, one it never reached) or
+    started in the same tick as the newest killed one did not come back."""
+    if not kill.killed:
+        return False
+    newest = max(r.start_time for r in kill.killed)
+    return any(p.start_time > newest for p in processes)
+
+
+def repeat_of(v: Violation, policy: Policy, kills: Mapping[str, KillRecord], now: float) -> Escalation | None:
+    """The escalation a violation gets when it is a repeat and the policy escalates repeats in its namespace; None
+    otherwise. A repeat: one of its container instances was killed in within the repeat window (whatever the
+    cooldown), and one of its processes started after that kill (`came_back`)."""
     step = policy.on_repeat_for(v.pod.namespace)
-    if not killed_at or step is OnRepeat.WAIT:
+    if step is OnRepeat.WAIT:
         return None
-    return Escalation(step=step, since_kill_s=now - max(killed_at))
+    records = [
+        r
+        for c in v.container_ids
+        if (r := kills.get(c)) is not None and now - r.at < policy.repeat_window_s and came_back(v.processes, r)
+    ]
+    if not records:
+        return None
+    last = max(records, key=lambda r: r.at)
+    return Escalation(step=step, since_kill_s=now - last.at, restored=last.restored)
 
 
 def due_reason(v: Violation, episode: Episode, policy: Policy, now: float, repeat: bool = False) -> Reason | None:
@@ -422,7 +450,8 @@ def decide(
     6. Act in the namespace's mode, except on a terminating pod: it is acted on only over its hard limit (soft
        limit and pressure are held, "pod is already terminating"), and then killed in evict mode as in kill
        mode, since evicting a pod already being deleted does nothing. Warn mode only warns it, as any pod;
-       cool-down and every other blast-radius rule apply to it as to any pod. A repeat goes one step further
+       cool-down and every other blast-radius rule apply to it as to any pod. A repeat (`repeat_of`: a GPU
+       process that started after a kill in the container instance) goes one step further
        (`Policy.on_repeat_for`): every process of the container is killed, or the pod is evicted.
     7. On each GPU that entered pressure this scan (not under pressure in `state`), a notice for every pod with
        a process there, naming the subjects over their quota there (`pressure_notices`).
@@ -445,7 +474,7 @@ def decide(
         episodes[v.key] = replace(ep, warned=True)
 
     # 4.
-    kills = {cid: t for cid, t in state.kills.items() if now - t < policy.repeat_window_s}
+    kills = {cid: r for cid, r in state.kills.items() if now - r.at < policy.repeat_window_s}
     repeats = {v.key: e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
     due: dict[SubjectKey, tuple[Violation, Reason]] = {}
     for v in violations:

@@ -369,10 +369,10 @@ class Policy:
     eviction_timeout_s: float = 15.0
     driver_limits: DriverLimits = DriverLimits.AUTO
     # The watch between scans (`watch.py`): each GPU's memory counter read every `watch_interval_s` (0: no watch,
-    # scans on the poll alone); a rise since the last scan by more than the smaller of the two (whichever is set),
-    # or a GPU entering pressure, scans at once, at most `triggered_scans_per_second` (a burst of as many). 20 ms:
-    # a reading costs ~0.1-0.2 ms of CPU in a VM (its wake-up more than its NVML call), a tenth of the ~100 ms a
-    # killed CUDA process takes to let go of its memory (docs/design.md "The watch between scans").
+    # scans on the poll alone); a change since the last scan (a rise or a fall) by more than the smaller of the two
+    # (whichever is set), or a GPU entering pressure, scans at once, at most `triggered_scans_per_second` (a burst
+    # of as many). 20 ms: a reading costs ~0.1-0.2 ms of CPU in a VM (its wake-up more than its NVML call), a tenth
+    # of the ~100 ms a killed CUDA process takes to let go of its memory (docs/design.md "The watch between scans").
     watch_interval_s: float = 0.02
     watch_rise_bytes: int | None = 256 * 1024 * 1024
     watch_rise_ratio: float | None = 0.01
@@ -409,7 +409,7 @@ class Policy:
         )
 
     def watch_rise_for(self, total_bytes: int) -> int:
-        """The rise in a GPU's used memory since the last scan that scans at once: the smaller threshold set."""
+        """The change in a GPU's used memory since the last scan that scans at once: the smaller threshold set."""
         limits = [b for b in (self.watch_rise_bytes,) if b is not None]
         if self.watch_rise_ratio is not None:
             limits.append(int(self.watch_rise_ratio * total_bytes))
@@ -508,16 +508,29 @@ class Violation:
 
 
 @dataclass(frozen=True, slots=True)
+class KillRecord:
+    """A kill the agent remembers in one container instance (`DecisionState.kills`): when, and which processes it
+    killed there, as the killer signalled them."""
+
+    at: float  # the agent's clock (CLOCK_MONOTONIC seconds)
+    killed: tuple[ProcessRef, ...]  # start times in clock ticks since boot, as /proc gives them
+    restored: bool = False  # read from the state directory (recorded by an earlier agent), not by this process
+
+
+@dataclass(frozen=True, slots=True)
 class Escalation:
     """Why an action goes further than the mode's first step: its container instance was killed in within the
-    repeat window and is over its quota again (a supervisor respawning GPU workers)."""
+    repeat window, and a GPU process that started after that kill puts it over its quota again (a supervisor
+    respawning GPU workers)."""
 
     step: OnRepeat  # KILL_CONTAINER or EVICT
     since_kill_s: float  # how long after the last kill it was found over its quota again
+    restored: bool = False  # the kill it rests on was recorded by an earlier agent (`KillRecord.restored`)
 
     @property
     def came_back(self) -> str:
-        return f"GPU processes came back within {self.since_kill_s:.1f} s of the last kill"
+        said = f"GPU processes came back within {self.since_kill_s:.1f} s of the last kill"
+        return said + (" (a kill recorded by an earlier agent, restored from kills.json)" if self.restored else "")
 
 
 @dataclass(frozen=True, slots=True)

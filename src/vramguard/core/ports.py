@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from vramguard.core.model import GpuMemory, GpuSample, Identity, PodInfo, ProcessRef, Violation
+from vramguard.core.model import GpuMemory, GpuSample, Identity, KillRecord, PodInfo, ProcessRef, Violation
 from vramguard.core.shares import PodShares
 
 
@@ -120,11 +120,12 @@ class Evictor(Protocol):
 class KillMemory(Protocol):
     """Where the container instances the agent killed in (`DecisionState.kills`) outlive the agent's process."""
 
-    def load(self, now: float) -> Mapping[str, float]:
-        """The kills remembered, on the agent's clock at `now`; {} when none. Never raises: read once at start."""
+    def load(self, now: float) -> Mapping[str, KillRecord]:
+        """The kills remembered that the node does not contradict, on the agent's clock at `now`, each marked
+        `restored`; {} when none. Says what it restored and what it refused. Never raises: read once at start."""
         ...
 
-    def save(self, kills: Mapping[str, float]) -> None:
+    def save(self, kills: Mapping[str, KillRecord]) -> None:
         """Remember `kills` instead; called after a kill, on the scan. Never raises."""
         ...
 

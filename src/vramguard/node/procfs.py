@@ -197,6 +197,14 @@ def read_pid_cursor(proc_root: str = "/proc") -> PidCursor | None:
         return None
 
 
+def read_boot_ticks(proc_root: str = "/proc") -> int:
+    """Now, in the unit of /proc/<pid>/stat's start time (clock ticks since boot), from `proc_root`/uptime, which
+    counts the same clock (CLOCK_BOOTTIME) in hundredths of a second. Raises OSError, ValueError on contents that do
+    not parse."""
+    seconds, _, hundredths = (read_small(f"{proc_root}/uptime").split(None, 1) or [b""])[0].partition(b".")
+    return (int(seconds) * 100 + int(hundredths[:2].ljust(2, b"0"))) * os.sysconf("SC_CLK_TCK") // 100
+
+
 def read_small(path: str) -> bytes:
     """A small /proc or cgroupfs file in one read (the kernel fills the buffer with the whole file)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

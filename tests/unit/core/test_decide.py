@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from unittest.mock import ANY
@@ -24,13 +24,17 @@ from vramguard.core.decide import (
     rank,
     record_evictions,
     record_kills,
+    repeat_of,
     track_pressure,
 )
 from vramguard.core.model import (
+    Action,
     ContainerInfo,
+    Escalation,
     EvictionRefused,
     GiB,
     GpuDevice,
+    KillRecord,
     MiB,
     Mode,
     NamespacePolicy,
@@ -561,7 +565,8 @@ def test_capped_fair_share_is_bounded_on_a_large_gpu() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Repeats: a container instance killed in and over its quota again within the cooldown
+# Repeats: a container instance killed in and over its quota again, by a process started after the kill, within the
+# repeat window
 
 SUPERVISED = pod("ray-head", "ml")
 RESTARTED = replace(
@@ -578,6 +583,7 @@ class Scan:
     used_gib: float
     expect: list[str]  # "kind:pod" or "kind:pod+step" for an escalated action
     held: str | None = None  # a substring of why the enforcement was held
+    pid: int | None = None  # the container's GPU process (start time pid * 10); None: a new one each scan
 
 
 def _repeat_policy(**kw: object) -> Policy:
@@ -680,6 +686,23 @@ REPEAT_CASES = [
         ],
         id="evict-mode-repeat-after-a-refused-eviction-and-kill-evicts",
     ),
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"], pid=200),
+            Scan(0.5, SUPERVISED, 2, [], held="cool-down", pid=200),
+        ],
+        id="the-process-the-kill-did-not-end-has-not-come-back-no-repeat",
+    ),
+    pytest.param(
+        _repeat_policy(),
+        [
+            Scan(0, SUPERVISED, 2, ["warn:ray-head", "kill:ray-head"], pid=200),
+            Scan(0.5, SUPERVISED, 2, [], held="cool-down", pid=150),
+            Scan(60, SUPERVISED, 2, ["kill:ray-head"], pid=150),
+        ],
+        id="a-process-older-than-the-killed-one-has-not-come-back-its-kill-is-plain",
+    ),
 ]
 
 
@@ -692,7 +715,8 @@ def _play(
     state = DecisionState()
     for i, scan in enumerate(scans):
         clock.step(scan.after_s)
-        snapshot = SnapshotBuilder().use(scan.pod, "main", GPU0, int(scan.used_gib * GiB)).build()
+        pid = scan.pid if scan.pid is not None else 100 + i  # a supervisor's new worker each scan
+        snapshot = SnapshotBuilder().use(scan.pod, "main", GPU0, int(scan.used_gib * GiB), pid=pid).build()
         decision, state = decide(snapshot, REPEAT_QUOTAS, policy, state, clock.now())
         got = [
             f"{a.kind.value}:{a.pod.name}" + (f"+{a.escalation.step.value}" if a.escalation else "")
@@ -706,12 +730,13 @@ def _play(
 
 @pytest.mark.parametrize(("policy", "scans"), REPEAT_CASES)
 def test_repeats(policy: Policy, scans: list[Scan]) -> None:
-    """A repeat is acted on at once, one step further; a restarted container or a cured one is not a repeat."""
+    """A repeat is acted on at once, one step further; a restarted container, a cured one, or one whose process
+    over its quota did not start after the kill is not a repeat."""
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
-        # Each kill (and an evict mode's refused-then-killed) is recorded.
+        # Each kill (and an evict mode's refused-then-killed) is recorded, with the processes it killed.
         killed = [a for a in decision.actions if a.kind is not Mode.WARN]
-        return record_kills(state, (c for a in killed for c in a.violation.container_ids), now)
+        return record_kills(state, _killed_in(killed), now)
 
     _play(policy, scans, outcomes)
 
@@ -777,8 +802,7 @@ def test_one_eviction_per_pod_until_it_is_seen_going(policy: Policy, accepted: b
     gone, or eviction_timeout has passed."""
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
-        killed = [c for a in decision.actions if a.kind is Mode.KILL for c in a.violation.container_ids]
-        state = record_kills(state, killed, now)
+        state = record_kills(state, _killed_in(a for a in decision.actions if a.kind is Mode.KILL), now)
         if accepted:
             state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), now)
         return state
@@ -796,16 +820,125 @@ def test_an_accepted_eviction_is_forgotten_once_the_pod_is_gone() -> None:
     assert not state.evicted
 
 
-def test_repeat_message_says_how_soon_the_processes_came_back() -> None:
-    """The escalation says how long after the last kill the container was over its quota again."""
+def _killed_in(actions: Iterable[Action]) -> list[tuple[str, tuple[ProcessRef, ...]]]:
+    """What the agent records of these actions' kills: each container instance with the processes killed."""
+    return [(c, a.violation.processes) for a in actions for c in a.violation.container_ids]
+
+
+SUPERVISED_ID = SUPERVISED.containers[0].container_id or ""
+
+
+@pytest.mark.parametrize(
+    ("restored", "message"),
+    [
+        pytest.param(False, "GPU processes came back within 0.4 s of the last kill", id="a-kill-of-this-agent"),
+        pytest.param(
+            True,
+            "GPU processes came back within 0.4 s of the last kill "
+            "(a kill recorded by an earlier agent, restored from kills.json)",
+            id="a-kill-restored-from-disk-says-so",
+        ),
+    ],
+)
+def test_repeat_message_says_how_soon_the_processes_came_back(restored: bool, message: str) -> None:
+    """The escalation says how long after the last kill the container was over its quota again, and whether that
+    kill was recorded by an earlier agent."""
     policy = _repeat_policy()
-    over = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 2 * GiB).build()
-    _, state = decide(over, REPEAT_QUOTAS, policy, DecisionState(), 100.0)
-    state = record_kills(state, [SUPERVISED.containers[0].container_id or ""], 100.0)
+    killed = (ProcessRef(100, 1000),)
+    state = DecisionState(kills=MappingProxyType({SUPERVISED_ID: KillRecord(100.0, killed, restored=restored)}))
+    over = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 2 * GiB, pid=101).build()
     decision, _ = decide(over, REPEAT_QUOTAS, policy, state, 100.4)
-    (action,) = decision.actions
-    assert action.escalation is not None
-    assert action.escalation.came_back == "GPU processes came back within 0.4 s of the last kill"
+    assert [a.kind for a in decision.actions] == [Mode.WARN, Mode.KILL]
+    escalation = decision.actions[1].escalation
+    assert escalation is not None and escalation.restored is restored
+    assert escalation.came_back == message
+
+
+def _over(*processes: tuple[int, int], container_ids: tuple[str, ...] = (SUPERVISED_ID,)) -> Violation:
+    """SUPERVISED over its 1Gi quota on GPU0 with these processes, each (PID, start time)."""
+    return Violation(
+        pod=SUPERVISED,
+        container="main",
+        device=GPU0,
+        used_bytes=2 * GiB,
+        limit_bytes=1 * GiB,
+        hard_bytes=1 * GiB,
+        quota_source="test",
+        processes=tuple(ProcessRef(pid, start) for pid, start in processes),
+        container_ids=container_ids,
+    )
+
+
+def _kill(at: float, *killed: tuple[int, int], restored: bool = False) -> KillRecord:
+    return KillRecord(at, tuple(ProcessRef(pid, start) for pid, start in killed), restored)
+
+
+OTHER_ID = "e" * 64
+
+KILLED_CONTAINER = OnRepeat.KILL_CONTAINER
+
+REPEAT_OF_CASES = [
+    pytest.param(
+        _over((7, 500)), {SUPERVISED_ID: _kill(90, (5, 400))}, Escalation(KILLED_CONTAINER, 9.0),
+        id="a-process-started-after-the-kill-came-back",
+    ),
+    pytest.param(
+        _over((7, 500)), {SUPERVISED_ID: _kill(90, (5, 400), restored=True)},
+        Escalation(KILLED_CONTAINER, 9.0, restored=True), id="a-restored-kill-escalates-and-says-restored",
+    ),
+    pytest.param(
+        _over((5, 400), (9, 600)), {SUPERVISED_ID: _kill(90, (5, 300), (6, 410))}, Escalation(KILLED_CONTAINER, 9.0),
+        id="one-new-process-among-old-ones-came-back",
+    ),
+    pytest.param(_over((5, 400)), {SUPERVISED_ID: _kill(90, (5, 400))}, None, id="the-killed-process-itself-no"),
+    pytest.param(_over((4, 300)), {SUPERVISED_ID: _kill(90, (5, 400))}, None, id="a-process-older-than-the-kill-no"),
+    pytest.param(
+        _over((6, 400)), {SUPERVISED_ID: _kill(90, (5, 400))}, None, id="started-in-the-killed-ones-tick-no",
+    ),
+    pytest.param(
+        _over((7, 450)), {SUPERVISED_ID: _kill(90, (5, 400), (8, 500))}, None,
+        id="not-after-every-killed-process-no",
+    ),
+    pytest.param(_over((7, 500)), {SUPERVISED_ID: _kill(90)}, None, id="a-kill-that-names-no-process-is-no-evidence"),
+    pytest.param(_over((7, -1)), {SUPERVISED_ID: _kill(90, (5, 400))}, None, id="an-unknown-start-time-no"),
+    pytest.param(_over((7, 500)), {OTHER_ID: _kill(90, (5, 400))}, None, id="a-kill-in-another-container-no"),
+    pytest.param(
+        _over((7, 500)), {SUPERVISED_ID: _kill(99.0 - 300, (5, 400))}, None, id="a-kill-before-the-repeat-window-no",
+    ),
+    pytest.param(
+        _over((7, 500), container_ids=(SUPERVISED_ID, OTHER_ID)),
+        {SUPERVISED_ID: _kill(90, (5, 400), restored=True), OTHER_ID: _kill(95, (6, 450))},
+        Escalation(KILLED_CONTAINER, 4.0), id="of-two-kills-the-last-one-it-came-back-after",
+    ),
+    pytest.param(
+        _over((7, 500), container_ids=(SUPERVISED_ID, OTHER_ID)),
+        {SUPERVISED_ID: _kill(90, (5, 400), restored=True), OTHER_ID: _kill(95, (6, 600))},
+        Escalation(KILLED_CONTAINER, 9.0, restored=True), id="a-later-kill-it-did-not-come-back-after-is-not-the-one",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("v", "kills", "expected"), REPEAT_OF_CASES)
+def test_repeat_of(v: Violation, kills: dict[str, KillRecord], expected: Escalation | None) -> None:
+    """A violation is a repeat only on evidence that GPU processes came back: one of its processes started after
+    every process the last kill in its container instance killed (start times, both from /proc), within the
+    repeat window; the escalation carries whether that kill was restored from disk."""
+    assert repeat_of(v, _repeat_policy(), kills, 99.0) == expected
+
+
+def test_on_repeat_wait_makes_no_repeat_whatever_the_evidence() -> None:
+    """With on_repeat: wait, a process that came back after a kill is no repeat."""
+    kills = {SUPERVISED_ID: _kill(90, (5, 400))}
+    assert repeat_of(_over((7, 500)), _repeat_policy(on_repeat=OnRepeat.WAIT), kills, 99.0) is None
+
+
+def test_record_kills_keeps_what_each_kill_killed() -> None:
+    """A kill's record replaces the last one of its container instance, with every process killed there; a record
+    this agent makes is never restored, whatever the one it replaces was."""
+    state = DecisionState(kills=MappingProxyType({SUPERVISED_ID: _kill(1.0, (5, 400), restored=True)}))
+    state = record_kills(state, [(SUPERVISED_ID, [ProcessRef(9, 900)]), (SUPERVISED_ID, [ProcessRef(8, 800)])], 2.0)
+    state = record_kills(state, [(OTHER_ID, [ProcessRef(3, 30)])], 3.0)
+    assert dict(state.kills) == {SUPERVISED_ID: _kill(2.0, (8, 800), (9, 900)), OTHER_ID: _kill(3.0, (3, 30))}
 
 
 @pytest.mark.parametrize(
@@ -836,10 +969,10 @@ def test_on_repeat_for(namespace: str, policy: Policy, expected: OnRepeat) -> No
 def test_kills_are_forgotten_after_the_repeat_window(cooldown_s: float, kept_until_s: float) -> None:
     """The record of kills is bounded by the repeat window (default 5m), whatever the cooldown."""
     policy = _repeat_policy(cooldown_s=cooldown_s)
-    state = record_kills(DecisionState(), ["a" * 64], 0.0)
+    state = record_kills(DecisionState(), [("a" * 64, [ProcessRef(5, 50)])], 0.0)
     idle = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 0).build()
     _, state = decide(idle, REPEAT_QUOTAS, policy, state, kept_until_s - 0.1)
-    assert dict(state.kills) == {"a" * 64: 0.0}
+    assert dict(state.kills) == {"a" * 64: _kill(0.0, (5, 50))}
     _, state = decide(idle, REPEAT_QUOTAS, policy, state, kept_until_s)
     assert not state.kills
 
