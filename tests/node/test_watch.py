@@ -1,20 +1,25 @@
 """The watch between scans in real time: its thread paces and stops, and on a simulated node (`vramguard run` over
 the test NVML library, real processes in pod cgroups) an allocation past a quota is acted on without waiting for the
-poll, and a churn within quotas costs at most the triggered-scan rate."""
+poll, also when a free in the same interval hides it, and so is a pod learned after its process crossed; a churn
+within quotas costs at most the triggered-scan rate; a watch stuck in the driver is reported, and the poll goes on."""
 
 from __future__ import annotations
 
+import os
+import select
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from vramguard.agent.watch import MemoryWatch, ScanTrigger
+from cgroup_fixtures import need_cgroups
+from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanTrigger, Trigger
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.core.model import GiB, GpuMemory, Policy
-from vramguard_testbed.simnode import SimulatedNode, metric_value
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -24,6 +29,25 @@ POLL_S = 30.0  # far longer than any wait below: whatever happens, the poll did 
 
 def _metric(node: SimulatedNode, name: str, **labels: str) -> float:
     return metric_value(node.http_get("/metrics")[1], name, labels) or 0.0
+
+
+def _triggered(node: SimulatedNode) -> float:
+    """Scans triggered before the poll, whatever the reason."""
+    return _metric(node, "vramguard_triggered_scans_total")
+
+
+def _dead_after(proc: SimProcess, change: Callable[[], None], limit_s: float) -> float:
+    """Seconds from just before `change()` to `proc`'s exit (its pidfd turning readable); fails past `limit_s`."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        started = time.monotonic()
+        change()
+        assert poller.poll(limit_s * 1000), f"pid {proc.pid} still alive {limit_s} s later"
+        return time.monotonic() - started
+    finally:
+        os.close(pidfd)
 
 
 def test_an_allocation_past_the_quota_is_killed_without_waiting_for_the_poll(sim_node: SimulatedNode) -> None:
@@ -62,10 +86,97 @@ def test_a_churn_within_quota_costs_at_most_the_triggered_scan_rate(sim_node: Si
         time.sleep(0.05)
     elapsed = time.monotonic() - started
 
-    triggered = _metric(sim_node, "vramguard_triggered_scans_total", reason="memory-rise")
+    triggered = _triggered(sim_node)  # rises and falls alike
     assert 1 <= triggered <= 2 * elapsed + 2 + 1  # the burst, the rate, and one in flight at the end
     assert _metric(sim_node, "vramguard_scan_triggers_held_total") >= 1
     assert proc.alive(), "within its quota: never killed"
+
+
+def test_a_crossing_hidden_by_a_free_in_one_interval_is_killed_within_100ms(sim_node: SimulatedNode) -> None:
+    """At the default poll (1 s), one process frees 6 GiB while another takes 2 GiB past its quota, both in one
+    write of the test NVML's state: the GPU's counter falls, the watch calls for a scan (memory-fall), and the
+    offender is dead within 100 ms of the write; the process that freed is untouched."""
+    freeing_pod = sim_node.add_pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "10Gi"}})
+    offender_pod = sim_node.add_pod("notebook", "ml", containers={"main": {"vramguard.io/vram": "2Gi"}})
+    freeing = sim_node.spawn(freeing_pod, "main", 8 * GiB)
+    offender = sim_node.spawn(offender_pod, "main", GiB)
+    sim_node.start_agent("--mode", "kill", stderr=subprocess.DEVNULL)  # the default poll
+    sim_node.wait_ready()
+    assert sim_node.poll_interval_s == 1.0
+
+    def free_and_allocate() -> None:
+        freeing.used_bytes = 2 * GiB  # written with the offender's usage, in one replacement of the state file
+        sim_node.set_usage(offender, 3 * GiB)
+
+    reaction_s = _dead_after(offender, free_and_allocate, 5.0)
+    print(f"free-and-allocate crossing at the default poll: offender dead {reaction_s * 1000:.0f} ms after the write")
+    assert reaction_s < 0.1
+    assert _metric(sim_node, "vramguard_triggered_scans_total", reason=Trigger.MEMORY_FALL.value) >= 1
+    assert freeing.alive()
+
+
+def test_a_pod_learned_after_its_process_crossed_is_scanned_at_once(sim_node: SimulatedNode) -> None:
+    """At a 30 s poll, a process crosses its quota while its pod is not yet in the pods file (unattributed: no
+    quota); the pods file then names the pod, and the offender is killed within a second, by a scan the pod
+    update called for (pod-learned)."""
+    late = sim_node.add_pod("late", "ml", containers={"main": {"vramguard.io/vram": "2Gi"}})
+    offender = sim_node.spawn(late, "main", GiB)
+    sim_node.pods.remove(late)  # its cgroup and process are there; the pod list does not name it yet
+    sim_node.sync()
+    sim_node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    sim_node.wait_ready()
+
+    sim_node.set_usage(offender, 3 * GiB)  # a rise: the scan it triggers finds no pod for it
+    unattributed = "vramguard_unattributed_gpu_memory_bytes"
+    wait_until(lambda: _metric(sim_node, unattributed) == 3 * GiB, 10.0, what="a scan seeing the offender unattributed")
+    assert offender.alive(), "no pod, no quota"
+
+    def learn() -> None:
+        sim_node.pods.append(late)
+        sim_node.sync()
+
+    reaction_s = _dead_after(offender, learn, 10.0)
+    print(f"pod learned late at a 30 s poll: offender dead {reaction_s * 1000:.0f} ms after the pods file was written")
+    assert reaction_s < 1.0, "the pods file is looked at every 100 ms; the scan it calls for kills"
+    assert _metric(sim_node, "vramguard_triggered_scans_total", reason=Trigger.POD_LEARNED.value) == 1
+
+
+def test_a_watch_stuck_in_the_driver_is_reported_and_the_poll_goes_on(tmp_path: Path) -> None:
+    """GPU 0's memory-info call hangs in the driver: the watch's thread, which reads GPU 0 first, is stuck.
+    /readyz names it after WATCH_STUCK_S, vramguard_watch_stuck is 1, the log says watch_stuck; an offender on
+    GPU 1 is still killed, at the poll (no triggered scan). Once the call returns, ready again (watch_recovered)."""
+    need_cgroups(2)
+    with SimulatedNode(tmp_path / "node", gpus=2) as node:
+        offender = node.spawn(
+            node.add_pod("trainer", "ml", containers={"main": {"vramguard.io/vram": "2Gi"}}), "main", GiB, gpu=1
+        )
+        log = tmp_path / "agent.log"
+        with log.open("w") as out:
+            node.start_agent("--mode", "kill", stdout=out, stderr=out)  # the default poll, 1 s
+        node.wait_ready()
+        node.nvml.hang("nvmlDeviceGetMemoryInfo_v2", 600.0, device=0)
+        node.sync()
+        started = time.monotonic()
+        wait_until(
+            lambda: "memory watch" in node.http_get("/readyz")[1], WATCH_STUCK_S + 10.0, what="/readyz naming the watch"
+        )
+        print(f"/readyz named the stuck watch {time.monotonic() - started:.1f} s after the hang")
+        status, body = node.http_get("/readyz")
+        assert status == 503 and "a reading has not returned for" in body
+        assert _metric(node, "vramguard_watch_stuck") == 1.0
+        triggered = _triggered(node)
+
+        reaction_s = _dead_after(offender, lambda: node.set_usage(offender, 3 * GiB), 10.0)
+        print(f"watch stuck: offender on GPU 1 dead {reaction_s * 1000:.0f} ms after crossing (poll 1 s)")
+        assert _triggered(node) == triggered, "killed by the poll: the watch read nothing"
+
+        node.nvml.clear_faults()
+        node.sync()
+        node.wait_ready()
+        node.wait_scans(1)
+        assert _metric(node, "vramguard_watch_stuck") == 0.0
+        events = [line for line in log.read_text().splitlines() if '"watch_' in line]
+        assert ['"watch_stuck"' in events[0], '"watch_recovered"' in events[1], len(events)] == [True, True, 2]
 
 
 def test_the_stop_ends_the_pause_between_readings() -> None:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import Mode, PodQuota, Reason, Snapshot
@@ -209,8 +210,18 @@ class Metrics:
         self.triggered_scans = Counter(
             "vramguard_triggered_scans_total",
             "Scans run before the next poll because the watch between scans saw a GPU's used memory rise "
-            "(memory-rise) or its free memory fall into the pressure band (pressure).",
+            "(memory-rise) or fall (memory-fall) past watch_rise, or its free memory fall into the pressure band "
+            "(pressure), or because a pod update named a pod or container whose GPU memory the last scan could not "
+            "attribute (pod-learned).",
             ["reason"],
+            registry=self.registry,
+        )
+        for trigger in Trigger:
+            self.triggered_scans.labels(reason=trigger.value)
+        self.watch_stuck = Gauge(
+            "vramguard_watch_stuck",
+            f"1 while the watch between scans has waited on the driver for a reading for {WATCH_STUCK_S:g} s or more "
+            "(scans only at the poll; the log says watch_stuck), 0 otherwise and without a watch.",
             registry=self.registry,
         )
         self.scan_triggers_held = Counter(

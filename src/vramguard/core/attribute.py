@@ -9,6 +9,8 @@ A GPU sample, the identities the identify stage found (`identify.ProcIdentifier`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from vramguard.core.model import ContainerUsage, GpuSample, Identity, PodInfo, ProcessRef, Snapshot, UnattributedProcess
 
@@ -88,3 +90,48 @@ def attribute(
         agent_pod_uid=agent_pod_uid,
         agent_pid=agent_pid,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """What a scan saw on the GPUs but could not attribute for want of it in the pod cache: pods the cache does not
+    hold (by UID), and containers of pods it holds whose status names them not yet (pod UID → runtime IDs), whose
+    usage is then the pod's alone and no container quota judges it. A pod update that names one calls for a scan."""
+
+    pods: frozenset[str] = frozenset()
+    containers: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __bool__(self) -> bool:
+        return bool(self.pods or self.containers)
+
+    def named_by(self, pod: PodInfo) -> bool:
+        """Whether this version of a pod names something awaited: the pod itself, or one of its containers."""
+        if pod.uid in self.pods:
+            return True
+        ids = self.containers.get(pod.uid)
+        return ids is not None and any(pod.container_by_id(c) is not None for c in ids)
+
+    def named_in(self, pods: Mapping[str, PodInfo]) -> bool:
+        """Whether a pod list names something awaited (looked up by UID: as many lookups as awaited pods)."""
+        return any((pod := pods.get(uid)) is not None and self.named_by(pod) for uid in (*self.pods, *self.containers))
+
+
+def awaited(snapshot: Snapshot, identities: Mapping[int, Identity]) -> Awaited:
+    """What `snapshot` could not attribute for want of the pod cache (`Awaited`), from the identities it was
+    attributed with. Processes outside any pod cgroup, or gone, are not awaited: no pod update names them."""
+    pods: set[str] = set()
+    for u in snapshot.unattributed:
+        found = identities.get(u.process.pid) if u.reason == POD_NOT_IN_CACHE else None
+        if found is not None and found[1] is not None:
+            pods.add(found[1].pod_uid)
+    containers: dict[str, set[str]] = {}
+    for c in snapshot.containers:
+        if not c.container and c.container_id is not None:  # a runtime ID the pod's status does not list yet
+            containers.setdefault(c.pod.uid, set()).add(c.container_id)
+    if not pods and not containers:
+        return NOTHING_AWAITED
+    frozen = MappingProxyType({uid: frozenset(ids) for uid, ids in containers.items()})
+    return Awaited(frozenset(pods), frozen)
+
+
+NOTHING_AWAITED = Awaited()

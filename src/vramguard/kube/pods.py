@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -23,7 +23,8 @@ class KubePodSource:
 
     `synced()` is true while both caches are complete and their watches work; `problem()` says why not. Either
     way the agent keeps enforcing with the pods it has. A relist replaces the cache whole, so a pod deleted while
-    the agent was disconnected is forgotten, never acted on.
+    the agent was disconnected is forgotten, never acted on. `on_pods` hears each pod version the cache takes in,
+    once the cache serves it (the watch's `ScanCalls.pods_updated`: a pod learned late calls for a scan).
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class KubePodSource:
         log: Log | None = None,
         clock: Clock = SYSTEM_CLOCK,
         count: RequestCounter = uncounted,
+        on_pods: Callable[[Iterable[PodInfo]], None] | None = None,
     ) -> None:
         self.node_name = node_name
+        self.on_pods = on_pods
         self.log = log if log is not None else structlog.get_logger("vramguard.kube.pods_file")
         self.clock = clock
         self._pods: Mapping[str, PodInfo] = {}
@@ -95,6 +98,8 @@ class KubePodSource:
                 pods[info.uid] = info
         self._pods = pods
         self.log.info("pod_cache_synced", pods=len(pods))
+        if self.on_pods is not None:
+            self.on_pods(pods.values())
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         info = self._convert(obj)
@@ -106,6 +111,8 @@ class KubePodSource:
         else:
             pods[info.uid] = info
         self._pods = pods
+        if self.on_pods is not None and kind != "DELETED":
+            self.on_pods((info,))
 
     def _convert(self, obj: Mapping[str, Any]) -> PodInfo | None:
         try:

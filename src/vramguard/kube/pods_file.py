@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -150,7 +150,9 @@ class FilePodSource:
     mtime, size) changed. `pods()`, `node_labels()`, `synced()` and `problem()` never touch the file: they return
     the last snapshot the loop published. A file that cannot be read or parsed keeps the last good pods, and
     `problem()` says why: the agent must not forget pods, and so stop protecting their neighbours, because
-    someone saved a half-written file. Each distinct fault is logged once, and so is the recovery.
+    someone saved a half-written file. Each distinct fault is logged once, and so is the recovery. `on_pods` hears
+    each version's pods once they are served (the watch's `ScanCalls.pods_updated`: a pod learned late calls for a
+    scan).
 
     Constructed idle (no I/O, no thread): `start()`, then `stop(deadline)` (`vramguard.base.lifecycle.Service`).
     """
@@ -164,8 +166,10 @@ class FilePodSource:
         max_bytes: int = MAX_BYTES,
         clock: Clock = SYSTEM_CLOCK,
         log: Log | None = None,
+        on_pods: Callable[[Iterable[PodInfo]], None] | None = None,
     ) -> None:
         self.path = path
+        self.on_pods = on_pods
         self.node_name = node_name
         self.check_interval_s = check_interval_s
         self.max_bytes = max_bytes
@@ -246,6 +250,8 @@ class FilePodSource:
             return
         self._published = published
         self._problem = None
+        if self.on_pods is not None:
+            self.on_pods(published.pods.values())
         if self._failures.ok():
             self.log.info("pods_file_recovered", path=self.path, pods=len(published.pods))
         elif not self._synced.is_set():

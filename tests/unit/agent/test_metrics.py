@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.agent.metrics import ACTION_RESULTS, DRIVER_LIMIT_OUTCOMES, EVENT_RESULTS, Metrics
+from vramguard.agent.watch import Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB
@@ -48,6 +49,9 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
         pytest.param("vramguard_events_total", {("result", r) for r in EVENT_RESULTS}, id="every-event-result"),
         pytest.param(
             "vramguard_driver_limits_total", {("outcome", o) for o in DRIVER_LIMIT_OUTCOMES}, id="every-limit-outcome"
+        ),
+        pytest.param(
+            "vramguard_triggered_scans_total", {("reason", t.value) for t in Trigger}, id="every-trigger-reason"
         ),
     ],
 )

@@ -1,4 +1,5 @@
-"""The watch between scans: which readings call for a scan, the rate limit, and how the loop waits for the watch."""
+"""The watch between scans: which readings call for a scan, a pod learned late, the rate limit, how the loop waits
+for the watch, and a watch stuck in the driver."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import NamedTuple
 
 import pytest
 
-from vramguard.agent.watch import MemoryWatch, ScanTrigger, Trigger
-from vramguard.core.model import GiB, GpuDevice, GpuMemory, MiB, Policy
-from vramguard.testing.fakes import FakeClock, gpu
+from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger, Trigger
+from vramguard.core.attribute import Awaited
+from vramguard.core.model import ContainerInfo, GiB, GpuDevice, GpuMemory, MiB, PodInfo, Policy
+from vramguard.testing.fakes import FakeClock, gpu, pod
 
 TOTAL = 80 * GiB  # 1 % of it is 819 MiB: the 256 MiB bound is the smaller
 
@@ -25,48 +27,78 @@ def reading(used: int, *, index: int = 0, total: int = TOTAL) -> GpuMemory:
 
 class Case(NamedTuple):
     scanned: list[GpuDevice]
-    readings: list[list[GpuMemory]]  # one list a watch reading; the last one's answer is the case's
-    expected: Trigger | None
+    readings: list[list[GpuMemory]]  # one list a watch reading
+    expected: list[Trigger | None]  # the answer to each reading
     policy: Policy = Policy()
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB)]], None), id="nothing-changed"),
+        pytest.param(Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB)]], [None]), id="nothing-changed"),
         pytest.param(
-            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB + 256 * MiB)]], None), id="a-rise-of-the-threshold-is-not"
+            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB + 256 * MiB)]], [None]),
+            id="a-rise-of-the-threshold-is-not",
         ),
         pytest.param(
-            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB + 257 * MiB)]], Trigger.MEMORY_RISE),
+            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB + 257 * MiB)]], [Trigger.MEMORY_RISE]),
             id="a-rise-past-256mi-scans",
         ),
         pytest.param(
-            Case([scanned_gpu(GiB, total=8 * GiB)], [[reading(GiB + 90 * MiB, total=8 * GiB)]], Trigger.MEMORY_RISE),
+            Case([scanned_gpu(GiB, total=8 * GiB)], [[reading(GiB + 90 * MiB, total=8 * GiB)]], [Trigger.MEMORY_RISE]),
             id="on-a-small-gpu-1-percent-is-the-smaller",
         ),
         pytest.param(
             Case(
                 [scanned_gpu(10 * GiB)],
                 [[reading(11 * GiB)]],
-                None,
+                [None],
                 Policy(watch_rise_bytes=2 * GiB, watch_rise_ratio=None),
             ),
             id="the-policys-rise",
         ),
         pytest.param(
-            Case([scanned_gpu(10 * GiB)], [[reading(8 * GiB)], [reading(10 * GiB)]], Trigger.MEMORY_RISE),
+            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB - 256 * MiB)]], [None]),
+            id="a-fall-of-the-threshold-is-not",
+        ),
+        pytest.param(
+            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB - 257 * MiB)]], [Trigger.MEMORY_FALL]),
+            id="a-fall-past-256mi-scans",
+        ),
+        pytest.param(
+            # 4 GiB freed and 3 GiB taken between two readings: the counter shows only the net change.
+            Case([scanned_gpu(10 * GiB)], [[reading(9 * GiB)]], [Trigger.MEMORY_FALL]),
+            id="a-free-hiding-an-allocation-in-one-interval-scans",
+        ),
+        pytest.param(
+            Case([scanned_gpu(10 * GiB)], [[reading(10 * GiB - 200 * MiB)]], [None]),
+            id="a-swap-whose-net-change-is-within-the-threshold-is-left-to-the-poll",
+        ),
+        pytest.param(
+            Case(
+                [scanned_gpu(10 * GiB)],
+                [[reading(8 * GiB)], [reading(10 * GiB)]],
+                [Trigger.MEMORY_FALL, Trigger.MEMORY_RISE],
+            ),
             id="freed-since-the-scan-then-taken-again-is-a-rise",
         ),
-        pytest.param(Case([], [[reading(40 * GiB)]], None), id="a-gpu-no-scan-has-seen-is-left-to-the-poll"),
         pytest.param(
-            Case([scanned_gpu(10 * GiB, healthy=False)], [[reading(40 * GiB)]], None), id="an-unhealthy-gpu-is-not"
+            Case(
+                [scanned_gpu(10 * GiB)],
+                [[reading(10 * GiB - 200 * MiB)], [reading(10 * GiB + 100 * MiB)]],
+                [None, Trigger.MEMORY_RISE],
+            ),
+            id="a-rise-is-counted-from-the-lowest-reading",
+        ),
+        pytest.param(Case([], [[reading(40 * GiB)]], [None]), id="a-gpu-no-scan-has-seen-is-left-to-the-poll"),
+        pytest.param(
+            Case([scanned_gpu(10 * GiB, healthy=False)], [[reading(40 * GiB)]], [None]), id="an-unhealthy-gpu-is-not"
         ),
         pytest.param(
             Case(
                 [scanned_gpu(10 * GiB), scanned_gpu(10 * GiB, index=1)],
                 [[reading(10 * GiB), reading(12 * GiB, index=1)]],
-                Trigger.MEMORY_RISE,
+                [Trigger.MEMORY_RISE],
             ),
             id="any-gpu-of-the-node",
         ),
@@ -74,44 +106,140 @@ class Case(NamedTuple):
             Case(
                 [scanned_gpu(70 * GiB)],
                 [[reading(TOTAL - 3 * GiB)]],
-                Trigger.PRESSURE,
+                [Trigger.PRESSURE],
                 Policy(watch_rise_bytes=None, watch_rise_ratio=0.5),
             ),
             id="entering-the-pressure-band-scans",
         ),
         pytest.param(
-            Case([scanned_gpu(TOTAL - 3 * GiB)], [[reading(TOTAL - 3 * GiB + 100 * MiB)]], None),
+            Case([scanned_gpu(TOTAL - 3 * GiB)], [[reading(TOTAL - 3 * GiB + 100 * MiB)]], [None]),
             id="already-under-pressure-at-the-scan-is-not-news",
+        ),
+        pytest.param(
+            Case(
+                [scanned_gpu(10 * GiB)],
+                [[reading(10 * GiB + GiB)], [reading(10 * GiB + GiB)]],
+                [Trigger.MEMORY_RISE] * 2,
+            ),
+            id="a-reason-stands-until-the-next-scan",
         ),
     ],
 )
 def test_which_readings_call_for_a_scan(case: Case) -> None:
-    """A rise since the last scan past the smaller of 256 MiB and 1 % of the GPU, counted from the lowest reading
-    since; or a GPU entering its pressure band. Only GPUs the last scan saw healthy."""
-    trigger = ScanTrigger(case.policy, FakeClock())
+    """A change since the last scan past the smaller of 256 MiB and 1 % of the GPU, a rise or a fall, a rise
+    counted from the lowest reading since; or a GPU entering its pressure band. Only GPUs the last scan saw
+    healthy."""
+    trigger = ScanTrigger(case.policy)
     trigger.scanned(case.scanned)
-    answers = [trigger.check(r) for r in case.readings]
-    assert answers[-1] is case.expected
+    assert [trigger.check(r) for r in case.readings] == case.expected
 
 
-def test_triggered_scans_are_held_to_the_rate_and_counted_once_a_wait() -> None:
-    """A churn past the rate: its burst is answered, then one scan per 1/rate s; each wait for the rate is counted
-    once, however many readings it spans."""
+def test_calls_are_held_to_the_rate_and_counted_once_a_wait() -> None:
+    """A churn past the rate: its burst is answered, then one scan per 1/rate s, the waiter waking when the token
+    is due rather than at the poll; each wait for the rate is counted once, however many calls it spans."""
+    clock, held = FakeClock(), list[int]()
+    calls = ScanCalls(Policy(triggered_scans_per_second=2), clock, count_held=lambda: held.append(1))
+    stop = threading.Event()
+    for _ in range(2):
+        calls.post(Trigger.MEMORY_RISE, clock.now())
+        assert calls.wait(stop, clock.now() + 60.0) is Trigger.MEMORY_RISE, "the burst"
+    for _ in range(5):
+        calls.post(Trigger.MEMORY_RISE, clock.now())
+    assert held == [1] and calls.held == 1, "one wait, counted once"
+    started = clock.now()
+    assert calls.wait(stop, clock.now() + 60.0) is Trigger.MEMORY_RISE
+    assert clock.now() - started == pytest.approx(0.5), "at the token, not at the poll"
+    calls.scanned(clock.now())
+    calls.post(Trigger.MEMORY_RISE, clock.now())
+    assert held == [1, 1], "a new wait after the scan"
+
+
+def test_a_call_seen_before_the_scans_sample_is_stale() -> None:
+    """A scan answers the calls for what was seen before its sample, admitted or waiting for the rate; one seen
+    since stands (the sample may have missed it)."""
     clock = FakeClock()
-    trigger = ScanTrigger(Policy(triggered_scans_per_second=2), clock)
-    trigger.scanned([scanned_gpu(GiB)])
-    rise = [reading(3 * GiB)]
-    assert [trigger.check(rise) for _ in range(2)] == [Trigger.MEMORY_RISE] * 2, "the burst"
-    assert [trigger.check(rise) for _ in range(5)] == [None] * 5 and trigger.held == 1
-    clock.step(0.5)
-    assert trigger.check(rise) is Trigger.MEMORY_RISE
-    trigger.scanned([scanned_gpu(GiB)])
-    assert trigger.check(rise) is None and trigger.held == 2, "a new wait after the scan"
+    calls = ScanCalls(Policy(triggered_scans_per_second=1), clock)
+    stop = threading.Event()
+    calls.post(Trigger.MEMORY_RISE, clock.now())  # takes the rate's one token
+    calls.scanned(clock.now())
+    assert calls.wait(stop, clock.now()) is None, "admitted, then answered by the scan"
+    calls.post(Trigger.PRESSURE, clock.now())  # no token left: it waits for the next
+    assert calls.held == 1
+    calls.scanned(clock.now())
+    assert calls.wait(stop, clock.now() + 5.0) is None, "waiting for the rate, then answered by the scan"
+    sampled_at = clock.now()
+    clock.step(0.01)
+    calls.post(Trigger.MEMORY_FALL, clock.now())
+    calls.scanned(sampled_at)
+    assert calls.wait(stop, clock.now() + 5.0) is Trigger.MEMORY_FALL
+
+
+POD = pod("trainer", "ml")
+STARTED = replace(POD, containers=(*POD.containers, ContainerInfo("late", "c" * 64)))
+OTHER = pod("notebook", "ml")
+
+
+@pytest.mark.parametrize(
+    ("awaited", "updates", "expected"),
+    [
+        pytest.param(Awaited(pods=frozenset({POD.uid})), [[OTHER], [POD]], [None, Trigger.POD_LEARNED], id="the-pod"),
+        pytest.param(
+            Awaited(containers={POD.uid: frozenset({"c" * 64})}),
+            [[POD], [OTHER, STARTED]],
+            [None, Trigger.POD_LEARNED],
+            id="the-container-named-by-its-pods-status",
+        ),
+        pytest.param(
+            Awaited(pods=frozenset({POD.uid})), [[POD], [POD]], [Trigger.POD_LEARNED, None], id="once-until-the-scan"
+        ),
+        pytest.param(Awaited(), [[POD, OTHER]], [None], id="nothing-awaited"),
+    ],
+)
+def test_a_pod_update_naming_what_the_scan_awaited_calls_for_a_scan(
+    awaited: Awaited, updates: list[list[PodInfo]], expected: list[Trigger | None]
+) -> None:
+    """A pod source's update that names a pod or container the last scan could not attribute for want of it
+    calls for a scan, once: the scan it calls for publishes what is still awaited."""
+    clock = FakeClock()
+    calls = ScanCalls(Policy(), clock)
+    stop = threading.Event()
+    calls.awaiting(awaited, lambda: {})
+    answers = []
+    for update in updates:
+        calls.pods_updated(update)
+        answers.append(calls.wait(stop, clock.now()))
+    assert answers == expected
+
+
+def test_an_update_between_the_scans_read_and_its_record_is_not_missed() -> None:
+    """The pod cache is read again once the scan's record is in: a pod that arrived in between, whose update came
+    before the record, calls for a scan."""
+    clock = FakeClock()
+    calls = ScanCalls(Policy(), clock)
+    stop = threading.Event()
+    calls.pods_updated([POD])  # before the record: nothing awaited yet
+    calls.awaiting(Awaited(pods=frozenset({POD.uid})), lambda: {POD.uid: POD})
+    assert calls.wait(stop, clock.now()) is Trigger.POD_LEARNED
+
+
+def test_a_pod_learned_waits_for_the_rate_like_any_call() -> None:
+    """A pod learned while the rate is spent is answered when the next token is due."""
+    clock = FakeClock()
+    calls = ScanCalls(Policy(triggered_scans_per_second=1), clock)
+    stop = threading.Event()
+    calls.post(Trigger.MEMORY_RISE, clock.now())
+    assert calls.wait(stop, clock.now() + 30.0) is Trigger.MEMORY_RISE
+    calls.awaiting(Awaited(pods=frozenset({POD.uid})), lambda: {})
+    calls.pods_updated([POD])
+    started = clock.now()
+    assert calls.wait(stop, clock.now() + 30.0) is Trigger.POD_LEARNED
+    assert clock.now() - started == pytest.approx(1.0)
 
 
 def _watch(readings: list[GpuMemory], clock: FakeClock, held: list[int]) -> MemoryWatch:
-    trigger = ScanTrigger(Policy(triggered_scans_per_second=1), clock)
-    return MemoryWatch(lambda: readings, trigger, 0.02, clock, count_held=lambda: held.append(1))
+    policy = Policy(triggered_scans_per_second=1)
+    calls = ScanCalls(policy, clock, count_held=lambda: held.append(1))
+    return MemoryWatch(lambda: readings, ScanTrigger(policy), 0.02, clock, calls=calls)
 
 
 def test_the_loop_waits_for_the_watch_or_the_poll() -> None:
@@ -154,7 +282,7 @@ def test_a_stop_set_while_the_loop_waits_ends_the_wait() -> None:
     watch = _watch([reading(GiB)], clock, [])
     stop = threading.Event()
     stop.set()
-    watch._waiter_stop = stop
+    watch.calls._waiter_stop = stop
     watch.read_once()
     assert watch.wait(stop, clock.now() + 3600.0) is None
     assert clock.now() < 1000.0 + 3600.0, "it did not wait for the poll"
@@ -170,6 +298,25 @@ def test_the_watch_reads_once_a_round_until_stopped() -> None:
             watch.stop(clock.now())
         return readings
 
-    watch = MemoryWatch(read, ScanTrigger(Policy(), clock), 0.0, clock)
+    watch = MemoryWatch(read, ScanTrigger(Policy()), 0.0, clock)
     watch.loop.run()
     assert watch.readings == 3 and clock.waits == []
+
+
+def test_a_reading_stuck_in_the_driver_is_a_problem_after_a_while() -> None:
+    """A reading that has not returned for WATCH_STUCK_S is the watch's problem, said with its age; a reading back,
+    or none under way, is none."""
+    clock, seen = FakeClock(), list[str | None]()
+
+    def stuck() -> list[GpuMemory]:
+        clock.step(WATCH_STUCK_S - 0.1)
+        seen.append(watch.problem(clock.now()))
+        clock.step(7.4)
+        seen.append(watch.problem(clock.now()))
+        return [reading(GiB)]
+
+    watch = MemoryWatch(stuck, ScanTrigger(Policy()), 0.02, clock)
+    assert watch.problem(clock.now()) is None, "no reading yet"
+    watch.read_once()
+    assert seen == [None, "memory watch: a reading has not returned for 12.3 s; scans at the poll only"]
+    assert watch.problem(clock.now() + 3600.0) is None, "back: between readings"

@@ -6,7 +6,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from vramguard.core.attribute import NOT_IN_POD, POD_NOT_IN_CACHE, PROCESS_GONE, UNKNOWN_START_TIME, attribute
+from vramguard.core.attribute import (
+    NOT_IN_POD,
+    POD_NOT_IN_CACHE,
+    PROCESS_GONE,
+    UNKNOWN_START_TIME,
+    Awaited,
+    attribute,
+    awaited,
+)
 from vramguard.core.model import (
     CgroupIdentity,
     ContainerInfo,
@@ -180,3 +188,62 @@ def test_attribute_is_independent_of_input_order() -> None:
     assert content(forward) == content(backward)
     assert forward.unattributed == backward.unattributed
     assert [c.used_bytes for c in content(forward)] == [5 << 30, 3 << 30, 2 << 30]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# awaited(): what a pod update may name
+
+UID_C = "cccccccc-0000-4000-8000-000000000000"
+CID_C1 = "c1" * 32
+CID_A3 = "a3" * 32  # a container of POD_A its status does not list yet
+
+
+@pytest.mark.parametrize(
+    ("processes", "identities", "expected"),
+    [
+        pytest.param([gp(10, 1 << 30)], ids((10, 1, UID_A, CID_A1)), Awaited(), id="all-attributed-nothing-awaited"),
+        pytest.param(
+            [gp(10, 1 << 30)], ids((10, 1, UID_C, CID_C1)), Awaited(pods=frozenset({UID_C})), id="a-pod-not-in-cache"
+        ),
+        pytest.param(
+            [gp(10, 1 << 30), gp(11, 0)],
+            ids((10, 1, UID_A, CID_A3), (11, 2, UID_A, CID_A1)),
+            Awaited(containers={UID_A: frozenset({CID_A3})}),
+            id="a-container-its-pods-status-does-not-name",
+        ),
+        pytest.param([gp(10, 1 << 30)], ids((10, 1, UID_A, None)), Awaited(), id="the-pods-own-cgroup-is-not"),
+        pytest.param([gp(10, 1 << 30)], ids((10, 1, None, None)), Awaited(), id="outside-any-pod-is-not"),
+        pytest.param([gp(10, 1 << 30)], {}, Awaited(), id="a-process-gone-is-not"),
+    ],
+)
+def test_awaited_is_what_the_pod_cache_lacked(
+    processes: list[GpuProcess], identities: Mapping[int, Identity], expected: Awaited
+) -> None:
+    """A scan awaits the pods the cache does not hold and the containers a held pod's status does not name; a
+    process outside any pod, in the pod's own cgroup or gone is named by no pod update."""
+    snapshot = attribute(GpuSample((GPU0, GPU1), tuple(processes)), identities, PODS)
+    found = awaited(snapshot, identities)
+    assert (found.pods, dict(found.containers)) == (expected.pods, dict(expected.containers))
+    assert bool(found) is bool(expected.pods or expected.containers)
+
+
+POD_C = PodInfo(uid=UID_C, namespace="ml", name="late", containers=(ContainerInfo("main", CID_C1),))
+POD_A_STARTED = PodInfo(
+    uid=UID_A, namespace="ml", name="trainer", containers=(*POD_A.containers, ContainerInfo("late", CID_A3))
+)
+
+
+@pytest.mark.parametrize(
+    ("pod", "named"),
+    [
+        pytest.param(POD_C, True, id="the-pod-awaited"),
+        pytest.param(POD_A_STARTED, True, id="its-status-names-the-container-awaited"),
+        pytest.param(POD_A, False, id="the-same-pod-still-without-it"),
+        pytest.param(POD_B, False, id="another-pod"),
+    ],
+)
+def test_a_pod_version_names_what_is_awaited(pod: PodInfo, named: bool) -> None:
+    """A pod update names what a scan awaited when it is the pod the cache lacked, or names the container."""
+    waiting = Awaited(pods=frozenset({UID_C}), containers={UID_A: frozenset({CID_A3})})
+    assert waiting.named_by(pod) is named
+    assert waiting.named_in({pod.uid: pod, UID_B: POD_B}) is named

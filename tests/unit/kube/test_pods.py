@@ -65,6 +65,19 @@ def test_unchanged_pod_keeps_its_object() -> None:
     assert s._pods["u1"] is first
 
 
+def test_each_pod_version_taken_in_is_heard_once_cached() -> None:
+    """`on_pods` hears every pod a relist or an event puts in the cache, once the cache holds it (a pod learned
+    late calls for a scan); a deletion names no pod."""
+    heard: list[tuple[list[str], set[str]]] = []
+    s = source()
+    s.on_pods = lambda pods: heard.append(([p.uid for p in pods], set(s._pods)))
+    second = {**POD, "metadata": {"uid": "u2", "name": "q", "namespace": "ns", "resourceVersion": "11"}}
+    s.replace([POD])
+    s.apply("ADDED", second)
+    s.apply("DELETED", POD)
+    assert heard == [(["u1"], {"u1"}), (["u2"], {"u1", "u2"})]
+
+
 class ChunkedResponse:
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = chunks

@@ -310,6 +310,22 @@ def test_rewrite_follows_changes(tmp_path: Path) -> None:
     assert sorted(source.pods()) == sorted([UID, "second"])
 
 
+def test_each_version_read_is_heard_once_served(tmp_path: Path) -> None:
+    """`on_pods` hears the pods of each version of the file read, once they are served (a pod learned late calls
+    for a scan); an unchanged file, or one that cannot be read, says nothing."""
+    path = tmp_path / "pods.yaml"
+    write(path, as_yaml(pod_list(POD)))
+    heard: list[list[str]] = []
+    source = source_of(path)
+    source.on_pods = lambda pods: heard.append([p.uid for p in pods if p.uid in source.pods()])
+    rounds(source, 3)
+    write(path, b"items: [")
+    rounds(source)
+    write(path, as_yaml(pod_list(POD, pod("second"))))
+    rounds(source)
+    assert heard == [[UID], [UID, "second"]]
+
+
 def _replace_with_directory(path: Path) -> None:
     path.unlink()
     path.mkdir()
