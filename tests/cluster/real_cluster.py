@@ -257,7 +257,6 @@ def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interva
         "image": {"repository": "localhost/vramguard", "tag": __version__, "pullPolicy": "Never"},
         "hostNetwork": True,
         "metrics": {"port": free_port()},
-        "probes": {"port": free_port()},  # on the host too: nothing else on the machine may hold it
         "advertiseCapacity": True,
         "extraArgs": [f"--poll-interval={poll_interval_s}"],
         "policy": {"mode": "kill", "cooldown": "1s"},

@@ -109,15 +109,14 @@ def test_values_reach_the_pod(helm: Path) -> None:
         "extraArgs={--dry-run,--poll-interval=0.5}",
         "capacityReserve=2Gi",
         "metrics.port=9500",
-        "probes.port=9501",
         "podAnnotations.team=gpu",
     )
     spec = one(objects, "DaemonSet")["spec"]["template"]
     c = container(objects)
     assert c["image"] == "registry.local/vramguard:dev"
     assert c["args"][-4:] == ["--advertise-capacity", "--capacity-reserve=2Gi", "--dry-run", "--poll-interval=0.5"]
-    assert "--metrics-port=9500" in c["args"] and "--probe-port=9501" in c["args"]
-    assert c["ports"] == [{"name": "metrics", "containerPort": 9500}, {"name": "probes", "containerPort": 9501}]
+    assert "--metrics-port=9500" in c["args"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9500}]
     assert spec["spec"]["runtimeClassName"] == "nvidia"
     assert spec["spec"]["hostNetwork"] is True and spec["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert spec["spec"]["imagePullSecrets"] == [{"name": "registry"}]
@@ -126,13 +125,19 @@ def test_values_reach_the_pod(helm: Path) -> None:
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
 
 
-def test_the_kubelet_probes_the_probe_port(helm: Path) -> None:
-    """Liveness and readiness go to the port named `probes` (/healthz and /readyz alone), which the agent is told
-    to serve: a flood of the metrics port cannot delay them."""
-    c = container(render(helm))
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
-    assert {"name": "probes", "containerPort": 9401} in c["ports"] and "--probe-port=9401" in c["args"]
+def test_the_kubelet_probes_read_the_health_file(helm: Path) -> None:
+    """Liveness and readiness are exec probes of the health file the agent is told to write, in a memory-backed
+    volume of the pod's own: no port is probed, so no connection to one can fail them."""
+    objects = render(helm)
+    c = container(objects)
+    health = "/run/vramguard/health"
+    assert c["livenessProbe"]["exec"]["command"] == ["vramguard-probe", "live", "--file", health]
+    assert c["readinessProbe"]["exec"]["command"] == ["vramguard-probe", "ready", "--file", health]
+    assert f"--health-file={health}" in c["args"]
+    assert {"name": "run", "mountPath": "/run/vramguard"} in c["volumeMounts"]
+    volumes = one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in volumes
+    assert [p["name"] for p in c["ports"]] == ["metrics"]
 
 
 def test_pod_network_by_default(helm: Path) -> None:
@@ -268,7 +273,7 @@ def test_monitoring_objects_select_the_agent_and_alert_on_real_metrics(helm: Pat
 
 def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path) -> None:
     """Off by default; on, it admits the scraper's namespace and, for kubectl vramguard, the API server's
-    addresses, both to the metrics port alone: never the probe port, which only the node (always allowed) needs."""
+    addresses, both to the metrics port (the only one: the probes are exec probes)."""
     assert not [o for o in render(helm) if o["kind"] == "NetworkPolicy"]
     objects = render(
         helm,
@@ -276,7 +281,6 @@ def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path)
         "networkPolicy.scraperNamespace=prom",
         "networkPolicy.apiServerCIDRs={10.0.0.10/32,10.0.0.11/32}",
         "metrics.port=9500",
-        "probes.port=9501",
     )
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"] == one(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]

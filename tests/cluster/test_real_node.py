@@ -10,6 +10,7 @@ finds one by its open device file, and freezes the container first; evictions, d
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -21,8 +22,10 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
+from vramguard import __version__
 from vramguard.core.model import GiB
 from vramguard.node.cgroup import v2_root
+from vramguard_testbed import flood
 from vramguard_testbed.fakenvml import DriverLimit, driver_limits, limit_calls
 from vramguard_testbed.waiting import wait_until
 
@@ -300,3 +303,76 @@ def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None
     started = ticks / os.sysconf("SC_CLK_TCK")
     assert pod_set < started, f"the pod's limit at {pod_set:.2f} s, its container's process at {started:.2f} s"
     assert "VRAMLimitLate" not in cluster.reasons(ns, "trainer")
+
+
+FLOOD_S = 35.0  # longer than the kubelet takes to restart an agent whose liveness fails (3 periods of 10 s)
+FLOODS = {"hammer": 2000, "loris": 2000, "idle": 2000}  # connections of each kind; the hammer's pod reads /status too
+STATUS_READERS = 1000
+
+
+def test_a_flood_from_a_pod_never_gets_the_agent_restarted(cluster: Cluster) -> None:
+    """A pod on the node floods the agent's port for 35 s (loris and idle connections, a hammer of /healthz, and
+    1,000 /status readers): the kubelet's exec probes never fail, so the agent is never restarted nor unready,
+    and an offender crossing its quota mid-flood is killed as at rest."""
+    cluster.helm_install(mode="kill")
+    agent = cluster.agent_pod()
+    assert agent is not None
+    agent_name = agent["metadata"]["name"]
+    ns = cluster.namespace("tenant-flood")
+    trainer = forking_workload(cluster, ns, "trainer", "4Gi")
+    trainer_pid = cluster.pid(trainer)
+    (worker_pid,) = {int(p) for p in Path(container_cgroup(trainer), "cgroup.procs").read_text().split()} - {
+        trainer_pid
+    }
+
+    # The tenant: Python from the agent's image running the test bench's flood, on the node's network where the
+    # agent listens (the test values run it with hostNetwork).
+    source = Path(flood.__file__).read_text()
+    port = str(cluster.values["metrics"]["port"])
+    containers = [
+        client.V1Container(
+            name=kind,
+            image=f"localhost/vramguard:{__version__}",
+            image_pull_policy="Never",
+            command=["python3", "-c", source, "127.0.0.1", port, kind, str(n), str(FLOOD_S)]
+            + ([str(STATUS_READERS)] if kind == "hammer" else []),
+        )
+        for kind, n in FLOODS.items()
+    ]
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="flood"),
+        spec=client.V1PodSpec(host_network=True, restart_policy="Never", containers=containers),
+    )
+    cluster.core.create_namespaced_pod(ns, pod)
+    wait_until(lambda: cluster.phase(ns, "flood") == "Running", 60, what="the flood running", interval_s=0.25)
+    started = time.monotonic()
+
+    unready = 0
+    reaction_s: float | None = None
+    while cluster.phase(ns, "flood") == "Running":
+        now = cluster.agent_pod()  # Ready, alone, of the current template
+        unready += now is None
+        if reaction_s is None and time.monotonic() - started >= FLOOD_S / 2:
+            crossed = time.monotonic()
+            cluster.gpu({worker_pid: 9 * GiB})
+            wait_until(lambda: not Path(f"/proc/{worker_pid}").exists(), 10, what="the worker killed", interval_s=0.005)
+            reaction_s = time.monotonic() - crossed
+        time.sleep(0.5)
+    flood_s = time.monotonic() - started
+
+    logs = {
+        kind: cluster.node.kubectl("logs", "--namespace", ns, "flood", "-c", kind).stdout.strip() for kind in FLOODS
+    }
+    status = cluster.status(AGENT_NS, agent_name)
+    events = raw(cluster.api, cluster.core.list_namespaced_event(AGENT_NS))["items"]
+    failed_probes = [e["message"] for e in events if e["reason"] == "Unhealthy"]
+    print(
+        f"flood {flood_s:.1f}s: agent restarts {status['restartCount']}, unready {unready} times, probe failures "
+        f"{len(failed_probes)}, trainer killed {reaction_s}s after crossing; tenant got {logs}"
+    )
+    assert cluster.phase(ns, "flood") == "Succeeded", logs
+    assert flood_s >= FLOOD_S - 5
+    assert all(json.loads(line)["flood"]["connections"] >= FLOODS[kind] for kind, line in logs.items()), logs
+    assert status["restartCount"] == 0 and unready == 0, failed_probes
+    assert failed_probes == []
+    assert reaction_s is not None and reaction_s < 1.0

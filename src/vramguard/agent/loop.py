@@ -21,7 +21,8 @@ from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.attribute import attribute
+from vramguard.base.logs import FailureRun
+from vramguard.core.attribute import attribute, awaited
 from vramguard.core.decide import Decision, DecisionState, decide, record_evictions, record_kills
 from vramguard.core.limit_plan import (
     LimitOutcome,
@@ -91,6 +92,8 @@ class Agent:
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
         self.claims = claims  # None: no claim quota source in the policy
         self.watch = watch  # None: no watch between scans (scans on the poll alone)
+        if watch is not None:  # said at each scrape, as /readyz says it
+            metrics.watch_stuck.set_function(lambda: self.watch_problem() is not None)
         self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
         self.log = log if log is not None else structlog.get_logger("vramguard")
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
@@ -106,6 +109,7 @@ class Agent:
         # The last scan that read a current pod list: one before it attributed nothing (what /readyz waits for).
         self.last_synced_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
+        self._watch_stuck = FailureRun()  # the watch stuck in the driver, to log transitions once
         self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
         self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
         self._limits_memo: WantedLimits | None = None
@@ -126,6 +130,8 @@ class Agent:
         pods_synced = self.pods.synced()
         pods = self.pods.pods()
         snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
+        if self.watch is not None:  # a pod update naming what the pod cache lacked calls for a scan
+            self.watch.awaiting(awaited(snapshot, identities), self.pods.pods)
         if self.limiter is not None:  # where the driver holds a limit, its count of the cgroup's memory
             snapshot, disagreements = with_driver_usage(snapshot, self.limiter.held(), self.limiter.fresh_usage())
             self._log_disagreements(disagreements)
@@ -150,9 +156,13 @@ class Agent:
         outcomes += tuple(self.enforcer.collect())
         if any(o.kill is not None and o.kill.killed for o in outcomes):
             outcomes = self._confirm_freed(outcomes)
-            # A container killed in is watched for a repeat (a supervisor respawning its GPU workers).
+            # A container killed in is watched for a repeat (a supervisor respawning its GPU workers): what was
+            # killed there is the evidence a later process is measured against.
             killed_in = (
-                c for o in outcomes if o.kill is not None and o.kill.killed for c in o.action.violation.container_ids
+                (c, o.kill.killed)
+                for o in outcomes
+                if o.kill is not None and o.kill.killed
+                for c in o.action.violation.container_ids
             )
             self.state = record_kills(self.state, killed_in, now)
             if self.kill_memory is not None:
@@ -171,6 +181,10 @@ class Agent:
         report = ScanReport(snapshot, quotas, decision, outcomes, duration_s)
         self.last_scan = LastScan(report, held, self.clock.now())
         return report
+
+    def watch_problem(self) -> str | None:
+        """Why the watch between scans calls for no scan (stuck in the driver), or None (for /readyz)."""
+        return self.watch.problem(self.clock.now()) if self.watch is not None else None
 
     def run(self, poll_interval_s: float, stop: threading.Event) -> None:
         """Scan every `poll_interval_s` until `stop` is set, on the caller's thread (the composition root's main
@@ -356,3 +370,10 @@ class Agent:
             elif d.uuid not in unhealthy and d.uuid in self._unhealthy:
                 self.log.info("gpu_recovered", gpu=d.label, uuid=d.uuid)
         self._unhealthy = unhealthy
+        # So is the watch between scans stuck in the driver, and back.
+        watch_problem = self.watch_problem()
+        if watch_problem is None:
+            if self._watch_stuck.ok():
+                self.log.info("watch_recovered")
+        elif self._watch_stuck.failed("stuck"):
+            self.log.warning("watch_stuck", problem=watch_problem)

@@ -16,6 +16,7 @@ from vramguard import __version__
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import rows_from_report
 from vramguard.base.clock import SYSTEM_CLOCK
+from vramguard.base.healthfile import DEFAULT_PATH as DEFAULT_HEALTH_FILE
 from vramguard.base.lifecycle import Services
 from vramguard.base.logs import configure_logging
 from vramguard.cli.top import render_table
@@ -98,20 +99,20 @@ def run(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", help="Port for /metrics, /healthz, /readyz, /status.")
     ] = 9400,
-    probe_port: Annotated[
-        int,
+    health_file: Annotated[
+        str,
         typer.Option(
-            "--probe-port",
-            help="Port for /healthz and /readyz alone, for the kubelet's probes: a flood of the metrics port cannot "
-            "delay them.",
+            "--health-file",
+            help="Where liveness and readiness are written every second for the kubelet's exec probe "
+            "(`vramguard-probe live|ready`); no connection can delay it. Empty: none.",
         ),
-    ] = 9401,
+    ] = DEFAULT_HEALTH_FILE,
     metrics_bind_address: Annotated[
         str,
         typer.Option(
             "--metrics-bind-address",
-            help="Address for /metrics and the probes: all interfaces by default (Prometheus scrapes the pod IP); "
-            "127.0.0.1 keeps them on the node.",
+            help="Address for /metrics, /status, /healthz and /readyz: all interfaces by default (Prometheus "
+            "scrapes the pod IP); 127.0.0.1 keeps them on the node.",
         ),
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
@@ -188,7 +189,7 @@ def run(
         dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,
-        probe_port=probe_port,
+        health_file=health_file,
         metrics_bind_address=metrics_bind_address,
         proc_root=proc_root,
         cgroup_root=cgroup_root,

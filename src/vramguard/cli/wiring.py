@@ -21,12 +21,14 @@ from kubernetes.client import ApiClient
 
 from vramguard import __version__
 from vramguard.agent.act import Enforcer
+from vramguard.agent.health import HealthWriter
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import LastScan
-from vramguard.agent.watch import MemoryWatch, ScanTrigger
+from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
 from vramguard.core.limit_plan import limits_enabled
@@ -58,6 +60,9 @@ from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 # ends it within 2 s) because the node is unguarded from the stop until its successor scans. A part still busy at
 # the deadline (a request to a frozen API server) is abandoned: its thread is a daemon.
 SHUTDOWN_BUDGET_S = 1.5
+# A part whose thread has not gone round for this long is stuck (liveness fails): ten times the longest NVML call
+# deadline, and far beyond any round a flood or a busy node makes (the HTTP server's rounds end within 0.1 s).
+PART_STUCK_S = 30.0
 
 
 class WiringError(Exception):
@@ -92,6 +97,8 @@ class Cluster:
     api: ApiClient | None = None
     claims: KubeClaimSource | FilePodSource | None = None  # with a `claim:` quota source
     parts: tuple[tuple[str, Service], ...] = ()
+    # Where scans are called for between polls: by the pod sources (a pod learned late) and the memory watch.
+    scan_calls: ScanCalls | None = None
 
     def start(self, services: Services) -> None:
         """Start the background parts in `services`, which stops them in reverse."""
@@ -129,12 +136,14 @@ def connect(
     where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
     started: `Cluster.start`."""
     claim_sources = policy is not None and reads_claims(policy.quota_sources)
+    calls = scan_calls(policy, metrics, clock) if policy is not None else None
+    on_pods = calls.pods_updated if calls is not None else None
     if pods_file is not None:
-        from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock)
+        from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods)
         # The file's ResourceClaims and ResourceSlices, read with its pods.
         file_claims = from_file if claim_sources else None
         parts: tuple[tuple[str, Service], ...] = (("pods-file", from_file),)
-        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts)
+        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts, scan_calls=calls)
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
@@ -150,13 +159,21 @@ def connect(
     def count(resource: str, verb: str) -> None:
         metrics.api_requests.labels(resource=resource, verb=verb).inc()
 
-    pods = KubePodSource(api, node_name, count=count, clock=clock)
+    pods = KubePodSource(api, node_name, count=count, clock=clock, on_pods=on_pods)
     kube_parts: list[tuple[str, Service]] = [("events", events), ("pods", pods)]
     claims = None
     if claim_sources:
         claims = KubeClaimSource(api, node_name, pods, count=count, clock=clock)
         kube_parts.append(("claims", claims))  # after the pods: it reads the claims the pods name
-    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts))
+    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts), calls)
+
+
+def scan_calls(policy: Policy, metrics: Metrics, clock: Clock) -> ScanCalls | None:
+    """Where scans are called for between polls (`watch.ScanCalls`), None with `watch_interval: 0s` (then a pod
+    update calls for none either)."""
+    if policy.watch_interval_s <= 0:
+        return None
+    return ScanCalls(policy, clock, count_held=metrics.scan_triggers_held.inc)
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -223,7 +240,7 @@ def build_agent(
         limiter=limiter,  # None in dry-run: driver_limiter makes none
         claims=cluster.claims,
         kill_memory=kill_memory,
-        watch=memory_watch(sampler, policy, metrics, clock),
+        watch=memory_watch(sampler, policy, metrics, clock, cluster.scan_calls),
         clock=clock,
     )
     if limiter is not None:
@@ -231,14 +248,16 @@ def build_agent(
     return agent
 
 
-def memory_watch(sampler: NvmlSampler, policy: Policy, metrics: Metrics, clock: Clock) -> MemoryWatch | None:
-    """The watch between scans (not started: `serve` starts it with the loop), None with `watch_interval: 0s`."""
+def memory_watch(
+    sampler: NvmlSampler, policy: Policy, metrics: Metrics, clock: Clock, calls: ScanCalls | None = None
+) -> MemoryWatch | None:
+    """The watch between scans (not started: `serve` starts it with the loop), posting to `calls` (the cluster's,
+    which its pod sources post to as well), None with `watch_interval: 0s`."""
     if policy.watch_interval_s <= 0:
         return None
-    trigger = ScanTrigger(policy, clock)
-    return MemoryWatch(
-        sampler.memory, trigger, policy.watch_interval_s, clock, count_held=metrics.scan_triggers_held.inc
-    )
+    if calls is None:
+        calls = scan_calls(policy, metrics, clock)
+    return MemoryWatch(sampler.memory, ScanTrigger(policy), policy.watch_interval_s, clock, calls=calls)
 
 
 def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Services, clock: Clock) -> None:
@@ -310,26 +329,50 @@ def open_sampler(
 
 
 class Probes:
-    """/healthz: the loop is scanning. /readyz: NVML is up, the pod list is current and a scan completed."""
+    """Live: the scan loop and the HTTP server's thread go round. Ready: NVML is up, the pod list is current and a
+    scan completed. What the health file (the kubelet's exec probes) and /healthz and /readyz (people) say."""
 
     def __init__(
-        self, pods: PodSource, poll_interval_s: float, *, clock: Clock = SYSTEM_CLOCK, require_limits: bool = False
+        self,
+        pods: PodSource,
+        poll_interval_s: float,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        require_limits: bool = False,
+        http: Heartbeat | None = None,
     ) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
         self.clock = clock  # the agent's: `last_scan_at` is on its scale
         self.require_limits = require_limits  # driver_limits: require
+        self.http = http  # the HTTP server's rounds
         self.agent: Agent | None = None
         self.nvml_problem: str | None = "NVML not initialised yet"
 
     def healthz(self) -> tuple[bool, str]:
+        now = self.clock.now()
+        stuck_after_s = max(PART_STUCK_S, 10 * self.poll_interval_s)
+        http_age = self.http.age(now) if self.http is not None else None
+        if http_age is not None and http_age >= PART_STUCK_S:
+            return False, f"HTTP server's last round {http_age:.1f}s ago: stuck"
         if self.agent is None or self.agent.last_scan_at is None:
             return True, "starting"
-        age = self.clock.now() - self.agent.last_scan_at
-        return age < max(30.0, 10 * self.poll_interval_s), f"last scan {age:.1f}s ago"
+        age = now - self.agent.last_scan_at
+        if age >= stuck_after_s:
+            return False, f"last scan {age:.1f}s ago: the scan loop is stuck"
+        return True, f"last scan {age:.1f}s ago"
 
     def readyz(self) -> tuple[bool, str]:
-        problems = [p for p in (self.nvml_problem, self.pods.problem(), self.limits_problem()) if p]
+        problems = [
+            p
+            for p in (
+                self.nvml_problem,
+                self.pods.problem(),
+                self.limits_problem(),
+                self.agent.watch_problem() if self.agent is not None else None,
+            )
+            if p
+        ]
         if not problems and (self.agent is None or self.agent.last_scan_at is None):
             problems.append("no scan completed yet")
         elif not problems and self.agent is not None and self.agent.last_synced_scan_at is None:
@@ -368,7 +411,7 @@ class RunConfig:
     dry_run: bool
     poll_interval_s: float
     metrics_port: int
-    probe_port: int  # /healthz and /readyz alone, for the kubelet
+    health_file: str  # where the kubelet's exec probes read liveness and readiness; "" writes none
     metrics_bind_address: str
     proc_root: str
     cgroup_root: str
@@ -445,11 +488,13 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     capacity = capacity_publisher(
         cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
     )
+    http_rounds = Heartbeat()
     probes = Probes(
         cluster.pods,
         config.poll_interval_s,
         clock=clock,
         require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
+        http=http_rounds,
     )
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
     describe = describer(config.proc_root, config.status_command_lines)
@@ -460,8 +505,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         probes.healthz,
         probes.readyz,
         host=config.metrics_bind_address,
-        probe_port=config.probe_port,
         status=status.body,
+        progress=http_rounds,
         clock=clock,
     )
     status.notify = server.wake
@@ -475,7 +520,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("http", server)
         except BindError as e:
             where = f"{config.metrics_bind_address or '*'}:{e.port}"
-            raise WiringError(f"cannot serve {e.serves} on {where}: {e.strerror or e}") from None
+            raise WiringError(f"cannot serve /metrics on {where}: {e.strerror or e}") from None
+        if config.health_file:
+            services.start("health", HealthWriter(config.health_file, probes.healthz, probes.readyz, clock=clock))
         log.info(
             "starting",
             version=__version__,
@@ -483,7 +530,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             mode=config.policy.mode.value,
             dry_run=config.dry_run,
             address=f"{config.metrics_bind_address or '*'}:{server.port}",
-            probe_address=f"{config.metrics_bind_address or '*'}:{server.probe_port}",
+            health_file=config.health_file or None,
             open_file_limit=open_files[1],
         )
         sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml)
@@ -501,7 +548,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             capacity=capacity if config.advertise_capacity else None,
             limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, services, clock),
             journal=journal,
-            kill_memory=None if config.dry_run else KillFile(config.state_dir),  # repeats survive a restart
+            # Repeats survive a restart; what was killed is checked against the node's processes when read.
+            kill_memory=None if config.dry_run else KillFile(config.state_dir, proc_root=config.proc_root),
             clock=clock,
         )
         services.start("evictions", agent.enforcer)

@@ -4,10 +4,10 @@ people and tools (the status document, `status.py`).
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
 the endpoint or starve the agent's loop: its CPU budgeted, bounded connections and fds, the oldest that costs
 nothing to lose evicted, one deadline per connection, answers prepared elsewhere waited for without blocking, no
-busy loop when out of fds (docs/design.md "The HTTP endpoint"). The kubelet's probes may have a port of their own,
-accepted first and outside the CPU budget's pause, so that no flood of the main port delays them. `start()` binds
-the ports and starts the thread; `stop(deadline)` resets every connection and releases the ports. /metrics is
-client_python's own WSGI app, so it speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
+busy loop when out of fds (docs/design.md "The HTTP endpoint"). The kubelet does not come here: its probes read the
+health file (`base/healthfile.py`), which no connection can delay. `start()` binds the port and starts the thread;
+`stop(deadline)` resets every connection and releases the port. /metrics is client_python's own WSGI app, so it
+speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.logs import FailureRun
 
 # Returns (ok, explanation) — the explanation is the response body, so `curl /readyz` says what is missing.
@@ -55,7 +56,7 @@ _JSON = "application/json"
 # The loop looks at its clock this often when nothing else wakes it (stop() wakes it through the wake pipe).
 _TICK_S = 0.1
 # How long the listening socket goes unpolled when no fd can be had: long enough to cost nothing, short
-# enough that a probe arriving once fds are free again is answered well within its timeout.
+# enough that a scrape arriving once fds are free again is answered well within its timeout.
 _ACCEPT_PAUSE_S = 0.1
 _RECV_BYTES = 16 * 1024
 # Input left unread when a socket is closed turns the FIN into a RST, which can destroy the response before the
@@ -78,12 +79,8 @@ _PEER_GONE = frozenset(
 _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE})
 _LINGER_ABORT = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger = 0}: close() sends RST
 # The loop's CPU is budgeted per window: past `max_cpu_fraction` of a window, no connection is accepted until the
-# next one (they wait in the kernel's backlog). Short windows keep a probe queued behind a flood waiting little.
+# next one (they wait in the kernel's backlog). Short windows keep a client queued behind a flood waiting little.
 _BUDGET_WINDOW_S = 0.1
-# The probe port's own bounds: a probe is a few hundred bytes, so a handful of slots and a few accepts a window
-# answer the kubelet, and whoever floods that port alone gets at most this many connections' CPU a window.
-_PROBE_CONNECTIONS = 8
-_PROBE_ACCEPTS_PER_WINDOW = 32
 _WAKE = object()  # the selector key data of the wake pipe
 _WAIT_S = 2.0  # a connection waits this long at most for an answer prepared elsewhere, then gets a 503
 _T = TypeVar("_T")
@@ -104,30 +101,25 @@ class _Phase(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class _Listener:
-    """A listening socket, the routes it serves, and the connections taken from it with their bounds."""
+    """The listening socket, the routes it serves, and the connections taken from it with their bound."""
 
     port: int
-    serves: str  # what it is for, in a bind failure's message
     routes: Mapping[str, Route]
     max_connections: int
-    # Connections taken per CPU budget window at most; None: as many as the budget allows (paused when it is spent).
-    accepts_per_window: int | None
     sock: socket.socket | None = None
     pending: select.poll = field(default_factory=select.poll)  # asks whether a connection waits, without accepting it
     # In accept order, so the first is both the oldest and the one with the earliest deadline.
     conns: dict[int, _Conn] = field(default_factory=dict)
     watched: bool = False
     paused_until: float | None = None  # out of fds: unpolled until then
-    window_accepts: int = 0
 
 
 class BindError(OSError):
-    """A port could not be bound: `port` (as asked for) and `serves` say which."""
+    """The port could not be bound: `port` (as asked for) says which."""
 
-    def __init__(self, port: int, serves: str, error: OSError) -> None:
+    def __init__(self, port: int, error: OSError) -> None:
         super().__init__(error.errno, error.strerror)
         self.port = port
-        self.serves = serves
 
 
 @dataclass(slots=True, eq=False)
@@ -151,16 +143,15 @@ class _Conn:
 
 
 class HealthServer:
-    """Serves metrics and probes on one background thread from `start()` to `stop(deadline)`.
+    """Serves metrics, the probes' answers for people and /status on one background thread from `start()` to
+    `stop(deadline)`.
 
     `max_connections` bounds the open client connections (and so the fds), `request_timeout_s` the whole exchange
     on each, from accept to the last byte written (on `clock`), and `max_request_bytes` the request head. `port`
     0 picks a free one: `port` says which once started. `status`, where given, answers /status. The thread's CPU
     is held to `max_cpu_fraction` of a core: a flood of clients waits in the kernel's backlog rather than taking
-    the node's CPU. `probe_port`, where given, serves /healthz and /readyz alone (0 picks a free one:
-    `probe_port` says which once started); it is accepted first each round, also while the main port waits for
-    the budget or a free slot, within its own few slots and accepts a window: a probe there waits for no flood
-    of the main port.
+    the node's CPU. `progress`, where given, is told of each round the thread completes: a wedged thread stops
+    telling it (liveness), a busy one does not.
     """
 
     def __init__(
@@ -171,8 +162,8 @@ class HealthServer:
         readyz: Probe,
         host: str = "",
         *,
-        probe_port: int | None = None,
         status: StatusBody | None = None,
+        progress: Heartbeat | None = None,
         max_connections: int = 64,
         request_timeout_s: float = 5.0,
         max_request_bytes: int = 8192,
@@ -185,19 +176,15 @@ class HealthServer:
                 "need max_connections >= 1, request_timeout_s > 0, max_request_bytes >= 64 "
                 "and 0 < max_cpu_fraction <= 1"
             )
-        probes: dict[str, Route] = {
+        routes: dict[str, Route] = {
+            "/metrics": _wsgi_route(make_wsgi_app(registry)),
             "/healthz": lambda query, headers: _probe(healthz),
             "/readyz": lambda query, headers: _probe(readyz),
         }
-        routes: dict[str, Route] = {"/metrics": _wsgi_route(make_wsgi_app(registry)), **probes}
         if status is not None:
             routes["/status"] = lambda query, headers: _json_route(status)
-        self._main = _Listener(port, "metrics and probes", routes, max_connections, None)
-        self._probes = None
-        if probe_port is not None:
-            self._probes = _Listener(probe_port, "the probes", probes, _PROBE_CONNECTIONS, _PROBE_ACCEPTS_PER_WINDOW)
-        # The probe port first: each round accepts in this order.
-        self._listeners = [self._main] if self._probes is None else [self._probes, self._main]
+        self._main = _Listener(port, routes, max_connections)
+        self._progress = progress
         self._request_timeout_s = request_timeout_s
         self._max_request_bytes = max_request_bytes
         self._cpu_budget_s = max_cpu_fraction * _BUDGET_WINDOW_S
@@ -205,7 +192,6 @@ class HealthServer:
         self.log = log if log is not None else structlog.get_logger("vramguard.http")
         self.host = host
         self.port = port
-        self.probe_port = probe_port
         self._selector = selectors.PollSelector()  # no fd of its own, unlike epoll; a few dozen fds poll cheaply
         self._round = 0
         self._window_end = 0.0  # the CPU budget's window: its end (time.monotonic) and the thread's CPU at its start
@@ -221,23 +207,15 @@ class HealthServer:
         )
 
     def start(self) -> None:
-        """Bind the ports (raises BindError naming the one it cannot) and start serving."""
-        for listener in self._listeners:
-            try:
-                listener.sock = _bound(self.host, listener.port)
-            except OSError as e:
-                for bound in self._listeners:
-                    if bound.sock is not None:
-                        bound.sock.close()
-                raise BindError(listener.port, listener.serves, e) from None
-        for listener in self._listeners:
-            assert listener.sock is not None
-            listener.port = listener.sock.getsockname()[1]
-            listener.pending.register(listener.sock, select.POLLIN)
-            self._watch_listener(listener, True)
-        self.port = self._main.port
-        if self._probes is not None:
-            self.probe_port = self._probes.port
+        """Bind the port (raises BindError) and start serving."""
+        listener = self._main
+        try:
+            listener.sock = _bound(self.host, listener.port)
+        except OSError as e:
+            raise BindError(listener.port, e) from None
+        listener.port = self.port = listener.sock.getsockname()[1]
+        listener.pending.register(listener.sock, select.POLLIN)
+        self._watch_listener(listener, True)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._loop.start()
@@ -248,62 +226,52 @@ class HealthServer:
             os.write(self._wake_w, b"!")
 
     def stop(self, deadline: float) -> None:
-        """Stop serving, reset every connection and release the ports, once the round under way ends (the wake
+        """Stop serving, reset every connection and release the port, once the round under way ends (the wake
         pipe ends its wait); waits for the thread until `deadline` at most (a callback stuck on the loop thread keeps
-        the ports until it returns)."""
+        the port until it returns)."""
         self._loop.stop(deadline)
 
     # One round: expire, wait, serve the clients that are ready, then accept.
 
     def _step(self) -> float:
         now = self.clock.now()
+        if self._progress is not None:
+            self._progress.beat(now)
         self._expire(now)
-        over_budget = self._over_budget()
-        for listener in self._listeners:
-            if listener.paused_until is not None and now >= listener.paused_until:
-                listener.paused_until = None
-            self._watch_listener(listener, self._may_accept(listener, over_budget))
+        listener = self._main
+        if listener.paused_until is not None and now >= listener.paused_until:
+            listener.paused_until = None
+        self._watch_listener(listener, self._may_accept(listener, self._over_budget()))
         ready = self._selector.select(self._timeout_s(now))
         now = self.clock.now()
         woken = False
-        ready_listeners: set[_Listener] = set()
+        accept = False
         for key, _ in ready:
-            if isinstance(key.data, _Listener):
-                ready_listeners.add(key.data)
+            if key.data is listener:
+                accept = True
             elif key.data is _WAKE:
                 woken = True
             else:
                 self._service(key.data)
         if woken or self._waiting:
             self._answer_waiting(now, woken)
-        # Clients first: a connection accepted last round is read before a new one can evict it. Then the probe
-        # port, so that a probe is answered before the main port's accepts spend the round.
-        for listener in self._listeners:
-            if listener in ready_listeners and listener.watched:
-                self._accept(listener, now)
+        # Clients first: a connection accepted last round is read before a new one can evict it.
+        if accept and listener.watched:
+            self._accept(listener, now)
         return 0.0  # the select was the wait
 
     def _may_accept(self, listener: _Listener, over_budget: bool) -> bool:
-        """Whether to watch `listener` this round: not paused for fds, within its budget (the CPU's for the main
-        port, its accepts a window for the probe port) and with room for a connection."""
-        if listener.paused_until is not None:
-            return False
-        if listener.accepts_per_window is None:
-            within = not over_budget
-        else:
-            within = listener.window_accepts < listener.accepts_per_window
-        return within and self._room(listener)
+        """Whether to watch `listener` this round: not paused for fds, within the CPU budget and with room for a
+        connection."""
+        return listener.paused_until is None and not over_budget and self._room(listener)
 
     def _close(self) -> None:
-        """After the last round, on the loop's thread: reset every connection, release the ports and the wake
-        pipe."""
-        for listener in self._listeners:
-            for conn in list(listener.conns.values()):
-                self._drop(conn, abort=True)
+        """After the last round, on the loop's thread: reset every connection, release the port and the wake pipe."""
+        for conn in list(self._main.conns.values()):
+            self._drop(conn, abort=True)
         self._selector.close()
-        for listener in self._listeners:
-            assert listener.sock is not None
-            listener.sock.close()
+        assert self._main.sock is not None
+        self._main.sock.close()
         wake_r, wake_w = self._wake_r, self._wake_w
         self._wake_r, self._wake_w = -1, -1  # a late wake() must not write to an fd number reused elsewhere
         os.close(wake_r)
@@ -312,23 +280,23 @@ class HealthServer:
     def _timeout_s(self, now: float) -> float:
         # At most `_TICK_S` of real time, whatever the clock says: the loop looks at the clock again then.
         timeout_s = _TICK_S
-        for listener in self._listeners:
-            oldest = next(iter(listener.conns.values()), None)
-            if oldest is not None:
-                timeout_s = min(timeout_s, oldest.deadline - now)
-            if listener.paused_until is not None:
-                timeout_s = min(timeout_s, listener.paused_until - now)
-            elif not listener.watched:
-                timeout_s = min(timeout_s, self._window_end - time.monotonic())
+        listener = self._main
+        oldest = next(iter(listener.conns.values()), None)
+        if oldest is not None:
+            timeout_s = min(timeout_s, oldest.deadline - now)
+        if listener.paused_until is not None:
+            timeout_s = min(timeout_s, listener.paused_until - now)
+        elif not listener.watched:
+            timeout_s = min(timeout_s, self._window_end - time.monotonic())
         for conn in self._waiting:
             timeout_s = min(timeout_s, conn.wait_until - now)
         return max(timeout_s, 0.0)
 
     def _expire(self, now: float) -> None:
         # Deadlines grow in accept order, so the expired ones are a prefix.
-        for listener in self._listeners:
-            while (oldest := next(iter(listener.conns.values()), None)) is not None and oldest.deadline <= now:
-                self._drop(oldest, abort=True)
+        conns = self._main.conns
+        while (oldest := next(iter(conns.values()), None)) is not None and oldest.deadline <= now:
+            self._drop(oldest, abort=True)
 
     # Accepting.
 
@@ -337,10 +305,7 @@ class HealthServer:
         self._round += 1
         evicted_for_fd = False
         # At most a cap's worth per round, so nothing accepted this round is evicted before it has been read.
-        attempts = listener.max_connections
-        if listener.accepts_per_window is not None:
-            attempts = min(attempts, listener.accepts_per_window - listener.window_accepts)
-        for _ in range(attempts):
+        for _ in range(listener.max_connections):
             # At the cap, evict before accepting, so the fd count never passes the cap + 1 even for a moment; but
             # only for a connection that is there to take, or each round would evict one too many.
             if len(listener.conns) >= listener.max_connections and not (
@@ -368,7 +333,6 @@ class HealthServer:
                 self._pause_accepting(listener, now)
                 return
             evicted_for_fd = False
-            listener.window_accepts += 1
             self._add(listener, sock, now)
 
     def _pending(self, listener: _Listener) -> bool:
@@ -424,8 +388,6 @@ class HealthServer:
             # so that the budget holds over time, not just per window.
             debt_s = max(0.0, cpu_s - self._window_cpu_s - self._cpu_budget_s) if self._window_end else 0.0
             self._window_end, self._window_cpu_s = mono + _BUDGET_WINDOW_S, cpu_s - min(debt_s, self._cpu_budget_s * 10)
-            for listener in self._listeners:
-                listener.window_accepts = 0
         return cpu_s - self._window_cpu_s > self._cpu_budget_s
 
     def _add(self, listener: _Listener, sock: socket.socket, now: float) -> None:

@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
@@ -128,7 +129,7 @@ class SimulatedNode:
         self.processes: list[SimProcess] = []
         self._agents: list[subprocess.Popen[Any]] = []
         self.metrics_port = 0
-        self.probe_port = 0  # the last `vramguard run` argv's /healthz and /readyz port
+        self.health_file = workdir / "health"  # where `vramguard run` writes what the kubelet's probes read
         self.poll_interval_s = 1.0  # the running agent's --poll-interval (vramguard's default until one is given)
         # With a kubeconfig, `vramguard run`/`top` watch the API server for pods instead of reading pods.yaml.
         self.kubeconfig: Path | None = None
@@ -343,16 +344,14 @@ class SimulatedNode:
             source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--pods-file", str(self.pods_path)]
             base += [*source, "--node-name", self.node_name]
         if command == "run":
-            # A free probe port for each agent, as for its metrics: agents of parallel tests must not collide on 9401.
-            self.probe_port = free_port()
-            base += ["--state-dir", str(self.state_dir), "--probe-port", str(self.probe_port)]
+            base += ["--state-dir", str(self.state_dir), "--health-file", str(self.health_file)]
         if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
         return base + list(args)
 
     def start_agent(self, *args: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
-        """`vramguard run` on this node, with its metrics and its probes on free ports (`self.metrics_port`,
-        `self.probe_port`)."""
+        """`vramguard run` on this node, with its metrics on a free port (`self.metrics_port`) and its health in
+        `self.health_file` (`probe`)."""
         self.metrics_port = free_port()
         self.poll_interval_s = float(args[args.index("--poll-interval") + 1]) if "--poll-interval" in args else 1.0
         argv = self.vramguard_argv("run", "--metrics-port", str(self.metrics_port), "--log-format", "json", *args)
@@ -375,6 +374,17 @@ class SimulatedNode:
         target = self.scans() + n
         limit_s = timeout_s if timeout_s is not None else n * self.poll_interval_s * 10 + 5
         wait_until(lambda: self.scans() >= target, limit_s, what=f"{n} more scans of the agent (to {target:g})")
+
+    def probe(self, check: str, timeout_s: float = 1.0) -> tuple[bool, str, float]:
+        """What the kubelet's exec probe `vramguard-probe <check>` answers, as the kubelet runs it (a process, with
+        a timeout): (passed, its output line, seconds it took); a probe past `timeout_s` fails."""
+        argv = [str(Path(sys.executable).with_name("vramguard-probe")), check, "--file", str(self.health_file)]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout_s}s", time.monotonic() - started
+        return done.returncode == 0, done.stdout.strip(), time.monotonic() - started
 
     def http_get(self, path: str) -> tuple[int, str]:
         try:

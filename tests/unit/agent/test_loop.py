@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import pytest
@@ -15,13 +15,17 @@ from unit.agent.test_act import GPU0, over_quota_action
 from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
+from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
 from vramguard.cli.wiring import Probes
 from vramguard.core.model import (
     EvictionRefused,
     GiB,
+    GpuMemory,
     GpuProcess,
     GpuSample,
+    KillRecord,
     Mode,
     OnRepeat,
     PodInfo,
@@ -64,8 +68,15 @@ class Node:
     """A scan's worth of fakes around a real Agent, Enforcer and Metrics."""
 
     def __init__(
-        self, policy: Policy, *, dry_run: bool = False, refuse: bool = False, claims: FakeClaimSource | None = None
+        self,
+        policy: Policy,
+        *,
+        dry_run: bool = False,
+        refuse: bool = False,
+        claims: FakeClaimSource | None = None,
+        watch: Callable[[Node], MemoryWatch] | None = None,
     ) -> None:
+        """`watch` builds the watch between scans over this node's fakes."""
         self.sampler = FakeSampler()
         self.ids = FakeIdentifier()
         self.pods = FakePodSource()
@@ -92,6 +103,7 @@ class Node:
             clock=self.clock,
             agent_pid=1,
             claims=claims,
+            watch=watch(self) if watch is not None else None,
         )
 
     def run_gpu(self, *rows: tuple[int, int]) -> None:
@@ -160,6 +172,22 @@ def test_respawned_gpu_workers_get_the_whole_container_killed() -> None:
     (action,) = [e for e in logs if e["event"] == "action"]
     assert action["escalation"] == "GPU processes came back within 0.4 s of the last kill"
     assert n.metric("vramguard_escalations_total", namespace="ml", step="kill-container") == 1.0
+
+
+def test_a_kill_is_remembered_with_what_it_killed() -> None:
+    """Each kill is remembered in its container instance with the processes the killer signalled, as this agent's
+    own (not restored); a process over the quota that started before them did not come back: a plain kill."""
+    n = Node(Policy(mode=Mode.KILL, cooldown_s=0.0))
+    p = n.trainer_over_quota()
+    container_id = p.containers[0].container_id or ""
+    n.agent.scan()
+    assert n.agent.state.kills[container_id] == KillRecord(n.clock.now(), (ProcessRef(100, 1000),), restored=False)
+    n.clock.step(0.4)
+    n.ids.add(99, p.uid, container_id)  # started before the killed worker (the fake's start time is pid * 10)
+    n.run_gpu((99, 5 * GiB))
+    report = n.agent.scan()
+    assert [(o.action.kind, o.action.escalation) for o in report.outcomes] == [(Mode.KILL, None)]
+    assert n.killer.whole == [False, False]
 
 
 def test_a_repeat_may_evict_instead() -> None:
@@ -405,7 +433,7 @@ def test_metrics_exposition_names_carry_units() -> None:
         "vramguard_nvml_errors_total",
     } <= names
     counts = {"vramguard_driver_limits_failing", "vramguard_events_queued"}
-    for name in names - {"vramguard_gpu_healthy", *counts}:  # a state, counts: no unit
+    for name in names - {"vramguard_gpu_healthy", "vramguard_watch_stuck", *counts}:  # states, counts: no unit
         assert name.endswith(("_bytes", "_seconds", "_total")), name
 
 
@@ -448,10 +476,27 @@ def test_healthz_is_the_scan_age_on_the_agents_clock() -> None:
     n.clock.step(29.0)
     assert probes.healthz() == (True, "last scan 29.0s ago")
     n.clock.step(2.0)
-    assert probes.healthz() == (False, "last scan 31.0s ago")
+    assert probes.healthz() == (False, "last scan 31.0s ago: the scan loop is stuck")
     assert probes.readyz() == (False, "NVML not initialised yet")
     probes.nvml(None)
     assert probes.readyz() == (True, "ready")
+
+
+def test_healthz_fails_when_the_http_servers_thread_stops_going_round() -> None:
+    """Liveness also reads the HTTP server's rounds: a thread that has not gone round for 30 s is stuck (live
+    fails, also while starting); one that goes round, however busy, is not."""
+    n = Node(Policy())
+    rounds = Heartbeat()
+    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock, http=rounds)
+    rounds.beat(n.clock.now())
+    n.clock.step(29.0)
+    assert probes.healthz() == (True, "starting")
+    n.clock.step(1.0)
+    assert probes.healthz() == (False, "HTTP server's last round 30.0s ago: stuck")
+    probes.agent = n.agent
+    n.agent.scan()
+    rounds.beat(n.clock.now())
+    assert probes.healthz() == (True, "last scan 0.0s ago")
 
 
 def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
@@ -467,6 +512,67 @@ def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
     assert probes.readyz() == (False, "no scan with the pod list yet")
     n.agent.scan()
     assert probes.readyz() == (True, "ready")
+
+
+def test_a_pod_learned_late_is_scanned_at_once() -> None:
+    """A GPU process whose pod the cache lacks is unattributed; the pod source's update that names the pod calls for
+    a scan at once (reason pod-learned), and that scan kills the offender: no time passes on the loop's clock."""
+    policy = Policy(mode=Mode.KILL)
+    calls: list[ScanCalls] = []
+
+    def watch(n: Node) -> MemoryWatch:
+        calls.append(ScanCalls(policy, n.clock))  # what the pod sources are handed, built before the agent
+        return MemoryWatch(n.sampler.memory, ScanTrigger(policy), 0.02, n.clock, calls=calls[0])
+
+    n = Node(policy, watch=watch)
+    late = pod("trainer", "ml", containers={"main": {VRAM: "4Gi"}})
+    n.ids.add(100, late.uid, late.containers[0].container_id)
+    n.run_gpu((100, 5 * GiB))
+    stop, started = threading.Event(), n.clock.now()
+
+    def pods_file_read() -> None:  # the loop's first wait: the pod arrives; its second: the test is done
+        if len(n.clock.waits) == 1:
+            n.pods.set_pods([late])
+            calls[0].pods_updated(n.pods.pods().values())  # as a pod source does once it serves them
+        else:
+            stop.set()
+
+    n.clock.on_wait = pods_file_read
+    n.agent.run(poll_interval_s=30.0, stop=stop)
+    assert [v.pod.name for v in n.killer.killed] == ["trainer"]
+    assert n.metric("vramguard_triggered_scans_total", reason="pod-learned") == 1.0
+    assert n.agent.last_scan_at == started, "the scan that killed ran when the update came, not at the poll"
+
+
+def test_a_watch_stuck_in_the_driver_is_logged_once_exported_and_not_ready() -> None:
+    """A watch reading stuck for WATCH_STUCK_S: the scans log watch_stuck once, vramguard_watch_stuck is 1 and
+    /readyz names it; once the reading returns, watch_recovered, 0 and ready."""
+    during: list[tuple[float | None, tuple[bool, str]]] = []
+
+    def stuck_read() -> list[GpuMemory]:
+        n.clock.step(WATCH_STUCK_S)
+        n.agent.scan()
+        n.agent.scan()
+        during.append((n.metric("vramguard_watch_stuck"), probes.readyz()))
+        return []
+
+    n = Node(Policy(), watch=lambda n: MemoryWatch(stuck_read, ScanTrigger(Policy()), 0.02, n.clock))
+    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    probes.agent = n.agent
+    probes.nvml(None)
+    n.agent.scan()
+    assert probes.readyz() == (True, "ready") and n.metric("vramguard_watch_stuck") == 0.0
+    assert n.agent.watch is not None
+    with capture_logs() as logs:
+        n.agent.watch.read_once()
+        n.agent.scan()
+    said = "memory watch: a reading has not returned for 5.0 s; scans at the poll only"
+    assert during == [(1.0, (False, said))]
+    assert [(e["event"], e.get("problem")) for e in logs if e["event"].startswith("watch_")] == [
+        ("watch_stuck", said),
+        ("watch_recovered", None),
+    ]
+    assert n.metric("vramguard_watch_stuck") == 0.0 and probes.readyz() == (True, "ready")
 
 
 def test_an_api_outage_then_back_evicts_the_pod_once() -> None:

@@ -51,14 +51,11 @@ def parse_response(response: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(status), headers, body
 
 
-def _exchange(server: HealthServer, request: bytes, *, probe_port: bool = False) -> tuple[int, dict[str, str], bytes]:
-    """What the server answers the request bytes on its main port (or its probe port), as `parse_response` gives
-    it; the answer must be ready at once."""
+def _exchange(server: HealthServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """What the server answers the request bytes, as `parse_response` gives it; the answer must be ready at once."""
     head = _head_of(request)
     assert head is not None, "a whole head"
-    listener = server._probes if probe_port else server._main
-    assert listener is not None, "a probe port"
-    _, _, response = server._request(head, listener.routes)
+    _, _, response = server._request(head, server._main.routes)
     assert isinstance(response, bytes)
     return parse_response(response)
 
@@ -191,25 +188,6 @@ def test_request_line_decides_the_answer(
     assert got_headers["connection"] == "close"
     if not request_bytes.startswith(b"HEAD"):
         assert got_headers["content-length"] == str(len(body))
-
-
-@pytest.mark.parametrize(
-    ("request_bytes", "status", "body"),
-    [
-        pytest.param(HEALTHZ, 200, b"alive\n", id="healthz-served"),
-        pytest.param(b"GET /readyz HTTP/1.1\r\n\r\n", 503, b"pod cache not synced\n", id="readyz-served"),
-        pytest.param(b"HEAD /readyz HTTP/1.1\r\n\r\n", 503, b"", id="head-readyz-served"),
-        pytest.param(b"GET /metrics HTTP/1.1\r\n\r\n", 404, b"not found\n", id="metrics-not-on-the-probe-port"),
-        pytest.param(b"GET /status HTTP/1.1\r\n\r\n", 404, b"not found\n", id="status-not-on-the-probe-port"),
-        pytest.param(b"GET /nope HTTP/1.1\r\n\r\n", 404, b"not found\n", id="unknown-path-is-404"),
-        pytest.param(b"POST /healthz HTTP/1.1\r\n\r\n", 405, b"only GET and HEAD\n", id="post-is-405-as-on-main"),
-    ],
-)
-def test_the_probe_port_serves_the_probes_alone(request_bytes: bytes, status: int, body: bytes) -> None:
-    """The probe port answers GET and HEAD /healthz and /readyz as the main port does, and nothing else: /metrics
-    and /status are 404 there, so a flood of it costs a probe's work a request at most."""
-    server = idle_server(readyz=lambda: (False, "pod cache not synced"), probe_port=0, status=lambda: b"{}")
-    assert _exchange(server, request_bytes, probe_port=True)[::2] == (status, body)
 
 
 BOTH = {"vramguard_test_bytes", "vramguard_other_bytes"}

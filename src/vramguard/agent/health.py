@@ -1,0 +1,97 @@
+"""The agent's side of the health file: its liveness and readiness written every second for the kubelet's exec
+probe (`base/healthfile.py` holds the format and the probe's reading of it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+import structlog
+
+from vramguard.base import healthfile
+from vramguard.base.background import BackgroundLoop
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
+
+Check = Callable[[], healthfile.Check]
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class HealthWriter:
+    """Writes `live()` and `ready()` to `path` at `start()` and every `interval_s` until `stop(deadline)`, then
+    removes the file: an agent that stopped is not live.
+
+    Its thread does nothing else, so the file's age is the probe's measure of this process making progress; what
+    the checks say is the measure of the scan loop and the parts. A write that fails (the directory missing or
+    read-only) is logged once per run of failures and retried each round: the probe then fails, visibly.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        live: Check,
+        ready: Check,
+        *,
+        interval_s: float = healthfile.WRITE_EVERY_S,
+        clock: Clock = SYSTEM_CLOCK,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self.path = path
+        self.live = live
+        self.ready = ready
+        self.interval_s = interval_s
+        self.clock = clock  # CLOCK_MONOTONIC in the agent: the probe compares the file's time with its own
+        self.log = log if log is not None else structlog.get_logger("vramguard.agent.health")
+        self.writes = 0  # for tests: how many documents were written
+        self._failures = FailureRun()
+        self.loop = BackgroundLoop("vramguard-health", self._step, clock=clock, on_exit=self._remove, log=self.log)
+
+    def start(self) -> None:
+        """Write the first document now (the probe may come at once), then every interval on a thread. The file's
+        directory is made if missing (outside the chart's volume, on a machine of one's own)."""
+        with contextlib.suppress(OSError):  # one it cannot make is reported by the write
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+        self.write_once()
+        self.loop.start()
+
+    def stop(self, deadline: float) -> None:
+        self.loop.stop(deadline)
+
+    def _step(self) -> float:
+        self.write_once()
+        return self.interval_s
+
+    def write_once(self) -> None:
+        document = healthfile.HealthDocument(self.clock.now(), os.getpid(), self.live(), self.ready())
+        try:
+            write(self.path, document)
+        except OSError as e:
+            error = e.strerror or repr(e)
+            if self._failures.failed(error):
+                self.log.error("health_file_unwritable", file=self.path, error=error, probes="failing")
+            return
+        self.writes += 1
+        if self._failures.ok():
+            self.log.info("health_file_written", file=self.path)
+
+    def _remove(self) -> None:
+        with contextlib.suppress(OSError):  # never written, or removed by someone else: it says nothing now either way
+            os.unlink(self.path)
+
+
+def write(path: str, document: healthfile.HealthDocument) -> None:
+    """Replace the file whole (a new file, then a rename): a reader sees the last document or the one before, never
+    half of one. Raises OSError."""
+    tmp = f"{path}.{os.getpid()}.tmp"  # a name of this process's own: no other writer's half file
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a write this process abandoned
+    fd = os.open(tmp, _WRITE, 0o644)  # readable by the probe, which may run as another user; never a planted link
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(healthfile.encode(document))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

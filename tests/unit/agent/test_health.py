@@ -1,0 +1,84 @@
+"""The health writer: the checks written whole every interval, the first at once, removed at the stop, and a
+directory it cannot write logged once per run of failures."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from vramguard.agent.health import HealthWriter, write
+from vramguard.base import healthfile
+from vramguard.base.healthfile import HealthDocument
+from vramguard.testing.fakes import FakeClock
+
+
+def test_the_first_document_is_written_at_start_and_each_round_after(tmp_path: Path) -> None:
+    """start() writes the checks' answers at once (the probe may come at once); each round writes them again at
+    the clock's time; the stop removes the file (a stopped agent is not live)."""
+    clock = FakeClock()
+    path = tmp_path / "health"
+    answers = iter([(True, "starting"), (True, "last scan 0.1s ago")])
+    writer = HealthWriter(str(path), lambda: next(answers), lambda: (False, "no scan completed yet"), clock=clock)
+    writer.write_once()
+    first = healthfile.decode(path.read_bytes())
+    assert first == HealthDocument(clock.now(), os.getpid(), (True, "starting"), (False, "no scan completed yet"))
+    clock.step(1.0)
+    seen: list[HealthDocument] = []
+
+    def after_one_round() -> None:
+        seen.append(healthfile.decode(path.read_bytes()))
+        writer.loop.stopping.set()
+
+    clock.on_wait = after_one_round
+    writer.loop.run()
+    assert [(d.written_at, d.live) for d in seen] == [(clock.now(), (True, "last scan 0.1s ago"))]
+    assert clock.waits == [healthfile.WRITE_EVERY_S]
+    assert not path.exists(), "removed once the loop ended"
+
+
+def test_a_directory_that_cannot_be_written_is_logged_once_and_retried(tmp_path: Path) -> None:
+    """A missing directory: one health_file_unwritable line for the run of failures, each round retried, and one
+    health_file_written line once it can be written."""
+    path = tmp_path / "missing" / "health"
+    writer = HealthWriter(str(path), lambda: (True, "live"), lambda: (True, "ready"), clock=FakeClock())
+    with capture_logs() as logs:
+        for _ in range(3):
+            writer.write_once()
+        path.parent.mkdir()
+        writer.write_once()
+        writer.write_once()
+    assert [e["event"] for e in logs] == ["health_file_unwritable", "health_file_written"]
+    assert writer.writes == 2
+
+
+def test_a_write_replaces_the_file_whole_and_never_follows_a_link(tmp_path: Path) -> None:
+    """The document goes to a temporary file of this process, then a rename: a link planted at the final path is
+    replaced, not written through, and no temporary file is left."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    path = tmp_path / "health"
+    path.symlink_to(victim)
+    document = HealthDocument(1.0, 2, (True, "a"), (True, "b"))
+    write(str(path), document)
+    assert victim.read_text() == "keep" and not path.is_symlink()
+    assert healthfile.decode(path.read_bytes()) == document
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["health", "victim"]
+
+
+def test_started_and_stopped_on_a_thread(tmp_path: Path) -> None:
+    """The lifecycle: start() writes and starts the thread, stop(deadline) ends it and removes the file."""
+    path = tmp_path / "health"
+    written = threading.Event()
+
+    def live() -> tuple[bool, str]:
+        written.set()
+        return True, "live"
+
+    writer = HealthWriter(str(path), live, lambda: (True, "ready"), interval_s=0.01)
+    writer.start()
+    assert path.exists() and written.wait(5)
+    writer.stop(writer.clock.now() + 5)
+    assert not writer.loop.running and not path.exists()
