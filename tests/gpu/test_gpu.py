@@ -22,7 +22,8 @@ from vramguard_testbed.waiting import wait_until
 
 pytestmark = pytest.mark.gpu
 
-# A CUDA program that allocates what it is told on stdin and says so on stdout ("ready <bytes>").
+# A CUDA program that allocates what it is told on stdin (GiB) and says so on stdout ("ready <bytes>"); "free"
+# hands everything it holds back to the driver ("freed <bytes>").
 ALLOCATOR = r"""
 import sys, torch
 held = []
@@ -32,7 +33,13 @@ def alloc(gib):
     print("ready", torch.cuda.memory_allocated(0), flush=True)
 alloc(float(sys.argv[1]))
 for line in sys.stdin:
-    alloc(float(line))
+    if line.strip() == "free":
+        held.clear()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        print("freed", torch.cuda.memory_allocated(0), flush=True)
+    else:
+        alloc(float(line))
 """
 
 
@@ -86,7 +93,49 @@ def test_cuda_process_over_quota_is_killed_and_neighbour_survives(gpu_node: Simu
         return metric_value(m, "vramguard_container_gpu_memory_used_bytes", {"pod": "offender"}) is None
 
     wait_until(freed, 10, what="the GPU memory released")
-    report = os.environ.get("VRAMGUARD_GPU_REPORT")
-    if report:
-        Path(report).write_text(json.dumps({"poll_s": poll_s, "reaction_s": reaction_s}))
+    _report(poll_s=poll_s, reaction_s=reaction_s)
     print(f"reaction time on a real GPU: {reaction_s * 1000:.0f} ms at a {poll_s * 1000:.0f} ms poll")
+
+
+def _report(**figures: float) -> None:
+    """Add `figures` to the JSON report at VRAMGUARD_GPU_REPORT, where it is set."""
+    path = os.environ.get("VRAMGUARD_GPU_REPORT")
+    if path:
+        report = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+        Path(path).write_text(json.dumps({**report, **figures}))
+
+
+def _send(proc: SimProcess, line: str) -> None:
+    assert proc.popen.stdin is not None
+    proc.popen.stdin.write(line + "\n")
+    proc.popen.stdin.flush()
+
+
+def test_a_free_that_hides_a_crossing_is_caught_between_polls(gpu_node: SimulatedNode) -> None:
+    """One CUDA process hands 6 GiB back as another crosses its 3Gi quota by allocating 4 GiB, so the GPU's used
+    memory falls: at a 30 s poll the offender is still killed within a second, by a scan the watch called for,
+    and the process that freed is untouched."""
+    freer = _allocator(gpu_node, "freer", "20Gi", 6.0)
+    offender = _allocator(gpu_node, "offender", "3Gi", 1.0)
+    gpu_node.start_agent("--mode", "kill", "--poll-interval", "30", stderr=subprocess.DEVNULL)
+    gpu_node.wait_ready()
+    gpu_node.wait_scans(1)
+
+    _send(freer, "free")
+    _send(offender, "4")
+    assert offender.popen.stdout is not None and freer.popen.stdout is not None
+    offender.popen.stdout.readline()  # once the 4 GiB are allocated, or at EOF if it was killed first
+    crossed = time.monotonic()
+    wait_until(lambda: not offender.alive(), 10, what="the offender killed before the 30 s poll", interval_s=0.005)
+    reaction_s = time.monotonic() - crossed
+    assert freer.popen.stdout.readline().startswith("freed") and freer.alive()
+    metrics = gpu_node.http_get("/metrics")[1]
+    reasons = {
+        r: metric_value(metrics, "vramguard_triggered_scans_total", {"reason": r}) or 0.0
+        for r in ("memory-rise", "memory-fall")
+    }
+    assert reaction_s < 1.0 and sum(reasons.values()) >= 1, reasons
+    _report(free_and_cross_reaction_s=reaction_s)
+    print(
+        f"free and crossing on a real GPU: killed {reaction_s * 1000:.0f} ms after the allocation; triggers {reasons}"
+    )

@@ -29,3 +29,17 @@ def test_quick_benchmark_prints_its_figures() -> None:
     assert any(line.strip().startswith("at rest:") for line in lines)
     assert any("within its quota" in line for line in lines)
     assert any(line.strip().startswith("CPU per scan, watch off") for line in lines)
+
+
+def test_the_probes_benchmark_prints_its_figures() -> None:
+    """bench/probes.py stays runnable: a quick run prints the probe's start against a bare interpreter's, the agent
+    at rest with and without its health file, and what the chart's probes cost a node."""
+    need_cgroups(2)
+    bench = Path(__file__).resolve().parents[2] / "bench" / "probes.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert {line.split()[0] for line in lines if line.split()[:1] in (["bare"], ["probe"])} == {"bare", "probe"}
+    assert any(line.startswith("probe / bare: wall") for line in lines)
+    assert any(line.startswith("the health file's writer:") for line in lines)
+    assert any(line.startswith("the chart's probes:") for line in lines)
