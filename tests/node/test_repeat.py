@@ -7,7 +7,6 @@ and the container's cgroup, every 10 ms.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from node.test_e2e import log_events
 from vramguard.core.model import GiB, MiB
 from vramguard.node.procfs import read_boot_ticks, read_stat
 from vramguard.node.repeats import OLD_FORMAT, OLDER_THAN_CONTAINER, STARTS_LATER, STILL_RUNNING
@@ -40,16 +40,6 @@ def _start(node: SimulatedNode, tmp_path: Path, policy: str = "", **popen_kwargs
     agent = node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), "--policy", str(path), **popen_kwargs)
     node.wait_ready()
     return agent
-
-
-def _log_events(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    """The JSON log lines of an agent that was stopped."""
-    _, err = agent.communicate(timeout=15)
-    out = []
-    for line in err.splitlines():
-        with contextlib.suppress(ValueError):  # a non-JSON line would be a traceback: the asserts will show it
-            out.append(json.loads(line))
-    return out
 
 
 def _over_quota_fraction(node: SimulatedNode, pod: SimPod, seconds: float) -> float:
@@ -194,7 +184,7 @@ def test_the_repeat_after_a_restart_says_the_kill_was_restored(sim_node: Simulat
     wait_until(lambda: shell.poll() is not None, 3 * POLL_S, what="the repeat to take the whole container")
     assert not again.alive()
     sim_node.stop_agents()
-    logs = _log_events(agent)
+    logs = log_events(agent)
     (restored,) = [e for e in logs if e.get("event") == "kill_memory_restored"]
     assert (restored["restored"], restored["containers"]) == (1, [container_id[:12]])
     assert not [e for e in logs if e.get("event") == "kill_memory_refused"]
@@ -256,7 +246,7 @@ def test_a_forged_kill_memory_does_not_escalate(
     assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
     sim_node.stop_agents()
-    logs = _log_events(agent)
+    logs = log_events(agent)
     (refused,) = [e for e in logs if e.get("event") == "kill_memory_refused"]
     assert (refused["refused"], refused["containers"], refused["problems"]) == (1, [container_id[:12]], [problem])
     assert not [e for e in logs if e.get("event") == "kill_memory_restored"]
