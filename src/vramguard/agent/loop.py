@@ -46,6 +46,7 @@ from vramguard.core.model import (
     SubjectKey,
     Violation,
 )
+from vramguard.core.peaks import Peak, PeakWindow
 from vramguard.core.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
 from vramguard.core.quota import QuotaBook, resolve_pod_quota
 from vramguard.core.shares import PodShares
@@ -101,6 +102,7 @@ class Agent:
         me = self.identifier.identify(self.agent_pid)
         self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
         self.quotas = QuotaBook(policy)
+        self.peaks = PeakWindow()  # each subject's highest usage over the last minute, for the metric
         self.kill_memory = kill_memory  # None: kills are forgotten with the process (--dry-run, tests)
         kills = kill_memory.load(self.clock.now()) if kill_memory is not None else {}
         self.state = DecisionState(kills=MappingProxyType(dict(kills)))
@@ -171,9 +173,10 @@ class Agent:
         evicted = (o.action.pod.uid for o in outcomes if o.action.kind is Mode.EVICT and o.result == "ok")
         self.state = record_evictions(self.state, evicted, now)
         # 7. Report.
+        peaks = self.peaks.observe(snapshot.containers, {d.uuid: d for d in snapshot.devices}, now)
         duration_s = time.perf_counter() - started
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
-        self._report(snapshot, quotas, decision, outcomes, duration_s, held)
+        self._report(snapshot, quotas, decision, outcomes, duration_s, held, peaks)
         self.metrics.scan_cpu.inc(time.process_time() - cpu_started)
         self.last_scan_at = now
         if pods_synced:
@@ -332,9 +335,10 @@ class Agent:
         outcomes: tuple[Outcome, ...],
         duration_s: float,
         held: Mapping[SubjectKey, LimitTarget],
+        peaks: tuple[Peak, ...] = (),
     ) -> None:
         claims_up = self.claims.problem() is None if self.claims is not None else None
-        self.metrics.observe_scan(snapshot, quotas, decision, held.values(), claims_up)
+        self.metrics.observe_scan(snapshot, quotas, decision, held.values(), claims_up, peaks)
         self.metrics.scan_duration.observe(duration_s)
         if self.limiter is not None:
             self._report_limits(self.limiter.collect())

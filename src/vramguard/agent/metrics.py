@@ -17,6 +17,7 @@ from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import Mode, PodQuota, Reason, Snapshot
+from vramguard.core.peaks import PEAK_WINDOW_S, Peak
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Every label value the agent counts under, exported at 0 from the start: a series born with its first count is no
@@ -51,6 +52,7 @@ class ScanView:
     quotas: Mapping[str, PodQuota]
     driver_limits: tuple[LimitTarget, ...] = ()
     claim_source_up: bool | None = None  # None: no claim quota source
+    peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
 
 
 class _ScanCollector(Collector):
@@ -71,6 +73,12 @@ class _ScanCollector(Collector):
         quota = GaugeMetricFamily(
             "vramguard_container_gpu_memory_quota_bytes",
             "VRAM quota of a container on one GPU (container is empty for a pod-wide quota).",
+            labels=labels,
+        )
+        peak = GaugeMetricFamily(
+            "vramguard_container_gpu_memory_peak_bytes",
+            f"The highest GPU memory a container used on one GPU in the agent's scans over the last "
+            f"{PEAK_WINDOW_S:g} s, also after it stopped: max_over_time of it is the true peak between scrapes.",
             labels=labels,
         )
         share = GaugeMetricFamily(
@@ -98,7 +106,10 @@ class _ScanCollector(Collector):
                 quota.add_metric(values, limit)
                 if q.claim is not None:
                     share.add_metric([*values, q.claim], limit)
+        for p in view.peaks:
+            peak.add_metric([p.pod.namespace, p.pod.name, p.container, p.gpu, p.device_uuid], p.peak_bytes)
         yield used
+        yield peak
         yield quota
         yield share
 
@@ -279,8 +290,9 @@ class Metrics:
         decision: Decision,
         driver_limits: Iterable[LimitTarget] = (),
         claim_source_up: bool | None = None,
+        peaks: tuple[Peak, ...] = (),
     ) -> None:
-        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up)
+        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up, peaks)
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:

@@ -11,6 +11,7 @@ from vramguard.agent.watch import Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB
+from vramguard.core.peaks import PeakWindow
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 
@@ -63,3 +64,25 @@ def test_a_counted_result_is_exported_at_zero_before_its_first_count(name: str, 
     samples = [s for family in exposed for s in family.samples if s.name == name]
     assert {tuple(x for kv in sorted(s.labels.items()) for x in kv) for s in samples} == labels
     assert {s.value for s in samples} == {0.0}
+
+
+def test_the_peak_is_exported_beside_the_usage_it_shadows() -> None:
+    """vramguard_container_gpu_memory_peak_bytes has the usage metric's labels, one series a subject of the window,
+    and the window's highest value, also for a container no longer in the scan."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    trainer, notebook = pod("trainer", "ml"), pod("notebook", "ml")
+    window, devices = PeakWindow(), {gpu(0).uuid: gpu(0)}
+    nothing = Decision(actions=(), violations=())
+    for at, snapshot in [
+        (0.0, SnapshotBuilder().use(trainer, "main", gpu(0), 9 * GiB).use(notebook, "main", gpu(0), GiB).build()),
+        (1.0, SnapshotBuilder().use(notebook, "main", gpu(0), 2 * GiB).build()),
+    ]:
+        metrics.observe_scan(snapshot, {}, nothing, peaks=window.observe(snapshot.containers, devices, at))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    peaks = {
+        s.labels["pod"]: (s.labels, s.value) for s in families["vramguard_container_gpu_memory_peak_bytes"].samples
+    }
+    used = {s.labels["pod"]: s.labels for s in families["vramguard_container_gpu_memory_used_bytes"].samples}
+    assert {pod: value for pod, (_, value) in peaks.items()} == {"trainer": 9 * GiB, "notebook": 2 * GiB}
+    assert peaks["notebook"][0] == used["notebook"] and "trainer" not in used
