@@ -19,7 +19,7 @@ import pytest
 
 from node.test_e2e import log_events
 from vramguard.core.model import GiB, MiB
-from vramguard.node.procfs import read_boot_ticks, read_stat
+from vramguard.node.procfs import boot_ticks, read_stat
 from vramguard.node.repeats import OLD_FORMAT, OLDER_THAN_CONTAINER, STARTS_LATER, STILL_RUNNING
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
@@ -217,7 +217,7 @@ FORGED = [
         lambda shell: [[shell, _start_time(shell)]], STILL_RUNNING, id="the-containers-running-shell-as-killed"
     ),
     pytest.param(
-        lambda shell: [[_free_pid(), read_boot_ticks() + 100_000]], STARTS_LATER, id="a-made-up-process-from-the-future"
+        lambda shell: [[_free_pid(), boot_ticks() + 100_000]], STARTS_LATER, id="a-made-up-process-from-the-future"
     ),
 ]
 

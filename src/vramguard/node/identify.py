@@ -11,15 +11,20 @@ while a recycled PID (same number, new start time) is read afresh. Once per scan
 from __future__ import annotations
 
 import itertools
-import os
-import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from vramguard.core.model import Identity, ProcessRef
 from vramguard.node.cgroup import parse_cgroup
-from vramguard.node.procfs import PidCursor, read_cgroup, read_pid_cursor, read_stat_start_token, same_pid_namespace
+from vramguard.node.procfs import (
+    PidCursor,
+    boot_ticks,
+    read_cgroup,
+    read_pid_cursor,
+    read_stat_start_token,
+    same_pid_namespace,
+)
 
 # A process can be replaced by a recycled PID between the reads of its stat and cgroup files; after this many
 # inconsistent attempts it is treated as gone for this scan (the next scan reads it again).
@@ -71,14 +76,6 @@ class _Entry:
     # Read within the clock tick the process started in: a process handed its PID later in that same tick would
     # have the same start time, so a stat check cannot vouch for this entry; it is re-read instead.
     same_tick: bool
-
-
-def _boot_ticks() -> int:
-    """Now, in the unit of /proc/<pid>/stat's start time: clock ticks since boot (CLOCK_BOOTTIME)."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK
-
-
-_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 class ProcIdentifier:
@@ -217,7 +214,7 @@ class ProcIdentifier:
     def _read(self, pid: int) -> Identity | None:
         stat_path = f"{self._proc_root}/{pid}/stat"
         for _ in range(_MAX_READ_ATTEMPTS):
-            now_ticks = _boot_ticks()  # before the reads: the tick they happen in is this one or later
+            now_ticks = boot_ticks()  # before the reads: the tick they happen in is this one or later
             before = read_stat_start_token(stat_path)
             if before is None:
                 return None

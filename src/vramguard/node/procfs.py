@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from dataclasses import dataclass
 
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
@@ -197,12 +198,12 @@ def read_pid_cursor(proc_root: str = "/proc") -> PidCursor | None:
         return None
 
 
-def read_boot_ticks(proc_root: str = "/proc") -> int:
-    """Now, in the unit of /proc/<pid>/stat's start time (clock ticks since boot), from `proc_root`/uptime, which
-    counts the same clock (CLOCK_BOOTTIME) in hundredths of a second. Raises OSError, ValueError on contents that do
-    not parse."""
-    seconds, _, hundredths = (read_small(f"{proc_root}/uptime").split(None, 1) or [b""])[0].partition(b".")
-    return (int(seconds) * 100 + int(hundredths[:2].ljust(2, b"0"))) * os.sysconf("SC_CLK_TCK") // 100
+def boot_ticks() -> int:
+    """Now, in the unit of /proc/<pid>/stat's start time: clock ticks since boot (CLOCK_BOOTTIME)."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK
+
+
+_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def read_small(path: str) -> bytes:

@@ -19,7 +19,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -28,7 +28,7 @@ import structlog
 from vramguard.base.logs import FailureRun
 from vramguard.core.model import KillRecord, ProcessRef
 from vramguard.node.cgroup import parse_cgroup
-from vramguard.node.procfs import EXITED_STATES, list_pids, read_boot_ticks, read_cgroup, read_stat
+from vramguard.node.procfs import EXITED_STATES, boot_ticks, list_pids, read_cgroup, read_stat
 
 FILE_NAME: Final = "kills.json"
 FORMAT: Final = 2  # 1 (no "version"): container ID → time, without the processes killed
@@ -157,15 +157,12 @@ class NodeView:
     oldest: Mapping[str, int]  # container ID asked about → start time of its oldest process not exited (its init)
 
 
-def read_node(proc_root: str, pids: Iterable[int], container_ids: Iterable[str]) -> NodeView:
-    """What `proc_root` shows of these PIDs and of these containers' processes. One pass over every process
-    (a stat and a cgroup read each), once at start. Raises OSError when `proc_root` cannot be listed or its
-    uptime read; a process that cannot be read is skipped (named in `unreadable` when it was asked about)."""
+def read_node(proc_root: str, pids: Iterable[int], container_ids: Iterable[str], now_ticks: int) -> NodeView:
+    """What `proc_root` shows of these PIDs and of these containers' processes, at `now_ticks` (clock ticks since
+    boot, read before it: a process it sees started then or before). One pass over every process (a stat and a
+    cgroup read each), once at start. Raises OSError when `proc_root` cannot be listed; a process that cannot be
+    read is skipped (named in `unreadable` when it was asked about)."""
     wanted, containers = set(pids), set(container_ids)
-    try:
-        now_ticks = read_boot_ticks(proc_root)
-    except ValueError as e:
-        raise OSError(f"unparsable {proc_root}/uptime") from e
     running: dict[int, int] = {}
     unreadable: set[int] = set()
     oldest: dict[str, int] = {}
@@ -262,11 +259,14 @@ class KillFile:
         *,
         proc_root: str = "/proc",
         boot_id_path: str = BOOT_ID_PATH,
+        now_ticks: Callable[[], int] = boot_ticks,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
+        """`now_ticks`: now in clock ticks since boot, as `proc_root`'s start times count (CLOCK_BOOTTIME)."""
         self.directory = directory
         self.path = os.path.join(directory, FILE_NAME)
         self.proc_root = proc_root
+        self.now_ticks = now_ticks
         self.log = log if log is not None else structlog.get_logger("vramguard.node.repeats")
         self.boot_id = _read_boot_id(boot_id_path)
         self._failures = FailureRun()
@@ -310,7 +310,7 @@ class KillFile:
     def _check(self, found: Remembered) -> Remembered:
         pids = {r.pid for record in found.kills.values() for r in record.killed}
         try:
-            node = read_node(self.proc_root, pids, found.kills)
+            node = read_node(self.proc_root, pids, found.kills, self.now_ticks())
         except OSError as e:
             why = f"cannot read {self.proc_root}: {e.strerror or e}"
             return replace(found, kills={}, refused=(*found.refused, *((c, why) for c in found.kills)))

@@ -52,7 +52,6 @@ BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 OTHER_BOOT = "11111111-2222-3333-4444-555555555555"
 A, B = "a" * 64, "b" * 64
 NOW = 1000.0
-HZ = os.sysconf("SC_CLK_TCK")
 
 
 def _entry(at: object, *killed: object) -> dict[str, object]:
@@ -197,16 +196,12 @@ def test_disagreement(record: KillRecord, node: NodeView, expected: str | None) 
 
 @dataclass
 class FakeProc:
-    """A /proc tree: `add` a process (stat, cgroup), `uptime` the node's."""
+    """A /proc tree: `add` a process (stat, cgroup)."""
 
     root: Path
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.uptime(NOW_TICKS / HZ)
-
-    def uptime(self, seconds: float) -> None:
-        (self.root / "uptime").write_text(f"{seconds:.2f} 12.00\n")
 
     def add(self, pid: int, start_time: int, container_id: str | None = None, state: str = "S") -> None:
         directory = self.root / str(pid)
@@ -238,23 +233,21 @@ def test_read_node_sees_running_processes_and_each_containers_first(tmp_path: Pa
     proc.add(100, 9000)
     proc.add(101, 4000, state="Z")
     proc.unreadable(102)
-    node = read_node(str(proc), [100, 101, 102, 103], [A, "c" * 64])
+    node = read_node(str(proc), [100, 101, 102, 103], [A, "c" * 64], NOW_TICKS)
     assert node == NodeView(NOW_TICKS, {100: 9000}, frozenset({102}), {A: 1000})
 
 
-def test_read_node_without_uptime_cannot_check(tmp_path: Path) -> None:
-    """A /proc without an uptime cannot tell "later than now": the read fails (and the caller trusts nothing)."""
-    proc = FakeProc(tmp_path / "proc")
-    (proc.root / "uptime").unlink()
+def test_read_node_without_a_proc_cannot_check(tmp_path: Path) -> None:
+    """A /proc that cannot be listed shows nothing: the read fails (and the caller trusts nothing)."""
     with pytest.raises(OSError):
-        read_node(str(proc), [1], [A])
+        read_node(str(tmp_path / "no-proc"), [1], [A], NOW_TICKS)
 
 
 def _file(tmp_path: Path, proc: FakeProc | None = None) -> KillFile:
     boot = tmp_path / "boot_id"
     boot.write_text(BOOT + "\n")
     proc = proc if proc is not None else FakeProc(tmp_path / "proc")
-    return KillFile(str(tmp_path / "state"), proc_root=str(proc), boot_id_path=str(boot))
+    return KillFile(str(tmp_path / "state"), proc_root=str(proc), boot_id_path=str(boot), now_ticks=lambda: NOW_TICKS)
 
 
 def test_saved_kills_are_read_back_restored(tmp_path: Path) -> None:
