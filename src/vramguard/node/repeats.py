@@ -209,7 +209,7 @@ def disagreement(container_id: str, record: KillRecord, node: NodeView) -> str |
     if not record.killed:
         return NO_PROCESS
     for ref in record.killed:
-        if ref.start_time > node.now_ticks + 1:  # the uptime and the start time round down to different ticks
+        if ref.start_time > node.now_ticks + 1:  # now and the start time round down to different ticks
             return STARTS_LATER
         running = node.running.get(ref.pid)
         if running == ref.start_time:
