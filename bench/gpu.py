@@ -60,6 +60,7 @@ from vramguard.nvml import NvmlSampler
 from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, MigMode, load_fake_nvml
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
 
 FAKE_CONTEXT_BYTES = 512 * MiB  # what a --fake-nvml process holds from its start, as a CUDA context does
@@ -304,13 +305,6 @@ def in_process_costs(node: SimulatedNode, processes: int, reps: int) -> dict[str
     finally:
         sampler.stop(time.monotonic() + 1)
         pods.stop(time.monotonic() + 1)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, all its threads, from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

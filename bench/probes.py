@@ -32,6 +32,7 @@ from vramguard.agent.health import write
 from vramguard.base.healthfile import HealthDocument
 from vramguard.core.model import GiB
 from vramguard_testbed.cgroups import cgroups_unavailable
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode
 
 # What pip's console script for `vramguard-probe` runs, as one command line: the same imports and the same call.
@@ -82,12 +83,6 @@ def part_a(runs: int, workdir: Path) -> dict[str, dict[str, float]]:
         f"CPU {probe['cpu_median_ms'] / max(bare['cpu_median_ms'], 1e-9):.2f}x"
     )
     return figures
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def at_rest_millicores(node: SimulatedNode, seconds: float, *args: str) -> float:

@@ -27,6 +27,7 @@ from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.http.server import HealthServer
 from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.waiting import wait_until
 
 
@@ -141,12 +142,6 @@ def _count_closed_by_peer(socks: list[socket.socket], at_least: int, timeout_s: 
     return sum(_closed_by_peer(s) for s in socks)
 
 
-def _cpu_s(stat_path: str) -> float:
-    """utime + stime from a /proc/.../stat file, in seconds (a thread's or a whole process's)."""
-    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _tasks() -> set[str]:
     return set(os.listdir("/proc/self/task"))
 
@@ -210,14 +205,13 @@ def test_idle_flood_neither_blinds_nor_grows_threads_nor_spins() -> None:
     threads_before = _tasks()
     with _serving(max_connections=max_connections, request_timeout_s=30.0) as server, ExitStack() as stack:
         (server_tid,) = _tasks() - threads_before
-        server_stat = f"/proc/self/task/{server_tid}/stat"
-        cpu_before, started = _cpu_s(server_stat), time.monotonic()
+        cpu_before, started = cpu_seconds(os.getpid(), int(server_tid)), time.monotonic()
 
         idle = _connect_many(stack, server.port, flood)
         assert _timed_healthz(server.port) < 1.0
         # A measurement, not a wait for an event: the server's CPU over at least a second of flood.
         time.sleep(max(0.0, started + 1.0 - time.monotonic()))
-        cpu_s, wall_s = _cpu_s(server_stat) - cpu_before, time.monotonic() - started
+        cpu_s, wall_s = cpu_seconds(os.getpid(), int(server_tid)) - cpu_before, time.monotonic() - started
 
         assert len(_tasks()) <= len(threads_before) + 1
         # The probe took a slot too, so every connection but the newest max_connections - 1 is gone.
@@ -233,11 +227,11 @@ def test_connections_that_send_nothing_are_held_by_the_kernel_not_the_server() -
     threads_before = _tasks()
     with _serving(max_connections=16, request_timeout_s=30.0) as server, ExitStack() as stack:
         (server_tid,) = _tasks() - threads_before
-        cpu_before = _cpu_s(f"/proc/self/task/{server_tid}/stat")
+        cpu_before = cpu_seconds(os.getpid(), int(server_tid))
         _connect_many(stack, server.port, 1000, first=b"")
         assert _timed_healthz(server.port) < 1.0
         assert len(server._main.conns) <= 1, "none of them was accepted yet"
-        assert _cpu_s(f"/proc/self/task/{server_tid}/stat") - cpu_before < 0.2
+        assert cpu_seconds(os.getpid(), int(server_tid)) - cpu_before < 0.2
 
 
 def test_slowloris_is_cut_at_the_deadline_while_others_are_served() -> None:
@@ -361,8 +355,7 @@ def test_a_hammered_port_stays_within_the_cpu_budget_and_goes_round() -> None:
     progress = Heartbeat()
     with _serving(progress=progress) as server:
         (server_tid,) = _tasks() - threads_before
-        server_stat = f"/proc/self/task/{server_tid}/stat"
-        cpu_before, started = _cpu_s(server_stat), time.monotonic()
+        cpu_before, started = cpu_seconds(os.getpid(), int(server_tid)), time.monotonic()
         flood = subprocess.Popen(
             [sys.executable, "-c", _HAMMER, str(server.port), "20", str(flood_s)], stdout=subprocess.PIPE, text=True
         )
@@ -374,7 +367,7 @@ def test_a_hammered_port_stays_within_the_cpu_budget_and_goes_round() -> None:
             answered = int(flood.communicate(timeout=30)[0])
         finally:
             flood.kill()
-        cpu_s, wall_s = _cpu_s(server_stat) - cpu_before, time.monotonic() - started
+        cpu_s, wall_s = cpu_seconds(os.getpid(), int(server_tid)) - cpu_before, time.monotonic() - started
     print(
         f"hammer: {answered} answers in {wall_s:.1f}s, server thread {cpu_s / wall_s:.1%} of a core, "
         f"longest between rounds {oldest_round_s:.3f}s"
@@ -438,10 +431,10 @@ def _command(child: subprocess.Popen[str], command: str) -> int:
 def test_flood_past_the_fd_limit_is_survived_without_spinning(tmp_path: Path) -> None:
     """300 connections at a server with 64 fds: it evicts instead of spinning, and /healthz still answers."""
     with _fd_limited_server(tmp_path / "child.log") as (child, port), ExitStack() as stack:
-        cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
+        cpu_before, started = cpu_seconds(child.pid), time.monotonic()
         idle = _connect_many(stack, port, 300)
         time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # a measurement: CPU over a second of flood
-        cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
+        cpu_s, wall_s = cpu_seconds(child.pid) - cpu_before, time.monotonic() - started
 
         assert _timed_healthz(port) < 1.0
         assert _count_closed_by_peer(idle, at_least=300 - 64, timeout_s=2.0) >= 300 - 64
@@ -453,10 +446,10 @@ def test_no_fd_to_free_pauses_accepting_instead_of_spinning(tmp_path: Path) -> N
     """With every fd taken elsewhere, waiting connections cost no CPU, and are served once fds come back."""
     with _fd_limited_server(tmp_path / "child.log") as (child, port), ExitStack() as stack:
         assert _command(child, "hog") > 0
-        cpu_before, started = _cpu_s(f"/proc/{child.pid}/stat"), time.monotonic()
+        cpu_before, started = cpu_seconds(child.pid), time.monotonic()
         waiting = _connect_many(stack, port, 20)  # the kernel completes them; the server cannot accept them
         time.sleep(1.0)  # a measurement: CPU over a second of connections it cannot accept
-        cpu_s, wall_s = _cpu_s(f"/proc/{child.pid}/stat") - cpu_before, time.monotonic() - started
+        cpu_s, wall_s = cpu_seconds(child.pid) - cpu_before, time.monotonic() - started
         assert cpu_s < 0.3 * wall_s, f"server used {cpu_s:.2f}s of CPU in {wall_s:.2f}s"
 
         assert _command(child, "free") == 0

@@ -14,12 +14,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from vramguard.core.model import GiB
 from vramguard_testbed import flood
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode
 from vramguard_testbed.waiting import wait_until
 
@@ -32,12 +32,6 @@ PROBE_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
 CPU_BUDGET = 0.20  # the status storm's (tests/node/test_status_storm.py)
 REACTION_BOUND_S = 0.5  # half the default poll: only the watch between scans is that fast
-
-
-def _cpu_s(pid: int) -> float:
-    """The process's user + system CPU seconds (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime in clock ticks (USER_HZ is 100 on Linux)
 
 
 def _longest_run(failures: list[bool]) -> int:
@@ -62,7 +56,7 @@ def test_a_flood_of_the_port_fails_no_probe_and_slows_no_kill(sim_node: Simulate
     sim_node.wait_ready()
     wait_until(lambda: sim_node.probe("ready")[0], 5.0, what="the health file says ready (written every second)")
 
-    cpu_before, started = _cpu_s(agent.pid), time.monotonic()
+    cpu_before, started = cpu_seconds(agent.pid), time.monotonic()
     port = str(sim_node.metrics_port)
     argv = [flood.__file__, "127.0.0.1", port, kind, str(CONNECTIONS), str(FLOOD_S), str(STATUS_READERS)]
     attack = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
@@ -86,7 +80,7 @@ def test_a_flood_of_the_port_fails_no_probe_and_slows_no_kill(sim_node: Simulate
     finally:
         attack.kill()
     elapsed = time.monotonic() - started
-    cpu_share = (_cpu_s(agent.pid) - cpu_before) / elapsed
+    cpu_share = (cpu_seconds(agent.pid) - cpu_before) / elapsed
 
     failed = [not ok for _, ok, _, _ in probes]
     slowest = max(took for *_, took in probes)

@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from vramguard.core.model import GiB
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -55,12 +55,6 @@ print(answers)
 """
 
 
-def _cpu_s(pid: int) -> float:
-    """The process's user + system CPU seconds (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime in clock ticks (USER_HZ is 100 on Linux)
-
-
 def _timed_get(port: int, path: str, timeout_s: float) -> float | None:
     """Seconds until `path` answered 200, or None when it did not within `timeout_s`."""
     started = time.monotonic()
@@ -91,7 +85,7 @@ def test_a_status_storm_over_megabyte_command_lines_leaves_every_probe_answered(
     assert len(status["containers"][0]["pids"]) == 64, "a row's processes, bounded"
     assert all(c.startswith("[python") and len(c) < 64 for c in commands), "the program's name, never its arguments"
 
-    cpu_before, started = _cpu_s(agent.pid), time.monotonic()
+    cpu_before, started = cpu_seconds(agent.pid), time.monotonic()
     storm = subprocess.Popen(
         [sys.executable, "-c", STORM, str(port), str(CLIENTS), str(STORM_S)], stdout=subprocess.PIPE, text=True
     )
@@ -105,7 +99,7 @@ def test_a_status_storm_over_megabyte_command_lines_leaves_every_probe_answered(
     finally:
         storm.kill()
     ended = time.monotonic()
-    cpu_share = (_cpu_s(agent.pid) - cpu_before) / (ended - started)
+    cpu_share = (cpu_seconds(agent.pid) - cpu_before) / (ended - started)
 
     metrics_after: float | None = None
     while metrics_after is None and time.monotonic() - ended < 5.0:
