@@ -41,6 +41,7 @@ from vramguard.nvml import NvmlSampler
 from vramguard.testing.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
+from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value
 
 
@@ -180,13 +181,10 @@ def reaction_times(workdir: Path, poll_s: float, trials: int, watch: str) -> tup
             proc.popen.wait()
             node.processes.remove(proc)
             node.sync()
+            # The scan that killed it may still be sweeping the container (a repeat kills the container whole): the
+            # next trial's process is spawned into it once that scan has ended.
+            node.wait_scans(1, timeout_s=patience_s)
     return out, missed
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid`, all its threads (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scan_cpu_s(node: SimulatedNode) -> float:
@@ -212,12 +210,12 @@ def agent_costs(workdir: Path, seconds: float) -> dict[str, float]:
 
         def share(during: float, action: Callable[[], None] = lambda: None) -> tuple[float, float]:
             """(CPU share of a core, scans per second) over `during` seconds while `action` runs every 50 ms."""
-            cpu0, scans0, t0 = process_cpu_s(agent.pid), node.scans(), time.monotonic()
+            cpu0, scans0, t0 = cpu_seconds(agent.pid), node.scans(), time.monotonic()
             while time.monotonic() - t0 < during:
                 action()
                 time.sleep(0.05)
             elapsed = time.monotonic() - t0
-            return (process_cpu_s(agent.pid) - cpu0) / elapsed, (node.scans() - scans0) / elapsed
+            return (cpu_seconds(agent.pid) - cpu0) / elapsed, (node.scans() - scans0) / elapsed
 
         out["rest_share"], out["rest_scans_per_s"] = share(seconds)
         high = [False]
@@ -234,9 +232,9 @@ def agent_costs(workdir: Path, seconds: float) -> dict[str, float]:
         node.wait_ready()
         node.wait_scans(5)
         own0, scans0 = scan_cpu_s(node), node.scans()
-        cpu0 = process_cpu_s(fast.pid)
+        cpu0 = cpu_seconds(fast.pid)
         time.sleep(seconds)
-        cpu1 = process_cpu_s(fast.pid)
+        cpu1 = cpu_seconds(fast.pid)
         scans, own = node.scans() - scans0, scan_cpu_s(node) - own0
         out["process_cpu_per_scan_ms"] = (cpu1 - cpu0) / max(scans, 1) * 1000
         out["own_scan_cpu_ms"] = own / max(scans, 1) * 1000
