@@ -181,7 +181,7 @@ class Agent:
         self.last_scan_at = now
         if pods_synced:
             self.last_synced_scan_at = now
-        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s)
+        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now))
         self.last_scan = LastScan(report, held, self.clock.now())
         return report
 

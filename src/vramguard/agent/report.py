@@ -7,12 +7,13 @@ Names, commands and claims are tenant text: the rows carry them exactly; whoever
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import PodQuota, Snapshot, SubjectKey, Violation
+from vramguard.core.peaks import Highest
 from vramguard.node.describe import ProcessDetail, describe_process
 
 
@@ -23,6 +24,9 @@ class ScanReport:
     decision: Decision
     outcomes: tuple[Outcome, ...]
     duration_s: float
+    highest: Highest = field(
+        default_factory=Highest
+    )  # each subject's highest usage since the agent's first scan (`core/peaks.py`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,3 +137,22 @@ def row_dict(row: TopRow) -> dict[str, object]:
     """The row as JSON takes it, its text exact (json escapes controls and non-ASCII characters itself); the
     status document's (`status.py`) "containers" are these."""
     return {**asdict(row), "pids": list(row.pids), "percent": row.percent}
+
+
+def peak_dicts(highest: Highest) -> list[dict[str, object]]:
+    """Each subject's highest usage since the agent's first scan, as the status document's "peaks" carry it: with
+    the pod's controller (`owner`, e.g. "ReplicaSet/web-7d9f"), so a reader can tell the workload of a pod since
+    gone. Sorted as the rows are."""
+    rows = [
+        {
+            "gpu": p.gpu,
+            "gpu_uuid": p.device_uuid,
+            "namespace": p.pod.namespace,
+            "pod": p.pod.name,
+            "owner": p.pod.owner or "",
+            "container": p.container,
+            "peak_bytes": p.peak_bytes,
+        }
+        for p in highest.peaks
+    ]
+    return sorted(rows, key=lambda r: (str(r["gpu"]), str(r["namespace"]), str(r["pod"]), str(r["container"])))

@@ -6,6 +6,9 @@ scan within 20 ms of any change past `watch_rise`). `PeakWindow` keeps, for each
 usage of the scans of the last `window_s`: exported as a gauge, its `max_over_time` over any range is the true peak
 at the scans' granularity, whatever the scrape interval up to the window. Pure: the scan's time is handed in.
 
+It also keeps each subject's highest usage since the agent's first scan (`highest`), bounded the same way: what
+`kubectl vramguard recommend` reads from /status where no Prometheus keeps the history.
+
 The usage a scan saw is the snapshot's rows, which carry the driver's own count for a container whose cgroup holds
 a driver limit (`limit_plan.with_driver_usage`, read since the scan before): that reading between scans counts too.
 """
@@ -47,6 +50,14 @@ class _Series:
     seen_at: float  # the last scan that had a row for it
 
 
+@dataclass(frozen=True, slots=True)
+class Highest:
+    """Each subject's highest usage since the first scan (`PeakWindow.highest`), and how long that is."""
+
+    peaks: tuple[Peak, ...] = ()
+    covers_s: float = 0.0  # from the first scan to the one asked about
+
+
 class PeakWindow:
     """`observe(rows, devices, now)` after each scan; it returns the peaks of the window ending then."""
 
@@ -56,14 +67,22 @@ class PeakWindow:
         self.window_s = window_s
         self.max_series = max_series
         self._series: dict[SubjectKey, _Series] = {}
+        # Since the first scan: each subject's highest, and when it last had a row (the first dropped past the bound).
+        self._highest: dict[SubjectKey, tuple[Peak, float]] = {}
+        self._since: float | None = None
 
     def observe(self, rows: Iterable[ContainerUsage], devices: Mapping[str, GpuDevice], now: float) -> tuple[Peak, ...]:
         """Take one scan's usage rows (at `now`, on the scan's clock) and give every peak of the window ending
         then: each subject with a row in the window, this scan's or an earlier one's."""
+        if self._since is None:
+            self._since = now
         for u in rows:
             device = devices.get(u.device_uuid)
             gpu = device.label if device is not None else u.device_uuid
             key = SubjectKey(u.pod.uid, u.container, u.device_uuid)
+            held = self._highest.get(key)
+            highest = max(u.used_bytes, held[0].peak_bytes) if held is not None else u.used_bytes
+            self._highest[key] = (Peak(u.pod, u.container, u.device_uuid, gpu, highest), now)
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _Series(u.pod, u.container, u.device_uuid, gpu, deque(), now)
@@ -83,4 +102,13 @@ class PeakWindow:
             by_age = sorted(self._series, key=lambda k: self._series[k].seen_at)
             for key in by_age[: len(self._series) - self.max_series]:
                 del self._series[key]  # the longest gone from the GPU first
+        if len(self._highest) > self.max_series:
+            by_age = sorted(self._highest, key=lambda k: self._highest[k][1])
+            for key in by_age[: len(self._highest) - self.max_series]:
+                del self._highest[key]
         return tuple(Peak(s.pod, s.container, s.device_uuid, s.gpu, s.points[0][1]) for s in self._series.values())
+
+    def highest(self, now: float) -> Highest:
+        """Each subject's highest usage since the first scan (the `max_series` last seen at most), as of `now`."""
+        covers_s = max(0.0, now - self._since) if self._since is not None else 0.0
+        return Highest(tuple(peak for peak, _ in self._highest.values()), covers_s)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from vramguard.agent.report import LastScan, ScanReport, TopRow, row_dict, rows_from_report
+from vramguard.agent.report import LastScan, ScanReport, TopRow, peak_dicts, row_dict, rows_from_report
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import Clock
 from vramguard.core.model import GpuDevice, SubjectKey
@@ -33,6 +33,8 @@ MAX_DESCRIBED = 1024
 # every character escaped as \uXXXX, MAX_ROWS rows of cut text could be gigabytes. The GPUs and the agent's part are
 # small (a node has a few dozen GPUs and MIG instances at most), so the body stays well under 8 MiB.
 ROWS_BUDGET_BYTES = 4 * 1024 * 1024
+# The peaks since the agent's start ("peaks"), bounded the same way: at most MAX_ROWS, within this much JSON.
+PEAKS_BUDGET_BYTES = 2 * 1024 * 1024
 CONTENT_TYPE = "application/json"
 
 
@@ -77,11 +79,12 @@ def scan_json(
     held: Mapping[SubjectKey, object],
     describe: Callable[[int], ProcessDetail] = describe_process,
 ) -> str:
-    """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n`),
-    without braces: `render` puts them after the agent's part. Processes are described (`describe`, which reads
-    /proc) only for the rows kept."""
+    """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n,
+    "peaks": [...], "peaks_cover_s": s`), without braces: `render` puts them after the agent's part. Processes are
+    described (`describe`, which reads /proc) only for the rows kept. The peaks (`core/peaks.py` `Highest`) are
+    bounded as the rows are (MAX_ROWS, every string cut)."""
     if report is None:
-        return '"gpus": [], "containers": [], "truncated": 0'
+        return '"gpus": [], "containers": [], "truncated": 0, "peaks": [], "peaks_cover_s": 0'
     pressured = set(report.decision.pressured_devices)
     gpus = [gpu_dict(d, d.uuid in pressured, held) for d in report.snapshot.devices]
     # Described below, for the rows kept only: a placeholder is cheap, /proc is not.
@@ -100,7 +103,18 @@ def scan_json(
         parts.append(part)
         size += len(part) + 2
     truncated = len(rows) - len(parts)
-    return f'"gpus": {json.dumps(gpus)}, "containers": [{", ".join(parts)}], "truncated": {truncated}'
+    peaks: list[str] = []
+    size = 0
+    for peak in peak_dicts(report.highest)[:MAX_ROWS]:
+        part = json.dumps({k: cut(v) if isinstance(v, str) else v for k, v in peak.items()})
+        if size + len(part) > PEAKS_BUDGET_BYTES:
+            break
+        peaks.append(part)
+        size += len(part) + 2
+    return (
+        f'"gpus": {json.dumps(gpus)}, "containers": [{", ".join(parts)}], "truncated": {truncated}, '
+        f'"peaks": [{", ".join(peaks)}], "peaks_cover_s": {round(report.highest.covers_s, 3)}'
+    )
 
 
 def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str) -> bytes:

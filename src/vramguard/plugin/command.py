@@ -1,4 +1,5 @@
-"""`kubectl vramguard`: what every vramguard agent sees, merged. `top` lists containers, `nodes` lists GPUs.
+"""`kubectl vramguard`: what every vramguard agent sees, merged. `top` lists containers, `nodes` lists GPUs,
+`recommend` the quota each workload needs.
 
 Exit status: 0, also when some agent did not answer (its row says why) unless --strict; 1 with --strict when some
 agent did not answer, or when no agent was found; 2 on a usage or configuration error.
@@ -16,13 +17,32 @@ import typer
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.documents import DocumentError, Scalars, load_yaml
+from vramguard.core.model import Policy
+from vramguard.core.policy import PolicyError, load_policy, parse_policy
+from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
 from vramguard.core.text import printable
 from vramguard.kube.client import describe
-from vramguard.plugin.fetch import TIMEOUT_S, WORKERS, ConfigError, connect_core, find_agents, read_all
-from vramguard.plugin.merge import Fetched, SortBy, filter_rows, merge_nodes, merge_rows, partial, sort_rows
-from vramguard.plugin.render import Output, render_nodes, render_top
+from vramguard.plugin.fetch import (
+    TIMEOUT_S,
+    WORKERS,
+    AgentPod,
+    ConfigError,
+    KubeReader,
+    connect_core,
+    connect_reader,
+    find_agents,
+    read_all,
+)
+from vramguard.plugin.merge import Answer, Fetched, SortBy, filter_rows, merge_nodes, merge_rows, partial, sort_rows
+from vramguard.plugin.prometheus import PrometheusError, read_peaks
+from vramguard.plugin.recommend import DEFAULT_HEADROOM, PeakSeries, patches, recommend
+from vramguard.plugin.render import Output, RecommendOutput, render_nodes, render_recommend, render_top
+from vramguard.plugin.workloads import KINDS, Owners
 
 Connect = Callable[[str | None, str | None], tuple[Any, str]]  # (kubeconfig, context) -> (CoreV1Api, namespace)
+# (kubeconfig, context) -> (the lists recommend reads, CoreV1Api, namespace)
+ConnectReader = Callable[[str | None, str | None], tuple[KubeReader, Any, str]]
 
 _CLEAR = "\x1b[H\x1b[2J"
 
@@ -51,13 +71,78 @@ def use_colour(stream: Any) -> bool:
     return bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
 
 
+def parse_window(text: str) -> float:
+    """`7d`, `2w`, `36h`, `90m` or a duration `parse_duration` reads → seconds. Raises QuantityError."""
+    units = {"d": 86400.0, "w": 7 * 86400.0}
+    if text[-1:] in units and text[:-1].isdigit() and len(text) <= 12:
+        seconds = int(text[:-1]) * units[text[-1]]
+    else:
+        seconds = parse_duration(text)
+    if seconds <= 0:
+        raise QuantityError(text, "must be longer than 0", "window")
+    return seconds
+
+
+def _agents_policy(reader: KubeReader, agents: list[AgentPod]) -> tuple[Policy, str | None]:
+    """The policy the agents run with, or the default one and a caveat saying why."""
+    text, where = reader.policy_text(agents)
+    if text is None:
+        return Policy(), f"the default policy: {where}"
+    try:
+        data = load_yaml(text, scalars=Scalars.YAML_1_1)
+        return parse_policy({} if data is None else data), None
+    except (DocumentError, PolicyError) as e:
+        return Policy(), f"the default policy: {where} is not a valid policy ({str(e).splitlines()[0]})"
+
+
+def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:
+    """The peaks since each agent started, from their status documents, and what they leave out."""
+    series: list[PeakSeries] = []
+    covers: list[float] = []
+    caveats: list[str] = []
+    for f in fetched:
+        if not isinstance(f, Answer):
+            caveats.append(f"no answer from {f.agent.namespace}/{f.agent.pod} on {f.agent.node}: {f.reason}")
+            continue
+        peaks = f.document.get("peaks")
+        if not isinstance(peaks, list):
+            caveats.append(f"{f.agent.namespace}/{f.agent.pod} on {f.agent.node} keeps no peaks (an older agent)")
+            continue
+        cover = f.document.get("peaks_cover_s")
+        covers.append(float(cover) if isinstance(cover, (int, float)) else 0.0)
+        for p in peaks:
+            if not isinstance(p, dict) or not isinstance(p.get("peak_bytes"), int):
+                continue
+            series.append(
+                PeakSeries(
+                    str(p.get("namespace", "")),
+                    str(p.get("pod", "")),
+                    str(p.get("container", "")),
+                    str(p.get("gpu_uuid", "")),
+                    int(p["peak_bytes"]),
+                    str(p.get("owner", "")),
+                )
+            )
+    if covers:
+        shortest, longest = float(round(min(covers))), float(round(max(covers)))
+        span = format_duration(shortest) + (f" to {format_duration(longest)}" if longest != shortest else "")
+        caveats.insert(
+            0,
+            f"no --prometheus-url: the peaks are the agents' own, since each agent started ({span}), "
+            "not over the window; give a Prometheus for the window",
+        )
+    return series, caveats
+
+
 def build_app(
     connect: Connect = connect_core,
     clock: Clock = SYSTEM_CLOCK,
     stop: threading.Event | None = None,
     colour: Callable[[], bool] = lambda: use_colour(sys.stdout),
+    connect_reader: ConnectReader = connect_reader,
 ) -> typer.Typer:
-    """The command; `connect` gives the API client (a fake in tests), `stop` ends a --watch."""
+    """The command; `connect` and `connect_reader` give the API clients (fakes in tests), `stop` ends a
+    --watch."""
     app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
     stopped = stop or threading.Event()
 
@@ -162,6 +247,100 @@ def build_app(
             interval,
             strict,
         )
+
+    @app.command("recommend")
+    def recommend_command(
+        namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")] = None,
+        all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A", help="Every namespace.")] = False,
+        prometheus_url: Annotated[
+            str | None,
+            typer.Option(
+                "--prometheus-url",
+                envvar="VRAMGUARD_PROMETHEUS_URL",
+                help="A Prometheus that scrapes the agents (without one: the agents' own peaks, since each started).",
+            ),
+        ] = None,
+        prometheus_header: Annotated[
+            list[str] | None,
+            typer.Option("--prometheus-header", help="'Name: value' sent to Prometheus (repeat), e.g. a token."),
+        ] = None,
+        window: Annotated[str, typer.Option("--window", help="The history read: 7d, 2w, 36h.")] = "7d",
+        headroom: Annotated[
+            str, typer.Option("--headroom", help="Added to the peak before rounding up, e.g. 20%.")
+        ] = f"{DEFAULT_HEADROOM:.0%}",
+        policy_file: Annotated[
+            str | None,
+            typer.Option("--policy", help="The agents' policy file (default: read from the agents' ConfigMap)."),
+        ] = None,
+        output: Annotated[
+            RecommendOutput, typer.Option("--output", "-o", help="table, wide, json, yaml or patch.")
+        ] = RecommendOutput.table,
+        agent_namespace: AgentNsOpt = None,
+        kubeconfig: KubeconfigOpt = None,
+        context: ContextOpt = None,
+        timeout: TimeoutOpt = TIMEOUT_S,
+        concurrency: WorkersOpt = WORKERS,
+    ) -> None:
+        """Per workload and container: the peak GPU memory over the window, the quota to set (peak plus headroom,
+        rounded up), the quota in force and its source, and a verdict: would have been killed, wasteful, no
+        quota, or ok."""
+        if namespace and all_namespaces:
+            _fail("-n and -A exclude each other")
+        try:
+            window_s = parse_window(window)
+            ratio = parse_percentage(headroom)
+        except QuantityError as e:
+            _fail(f"--window/--headroom: {e}")
+        headers: dict[str, str] = {}
+        for line in prometheus_header or []:
+            name, sep, value = line.partition(":")
+            if not sep or not name.strip():
+                _fail(f"--prometheus-header: {line[:80]!r} is not 'Name: value'")
+            headers[name.strip()] = value.strip()
+        try:
+            reader, core, current = connect_reader(kubeconfig, context)
+        except ConfigError as e:
+            _fail(str(e))
+        only = None if all_namespaces else namespace or current
+        caveats: list[str] = []
+        try:
+            agents = find_agents(core, agent_namespace)
+        except Exception as e:  # the policy and the agents' peaks need them; Prometheus does not
+            if not prometheus_url:
+                _fail(f"cannot list the agent pods: {describe(e)}", 1)
+            agents = []
+            caveats.append(f"cannot list the agent pods: {describe(e)}")
+        if policy_file is not None:
+            try:
+                policy = load_policy(policy_file)
+            except PolicyError as e:
+                _fail(str(e))
+        else:
+            policy, why = _agents_policy(reader, agents)
+            caveats.extend([why] if why else [])
+        facts: dict[str, Any] = {"headroom": ratio, "namespace": only}
+        if prometheus_url:
+            try:
+                series, queries = read_peaks(prometheus_url, window_s, only, headers=headers)
+            except PrometheusError as e:
+                _fail(str(e), 1)
+            facts |= {"source": "prometheus", "window": format_duration(window_s), "queries": queries}
+        else:
+            if not agents:
+                _fail("no vramguard agents found, and no --prometheus-url", 1)
+            fetched = read_all(core, agents, workers=concurrency, timeout_s=timeout, clock=clock)
+            series, found = _agents_peaks(fetched)
+            series = [s for s in series if only is None or s.namespace == only]
+            caveats = found + caveats
+            facts |= {"source": "agents", "window": None}
+        try:
+            owners = Owners({kind: reader.list_objects(kind, only) for kind in KINDS} if series else {})
+        except Exception as e:
+            hint = " (bind the vramguard-recommender ClusterRole)" if getattr(e, "status", None) == 403 else ""
+            _fail(f"cannot list the workloads: {describe(e)}{hint}", 1)
+        rows = recommend(series, owners, policy, ratio)
+        changes = patches(rows, owners)
+        typer.echo(render_recommend(rows, changes, facts, caveats, output, colour=colour()), color=colour())
 
     return app
 

@@ -26,6 +26,8 @@ from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
 
 AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
 PORT_NAME = "metrics"  # the chart's name for the agent's metrics port
+POLICY_VOLUME = "policy"  # the chart's name for the volume of the agent's policy file
+POLICY_KEY = "policy.yaml"
 DEFAULT_PORT = 9400
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the agent keeps its document well under this
 CHUNK_BYTES = 64 * 1024
@@ -44,6 +46,7 @@ class AgentPod:
     ref: AgentRef
     port: int
     phase: str
+    policy_config_map: str = ""  # the ConfigMap mounted as its `policy` volume (the chart's `<release>-policy`)
 
 
 def load_api(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
@@ -85,12 +88,15 @@ def _port(pod: Mapping[str, Any]) -> int:
 
 def agent_from_pod(pod: Mapping[str, Any]) -> AgentPod:
     meta = pod.get("metadata", {})
+    volumes = pod.get("spec", {}).get("volumes") or []
+    policy = next((v.get("configMap") or {} for v in volumes if v.get("name") == POLICY_VOLUME), {})
     return AgentPod(
         AgentRef(
             str(meta.get("namespace", "")), str(meta.get("name", "")), str(pod.get("spec", {}).get("nodeName") or "")
         ),
         _port(pod),
         str(pod.get("status", {}).get("phase") or "Unknown"),
+        str(policy.get("name") or ""),
     )
 
 
@@ -186,3 +192,70 @@ def read_all(
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(agents))), thread_name_prefix="vramguard-read") as pool:
         return list(pool.map(lambda a: read_status(core, a, timeout_s, clock), agents))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What `recommend` reads of the cluster: the owners of the pods, and the agents' policy.
+
+_LISTS: dict[str, tuple[str, str, str]] = {  # kind → (API class, method for one namespace, for all)
+    "Pod": ("CoreV1Api", "list_namespaced_pod", "list_pod_for_all_namespaces"),
+    "ReplicaSet": ("AppsV1Api", "list_namespaced_replica_set", "list_replica_set_for_all_namespaces"),
+    "Deployment": ("AppsV1Api", "list_namespaced_deployment", "list_deployment_for_all_namespaces"),
+    "StatefulSet": ("AppsV1Api", "list_namespaced_stateful_set", "list_stateful_set_for_all_namespaces"),
+    "DaemonSet": ("AppsV1Api", "list_namespaced_daemon_set", "list_daemon_set_for_all_namespaces"),
+    "Job": ("BatchV1Api", "list_namespaced_job", "list_job_for_all_namespaces"),
+    "CronJob": ("BatchV1Api", "list_namespaced_cron_job", "list_cron_job_for_all_namespaces"),
+}
+LIST_PAGE = 500
+
+
+class KubeReader:
+    """Lists of the kinds that own pods (`workloads.KINDS`), paged, as plain dicts; and the agents' policy."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.requests = 0  # API requests made, for the figures
+
+    def list_objects(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+        api_class, one, every = _LISTS[kind]
+        target = getattr(client, api_class)(self.api)
+        items: list[dict[str, Any]] = []
+        match: dict[str, Any] = {"limit": LIST_PAGE}
+        while True:
+            self.requests += 1
+            if namespace is not None:
+                resp = getattr(target, one)(namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+            else:
+                resp = getattr(target, every)(_preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+            body = json.loads(resp.data)
+            items.extend(i for i in body.get("items") or [] if isinstance(i, dict))
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+            match["_continue"] = cont
+
+    def policy_text(self, agents: Sequence[AgentPod]) -> tuple[bytes | None, str]:
+        """The policy file the agents run with (the first agent's ConfigMap), or None and why not."""
+        named = [a for a in agents if a.policy_config_map]
+        if not named:
+            return None, "no agent pod mounts a policy ConfigMap"
+        agent = named[0]
+        try:
+            config_map = client.CoreV1Api(self.api).read_namespaced_config_map(
+                agent.policy_config_map, agent.ref.namespace, _request_timeout=LIST_TIMEOUT
+            )
+        except ApiException as e:
+            hint = " (bind the vramguard-recommender ClusterRole)" if e.status == 403 else ""
+            return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {_api_error(e)}{hint}"
+        except Exception as e:  # the API server unreachable: the caller says so, with the default policy
+            return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {describe(e)}"
+        text = (config_map.data or {}).get(POLICY_KEY)
+        if text is None:
+            return None, f"{agent.ref.namespace}/{agent.policy_config_map} has no {POLICY_KEY}"
+        return text.encode(), f"{agent.ref.namespace}/{agent.policy_config_map}"
+
+
+def connect_reader(kubeconfig: str | None, context: str | None) -> tuple[KubeReader, Any, str]:
+    """`load_api`'s client as a KubeReader and a CoreV1Api (for the agents), and the context's namespace."""
+    api, namespace = load_api(kubeconfig, context)
+    return KubeReader(api), client.CoreV1Api(api), namespace

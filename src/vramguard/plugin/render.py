@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
+from vramguard.core.quantity import format_quantity
 from vramguard.core.text import cut, format_bytes, printable
 from vramguard.plugin.merge import GpuRow, Level, Row
+from vramguard.plugin.recommend import POD_WIDE, Patch, Recommendation, Verdict
 
 TABLE_COMMAND_CHARS = 60
 
@@ -50,11 +52,17 @@ def _gpu_state(g: GpuRow) -> str:
     return f"no answer from {g.agent}: {g.error}" if g.error and g.agent else g.state
 
 
-def _table(header: Sequence[str], lines: Sequence[Sequence[str]], levels: Sequence[Level], colour: bool) -> str:
-    """Columns padded to their widths; with `colour`, the STATE column coloured by each line's level."""
+def _table(
+    header: Sequence[str],
+    lines: Sequence[Sequence[str]],
+    levels: Sequence[Level],
+    colour: bool,
+    coloured: str = "STATE",
+) -> str:
+    """Columns padded to their widths; with `colour`, the `coloured` column coloured by each line's level."""
     cells = [[printable(c) for c in header], *([printable(c) for c in line] for line in lines)]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    at = list(header).index("STATE")
+    at = list(header).index(coloured)
     out: list[str] = []
     for n, line in enumerate(cells):
         padded = [c.ljust(w) for c, w in zip(line, widths, strict=True)]
@@ -195,3 +203,104 @@ def render_nodes(rows: Sequence[GpuRow], output: Output, colour: bool = False) -
     if output in (Output.json, Output.yaml):
         return dump(document("VramguardNodes", [gpu_dict(g) for g in rows]), output)
     return nodes_table(rows, wide=output is Output.wide, colour=colour)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# recommend
+
+
+class RecommendOutput(str, enum.Enum):
+    table = "table"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+    patch = "patch"  # a `kubectl patch` command per workload whose quota is not ok
+
+
+_VERDICT_LEVELS = {
+    Verdict.KILLED: Level.over,
+    Verdict.WASTEFUL: Level.near,
+    Verdict.NO_QUOTA: Level.near,
+    Verdict.OK: Level.fine,
+    Verdict.UNKNOWN: Level.problem,
+}
+RECOMMEND_HEADER = ("NAMESPACE", "WORKLOAD", "CONTAINER", "PODS", "GPUS", "PEAK", "RECOMMENDED", "QUOTA", "SOURCE")
+RECOMMEND_WIDE = ("FIELD", "NOTES")
+
+
+def _container(r: Recommendation) -> str:
+    return f"(pod: {', '.join(r.containers)})" if r.container == POD_WIDE else r.container
+
+
+def recommend_table(rows: Sequence[Recommendation], wide: bool = False, colour: bool = False) -> str:
+    header = (*RECOMMEND_HEADER, "VERDICT", *(RECOMMEND_WIDE if wide else ()))
+    lines: list[tuple[str, ...]] = []
+    for r in rows:
+        line: tuple[str, ...] = (
+            r.workload.namespace,
+            str(r.workload),
+            _container(r),
+            str(r.pods),
+            str(r.gpus),
+            _bytes(r.peak_bytes),
+            format_quantity(r.recommended_bytes),  # exact, as it would be written
+            format_quantity(r.quota_bytes) if r.quota_bytes is not None else "-",
+            r.quota_source or "-",
+            r.verdict.value,
+        )
+        if wide:
+            line += (f"{r.field}={r.value}", "; ".join(r.notes) or "-")
+        lines.append(line)
+    if not rows:
+        return "No workload used GPU memory in the window."
+    return _table(header, lines, [_VERDICT_LEVELS[r.verdict] for r in rows], colour, coloured="VERDICT")
+
+
+def recommendation_dict(r: Recommendation) -> dict[str, Any]:
+    return {
+        "namespace": r.workload.namespace,
+        "kind": r.workload.kind,
+        "name": r.workload.name,
+        "container": r.container,
+        "containers": list(r.containers),
+        "pods": r.pods,
+        "gpus": r.gpus,
+        "peak_bytes": r.peak_bytes,
+        "recommended_bytes": r.recommended_bytes,
+        "quota_bytes": r.quota_bytes,
+        "quota_source": r.quota_source,
+        "verdict": r.verdict.value,
+        "field": {"kind": r.field.kind, "name": r.field.name, "value": r.value},
+        "notes": list(r.notes),
+    }
+
+
+def patch_dict(p: Patch) -> dict[str, Any]:
+    ref = p.workload
+    return {"namespace": ref.namespace, "kind": ref.kind, "name": ref.name, "patch": p.body, "why": p.why}
+
+
+def render_recommend(
+    rows: Sequence[Recommendation],
+    patches: Sequence[Patch],
+    facts: dict[str, Any],
+    caveats: Sequence[str],
+    output: RecommendOutput,
+    colour: bool = False,
+) -> str:
+    """The rows as `output` asks; `facts` (the window, the headroom, where the peaks come from) and `caveats` go in
+    the document, and under the table."""
+    if output in (RecommendOutput.json, RecommendOutput.yaml):
+        doc = {
+            "kind": "VramguardRecommendation",
+            **facts,
+            "caveats": list(caveats),
+            "items": [recommendation_dict(r) for r in rows],
+            "patches": [patch_dict(p) for p in patches],
+        }
+        return dump(doc, Output.json if output is RecommendOutput.json else Output.yaml)
+    notes = [f"# {printable(c)}" for c in caveats]
+    if output is RecommendOutput.patch:
+        return "\n".join([*notes, *(printable(p.command()) for p in patches)] or ["# nothing to change"])
+    table = recommend_table(rows, wide=output is RecommendOutput.wide, colour=colour)
+    return "\n".join([table, *notes])

@@ -66,3 +66,24 @@ def test_a_peak_names_its_gpu_as_the_usage_metric_does() -> None:
     """The peak carries the device's label (its index) and UUID, and the container's name as the row has it."""
     (found,) = PeakWindow().observe(SnapshotBuilder().use(TRAINER, "main", GPU0, GiB).build().containers, DEVICES, 0)
     assert (found.container, found.gpu, found.device_uuid) == ("main", GPU0.label, GPU0.uuid)
+
+
+def test_the_highest_since_the_first_scan_outlives_the_window() -> None:
+    """`highest` keeps each subject's highest usage since the first scan, past the 60 s window, and says how long
+    that covers; it is bounded like the window, the longest gone first."""
+    window = PeakWindow(max_series=2)
+    _scan(window, 10.0, 9 * GiB)
+    _scan(window, 100.0, 2 * GiB)
+    assert _scan(window, 100.0, 2 * GiB) == [2 * GiB], "the window forgot the spike"
+    highest = window.highest(130.0)
+    assert [(p.pod.name, p.peak_bytes) for p in highest.peaks] == [("trainer", 9 * GiB)]
+    assert highest.covers_s == 120.0
+    others = [pod(f"job-{i}", "ml") for i in range(2)]
+    for at, p in enumerate(others, start=200):
+        window.observe(SnapshotBuilder().use(p, "main", GPU0, GiB).build().containers, DEVICES, float(at))
+    assert sorted(p.pod.name for p in window.highest(300.0).peaks) == ["job-0", "job-1"]
+
+
+def test_before_any_scan_the_highest_covers_nothing() -> None:
+    highest = PeakWindow().highest(5.0)
+    assert (highest.peaks, highest.covers_s) == ((), 0.0)

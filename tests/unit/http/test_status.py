@@ -11,6 +11,7 @@ import pytest
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.core.decide import DecisionState, decide
 from vramguard.core.model import GiB, Policy, SubjectKey
+from vramguard.core.peaks import PeakWindow
 from vramguard.core.quota import QuotaBook
 from vramguard.core.text import MAX_TEXT_CHARS
 from vramguard.http.status import (
@@ -224,3 +225,20 @@ def test_the_pages_loop_builds_what_a_reader_asked_for() -> None:
     assert callable(waiting) and waiting() is None
     page._loop.run()
     assert page.builds == 1 and waiting() is not None
+
+
+def test_the_peaks_since_the_agents_start_are_in_the_document() -> None:
+    """The "peaks" carry each container's highest usage since the agent's first scan, with its pod's controller,
+    and "peaks_cover_s" how long that is: what `kubectl vramguard recommend` reads without a Prometheus."""
+    web = replace(pod("web-7d9f-abcde", "ml"), owner="ReplicaSet/web-7d9f")
+    window = PeakWindow()
+    for at, used in ((0.0, 3 * GiB), (1.0, 7 * GiB), (90.0, 2 * GiB)):
+        window.observe(SnapshotBuilder().use(web, "main", GPU0, used).build().containers, {GPU0.uuid: GPU0}, at)
+    report = replace(report_of(SnapshotBuilder().use(web, "main", GPU0, 2 * GiB)), highest=window.highest(90.0))
+    doc = document(report)
+    assert doc["peaks"] == [
+        {"gpu": "0", "gpu_uuid": GPU0.uuid, "namespace": "ml", "pod": "web-7d9f-abcde", "owner": "ReplicaSet/web-7d9f",
+         "container": "main", "peak_bytes": 7 * GiB}
+    ]  # fmt: skip
+    assert doc["peaks_cover_s"] == 90.0
+    assert (document(None)["peaks"], document(None)["peaks_cover_s"]) == ([], 0)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from vramguard.core.model import GiB
 from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
-from vramguard.plugin.merge import Fetched
+from vramguard.plugin.merge import Failure, Fetched
+from vramguard.plugin.prometheus import PEAK_METRIC
 from vramguard.testing.fakes import FakeClock
 
-from .agents import FakeCore, FakeResponse, core_for, fleet, status_exception
+from .agents import FakeCore, FakeResponse, answer, core_for, fleet, gpu_doc, ref, status_exception
+from .objects import by_kind, template, workload
+from .test_prometheus import fake_prometheus
 
 
 def invoke(core: FakeCore, *args: str, colour: bool = False, namespace: str = "team-a") -> Any:
@@ -105,3 +110,108 @@ def test_the_package_installs_the_kubectl_plugin() -> None:
 
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "kubectl-vramguard"]
     assert script.load() is main
+
+
+# --------------------------------------------------------------------------------------------------------------
+# recommend
+
+
+class FakeReader(fetch.KubeReader):
+    """The lists recommend reads, from `objects`, and the agents' policy text (None: unreadable)."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]], policy: bytes | None = b"mode: kill\n") -> None:
+        super().__init__(api=None)
+        self.objects, self.policy = objects, policy
+
+    def list_objects(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+        self.requests += 1
+        items = self.objects.get(kind, [])
+        return [o for o in items if namespace is None or o["metadata"]["namespace"] == namespace]
+
+    def policy_text(self, agents: Sequence[fetch.AgentPod]) -> tuple[bytes | None, str]:
+        return (self.policy, "vramguard/vramguard-policy") if self.policy else (None, "cannot read it: 403 Forbidden")
+
+
+def peaks_answer(node: str, peaks: list[dict[str, Any]], cover_s: float) -> Fetched:
+    found = answer(node, [gpu_doc("0")], [])
+    return type(found)(found.agent, {**found.document, "peaks": peaks, "peaks_cover_s": cover_s})
+
+
+WEB = by_kind(workload("Deployment", "ml", "web", template({"vramguard.io/vram": "4Gi"})))
+PEAK = {"namespace": "ml", "pod": "web-7d9f4c8b5-x2b4z", "container": "main", "gpu_uuid": "GPU-0"}
+
+
+def invoke_recommend(
+    *args: str, fetched: list[Fetched] | None = None, reader: FakeReader | None = None, namespace: str = "ml"
+) -> Any:
+    core = core_for(fetched if fetched is not None else fleet())
+    app = build_app(
+        connect=lambda kubeconfig, context: (core, namespace),
+        clock=FakeClock(),
+        colour=lambda: False,
+        connect_reader=lambda kubeconfig, context: (reader or FakeReader(WEB), core, namespace),
+    )
+    return CliRunner().invoke(app, ["recommend", *args])
+
+
+def test_recommend_from_prometheus() -> None:
+    """With --prometheus-url: the peak over the window, the quota in force under the agents' policy, the verdict,
+    and in JSON the facts and the patch."""
+    answer_ = {PEAK_METRIC: [{"metric": {**PEAK, "gpu": "0"}, "value": [0, str(9 * GiB)]}]}
+    with fake_prometheus(answer_) as (url, asked):
+        table = invoke_recommend("--prometheus-url", url)
+        doc = json.loads(invoke_recommend("--prometheus-url", url, "-o", "json", "--window", "2w").stdout)
+        patch = invoke_recommend("--prometheus-url", url, "-o", "patch").stdout
+    assert table.exit_code == 0, table.output
+    header, line = table.stdout.splitlines()
+    assert header.split() == ["NAMESPACE", "WORKLOAD", "CONTAINER", "PODS", "GPUS", "PEAK", "RECOMMENDED", "QUOTA",
+                              "SOURCE", "VERDICT"]  # fmt: skip
+    assert line.split() == ["ml", "Deployment/web", "main", "1", "1", "9.0GiB", "11Gi", "4Gi",
+                            "limits[vramguard.io/vram]", "would", "have", "been", "killed"]  # fmt: skip
+    assert len(asked) == 6, "two queries a run"
+    assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == ("prometheus", "336h", 2, 0.2)
+    (item,) = doc["items"]
+    assert (item["kind"], item["name"], item["field"]["value"]) == ("Deployment", "web", "11Gi")
+    assert doc["patches"][0]["patch"]["spec"]["template"]["spec"]["containers"][0]["name"] == "main"
+    assert patch.startswith("kubectl patch deployment web --namespace ml --type strategic --patch '{")
+
+
+def test_recommend_from_the_agents_says_what_they_cover() -> None:
+    """Without a Prometheus: the agents' own peaks (their pods' owners placing gone pods), and caveats saying
+    they cover the time since each agent started, and which agent did not answer."""
+    gone = {**PEAK, "pod": "web-5c6d7f8b9-q9w2k", "owner": "ReplicaSet/web-5c6d7f8b9", "peak_bytes": 3 * GiB}
+    fetched = [
+        peaks_answer("node-a", [{**PEAK, "owner": "ReplicaSet/web-7d9f4c8b5", "peak_bytes": 2 * GiB}], 3600.0),
+        peaks_answer("node-b", [gone], 7200.0),
+        Failure(ref("node-c"), "503 Service Unavailable: connection refused"),
+    ]
+    result = invoke_recommend(fetched=fetched, reader=FakeReader(WEB, policy=None))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].split()[:8] == ["ml", "Deployment/web", "main", "2", "1", "3.0GiB", "3840Mi", "4Gi"]
+    assert lines[2].startswith("# no --prometheus-url: the peaks are the agents' own, since each agent started")
+    assert "(1h to 2h)" in lines[2]
+    assert lines[3] == (
+        "# no answer from vramguard/vramguard-node-c on node-c: 503 Service Unavailable: connection refused"
+    )
+    assert lines[4] == "# the default policy: cannot read it: 403 Forbidden"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        pytest.param(["--window", "soon"], 2, "--window/--headroom", id="bad-window"),
+        pytest.param(["--headroom", "300%"], 2, "must be at most 100%", id="bad-headroom"),
+        pytest.param(["--prometheus-url", "http://127.0.0.1:9"], 1, "cannot reach", id="prometheus-unreachable"),
+        pytest.param(["--prometheus-header", "nocolon"], 2, "is not 'Name: value'", id="bad-header"),
+        pytest.param(["-n", "ml", "-A"], 2, "exclude each other", id="n-and-A"),
+    ],
+)
+def test_recommend_exit_codes(args: list[str], code: int, words: str) -> None:
+    result = invoke_recommend(*args)
+    assert result.exit_code == code and words in result.output, result.output
+
+
+def test_recommend_without_agents_or_prometheus_exits_1() -> None:
+    result = invoke_recommend(fetched=[])
+    assert result.exit_code == 1 and "no vramguard agents found, and no --prometheus-url" in result.output
