@@ -9,7 +9,11 @@ dashboard's queries as Grafana would send them. Scrapes and evaluations run ever
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,18 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import utils
+from kubernetes import client, utils
 from prometheus_client.parser import text_string_to_metric_families
 
 from helm_fixtures import need_helm
 from monitoring_fixtures import as_grafana_sends, panel_queries, prometheus, variable_queries
 from real_parts import need
-from vramguard.core.model import GiB
+from vramguard.core.model import GiB, MiB
 from vramguard_testbed.waiting import wait_until
 
+from .controlplane import binaries_dir
 from .node import NODE_CONTROLLERS, raw
 from .prometheus import KubeStateMetrics, Prometheus, install_monitoring_crds, installed, scrape_config
-from .real_cluster import AGENT_NS, Cluster, real_cluster, unavailable_reason
+from .real_cluster import AGENT_NS, WORKLOAD_IMAGE, Cluster, real_cluster, unavailable_reason
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +56,8 @@ def cluster() -> Iterator[Cluster]:
         yield found
 
 
-def discovery_kubeconfig(cluster: Cluster) -> Path:
+@pytest.fixture(scope="module")
+def discovery(cluster: Cluster) -> Path:
     """A ServiceAccount's kubeconfig with what Prometheus' endpoints discovery reads in the agent's namespace."""
     kubeconfig = cluster.plane.service_account_kubeconfig("monitoring", "prometheus")
     meta = {"name": "prometheus", "namespace": AGENT_NS}
@@ -91,7 +97,158 @@ def reported(exposed: dict[tuple[str, frozenset[tuple[str, str]]], float], name:
     return value
 
 
-def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: Cluster, tmp_path: Path) -> None:
+RECOMMENDER = "vramguard-recommender"  # the chart's ClusterRole for `recommend` (release "vramguard")
+# Where the README's "Rolling out" output is kept: recommend's real output on this cluster.
+ROLLING_OUT = Path(os.environ.get("VRAMGUARD_ROLLING_OUT", "/tmp/rolling-out.txt"))
+SPIKE_BYTES = 9 * GiB + 512 * MiB  # not a round number: the recommendation must come from it, not a rounding
+
+
+def owned_workload(cluster: Cluster, ns: str) -> str:
+    """A Deployment `trainer` (4Gi quota in its template), its ReplicaSet and one pod of it, made by hand (no
+    deployment or replicaset controller runs here) with the controllers' names and owner references; the pod runs.
+    Returns the pod's name."""
+    apps = client.AppsV1Api(cluster.api)
+    labels = {"app": "trainer"}
+    container = client.V1Container(
+        name="main",
+        image=WORKLOAD_IMAGE,
+        image_pull_policy="Never",
+        resources=client.V1ResourceRequirements(limits={"vramguard.io/vram": "4Gi"}),
+    )
+    template = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels=labels),
+        spec=client.V1PodSpec(containers=[container], termination_grace_period_seconds=2),
+    )
+    selector = client.V1LabelSelector(match_labels=labels)
+    deployment = apps.create_namespaced_deployment(
+        ns,
+        client.V1Deployment(
+            metadata=client.V1ObjectMeta(name="trainer"),
+            spec=client.V1DeploymentSpec(replicas=1, selector=selector, template=template),
+        ),
+    )
+
+    def owner(kind: str, obj: Any) -> client.V1OwnerReference:
+        return client.V1OwnerReference(
+            api_version="apps/v1", kind=kind, name=obj.metadata.name, uid=obj.metadata.uid, controller=True
+        )
+
+    replica_set = apps.create_namespaced_replica_set(
+        ns,
+        client.V1ReplicaSet(
+            metadata=client.V1ObjectMeta(name="trainer-7d9f4c8b5", owner_references=[owner("Deployment", deployment)]),
+            spec=client.V1ReplicaSetSpec(replicas=1, selector=selector, template=template),
+        ),
+    )
+    pod_name = "trainer-7d9f4c8b5-x2b4z"
+    cluster.core.create_namespaced_pod(
+        ns,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name=pod_name, labels=labels, owner_references=[owner("ReplicaSet", replica_set)]
+            ),
+            spec=template.spec,
+        ),
+    )
+    wait_until(lambda: cluster.phase(ns, pod_name) == "Running", 60, what="the trainer's pod Running")
+    return pod_name
+
+
+def recommender(cluster: Cluster) -> Path:
+    """A kubeconfig for ServiceAccount people/recommender, bound to the recommender ClusterRole and nothing else."""
+    kubeconfig = cluster.plane.service_account_kubeconfig("people", "recommender")
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="recommender-reads-workloads"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=RECOMMENDER),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="recommender", namespace="people")],
+    )
+    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
+    return kubeconfig
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    """The built kubectl as the user of `kubeconfig`, with this environment's bin directory (where pip put
+    kubectl-vramguard) first on its PATH; its output."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig),
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(
+        [str(binaries_dir() / "kubectl"), *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)} exited {done.returncode}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def test_recommend_gets_a_two_second_peak_between_two_30s_scrapes(
+    cluster: Cluster, discovery: Path, tmp_path: Path
+) -> None:
+    """A Deployment's container holds 2GiB, spikes to 9.5GiB for 2 s between two of Prometheus' 30 s scrapes, and
+    drops back: the usage gauge's max_over_time never sees it, the peak gauge's does, and `kubectl vramguard
+    recommend --prometheus-url`, run as a user bound only to the recommender role, gives that peak (within 1 %)
+    for Deployment/trainer, with the quota in force (4Gi from its template), "would have been killed", and a patch
+    that, applied, sets the recommendation in the Deployment's template."""
+    started = time.monotonic()
+    ns = cluster.namespace("rollout")
+    pod_name = owned_workload(cluster, ns)
+    monitor = installed(cluster.api, AGENT_NS, "servicemonitors")
+    service = raw(cluster.api, cluster.core.read_namespaced_service(JOB, AGENT_NS))
+    job = scrape_config(monitor, service, discovery, "30s")
+    pod = cluster.pod(ns, pod_name)
+    assert pod is not None
+    pid = cluster.pid(pod)
+    cluster.gpu({pid: 2 * GiB})
+    user = recommender(cluster)
+    with Prometheus(prometheus(), tmp_path / "prometheus", [job], {"groups": []}, interval="30s").running() as prom:
+        used = f'vramguard_container_gpu_memory_used_bytes{{pod="{pod_name}"}}'
+        wait_until(lambda: prom.query(f"{used} == {2 * GiB}"), 90, what="2GiB scraped", interval_s=0.5)
+        ((_, scraped_at),) = prom.query(f'timestamp(up{{job="{JOB}"}})')
+        # 10 s after that scrape, 20 s before the next: the spike, 2 s long.
+        time.sleep(max(0.0, scraped_at + 10 - time.time()))
+        cluster.gpu({pid: SPIKE_BYTES})
+        time.sleep(2.0)
+        cluster.gpu({pid: 2 * GiB})
+        spike_over = time.time()
+        wait_until(
+            lambda: prom.query(f'timestamp(up{{job="{JOB}"}}) > {spike_over}'), 60, what="a scrape after the spike"
+        )
+        ((_, usage_max),) = prom.query(f"max_over_time({used}[10m])")
+        assert usage_max == 2 * GiB, "the usage gauge's scrapes missed the spike"
+
+        table = kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url)
+        answer = json.loads(
+            kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "json")
+        )
+        patch = kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "patch")
+    assert (answer["source"], answer["queries"], answer["caveats"]) == ("prometheus", 2, [])
+    (item,) = answer["items"]
+    assert (item["kind"], item["name"], item["container"]) == ("Deployment", "trainer", "main")
+    assert item["peak_bytes"] == pytest.approx(SPIKE_BYTES, rel=0.01)
+    assert (item["quota_bytes"], item["quota_source"], item["verdict"]) == (
+        4 * GiB,
+        "limits[vramguard.io/vram]",
+        "would have been killed",
+    )
+    assert item["field"] == {"kind": "resource", "name": "vramguard.io/vram", "value": "12Gi"}
+    with ROLLING_OUT.open("w") as f:
+        f.write(f"$ kubectl vramguard recommend -n {ns} --prometheus-url http://prometheus:9090\n{table}\n")
+        f.write(f"$ kubectl vramguard recommend -n {ns} --prometheus-url http://prometheus:9090 -o patch\n{patch}\n")
+
+    (command,) = [line for line in patch.splitlines() if line.startswith("kubectl patch")]
+    argv = shlex.split(command)
+    cluster.node.kubectl(*argv[1:])  # as the admin: the recommender role reads only
+    deployment = raw(cluster.api, client.AppsV1Api(cluster.api).read_namespaced_deployment("trainer", ns))
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "vramguard.io/vram": "12Gi"
+    }
+    print(f"recommend test {time.monotonic() - started:.1f}s; peak {item['peak_bytes']} of {SPIKE_BYTES} spiked")
+
+
+def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(
+    cluster: Cluster, discovery: Path, tmp_path: Path
+) -> None:
     """With a pod over its quota, one within a quota for the whole pod and memory outside any pod on the real
     node: Prometheus discovers and scrapes the agent through the ServiceMonitor's job, every dashboard panel returns
     the series it is meant to show with the values the agent reports, only VramguardUnattributedMemoryGrowing is
@@ -101,7 +258,7 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(cluster: C
     monitor = installed(cluster.api, AGENT_NS, "servicemonitors")
     rules = installed(cluster.api, AGENT_NS, "prometheusrules")
     service = raw(cluster.api, cluster.core.read_namespaced_service(JOB, AGENT_NS))
-    job = scrape_config(monitor, service, discovery_kubeconfig(cluster), INTERVAL)
+    job = scrape_config(monitor, service, discovery, INTERVAL)
     with KubeStateMetrics(cluster.plane, AGENT_NS) as ksm:
         ksm_job = {
             "job_name": "kube-state-metrics",
