@@ -28,6 +28,7 @@ from helm_fixtures import need_helm
 from monitoring_fixtures import as_grafana_sends, panel_queries, prometheus, variable_queries
 from real_parts import need
 from vramguard.core.model import GiB, MiB
+from vramguard.plugin.prometheus import SLICES
 from vramguard_testbed.waiting import wait_until
 
 from .controlplane import binaries_dir
@@ -222,7 +223,7 @@ def test_recommend_gets_a_two_second_peak_between_two_30s_scrapes(
             kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "json")
         )
         patch = kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "patch")
-    assert (answer["source"], answer["queries"], answer["caveats"]) == ("prometheus", 2, [])
+    assert (answer["source"], answer["queries"], answer["caveats"]) == ("prometheus", 2 * SLICES, [])
     (item,) = answer["items"]
     assert (item["kind"], item["name"], item["container"]) == ("Deployment", "trainer", "main")
     assert item["peak_bytes"] == pytest.approx(SPIKE_BYTES, rel=0.01)

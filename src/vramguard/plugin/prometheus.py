@@ -1,7 +1,10 @@
-"""The peaks of a window, from a Prometheus that scrapes the agents: one query per metric, however many workloads.
+"""The peaks of a window, from a Prometheus that scrapes the agents: a fixed number of queries, however many
+workloads.
 
-Each query is an instant query of `max_over_time(<metric>[<window>])`, grouped by the workload's labels: the server
-reduces the window to one number per series, and answers one sample per (pod, container, GPU). Two metrics are
+Each query is an instant query of `max_over_time(<metric>[<slice>] offset <o>)`, grouped by the workload's labels:
+the server reduces its slice of the window to one number per series, and answers one sample per (pod, container,
+GPU). The window is cut into SLICES contiguous slices asked for at once: Prometheus evaluates one query on one core,
+and a week of 30 s samples is tens of millions of them, so the slices let it use its cores. Two metrics are
 read: the peak gauge (`vramguard_container_gpu_memory_peak_bytes`, each scan's usage, so a spike between two scrapes
 is in it) and the usage gauge, for series scraped from agents older than the peak gauge. A scrape job without
 `honor_labels` keeps the workload's labels as `exported_namespace`, `exported_pod` and `exported_container`; those
@@ -17,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,6 +32,7 @@ USED_METRIC: Final = "vramguard_container_gpu_memory_used_bytes"
 METRICS: Final = (PEAK_METRIC, USED_METRIC)
 MAX_BODY_BYTES: Final = 512 * 1024 * 1024  # 100,000 series answer in about 40 MB
 TIMEOUT_S: Final = 60.0
+SLICES: Final = 8  # queries per metric, each over its slice of the window, all sent at once
 _LABELS: Final = ("namespace", "pod", "container")
 _GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid"])
 
@@ -44,20 +49,23 @@ class Query:
     promql: str
 
 
-def queries(window_s: float, namespace: str | None = None) -> tuple[Query, ...]:
-    """The queries for a window of `window_s` seconds, in one namespace or all."""
-    window = f"{max(1, math.ceil(window_s))}s"
+def queries(window_s: float, namespace: str | None = None, slices: int = SLICES) -> tuple[Query, ...]:
+    """The queries for a window of `window_s` seconds, in one namespace or all: `slices` per metric, whose ranges
+    (each left-open, as a range selector's) together are the window."""
+    length = max(1, math.ceil(window_s / slices))
     out = []
     for metric in METRICS:
-        selector = f"max_over_time({metric}[{window}])"
-        if namespace is not None:
-            quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
-            # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
-            selector = (
-                f"(max_over_time({metric}{{namespace={quoted}}}[{window}])"
-                f" or max_over_time({metric}{{exported_namespace={quoted}}}[{window}]))"
-            )
-        out.append(Query(metric, f"max by ({_GROUP}) ({selector})"))
+        for i in range(slices):
+            offset = f" offset {i * length}s" if i else ""
+            selector = f"max_over_time({metric}[{length}s]{offset})"
+            if namespace is not None:
+                quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
+                # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
+                selector = (
+                    f"(max_over_time({metric}{{namespace={quoted}}}[{length}s]{offset})"
+                    f" or max_over_time({metric}{{exported_namespace={quoted}}}[{length}s]{offset}))"
+                )
+            out.append(Query(metric, f"max by ({_GROUP}) ({selector})"))
     return tuple(out)
 
 
@@ -136,9 +144,11 @@ def read_peaks(
     timeout_s: float = TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
 ) -> tuple[list[PeakSeries], int]:
-    """Every (pod, container, GPU)'s peak over the window, and the number of queries made (one per metric)."""
+    """Every (pod, container, GPU)'s peak over the window, and the number of queries made (SLICES per metric, all at
+    once). The first failure raises, once every query has ended."""
     sent = queries(window_s, namespace)
-    answers = [series_of(instant_query(url, q.promql, timeout_s, headers)) for q in sent]
+    with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
+        answers = list(pool.map(lambda q: series_of(instant_query(url, q.promql, timeout_s, headers)), sent))
     found = merge_peaks(*answers)
     if namespace is not None:  # without honor_labels, `namespace` is the agent's: the workload's is exported_
         found = [s for s in found if s.namespace == namespace]

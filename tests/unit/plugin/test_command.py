@@ -14,7 +14,7 @@ from vramguard.core.model import GiB
 from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
 from vramguard.plugin.merge import Failure, Fetched
-from vramguard.plugin.prometheus import PEAK_METRIC
+from vramguard.plugin.prometheus import PEAK_METRIC, SLICES
 from vramguard.testing.fakes import FakeClock
 
 from .agents import FakeCore, FakeResponse, answer, core_for, fleet, gpu_doc, ref, status_exception
@@ -168,8 +168,8 @@ def test_recommend_from_prometheus() -> None:
                               "SOURCE", "VERDICT"]  # fmt: skip
     assert line.split() == ["ml", "Deployment/web", "main", "1", "1", "9.0GiB", "11Gi", "4Gi",
                             "limits[vramguard.io/vram]", "would", "have", "been", "killed"]  # fmt: skip
-    assert len(asked) == 6, "two queries a run"
-    assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == ("prometheus", "336h", 2, 0.2)
+    assert len(asked) == 3 * 2 * SLICES, "the same queries a run, whatever the workloads"
+    assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == ("prometheus", "336h", 2 * SLICES, 0.2)
     (item,) = doc["items"]
     assert (item["kind"], item["name"], item["field"]["value"]) == ("Deployment", "web", "11Gi")
     assert doc["patches"][0]["patch"]["spec"]["template"]["spec"]["containers"][0]["name"] == "main"

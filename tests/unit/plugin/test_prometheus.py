@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from vramguard.core.model import GiB
-from vramguard.plugin.prometheus import PEAK_METRIC, USED_METRIC, PrometheusError, queries, read_peaks
+from vramguard.plugin.prometheus import PEAK_METRIC, SLICES, USED_METRIC, PrometheusError, queries, read_peaks
 from vramguard.plugin.recommend import PeakSeries
 
 
@@ -58,14 +58,16 @@ def fake_prometheus(answer: Any, status: int = 200) -> Iterator[tuple[str, list[
         server.server_close()
 
 
-def test_the_queries_are_one_per_metric() -> None:
-    sent = queries(7 * 86400)
-    assert [q.metric for q in sent] == [PEAK_METRIC, USED_METRIC]
-    assert sent[0].promql == (
-        "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid) "
-        f"(max_over_time({PEAK_METRIC}[604800s]))"
-    )
-    assert 'namespace="ml"' in queries(60, "ml")[0].promql and 'exported_namespace="ml"' in queries(60, "ml")[0].promql
+def test_the_queries_are_a_fixed_number_whose_slices_make_the_window() -> None:
+    """SLICES per metric, whatever the workloads: contiguous slices, the first ending now, together the window."""
+    sent = queries(7 * 86400, slices=7)
+    assert [q.metric for q in sent] == [PEAK_METRIC] * 7 + [USED_METRIC] * 7
+    group = "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid)"
+    assert sent[0].promql == f"{group} (max_over_time({PEAK_METRIC}[86400s]))"
+    assert sent[6].promql == f"{group} (max_over_time({PEAK_METRIC}[86400s] offset 518400s))"
+    assert len(queries(60)) == 2 * SLICES
+    one = queries(60, "ml")[0].promql
+    assert 'namespace="ml"' in one and 'exported_namespace="ml"' in one
 
 
 def test_the_peaks_are_read_and_merged() -> None:
@@ -87,7 +89,7 @@ def test_the_peaks_are_read_and_merged() -> None:
     }  # fmt: skip
     with fake_prometheus(answer) as (url, asked):
         found, count = read_peaks(url, 3600)
-    assert count == len(asked) == 2
+    assert count == len(asked) == 2 * SLICES
     assert sorted(found, key=lambda s: s.pod) == [
         PeakSeries("ml", "old", "main", "GPU-1", 5 * GiB),
         PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB),
