@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 NS = "ml"
 VIEWER = "vramguard-viewer"  # the chart's viewer ClusterRole (release "vramguard")
+RECOMMENDER = "vramguard-recommender"  # the chart's ClusterRole for `recommend`
 # Where the README's "Seeing it" output is kept: the plugin's real output on this cluster.
 SEEING_IT = Path(os.environ.get("VRAMGUARD_SEEING_IT", "/tmp/seeing-it.txt"))
 COLUMNS = ("namespace", "pod", "container", "used_bytes", "quota_bytes", "state")
@@ -244,3 +245,39 @@ def test_an_agent_without_an_answer_is_named(cluster: Cluster, viewer: Path) -> 
         save("the same, per GPU", "kubectl vramguard nodes", nodes)
     finally:
         cluster.core.delete_namespaced_pod("silent-agent", AGENT_NS, grace_period_seconds=0)
+
+
+def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluster, viewer: Path) -> None:
+    """Without --prometheus-url, `recommend` as the viewer (also bound to the recommender role) reads the agent's
+    own peaks through the pod proxy: each bare pod with the highest it used since the agent started, the 4Gi quota
+    in force read under the agents' policy from their ConfigMap, its verdict, and a caveat saying what the peaks
+    cover."""
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="viewer-recommends"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=RECOMMENDER),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace="viewers")],
+    )
+    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
+    notebook, trainer = cluster.pod(NS, "notebook"), cluster.pod(NS, "trainer")
+    assert notebook is not None and trainer is not None
+    cluster.gpu({cluster.pid(notebook): GiB, cluster.pid(trainer): 9 * GiB})
+    wait_until(
+        lambda: (NS, "trainer", "main", 9 * GiB, 4 * GiB, "over-hard") in plugin_rows(viewer),
+        60,
+        what="the trainer's 9GiB seen",
+        interval_s=0.5,
+    )
+    document = json.loads(kubectl(viewer, "vramguard", "recommend", "-n", NS, "-o", "json").stdout)
+    assert document["source"] == "agents", document
+    assert document["caveats"][0].startswith("no --prometheus-url: the peaks are the agents' own"), document
+    items = {i["name"]: i for i in document["items"]}
+    assert items.keys() == {"notebook", "trainer"}, document
+    row = items["trainer"]
+    assert (row["kind"], row["container"], row["quota_bytes"], row["quota_source"]) == (
+        "Pod",
+        "main",
+        4 * GiB,
+        "limits[vramguard.io/vram]",
+    )
+    assert row["peak_bytes"] >= 9 * GiB and row["verdict"] == "would have been killed", row
+    assert items["notebook"]["peak_bytes"] >= GiB
