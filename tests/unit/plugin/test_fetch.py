@@ -156,3 +156,11 @@ def test_reads_are_concurrent_and_bounded() -> None:
     assert all(isinstance(g, Answer) for g in got)
     assert [g.agent.node for g in got] == nodes  # in the agents' order
     assert most == workers
+
+
+def test_an_agent_pod_names_the_config_map_of_its_policy() -> None:
+    """The ConfigMap mounted as the agent's `policy` volume is where `recommend` reads the policy; none: ""."""
+    pod = agent_pod("node-a")
+    assert agent_from_pod(pod).policy_config_map == ""
+    pod["spec"]["volumes"] = [{"name": "state", "hostPath": {}}, {"name": "policy", "configMap": {"name": "vg-policy"}}]
+    assert agent_from_pod(pod).policy_config_map == "vg-policy"
