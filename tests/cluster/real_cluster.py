@@ -21,6 +21,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,21 @@ class Cluster:
             what=f"the agent pod with policy {values['policy']} Ready",
             interval_s=0.25,
         )
+
+    def person(self, name: str, *cluster_roles: str) -> Path:
+        """A kubeconfig for ServiceAccount people/`name`, bound to `cluster_roles` (the chart's people roles) and
+        nothing else."""
+        kubeconfig = self.plane.service_account_kubeconfig("people", name)
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        for role in cluster_roles:
+            rbac.create_cluster_role_binding(
+                client.V1ClusterRoleBinding(
+                    metadata=client.V1ObjectMeta(name=f"{name}-{role}"),
+                    role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+                    subjects=[client.RbacV1Subject(kind="ServiceAccount", name=name, namespace="people")],
+                )
+            )
+        return kubeconfig
 
     def agent_pod(self) -> dict[str, Any] | None:
         """The agent's pod when it is Ready, alone and of the DaemonSet's current template (a rollout finished)."""
@@ -277,3 +293,20 @@ def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interva
             {"name": "test-nvml-state", "mountPath": "/run/test-nvml"},
         ],
     }
+
+
+def kubectl_as(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The built kubectl as the user of `kubeconfig`, with this environment's bin directory (where pip put
+    kubectl-vramguard) first on its PATH, colour off."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig),  # the plugin's too: kubectl passes no flags of its own to a plugin
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(
+        [str(binaries_dir() / "kubectl"), *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}: {done.stdout}{done.stderr}")
+    return done

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,17 @@ from vramguard.core.model import GiB
 from vramguard.core.text import format_bytes
 from vramguard_testbed.waiting import wait_until
 
-from .controlplane import binaries_dir, free_port
+from .controlplane import free_port
 from .node import raw
-from .real_cluster import AGENT_NS, GPU_TOTAL, WORKLOAD_IMAGE, Cluster, real_cluster, unavailable_reason
+from .real_cluster import (
+    AGENT_NS,
+    GPU_TOTAL,
+    WORKLOAD_IMAGE,
+    Cluster,
+    kubectl_as,
+    real_cluster,
+    unavailable_reason,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -49,32 +56,12 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def viewer(cluster: Cluster) -> Path:
-    """A kubeconfig for ServiceAccount viewers/viewer, bound to the viewer ClusterRole and nothing else."""
-    kubeconfig = cluster.plane.service_account_kubeconfig("viewers", "viewer")
-    binding = client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name="viewer-sees-vramguard"),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=VIEWER),
-        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace="viewers")],
-    )
-    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
-    return kubeconfig
+    """A kubeconfig for ServiceAccount people/viewer, bound to the viewer ClusterRole and nothing else."""
+    return cluster.person("viewer", VIEWER)
 
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """The built kubectl as the user of `kubeconfig`, with this environment's bin directory (where pip put
-    kubectl-vramguard) first on its PATH."""
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(kubeconfig),  # the plugin's too: kubectl passes no flags of its own to a plugin
-        "NO_COLOR": "1",
-    }
-    done = subprocess.run(
-        [str(binaries_dir() / "kubectl"), *args], capture_output=True, text=True, timeout=60, env=env, check=False
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}: {done.stdout}{done.stderr}")
-    return done
+    return kubectl_as(kubeconfig, *args, check=check)
 
 
 def agent_rows(cluster: Cluster) -> list[tuple[Any, ...]]:
@@ -248,16 +235,11 @@ def test_an_agent_without_an_answer_is_named(cluster: Cluster, viewer: Path) -> 
 
 
 def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluster, viewer: Path) -> None:
-    """Without --prometheus-url, `recommend` as the viewer (also bound to the recommender role) reads the agent's
+    """Without --prometheus-url, `recommend` as a user bound to the viewer and recommender roles reads the agent's
     own peaks through the pod proxy: each bare pod with the highest it used since the agent started, the 4Gi quota
     in force read under the agents' policy from their ConfigMap, its verdict, and a caveat saying what the peaks
     cover."""
-    binding = client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name="viewer-recommends"),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=RECOMMENDER),
-        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="viewer", namespace="viewers")],
-    )
-    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
+    user = cluster.person("recommender", VIEWER, RECOMMENDER)
     notebook, trainer = cluster.pod(NS, "notebook"), cluster.pod(NS, "trainer")
     assert notebook is not None and trainer is not None
     cluster.gpu({cluster.pid(notebook): GiB, cluster.pid(trainer): 9 * GiB})
@@ -267,7 +249,7 @@ def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluste
         what="the trainer's 9GiB seen",
         interval_s=0.5,
     )
-    document = json.loads(kubectl(viewer, "vramguard", "recommend", "-n", NS, "-o", "json").stdout)
+    document = json.loads(kubectl(user, "vramguard", "recommend", "-n", NS, "-o", "json").stdout)
     assert document["source"] == "agents", document
     assert document["caveats"][0].startswith("no --prometheus-url: the peaks are the agents' own"), document
     items = {i["name"]: i for i in document["items"]}

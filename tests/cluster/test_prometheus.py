@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,10 +29,9 @@ from vramguard.core.model import GiB, MiB
 from vramguard.plugin.prometheus import SLICES
 from vramguard_testbed.waiting import wait_until
 
-from .controlplane import binaries_dir
 from .node import NODE_CONTROLLERS, raw
 from .prometheus import KubeStateMetrics, Prometheus, install_monitoring_crds, installed, scrape_config
-from .real_cluster import AGENT_NS, WORKLOAD_IMAGE, Cluster, real_cluster, unavailable_reason
+from .real_cluster import AGENT_NS, WORKLOAD_IMAGE, Cluster, kubectl_as, real_cluster, unavailable_reason
 
 pytestmark = pytest.mark.slow
 
@@ -155,32 +152,8 @@ def owned_workload(cluster: Cluster, ns: str) -> str:
     return pod_name
 
 
-def recommender(cluster: Cluster) -> Path:
-    """A kubeconfig for ServiceAccount people/recommender, bound to the recommender ClusterRole and nothing else."""
-    kubeconfig = cluster.plane.service_account_kubeconfig("people", "recommender")
-    binding = client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name="recommender-reads-workloads"),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=RECOMMENDER),
-        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="recommender", namespace="people")],
-    )
-    client.RbacAuthorizationV1Api(cluster.api).create_cluster_role_binding(binding)
-    return kubeconfig
-
-
 def kubectl(kubeconfig: Path, *args: str) -> str:
-    """The built kubectl as the user of `kubeconfig`, with this environment's bin directory (where pip put
-    kubectl-vramguard) first on its PATH; its output."""
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(kubeconfig),
-        "NO_COLOR": "1",
-    }
-    done = subprocess.run(
-        [str(binaries_dir() / "kubectl"), *args], capture_output=True, text=True, timeout=120, env=env, check=False
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)} exited {done.returncode}: {done.stdout}{done.stderr}"
-    return done.stdout
+    return kubectl_as(kubeconfig, *args).stdout
 
 
 def test_recommend_gets_a_two_second_peak_between_two_30s_scrapes(
@@ -201,7 +174,7 @@ def test_recommend_gets_a_two_second_peak_between_two_30s_scrapes(
     assert pod is not None
     pid = cluster.pid(pod)
     cluster.gpu({pid: 2 * GiB})
-    user = recommender(cluster)
+    user = cluster.person("recommender", RECOMMENDER)
     with Prometheus(prometheus(), tmp_path / "prometheus", [job], {"groups": []}, interval="30s").running() as prom:
         used = f'vramguard_container_gpu_memory_used_bytes{{pod="{pod_name}"}}'
         wait_until(lambda: prom.query(f"{used} == {2 * GiB}"), 90, what="2GiB scraped", interval_s=0.5)
