@@ -46,6 +46,8 @@ PROVIDED: Mapping[str, frozenset[str]] = {
     # kube-state-metrics (scraped with honorLabels, as kube-prometheus does: its namespace is the object's).
     "kube_pod_status_ready": frozenset({"namespace", "pod", "uid", "condition"}),
     "kube_daemonset_status_desired_number_scheduled": frozenset({"namespace", "daemonset"}),
+    "kube_daemonset_status_number_available": frozenset({"namespace", "daemonset"}),
+    "kube_daemonset_status_updated_number_scheduled": frozenset({"namespace", "daemonset"}),
 }
 
 

@@ -2,7 +2,7 @@
 cluster tests: it discovers the agents through the API server and scrapes them with the scrape job
 prometheus-operator would generate from the chart's ServiceMonitor (`scrape_config`: role endpoints, as a
 ServiceAccount the test grants a Role), evaluates the chart's PrometheusRule, and scrapes a stand-in for
-kube-state-metrics that serves the two series the rules read.
+kube-state-metrics that serves the series the rules read.
 """
 
 from __future__ import annotations
@@ -176,10 +176,18 @@ class _Served:
         return Handler
 
 
+# kube-state-metrics' DaemonSet series the rules read, each with the status field it reports (0 when unset).
+DAEMONSET_STATUS = {
+    "kube_daemonset_status_desired_number_scheduled": "desiredNumberScheduled",
+    "kube_daemonset_status_number_available": "numberAvailable",
+    "kube_daemonset_status_updated_number_scheduled": "updatedNumberScheduled",
+}
+
+
 class KubeStateMetrics(_Served):
     """Serves, at every scrape, the kube-state-metrics series the rules read, from the API server's objects in
-    `namespace`: kube_daemonset_status_desired_number_scheduled and kube_pod_status_ready (as the real one
-    names and labels them). A stand-in: the Go module proxy answers 403 for k8s.io/kube-state-metrics/v2."""
+    `namespace`: a DaemonSet's status counts (DAEMONSET_STATUS) and kube_pod_status_ready (as the real one names
+    and labels them). A stand-in: the Go module proxy answers 403 for k8s.io/kube-state-metrics/v2."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
         super().__init__()
@@ -191,11 +199,9 @@ class KubeStateMetrics(_Served):
         lines = []
         with self._plane.api_client() as api:
             for ds in raw(api, client.AppsV1Api(api).list_namespaced_daemon_set(ns))["items"]:
-                desired = ds.get("status", {}).get("desiredNumberScheduled", 0)
-                name = ds["metadata"]["name"]
-                lines.append(
-                    f'kube_daemonset_status_desired_number_scheduled{{namespace="{ns}",daemonset="{name}"}} {desired}'
-                )
+                status, name = ds.get("status", {}), ds["metadata"]["name"]
+                for metric, field in DAEMONSET_STATUS.items():
+                    lines.append(f'{metric}{{namespace="{ns}",daemonset="{name}"}} {status.get(field, 0)}')
             for pod in raw(api, client.CoreV1Api(api).list_namespaced_pod(ns))["items"]:
                 ready = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}.get("Ready", "Unknown")
                 meta = pod["metadata"]

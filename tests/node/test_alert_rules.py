@@ -58,6 +58,19 @@ def ksm(metric: str, /, **labels: str) -> str:
     return _series(metric, {**KSM, **labels})
 
 
+# kube-state-metrics' counts of a DaemonSet's agents, by the word a case names them with.
+DAEMONSET_COUNTS = {
+    "desired": "kube_daemonset_status_desired_number_scheduled",
+    "available": "kube_daemonset_status_number_available",
+    "updated": "kube_daemonset_status_updated_number_scheduled",
+}
+
+
+def daemonset(namespace: str = "vramguard", /, **counts: str) -> dict[str, str]:
+    """The `vramguard` DaemonSet in `namespace` as kube-state-metrics reports it: each count's values."""
+    return {ksm(DAEMONSET_COUNTS[k], namespace=namespace, daemonset="vramguard"): v for k, v in counts.items()}
+
+
 def _series(name: str, labels: Mapping[str, str]) -> str:
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
@@ -79,6 +92,27 @@ DOWN = f"vramguard on {NODE} cannot be scraped: GPU memory quotas are not enforc
 BUCKETS_SLOW = {"0.5": "0x30", "1.0": "0+60x30", "+Inf": "0+60x30"}
 BUCKETS_FAST = {"0.5": "0+60x30", "1.0": "0+60x30", "+Inf": "0+60x30"}
 UNATTRIBUTED = "GPU memory outside any known pod grows on gpu-node-1: no quota covers it"
+
+
+def missing(count: int) -> dict[str, Any]:
+    """VramguardAgentMissing firing for the chart's DaemonSet, `count` agents short."""
+    return fired(
+        f"DaemonSet vramguard/vramguard is {count} agent(s) short of those it wants (its events say why a pod is "
+        "missing or refused; `kubectl -n vramguard get pods -o wide` shows which GPU node lacks one): GPU memory "
+        "quotas are not enforced there",
+        **KSM,
+        namespace="vramguard",
+        daemonset="vramguard",
+        severity="critical",
+    )
+
+
+# A rollout of 30 agents, 3 (10%) at a time: each round's new pods are created (updated) and take 3 minutes.
+ROLLOUT_UPDATED = "0 " + " ".join(f"{3 * r}x2" for r in range(1, 11)) + " 30x10"
+# The third agent's pod gone at 1m (deleted, or refused when recreated): the other two keep VramguardAgentDown quiet.
+GONE = daemonset(desired="3x40", available="3 2x40", updated="3 2x40")
+# A node drained and shut down: NotReady (its agent unavailable) from 5m until its Node is deleted at 10m.
+DRAINED = daemonset(desired="3x9 2x25", available="3x4 2x30", updated="3x9 2x25")
 
 CASES: dict[str, dict[str, Case]] = {
     "VramguardAgentDown": {
@@ -110,6 +144,30 @@ CASES: dict[str, dict[str, Case]] = {
                 ): "0x10"
             },
             "10m",
+        ),
+    },
+    "VramguardAgentMissing": {
+        "fires-20m-after-a-third-agents-pod-is-gone": Case(GONE, "21m", (missing(1),)),
+        "fires-when-a-third-agents-pod-is-never-created": Case(
+            daemonset(desired="3x30", available="2x30", updated="2x30"), "16m", (missing(1),)
+        ),
+        "fires-when-a-rollout-stalls": Case(
+            daemonset(desired="30x40", available="30 27x40", updated="0 3x2 6x2 9x40"), "28m", (missing(3),)
+        ),
+        "quiet-until-for-has-passed-after-the-pod-is-gone": Case(GONE, "19m"),
+        "quiet-while-a-rollout-replaces-an-agent": Case(
+            daemonset(desired="3x30", available="3 2x2 3x25", updated="2 3x30"), "3m"
+        ),
+        "quiet-during-a-rollout-twice-as-long-as-for": Case(
+            daemonset(desired="30x40", available="30 27x29 30x10", updated=ROLLOUT_UPDATED), "30m"
+        ),
+        "quiet-while-a-drained-nodes-agent-goes-before-its-node": Case(DRAINED, "9m"),
+        "quiet-once-a-drained-node-is-removed": Case(DRAINED, "25m"),
+        "quiet-while-every-agent-is-available": Case(
+            daemonset(desired="3x30", available="3x30", updated="3x30"), "25m"
+        ),
+        "quiet-for-another-namespaces-daemonset": Case(
+            daemonset("ml", desired="3x30", available="2x30", updated="2x30"), "25m"
         ),
     },
     "VramguardAgentNotReady": {
