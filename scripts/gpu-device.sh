@@ -55,9 +55,13 @@ install() {
 
 imports() {
     "$PYTHON" - <<'EOF'
+import sys
 import pynvml, structlog, kubernetes, vramguard, vramguard.cli.main, vramguard.cli.wiring, vramguard_testbed.simnode
+from vramguard.nvml import BINDINGS_SINCE, binding_version, binds_limits
 print("vramguard from", vramguard.__file__, "| kubernetes", kubernetes.__version__, "| structlog", structlog.__version__)
-print("nvidia-ml-py's pynvml from", pynvml.__file__)
+print("nvidia-ml-py", binding_version(), "pynvml from", pynvml.__file__)
+if not binds_limits():  # the image's own, older one came first: the carried wheel did not
+    sys.exit(f"nvidia-ml-py {binding_version()} has no driver-limit bindings: carry {BINDINGS_SINCE} or later")
 EOF
     "$PYTHON" -m vramguard version
 }

@@ -16,14 +16,16 @@ WHEELS=${WHEELS:-.gpu-wheels}
 LIMIT_MIB=60
 
 # Missing from the device image (its package list: /work/.library/device/KINDS.md, "Python packages already
-# there"); typing-extensions is there, but pydantic-core may need a newer one than the image's.
+# there"); typing-extensions is there, but pydantic-core may need a newer one than the image's. nvidia-ml-py is
+# there too, at a version of the image's choosing: the agent needs 13.615.71 or later (the driver-limit bindings),
+# so the one .venv holds travels and comes first on the path.
 PACKAGES=(
     structlog kubernetes pydantic pydantic-core annotated-types typing-inspection typing-extensions
-    aiohttp-retry durationpy oauthlib requests-oauthlib websocket-client
+    aiohttp-retry durationpy oauthlib requests-oauthlib websocket-client nvidia-ml-py
 )
 # In the device image (the part of its list that carried wheels may require).
 DEVICE_HAS=(
-    aiohttp aiosignal attrs certifi charset-normalizer click idna multidict nvidia-ml-py prometheus-client psutil
+    aiohttp aiosignal attrs certifi charset-normalizer click idna multidict prometheus-client
     pytest python-dateutil pyyaml requests rich shellingham six typer urllib3 yarl annotated-doc
 )
 

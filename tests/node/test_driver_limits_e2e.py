@@ -151,11 +151,23 @@ def test_require_fails_readiness_on_an_older_driver(older: SimulatedNode) -> Non
     status, body = older.http_get("/readyz")
     assert status == 503
     assert "driver limits required: the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)" in body
+    agent = json.loads(older.http_get("/status")[1])["agent"]
+    assert (agent["driver_version"], agent["driver_limits_possible"]) == ("550.54.15", False)
+    assert agent["driver_limits_reason"] == "the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)"
 
 
 def test_require_is_ready_where_the_driver_holds_limits(r615: SimulatedNode) -> None:
     r615.start_agent("--mode", "kill", "--driver-limits", "require", "--poll-interval", "0.1")
     r615.wait_ready()
+
+    def agent() -> dict[str, object]:
+        found: dict[str, object] = json.loads(r615.http_get("/status")[1])["agent"]
+        return found
+
+    # The limiter asks the driver at its first scan, on its own thread: /status says so once it has the answer.
+    wait_until(lambda: agent()["driver_limits_possible"] is not None, what="/status to know about the limits")
+    assert (agent()["driver_version"], agent()["nvml_version"]) == ("615.40.02", "13.615.40.02")
+    assert (agent()["driver_limits_possible"], agent()["driver_limits_reason"]) == (True, ""), "/status says so too"
 
 
 def test_the_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,6 +51,19 @@ def test_wheel_carries_no_bench(wheel: zipfile.ZipFile) -> None:
             assert needle not in data, f"{name} contains {needle!r}"
 
 
+def test_wheel_requires_the_nvidia_ml_py_that_binds_the_driver_limits(wheel: zipfile.ZipFile) -> None:
+    """The agent asks for the first nvidia-ml-py with nvmlDeviceSetMemoryLimits_v1, so that an install gets the
+    driver's limits where the driver has them; and for nothing it does not import (psutil)."""
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    ]
+    assert "nvidia-ml-py>=13.615.71" in requires, requires
+    assert not [r for r in requires if r.startswith("psutil")], requires
+
+
 def _tracked(*paths: str) -> list[str]:
     return subprocess.run(
         ["git", "ls-files", *paths], cwd=REPO, check=True, capture_output=True, text=True

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from vramguard import __version__
+from vramguard.cli.wiring import LIMITS_UNASKED
 from vramguard.core.model import GiB
+from vramguard.nvml import binding_version
 from vramguard_testbed.simnode import SimulatedNode
 from vramguard_testbed.waiting import wait_until
 
@@ -40,6 +42,13 @@ def test_status_answers_the_nodes_rows_as_top_prints_them(sim_node: SimulatedNod
     )
     assert agent["poll_interval_s"] == POLL_S
     assert 0.0 <= agent["scan_age_s"] < 30.0, "a scan completed before /readyz said ready"
+    # The NVIDIA side, as the test NVML says it (an R550 driver); a warn-mode agent never asks about limits.
+    assert (agent["nvidia_ml_py"], agent["driver_version"], agent["nvml_version"]) == (
+        binding_version(),
+        "550.54.15",
+        "12.550.54.15",
+    )
+    assert (agent["driver_limits_possible"], agent["driver_limits_reason"]) == (None, LIMITS_UNASKED)
     rows = {r["pod"]: r for r in status["containers"]}
     assert rows["ok"]["pids"] == [a.pid] and rows["ok"]["state"] == "ok"
     assert rows["ok"]["quota_source"] == "limits[vramguard.io/vram]" and rows["ok"]["held_by"] == "agent"

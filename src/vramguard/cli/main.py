@@ -24,20 +24,24 @@ from vramguard.cli.wiring import (
     SHUTDOWN_BUDGET_S,
     RunConfig,
     WiringError,
+    ask_driver,
+    ask_limits,
     build_agent,
     connect,
+    nvidia_side,
     policy_for,
     serve,
     stop_on_signals,
+    with_limits,
 )
 from vramguard.core.model import DriverLimits, Mode
 from vramguard.core.policy import check_policy_file, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
-from vramguard.http.status import AgentFacts, render, scan_json
+from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json
 from vramguard.node.describe import describer
 from vramguard.node.limiter import read_held_limits
-from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+from vramguard.nvml import BINDINGS_SINCE, NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
@@ -243,14 +247,18 @@ def top(
         memory = services.start("nvml-limits", NvmlMemoryLimiter())
         # The agent here is this command's own: dry run, scanning every refresh.
         facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
+        driver: DriverFacts | None = None  # asked once, at the first scan's GPUs
         with stop_on_signals() as stop:
             while not stop.is_set():
                 report = agent.scan()
                 held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
                 if as_json:
+                    if driver is None:
+                        support = ask_limits(memory, cgroup_root, report.snapshot.devices)
+                        driver = with_limits(nvidia_side(sampler), support, "")
                     finished = agent.last_scan.finished_at if agent.last_scan is not None else None
                     age = SYSTEM_CLOCK.now() - finished if finished is not None else None
-                    typer.echo(render(facts, age, scan_json(report, held, describe)).decode())
+                    typer.echo(render(facts, age, scan_json(report, held, describe), driver).decode())
                 else:
                     if not once and sys.stdout.isatty():
                         typer.echo("\x1b[H\x1b[2J", nl=False)
@@ -274,12 +282,58 @@ def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to valid
 
 
 @app.command()
-def version(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Print vramguard's version (and, with --json, its runtime's)."""
+def version(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, with the Python version too.")] = False,
+    cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+) -> None:
+    """Print vramguard's version, nvidia-ml-py's, the NVIDIA driver's and NVML's, and whether the driver can hold
+    per-cgroup memory limits here (R615+). Where NVML cannot be loaded, says why, and still exits 0."""
+    configure_logging("console", level="error")
+    driver = ask_driver("/proc", cgroup_root)
     if as_json:
-        typer.echo(json.dumps({"vramguard": __version__, "python": sys.version.split()[0], "pid": os.getpid()}))
+        typer.echo(json.dumps(version_dict(driver)))
     else:
-        typer.echo(f"vramguard {__version__}")
+        typer.echo("\n".join(printable(line) for line in version_lines(driver)))
+
+
+_POSSIBLE = {True: "possible", False: "not possible", None: "unknown"}
+
+
+def version_lines(driver: DriverFacts) -> list[str]:
+    """What `vramguard version` prints: the agent, nvidia-ml-py, the driver and NVML, the limits; a line each."""
+    bindings = (
+        "binds the driver's per-cgroup memory limits"
+        if driver.binds_limits
+        else f"no bindings for the driver's per-cgroup memory limits: {BINDINGS_SINCE} or later has them"
+    )
+    if driver.driver_version is None:
+        nvidia = f"NVIDIA driver: unknown ({driver.problem or 'NVML is not up'})"
+    else:
+        nvidia = f"NVIDIA driver {driver.driver_version}, NVML {driver.nvml_version}"
+    limits = f"driver limits: {_POSSIBLE[driver.limits_possible]}"
+    if driver.limits_reason:
+        limits += (
+            f" (not everywhere: {driver.limits_reason})" if driver.limits_possible else f": {driver.limits_reason}"
+        )
+    return [
+        f"vramguard {__version__}",
+        f"nvidia-ml-py {driver.binding_version} ({bindings})",
+        nvidia,
+        limits,
+    ]
+
+
+def version_dict(driver: DriverFacts) -> dict[str, object]:
+    """`vramguard version --json`: the agent's and Python's versions, and the NVIDIA side as /status has it, with
+    whether nvidia-ml-py binds the limits and why NVML is not up ("" where it is)."""
+    return {
+        "vramguard": __version__,
+        "python": sys.version.split()[0],
+        "pid": os.getpid(),
+        **driver_dict(driver),
+        "binds_limits": driver.binds_limits,
+        "nvml_problem": driver.problem,
+    }
 
 
 def main() -> None:

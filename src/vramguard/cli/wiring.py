@@ -11,7 +11,7 @@ from __future__ import annotations
 import resource
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,13 +31,13 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
-from vramguard.core.limit_plan import limits_enabled
-from vramguard.core.model import DriverLimits, Mode, PodInfo, Policy
+from vramguard.core.limit_plan import limits_enabled, whole_gpus
+from vramguard.core.model import DriverLimits, GpuDevice, Mode, PodInfo, Policy
 from vramguard.core.policy import PolicyError, load_policy
-from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, PodSource
+from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, MemoryLimiter, PodSource
 from vramguard.core.quota import reads_claims
 from vramguard.http.server import BindError, HealthServer
-from vramguard.http.status import AgentFacts, StatusPage
+from vramguard.http.status import AgentFacts, DriverFacts, StatusPage
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.client import load_api_client
@@ -46,14 +46,15 @@ from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.pods_file import FilePodSource
 from vramguard.node.cgroup import v2_root
+from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard.node.describe import describer
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
-from vramguard.node.limiter import DriverLimiter
+from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits
 from vramguard.node.repeats import KillFile
-from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable, binding_version, binds_limits
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -63,6 +64,11 @@ SHUTDOWN_BUDGET_S = 1.5
 # A part whose thread has not gone round for this long is stuck (liveness fails): ten times the longest NVML call
 # deadline, and far beyond any round a flood or a busy node makes (the HTTP server's rounds end within 0.1 s).
 PART_STUCK_S = 30.0
+# An agent that does not use the driver's limits does not ask the driver about them either.
+LIMITS_UNASKED = (
+    "not asked: the agent uses the driver's limits in evict and kill modes only, not with --dry-run or "
+    "driver_limits: off (`vramguard version` on the node asks)"
+)
 
 
 class WiringError(Exception):
@@ -328,6 +334,50 @@ def open_sampler(
     return None
 
 
+def nvidia_side(sampler: NvmlSampler | None) -> DriverFacts:
+    """nvidia-ml-py's version and whether it binds the limits; with NVML up (`sampler` started), the driver's and
+    NVML's versions. `with_limits` adds whether the driver can hold limits."""
+    facts = DriverFacts(binding_version(), binds_limits())
+    if sampler is None:
+        return facts
+    return replace(facts, driver_version=sampler.driver_version, nvml_version=sampler.nvml_version)
+
+
+def with_limits(facts: DriverFacts, support: LimitsSupport | None, unknown: str) -> DriverFacts:
+    """`facts` saying whether the driver can hold limits, as `support` found; where it is None, not known, and why
+    (`unknown`)."""
+    if support is None:
+        return replace(facts, limits_possible=None, limits_reason=unknown)
+    return replace(facts, limits_possible=support.possible, limits_reason=support.reason)
+
+
+def ask_limits(memory: MemoryLimiter, cgroup_root: str, devices: Iterable[GpuDevice]) -> LimitsSupport:
+    """Whether the driver can hold limits on these GPUs (the whole ones) now. Blocks on NVML: for the commands."""
+    return probe_limits(memory, CgroupfsTree(cgroup_root), [d.index for d in whole_gpus(devices)])
+
+
+def ask_driver(proc_root: str, cgroup_root: str) -> DriverFacts:
+    """The NVIDIA side, asked now (`vramguard version`): NVML started here and stopped, one sample for the GPUs, and
+    the limits of the cgroup v2 root asked for on each whole one. Where NVML cannot start, says why (`problem`).
+    Blocks on NVML (each call of the sample under its deadline, the limits not): never for the agent."""
+    services = Services()
+    try:
+        try:
+            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
+        except NvmlUnavailable as e:
+            return replace(
+                nvidia_side(None), limits_possible=False, limits_reason="NVML is not available", problem=str(e)
+            )
+        facts = nvidia_side(sampler)
+        try:
+            memory = services.start("nvml-limits", NvmlMemoryLimiter())
+        except Exception as e:  # pynvml.NVMLError from a second nvmlInit: NVML came up for the sampler just now
+            return with_limits(facts, None, f"nvmlInit: {e}")
+        return with_limits(facts, ask_limits(memory, cgroup_root, sampler.sample().devices), "")
+    finally:
+        services.stop(SHUTDOWN_BUDGET_S)
+
+
 class Probes:
     """Live: the scan loop and the HTTP server's thread go round. Ready: NVML is up, the pod list is current and a
     scan completed. What the health file (the kubelet's exec probes) and /healthz and /readyz (people) say."""
@@ -348,6 +398,7 @@ class Probes:
         self.http = http  # the HTTP server's rounds
         self.agent: Agent | None = None
         self.nvml_problem: str | None = "NVML not initialised yet"
+        self.driver = nvidia_side(None)  # with the driver's versions once NVML is up (`serve`)
 
     def healthz(self) -> tuple[bool, str]:
         now = self.clock.now()
@@ -386,6 +437,16 @@ class Probes:
     def nvml(self, problem: str | None) -> None:
         """Why NVML is not up (`open_sampler`), or None once it is."""
         self.nvml_problem = problem
+
+    def driver_facts(self) -> DriverFacts:
+        """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the
+        driver can hold limits is what the limiter's probe found, where the agent uses them."""
+        agent = self.agent
+        if agent is None:
+            return with_limits(self.driver, None, "not known yet: the agent is starting")
+        if agent.limiter is None:
+            return with_limits(self.driver, None, LIMITS_UNASKED)
+        return with_limits(self.driver, agent.limiter.support(), "not known yet: asked at the first scan")
 
     def limits_problem(self) -> str | None:
         """With `driver_limits: require`, why the driver cannot hold this node's quotas, or None."""
@@ -498,7 +559,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     )
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
     describe = describer(config.proc_root, config.status_command_lines)
-    status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe)
+    status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe, driver=probes.driver_facts)
     server = HealthServer(
         config.metrics_port,
         metrics.registry,
@@ -536,6 +597,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml)
         if sampler is None:
             return
+        probes.driver = nvidia_side(sampler)
         agent = build_agent(
             sampler=sampler,
             cluster=cluster,

@@ -49,6 +49,31 @@ class AgentFacts:
     poll_interval_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class DriverFacts:
+    """The NVIDIA side, as `vramguard version` prints it and the document's agent part carries it: nvidia-ml-py's
+    version, and once NVML is up the driver's, NVML's and whether the driver can hold per-cgroup memory limits."""
+
+    binding_version: str  # nvidia-ml-py's
+    binds_limits: bool  # whether that nvidia-ml-py binds nvmlDeviceSetMemoryLimits_v1
+    driver_version: str | None = None  # None: NVML not up (`problem` says why, where known)
+    nvml_version: str | None = None
+    limits_possible: bool | None = None  # None: not known (not asked yet, or the driver could not say)
+    limits_reason: str = ""  # why not, or where not, or why not known; "" where every GPU can
+    problem: str = ""  # why NVML is not up
+
+
+def driver_dict(driver: DriverFacts) -> dict[str, object]:
+    """The document's fields of the NVIDIA side (in its agent part; `vramguard version --json` prints the same)."""
+    return {
+        "nvidia_ml_py": cut(driver.binding_version),
+        "driver_version": None if driver.driver_version is None else cut(driver.driver_version),
+        "nvml_version": None if driver.nvml_version is None else cut(driver.nvml_version),
+        "driver_limits_possible": driver.limits_possible,
+        "driver_limits_reason": cut(driver.limits_reason),
+    }
+
+
 def gpu_dict(device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object]) -> dict[str, object]:
     """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"."""
     on_it = {device.uuid, device.parent_uuid}
@@ -117,8 +142,9 @@ def scan_json(
     )
 
 
-def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str) -> bytes:
-    """The whole document: the agent's part (its scan age as of now) and a `scan_json` part."""
+def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str, driver: DriverFacts) -> bytes:
+    """The whole document: the agent's part (its scan age as of now, the NVIDIA side as known now) and a
+    `scan_json` part."""
     agent = {
         "version": cut(facts.version),
         "node": cut(facts.node),
@@ -126,6 +152,7 @@ def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str) -> bytes
         "dry_run": facts.dry_run,
         "poll_interval_s": facts.poll_interval_s,
         "scan_age_s": None if scan_age_s is None else round(max(0.0, scan_age_s), 3),
+        **driver_dict(driver),
     }
     head = json.dumps({"kind": KIND, "schema": SCHEMA, "agent": agent})
     return f"{head[:-1]}, {scan_part}}}".encode()
@@ -148,9 +175,12 @@ class StatusPage:
         clock: Clock,
         describe: Callable[[int], ProcessDetail] = describe_process,
         notify: Callable[[], None] = lambda: None,
+        *,
+        driver: Callable[[], DriverFacts],
     ) -> None:
         self.facts = facts
         self.last_scan = last_scan
+        self.driver = driver  # the NVIDIA side as the agent knows it now; asks NVML nothing
         self.clock = clock  # the agent's: `LastScan.finished_at` is on its scale
         self.describe = describe
         self.notify = notify
@@ -185,7 +215,7 @@ class StatusPage:
                 return None
             part = self._scan_part
         age = None if built is None else self.clock.now() - built.finished_at
-        return render(self.facts, age, part)
+        return render(self.facts, age, part, self.driver())
 
     def _wake(self) -> None:
         with self._cond:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -62,6 +62,61 @@ def read_held_limits(
             if found is not None and found.hard_bytes != LIMIT_MAX:
                 held[SubjectKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
     return held
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSupport:
+    """Whether the driver can hold per-cgroup limits here, as it answered for the cgroup v2 root on each of `gpus`
+    (`probe_limits`), or as the limiter has found out since (`DriverLimiter.support`)."""
+
+    gpus: tuple[int, ...]  # the whole GPUs asked about
+    unavailable: str | None = None  # why the node cannot hold limits at all (no cgroup v2, no bindings, old driver)
+    unsupported: Mapping[int, str] = field(default_factory=dict)  # GPUs that answered NOT_SUPPORTED, with why
+    unanswered: Mapping[int, str] = field(default_factory=dict)  # GPUs whose answer was an error, not a no
+
+    @property
+    def possible(self) -> bool | None:
+        """True where at least one GPU can hold limits; None where no GPU said no and some could not answer."""
+        if self.unavailable is not None or not self.gpus:
+            return False
+        if any(g not in self.unsupported and g not in self.unanswered for g in self.gpus):
+            return True
+        return None if self.unanswered else False
+
+    @property
+    def reason(self) -> str:
+        """Why not, or on which GPUs not; "" where every GPU can."""
+        if self.unavailable is not None:
+            return self.unavailable
+        if not self.gpus:
+            return "no whole, healthy GPU to hold a limit (MIG instances cannot)"
+        said = [*(self.unsupported[g] for g in sorted(self.unsupported)), *self.unanswered.values()]
+        return "; ".join(dict.fromkeys(said))  # each answer once: one error for every GPU reads as one
+
+
+def probe_limits(memory: MemoryLimiter, tree: CgroupTree, gpus: Iterable[int]) -> LimitsSupport:
+    """Ask the driver for the limits of the cgroup v2 root on each GPU: it holds none there, so a driver that can
+    answers NOT_FOUND (None). Blocks on NVML: the limiter's worker and the commands (`vramguard version`) call it."""
+    asked = tuple(gpus)
+    root = tree.v2_root()
+    if root is None:
+        return LimitsSupport(asked, unavailable=_no_v2(tree))
+    unsupported: dict[int, str] = {}
+    unanswered: dict[int, str] = {}
+    for gpu in asked:
+        try:
+            memory.get(gpu, root)
+        except LimitsUnavailable as e:
+            if e.whole_driver:
+                return LimitsSupport(asked, str(e), unsupported, unanswered)
+            unsupported[gpu] = str(e)
+        except LimitFailed as e:
+            unanswered[gpu] = str(e)  # this cgroup only; the containers' own are what matter
+    return LimitsSupport(asked, None, unsupported, unanswered)
+
+
+def _no_v2(tree: CgroupTree) -> str:
+    return f"no cgroup v2 hierarchy under {tree.root} (the driver's limits need cgroup v2)"
 
 
 @dataclass
@@ -117,6 +172,7 @@ class DriverLimiter:
         self._usage_ticket = -1
         self._unavailable: str | None = None
         self._unsupported_gpus: dict[int, str] = {}
+        self._first_answer: LimitsSupport | None = None  # the first probe's, once it came (under _lock)
         # New cgroups from the watcher, waiting for the worker, and those it saw created (under _lock).
         self._appeared: list[tuple[str, CgroupIdentity]] = []
         self._fresh: set[str] = set()
@@ -193,6 +249,16 @@ class DriverLimiter:
         with self._lock:
             return dict(self._unsupported_gpus)
 
+    def support(self) -> LimitsSupport | None:
+        """Whether the driver can hold limits here, as far as the limiter has found out: None before its first
+        probe (at the first `update`) has run. Never blocks on NVML."""
+        with self._lock:
+            first = self._first_answer
+            if first is None:
+                return None
+            unavailable = self._unavailable if self._unavailable is not None else first.unavailable
+            return replace(first, unavailable=unavailable, unsupported=dict(self._unsupported_gpus))
+
     def start(self) -> None:
         self.runner.start()
 
@@ -229,22 +295,14 @@ class DriverLimiter:
     # -- the worker's side -------------------------------------------------------------------------------------
 
     def _probe(self, gpus: tuple[int, ...]) -> None:
-        root = self.tree.v2_root()
-        if root is None:
-            self._give_up(f"no cgroup v2 hierarchy under {self.tree.root} (the driver's limits need cgroup v2)")
-            return
-        for gpu in gpus:
-            try:
-                self.memory.get(gpu, root)  # no limit on the root: NOT_FOUND, i.e. None, where supported
-            except LimitsUnavailable as e:
-                if e.whole_driver:
-                    self._give_up(str(e))
-                    return
-                self.log.warning("driver_limits_unsupported", gpu=gpu, reason=str(e), fallback="reactive enforcement")
-                with self._lock:
-                    self._unsupported_gpus[gpu] = str(e)
-            except LimitFailed:
-                pass  # this cgroup only; the containers' own are what matter
+        support = probe_limits(self.memory, self.tree, gpus)
+        for gpu, reason in support.unsupported.items():
+            self.log.warning("driver_limits_unsupported", gpu=gpu, reason=reason, fallback="reactive enforcement")
+        with self._lock:
+            self._unsupported_gpus.update(support.unsupported)
+            self._first_answer = support
+        if support.unavailable is not None:
+            self._give_up(support.unavailable)
 
     def _drain(self) -> None:
         outcomes: list[LimitOutcome] = []
@@ -299,7 +357,7 @@ class DriverLimiter:
             self._program_appeared(outcomes)
             root = self.tree.v2_root()
             if root is None:
-                self._give_up(f"no cgroup v2 hierarchy under {self.tree.root} (the driver's limits need cgroup v2)")
+                self._give_up(_no_v2(self.tree))
                 return
             by_pod: dict[str, list[LimitTarget]] = {}
             for t in targets:

@@ -1,7 +1,8 @@
 """`MemoryLimiter` over NVML: nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1 (driver R615+).
 
 Drivers before R615 lack both symbols (pynvml reports NVML_ERROR_FUNCTION_NOT_FOUND), and nvidia-ml-py before
-13.615 lacks the bindings: either way the driver cannot hold limits and the agent enforces reactively.
+13.615.71 lacks the bindings (the package requires that version; an install without its dependencies may not have
+it): either way the driver cannot hold limits and the agent enforces reactively.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vramguard.core.ports import DriverLimit, LimitFailed, LimitsUnavailable
 _NOT_FOUND = getattr(pynvml, "NVML_ERROR_NOT_FOUND", 6)
 _NOT_SUPPORTED = getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", 3)
 _FUNCTION_NOT_FOUND = getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+BINDINGS_SINCE = "13.615.71"  # the first nvidia-ml-py with nvmlDeviceSetMemoryLimits_v1 (pyproject.toml requires it)
 
 
 class NvmlMemoryLimiter:
@@ -24,8 +26,10 @@ class NvmlMemoryLimiter:
     it (raising `pynvml.NVMLError` where NVML cannot start), `stop(deadline)` gives it back."""
 
     def __init__(self) -> None:
-        if not hasattr(pynvml, "nvmlDeviceSetMemoryLimits_v1"):
-            self._missing = f"nvidia-ml-py {_binding_version()} has no memory-limit bindings (13.615 or later has)"
+        if not binds_limits():
+            self._missing = (
+                f"nvidia-ml-py {binding_version()} has no memory-limit bindings ({BINDINGS_SINCE} or later has)"
+            )
         else:
             self._missing = ""
         self._handles: dict[int, Any] = {}
@@ -92,7 +96,13 @@ def _translate(error: pynvml.NVMLError, function: str, gpu_index: int) -> Except
     return LimitFailed(f"{function} on GPU {gpu_index}: {error}")
 
 
-def _binding_version() -> str:
+def binds_limits() -> bool:
+    """Whether this nvidia-ml-py binds the driver's per-cgroup memory limits (the driver may still lack them)."""
+    return hasattr(pynvml, "nvmlDeviceSetMemoryLimits_v1") and hasattr(pynvml, "nvmlDeviceGetMemoryLimits_v1")
+
+
+def binding_version() -> str:
+    """The installed nvidia-ml-py's version, as its package metadata says."""
     try:
         return version("nvidia-ml-py")
     except PackageNotFoundError:

@@ -115,7 +115,8 @@ class NvmlSampler:
         self._last: dict[int, tuple[GpuDevice, ...]] = {}  # each GPU's devices from its last good scan
         self._last_by_uuid: dict[str, GpuDevice] = {}
         self._lists: tuple[_ProcessList, ...] = ()
-        self.driver_version = ""
+        self.driver_version = ""  # both read at start ("unknown" where NVML would not say)
+        self.nvml_version = ""
         self.gpu_count = 0
 
     # -- the GpuSampler protocol ---------------------------------------------------------------------------
@@ -196,8 +197,9 @@ class NvmlSampler:
     # -- the lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Initialise NVML and read what does not change (driver version, GPU count, process-list functions), under
-        the call deadline; raises `NvmlUnavailable` saying why it cannot (the deadline runner's thread ended)."""
+        """Initialise NVML and read what does not change (driver and NVML versions, GPU count, process-list
+        functions), under the call deadline; raises `NvmlUnavailable` saying why it cannot (the deadline runner's
+        thread ended)."""
         with self._lock:
             if self._started or self._stopped:
                 raise RuntimeError("NvmlSampler is started once")
@@ -278,6 +280,10 @@ class NvmlSampler:
                 self.driver_version = str(job.call("nvmlSystemGetDriverVersion", nv.nvmlSystemGetDriverVersion))
             except nv.NVMLError:
                 self.driver_version = "unknown"
+            try:
+                self.nvml_version = str(job.call("nvmlSystemGetNVMLVersion", nv.nvmlSystemGetNVMLVersion))
+            except nv.NVMLError:
+                self.nvml_version = "unknown"
             self.gpu_count = int(job.call("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount))
 
             def has_symbol(name: str) -> bool:

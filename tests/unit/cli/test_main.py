@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from vramguard import __version__
-from vramguard.cli.main import app
+from vramguard.cli.main import app, version_dict, version_lines
+from vramguard.http.status import DriverFacts
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
@@ -52,11 +53,95 @@ def test_run_refuses_an_invalid_policy(tmp_path: Path) -> None:
     assert "max_actions_per_scan" in result.output
 
 
-def test_version() -> None:
-    """`version` prints the package version."""
+def test_version_exits_0_whatever_nvml_says() -> None:
+    """`version` prints four lines, the package's version first, and exits 0 with or without NVML on this machine;
+    `--json` is one object with the NVIDIA side's keys, null or not."""
     result = runner.invoke(app, ["version"])
-    assert result.exit_code == 0 and result.output.strip() == f"vramguard {__version__}"
-    assert json.loads(runner.invoke(app, ["version", "--json"]).output)["vramguard"] == __version__
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and lines[0] == f"vramguard {__version__}", lines
+    assert lines[1].startswith("nvidia-ml-py ") and lines[2].startswith("NVIDIA driver")
+    assert lines[3].startswith("driver limits: ")
+
+    answer = runner.invoke(app, ["version", "--json"])
+    assert answer.exit_code == 0, answer.output
+    doc = json.loads(answer.stdout)
+    assert doc["vramguard"] == __version__ and doc["binds_limits"] is True, "the package requires the bindings"
+    assert {"driver_version", "nvml_version", "driver_limits_possible", "driver_limits_reason", "nvml_problem"} <= set(
+        doc
+    )
+
+
+NO_NVML = "NVML is not available: libnvidia-ml.so.1 was not found. Install the NVIDIA driver on the node"
+
+
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        pytest.param(
+            DriverFacts("13.615.71", True, "615.40.02", "13.615.40.02", True, ""),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             "NVIDIA driver 615.40.02, NVML 13.615.40.02", "driver limits: possible"],
+            id="r615-driver-limits-possible",
+        ),
+        pytest.param(
+            DriverFacts("13.615.71", True, "615.40.02", "13.615.40.02", True, "GPU 1 does not support memory limits"),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             "NVIDIA driver 615.40.02, NVML 13.615.40.02",
+             "driver limits: possible (not everywhere: GPU 1 does not support memory limits)"],
+            id="one-gpu-without-support-says-which",
+        ),
+        pytest.param(
+            DriverFacts("13.615.71", True, "550.54.15", "12.550.54.15", False,
+                        "the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)"),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             "NVIDIA driver 550.54.15, NVML 12.550.54.15",
+             "driver limits: not possible: the driver has no nvmlDeviceGetMemoryLimits_v1 (it needs R615 or later)"],
+            id="driver-before-r615-not-possible-and-why",
+        ),
+        pytest.param(
+            DriverFacts("12.535.161", False, "615.40.02", "13.615.40.02", False,
+                        "nvidia-ml-py 12.535.161 has no memory-limit bindings (13.615.71 or later has)"),
+            ["nvidia-ml-py 12.535.161 (no bindings for the driver's per-cgroup memory limits: 13.615.71 or later "
+             "has them)",
+             "NVIDIA driver 615.40.02, NVML 13.615.40.02",
+             "driver limits: not possible: nvidia-ml-py 12.535.161 has no memory-limit bindings (13.615.71 or later "
+             "has)"],
+            id="old-bindings-on-an-r615-driver-say-so",
+        ),
+        pytest.param(
+            DriverFacts("13.615.71", True, limits_possible=False, limits_reason="NVML is not available",
+                        problem=NO_NVML),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             f"NVIDIA driver: unknown ({NO_NVML})", "driver limits: not possible: NVML is not available"],
+            id="no-nvml-says-why-on-one-line",
+        ),
+        pytest.param(
+            DriverFacts("13.615.71", True, "615.40.02", "13.615.40.02", None,
+                        "nvmlDeviceGetMemoryLimits_v1 on GPU 0: Insufficient Permissions"),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             "NVIDIA driver 615.40.02, NVML 13.615.40.02",
+             "driver limits: unknown: nvmlDeviceGetMemoryLimits_v1 on GPU 0: Insufficient Permissions"],
+            id="a-driver-that-cannot-answer-is-unknown",
+        ),
+    ],
+)  # fmt: skip
+def test_version_lines_say_the_bindings_the_driver_and_the_limits(driver: DriverFacts, expected: list[str]) -> None:
+    """Each line says one thing: the agent, nvidia-ml-py and whether it binds the limits, the driver and NVML (or
+    why NVML is not up), and whether the driver can hold limits here, and why not."""
+    assert version_lines(driver) == [f"vramguard {__version__}", *expected]
+
+
+def test_version_json_carries_the_nvidia_side_as_status_does() -> None:
+    """`--json` has the fields of /status's agent part, whether the bindings are there, and why NVML is not up."""
+    doc = version_dict(DriverFacts("13.615.71", True, limits_possible=False, limits_reason="NVML is not available",
+                                   problem=NO_NVML))  # fmt: skip
+    assert json.loads(json.dumps(doc)) == doc
+    assert {k: v for k, v in doc.items() if k not in ("python", "pid")} == {
+        "vramguard": __version__, "nvidia_ml_py": "13.615.71", "driver_version": None, "nvml_version": None,
+        "driver_limits_possible": False, "driver_limits_reason": "NVML is not available", "binds_limits": True,
+        "nvml_problem": NO_NVML,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from vramguard.http.status import (
     MAX_ROWS,
     SCHEMA,
     AgentFacts,
+    DriverFacts,
     StatusPage,
     render,
     scan_json,
@@ -29,6 +30,7 @@ from vramguard.node.describe import ProcessDetail
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 FACTS = AgentFacts(version="1.2.3", node="node-a", mode="kill", dry_run=False, poll_interval_s=1.0)
+DRIVER = DriverFacts("13.615.71", True, "615.40.02", "13.615.40.02", True, "")
 HOSTILE = "evil\x1b[2J\x07\u202eexe\r\n\u0000forged"
 GPU0, GPU1 = gpu(0), gpu(1)
 
@@ -50,7 +52,7 @@ def report_of(builder: SnapshotBuilder, pressured: tuple[str, ...] = ()) -> Scan
 def document(
     report: ScanReport | None, held: dict[SubjectKey, object] | None = None, age: float | None = 0.5
 ) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(render(FACTS, age, scan_json(report, held or {}, describe)))
+    doc: dict[str, Any] = json.loads(render(FACTS, age, scan_json(report, held or {}, describe), DRIVER))
     return doc
 
 
@@ -65,7 +67,9 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
 
     assert (doc["kind"], doc["schema"], doc["truncated"]) == (KIND, SCHEMA, 0)
     assert doc["agent"] == {"version": "1.2.3", "node": "node-a", "mode": "kill", "dry_run": False,
-                            "poll_interval_s": 1.0, "scan_age_s": 2.25}  # fmt: skip
+                            "poll_interval_s": 1.0, "scan_age_s": 2.25, "nvidia_ml_py": "13.615.71",
+                            "driver_version": "615.40.02", "nvml_version": "13.615.40.02",
+                            "driver_limits_possible": True, "driver_limits_reason": ""}  # fmt: skip
     gpu0, gpu1 = doc["gpus"]
     assert gpu0 == {"gpu": "0", "uuid": GPU0.uuid, "name": "Fake GPU", "total_bytes": 16 * GiB,
                     "used_bytes": 6 * GiB, "free_bytes": 10 * GiB, "healthy": True, "error": "", "pressure": False,
@@ -98,6 +102,26 @@ def test_before_the_first_scan_nothing_but_the_agent() -> None:
     assert (doc["gpus"], doc["containers"], doc["truncated"]) == ([], [], 0)
 
 
+def test_the_nvidia_side_is_as_known_when_answered() -> None:
+    """The agent's part says the driver as known at each answer: before NVML is up, nvidia-ml-py's version, null
+    driver and NVML versions and limits not known (and why); once it is up, the driver's, with no rebuild."""
+    known = [DriverFacts("13.615.71", True, limits_reason="not known yet: the agent is starting")]
+    page = StatusPage(FACTS, lambda: None, FakeClock(), describe, driver=lambda: known[-1])
+    before = _answer(page)
+    assert before is not None
+    assert {k: before["agent"][k] for k in ("nvidia_ml_py", "driver_version", "nvml_version")} == {
+        "nvidia_ml_py": "13.615.71", "driver_version": None, "nvml_version": None,
+    }  # fmt: skip
+    assert before["agent"]["driver_limits_possible"] is None
+    assert before["agent"]["driver_limits_reason"] == "not known yet: the agent is starting"
+
+    known.append(DriverFacts("13.615.71", True, "550.54.15", "12.550.54.15", False, "GPU 0 does not support it"))
+    after = _answer(page)
+    assert after is not None and page.builds == 0
+    assert (after["agent"]["driver_version"], after["agent"]["driver_limits_possible"]) == ("550.54.15", False)
+    assert after["agent"]["driver_limits_reason"] == "GPU 0 does not support it"
+
+
 def _crowd(pods: int, processes: int) -> ScanReport:
     """`pods` pods of one container each on GPU 0, each with `processes` processes."""
     builder = SnapshotBuilder()
@@ -123,7 +147,7 @@ def test_rows_and_processes_are_bounded(pods: int, processes: int, rows: int, pe
         described.append(pid)
         return describe(pid)
 
-    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(pods, processes), {}, counting)))
+    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(pods, processes), {}, counting), DRIVER))
     assert (len(doc["containers"]), doc["truncated"]) == (rows, truncated)
     assert {len(r["processes"]) for r in doc["containers"]} == {per_row}
     assert {len(r["pids"]) for r in doc["containers"]} == {per_row}
@@ -139,7 +163,7 @@ def test_no_more_than_max_described_processes_are_read() -> None:
         described.append(pid)
         return describe(pid)
 
-    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(MAX_DESCRIBED // 4 + 1, 4), {}, counting)))
+    doc = json.loads(render(FACTS, 0.0, scan_json(_crowd(MAX_DESCRIBED // 4 + 1, 4), {}, counting), DRIVER))
     shown = [p for r in doc["containers"] for p in r["processes"]]
     assert len(shown) == MAX_DESCRIBED + 4 and len(described) == MAX_DESCRIBED
     assert [p["command"] for p in shown[MAX_DESCRIBED:]] == [""] * 4 and shown[-1]["user"] == ""
@@ -150,15 +174,17 @@ def test_hostile_text_is_exact_cut_and_the_body_bounded() -> None:
     escaped by JSON) stop at the byte budget, the rest counted, the body well under 8 MiB."""
     long = HOSTILE * 1000
     evil = pod(long, HOSTILE, containers={HOSTILE: {"vramguard.io/vram": "1Gi"}})
-    exact = json.loads(render(FACTS, 0.0, scan_json(report_of(SnapshotBuilder().use(evil, HOSTILE, GPU0, GiB)), {},
-                                                    lambda pid: ProcessDetail(pid, HOSTILE, long))))  # fmt: skip
+    part = scan_json(report_of(SnapshotBuilder().use(evil, HOSTILE, GPU0, GiB)), {},
+                     lambda pid: ProcessDetail(pid, HOSTILE, long))  # fmt: skip
+    exact = json.loads(render(FACTS, 0.0, part, DRIVER))
     (row,) = exact["containers"]
     assert (row["namespace"], row["container"], row["processes"][0]["user"]) == (HOSTILE, HOSTILE, HOSTILE)
     assert len(row["pod"]) == MAX_TEXT_CHARS and row["pod"].startswith(HOSTILE) and row["pod"].endswith("characters]")
     assert len(row["processes"][0]["command"]) == MAX_TEXT_CHARS
 
     worst = "\x1b" * 5000  # 6 bytes of JSON a character
-    body = render(FACTS, 0.0, scan_json(_crowd(100, MAX_PROCESSES), {}, lambda pid: ProcessDetail(pid, worst, worst)))
+    part = scan_json(_crowd(100, MAX_PROCESSES), {}, lambda pid: ProcessDetail(pid, worst, worst))
+    body = render(FACTS, 0.0, part, DRIVER)
     doc = json.loads(body)
     assert len(body) < 8 * 1024 * 1024
     assert doc["truncated"] > 0 and len(doc["containers"]) + doc["truncated"] == 100
@@ -183,7 +209,9 @@ def test_the_page_is_built_when_asked_once_a_scan_and_its_age_is_that_of_the_ans
     clock = FakeClock()
     scans: list[LastScan | None] = [None]
     notified: list[int] = []
-    page = StatusPage(FACTS, lambda: scans[-1], clock, describe, notify=lambda: notified.append(page.builds))
+    page = StatusPage(
+        FACTS, lambda: scans[-1], clock, describe, notify=lambda: notified.append(page.builds), driver=lambda: DRIVER
+    )
 
     first = _answer(page)
     assert first is not None and first["agent"]["scan_age_s"] is None and first["containers"] == []
@@ -208,7 +236,7 @@ def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> Non
     """A reader waits for the scan that was the last when it asked, or any later one: it never starves."""
     clock = FakeClock()
     scans: list[LastScan | None] = [_last_scan(clock.now())]
-    page = StatusPage(FACTS, lambda: scans[-1], clock, describe)
+    page = StatusPage(FACTS, lambda: scans[-1], clock, describe, driver=lambda: DRIVER)
     waiting = page.body()
     assert callable(waiting) and waiting() is None
     clock.step(0.1)
@@ -220,7 +248,9 @@ def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> Non
 def test_the_pages_loop_builds_what_a_reader_asked_for() -> None:
     """A round of the page's loop waits for a reader's ask, then builds once; its readers are told."""
     scan = _last_scan(0.0)
-    page = StatusPage(FACTS, lambda: scan, FakeClock(), describe, notify=lambda: page._loop.stopping.set())
+    page = StatusPage(
+        FACTS, lambda: scan, FakeClock(), describe, notify=lambda: page._loop.stopping.set(), driver=lambda: DRIVER
+    )
     waiting = page.body()
     assert callable(waiting) and waiting() is None
     page._loop.run()

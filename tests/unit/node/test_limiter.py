@@ -16,7 +16,7 @@ from vramguard.core.model import CgroupIdentity, ContainerUsage, GiB, GpuDevice,
 from vramguard.core.ports import LIMIT_MAX, DriverLimit
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup_tree import CgroupTree
-from vramguard.node.limiter import DriverLimiter, read_held_limits
+from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits, read_held_limits
 from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
 
 QUOTA = "vramguard.io/vram"
@@ -537,6 +537,60 @@ def test_a_gpu_without_support_falls_back_alone(bench: Bench) -> None:
     assert bench.update(bench.targets(TRAINER), now=0) == [("applied", "main", 0), ("applied", None, 0)]
     assert bench.limiter.unsupported_gpus() == {1: "GPU 1 does not support memory limits"}
     assert bench.limiter.unavailable is None
+
+
+@pytest.mark.parametrize(
+    ("v2", "older_driver", "unsupported", "failing", "possible", "reason"),
+    [
+        pytest.param(True, False, set(), False, True, "", id="every-gpu-can"),
+        pytest.param(True, False, {1}, False, True, "GPU 1 does not support memory limits", id="one-gpu-cannot"),
+        pytest.param(True, False, {0, 1}, False, False,
+                     "GPU 0 does not support memory limits; GPU 1 does not support memory limits", id="no-gpu-can"),
+        pytest.param(True, True, set(), False, False, "the driver has no nvmlDeviceGetMemoryLimits_v1",
+                     id="a-driver-before-r615"),
+        pytest.param(False, False, set(), False, False,
+                     f"no cgroup v2 hierarchy under {ROOT} (the driver's limits need cgroup v2)",
+                     id="a-cgroup-v1-host"),
+        pytest.param(True, False, set(), True, None, f"cannot open {ROOT}", id="an-error-is-not-a-no"),
+    ],
+)  # fmt: skip
+def test_probe_limits_asks_the_root_on_each_gpu(
+    v2: bool, older_driver: bool, unsupported: set[int], failing: bool, possible: bool | None, reason: str
+) -> None:
+    """The driver is asked for the limits of the cgroup v2 root on each GPU: possible where one GPU can, not where
+    none can or the node cannot at all (each saying why), unknown where the driver only answered errors."""
+    driver = FakeMemoryLimiter()
+    driver.older_driver, driver.unsupported_gpus = older_driver, unsupported
+    if failing:
+        driver.failing = {ROOT}
+    support = probe_limits(driver, _is_a_tree(FakeTree(v2=v2)), [0, 1])
+    assert (support.possible, support.reason) == (possible, reason)
+    assert driver.sets() == [], "asking sets nothing"
+    assert {cgroup for _, _, cgroup, _, _ in driver.calls} <= {ROOT}
+
+
+def test_probe_limits_without_a_whole_gpu_says_so() -> None:
+    """No whole GPU to ask about (none, or all split into MIG instances): not possible, and why."""
+    support = probe_limits(FakeMemoryLimiter(), _is_a_tree(FakeTree()), [])
+    assert (support.possible, support.reason) == (False, "no whole, healthy GPU to hold a limit (MIG instances cannot)")
+
+
+def test_the_limiters_support_is_its_probe_and_what_it_learned_since(bench: Bench) -> None:
+    """`support()` is None until the first update's probe ran, then the probe's answer, with the GPUs found
+    unsupported or the node found unable since."""
+    assert bench.limiter.support() is None
+    bench.start(TRAINER)
+    bench.update(bench.targets(TRAINER), now=0)
+    probed = bench.limiter.support()
+    assert probed == LimitsSupport((0, 1)) and probed.possible is True
+
+    bench.driver.older_driver = True  # the driver is swapped under the agent: the next reconcile finds out
+    bench.update(bench.targets(TRAINER, SHARED), now=40)
+    found = bench.limiter.support()
+    assert found is not None and (found.possible, found.reason) == (
+        False,
+        "the driver has no nvmlDeviceGetMemoryLimits_v1",
+    )
 
 
 def test_failures_back_off_per_target_and_are_reported_once_per_run(bench: Bench) -> None:
