@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +27,30 @@ def need_helm() -> Path:
     return HELM
 
 
-def render(helm: Path, *sets: str, release: str = "vramguard", namespace: str = "vramguard") -> list[dict[str, Any]]:
-    """`helm template` of the chart with `--set` values: the objects, in helm's install order."""
+def render(
+    helm: Path,
+    *sets: str,
+    release: str = "vramguard",
+    namespace: str = "vramguard",
+    values: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart with `--set` values, after `values` (a values file, for values `--set` would
+    retype, such as a YAML number or "12e9"): the objects, in helm's install order."""
     args = [str(helm), "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values_file:
+        if values is not None:
+            yaml.safe_dump(dict(values), values_file)
+            values_file.flush()
+            args += ["--values", values_file.name]
+        for s in sets:
+            args += ["--set", s]
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == kind]
+def one(objects: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    """The one object of `kind` (whose name ends with `name_suffix`)."""
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
     return found
 
 

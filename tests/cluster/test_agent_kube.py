@@ -420,9 +420,11 @@ def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
     and an invalid quota is reported once as VRAMQuotaInvalid."""
     offender, sim_offender = node.pod("offender", namespace, limits={"nvidia.com/gpumem": "1024"})
     neighbour, sim_neighbour = node.pod("neighbour", namespace, annotations={"vramguard.io/vram-limit": "4Gi"})
-    # The API server itself rejects "12GB" in resources.limits; annotations are free text, so that is where a
-    # malformed quota reaches the agent.
-    typo, _ = node.pod("typo", namespace, annotations={"vramguard.io/vram-limit": "12GB"})
+    # The manifest's admission policy refuses a malformed quota at the door (tests/cluster/test_quota_admission.py);
+    # a burst below its quota is the agent's alone to find.
+    typo, _ = node.pod(
+        "typo", namespace, annotations={"vramguard.io/vram-limit": "4Gi", "vramguard.io/vram-burst": "2Gi"}
+    )
     bad = node.sim.spawn(sim_offender, "main", 512 * MiB, children=1)
     good = node.sim.spawn(sim_neighbour, "main", 3 * GiB)
     node.sim.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
@@ -438,7 +440,7 @@ def test_kill_mode_full_loop(node: KubeNode, namespace: str) -> None:
     assert "quota 1.0GiB" in (killed[0].message or "")
     assert node.events(neighbour) == []
     (invalid,) = node.events(typo)
-    assert invalid.reason == "VRAMQuotaInvalid" and "12GB" in (invalid.message or "")
+    assert invalid.reason == "VRAMQuotaInvalid" and "below the quota 4Gi" in (invalid.message or "")
     assert (metric(node, "vramguard_events_total", result="written") or 0) >= 3
 
 

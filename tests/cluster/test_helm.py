@@ -18,8 +18,9 @@ import yaml
 from helm_fixtures import CHART, KUBE_VERSION, container, need_helm, one, render
 from vramguard.agent.metrics import Metrics
 from vramguard.core.decide import Decision
-from vramguard.core.model import GiB, Mode
+from vramguard.core.model import DEFAULT_QUOTA_SOURCES, GiB, Mode
 from vramguard.core.policy import parse_policy
+from vramguard.core.quota import BURST_ANNOTATION
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,11 +217,96 @@ def test_every_privilege_has_its_reason_in_values(helm: Path) -> None:
 
 def test_admission_policy_names_the_releases_service_account(helm: Path) -> None:
     objects = render(helm, release="gpu-guard", namespace="ops")
-    condition = one(objects, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
+    own_node = one(objects, "ValidatingAdmissionPolicy", "-own-node-only")
+    condition = own_node["spec"]["matchConditions"][0]["expression"]
     assert "system:serviceaccount:ops:gpu-guard" in condition
     binding = one(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-guard", "namespace": "ops"}]
     assert one(objects, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-guard"
+
+
+def _quota_policy(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The quota admission policy's spec and its binding's."""
+    policy = one(objects, "ValidatingAdmissionPolicy", "-quota-values")
+    return policy["spec"], one(objects, "ValidatingAdmissionPolicyBinding", "-quota-values")["spec"]
+
+
+def _fields(spec: dict[str, Any]) -> str:
+    (fields,) = [v["expression"] for v in spec["variables"] if v["name"] == "fields"]
+    assert isinstance(fields, str)
+    return fields
+
+
+def _read(fields: str) -> list[str]:
+    """The quota fields a rendered policy reads, as quota sources, in its order."""
+    found = re.findall(r"resources\.limits\[([^\]]+)\]',|'field': 'metadata\.annotations\[([^\]]+)\]'", fields)
+    return [f"resource:{r}" if r else f"annotation:{a}" for r, a in found]
+
+
+def test_quota_admission_policy_reads_the_agents_quota_sources(helm: Path) -> None:
+    """By default the policy reads DEFAULT_QUOTA_SOURCES and the burst annotation, refuses (Deny), and skips the
+    namespaces the agent exempts: kube-system and the release's."""
+    spec, binding = _quota_policy(render(helm, release="gpu-guard", namespace="ops"))
+    assert _read(_fields(spec)) == [*DEFAULT_QUOTA_SOURCES, f"annotation:{BURST_ANNOTATION}"]
+    assert binding["validationActions"] == ["Deny"] and binding["policyName"] == "gpu-guard-quota-values"
+    (exempt,) = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert exempt == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "ops"]}
+    assert spec["failurePolicy"] == "Ignore"
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param(
+            {"quota_sources": ["claim:gpu.nvidia.com", "annotation:gpu-memory", "resource:nvidia.com/gpumem"]},
+            ["annotation:gpu-memory", "resource:nvidia.com/gpumem"],
+            id="claims-are-not-pod-fields",
+        ),
+        pytest.param({"quota_sources": []}, [], id="no-sources-only-the-burst"),
+    ],
+)
+def test_quota_admission_policy_reads_the_policys_sources(
+    helm: Path, values: dict[str, Any], expected: list[str]
+) -> None:
+    spec, _ = _quota_policy(render(helm, values={"policy": values}))
+    # The resources come first in the rendering; the order of the fields only orders the message.
+    assert sorted(_read(_fields(spec))) == sorted([*expected, f"annotation:{BURST_ANNOTATION}"])
+
+
+def test_quota_admission_values(helm: Path) -> None:
+    """`admission.action: Warn` binds the policy to warn; `exempt_namespaces` replaces kube-system; a namespace's
+    max_quota reaches the policy as written; `admission.enabled: false` renders no policy at all."""
+    values = {
+        "admission": {"action": "Warn"},
+        "policy": {"exempt_namespaces": ["infra"], "namespaces": {"ml": {"max_quota": 17179869184}}},
+    }
+    spec, binding = _quota_policy(render(helm, values=values))
+    assert binding["validationActions"] == ["Warn"]
+    assert spec["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["infra", "vramguard"]
+    (cap,) = [v["expression"] for v in spec["variables"] if v["name"] == "capText"]
+    assert cap == '{"ml": "17179869184"}[?request.namespace].orValue(\'\')'
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in render(helm, "admission.enabled=false")}
+    assert ("ValidatingAdmissionPolicy", "vramguard-quota-values") not in kinds
+    assert ("ValidatingAdmissionPolicy", "vramguard-own-node-only") in kinds
+
+
+@pytest.mark.parametrize(
+    ("sets", "error"),
+    [
+        pytest.param(("admission.action=Audit",), "/admission/action", id="an-action-that-is-not-deny-or-warn"),
+        pytest.param(
+            ("policy.quota_sources={resource:example.com/vram}",), "example.com/vram", id="a-source-of-unknown-unit"
+        ),
+    ],
+)
+def test_quota_admission_values_the_agent_would_refuse_are_refused_at_install(
+    helm: Path, sets: tuple[str, ...], error: str
+) -> None:
+    args = [str(helm), "template", "x", str(CHART), "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and error in result.stderr
 
 
 def _exported_metric_names() -> set[str]:

@@ -78,14 +78,15 @@ def _whole_bytes(value: object, n_bytes: int) -> int:
     return n_bytes
 
 
-def _parse_exact(value: object) -> tuple[Fraction, bool]:
-    """The exact, non-negative value of a quantity before any rounding, and whether its suffix was binary."""
+def _parse_exact(value: object) -> tuple[Fraction, int]:
+    """The exact, non-negative value of a quantity before any rounding, and the power of 2 of its binary suffix
+    (0 when it has none)."""
     if isinstance(value, bool):  # bool is an int subclass; `true` in YAML is never meant as 1 byte
         raise QuantityError(value, "a boolean, not a number")
     if isinstance(value, int):
         if value < 0:
             raise QuantityError(value, "must not be negative")
-        return Fraction(value), False
+        return Fraction(value), 0
     if isinstance(value, float):
         if not math.isfinite(value):
             raise QuantityError(value, "not a finite number")
@@ -110,8 +111,9 @@ def _parse_exact(value: object) -> tuple[Fraction, bool]:
     number = whole + ("." + frac if frac else "")
     base, exponent = _interpret_suffix(value, number, suffix)
     mantissa = Fraction(number)
+    binary_power = exponent if base == 2 else 0
     if mantissa == 0:
-        return Fraction(0), base == 2
+        return Fraction(0), binary_power
     if m["sign"] == "-":
         raise QuantityError(value, "must not be negative")
 
@@ -120,8 +122,8 @@ def _parse_exact(value: object) -> tuple[Fraction, bool]:
     if exponent > 2 * MAX_LENGTH:
         raise QuantityError(value, f"larger than the int64 maximum of {MAX_BYTES} bytes")
     if exponent < -2 * MAX_LENGTH:
-        return Fraction(1, 10 ** (2 * MAX_LENGTH)), False
-    return mantissa * Fraction(base) ** exponent, base == 2
+        return Fraction(1, 10 ** (2 * MAX_LENGTH)), 0
+    return mantissa * Fraction(base) ** exponent, binary_power
 
 
 def _interpret_suffix(value: object, number: str, suffix: str) -> tuple[int, int]:
@@ -150,7 +152,7 @@ def _suffix_hint(number: str, suffix: str) -> str:
         decimal = "k" if letter == "K" else letter
         power = _DECIMAL_SUFFIXES[decimal]
         exact = Fraction(number) * 2 ** _BINARY_SUFFIXES[binary]
-        spelled = f"{number}{binary}" + (f" or {exact}" if exact.denominator == 1 and exact <= MAX_BYTES else "")
+        spelled = f"{number}{binary}" + (f" or {exact}" if _whole_within_int64(Fraction(number), exact) else "")
         if rest == "":
             binary_power = _BINARY_SUFFIXES[binary]
             return (
@@ -169,6 +171,12 @@ def _suffix_hint(number: str, suffix: str) -> str:
         f"unknown suffix {show_value(suffix)}; Kubernetes suffixes are Ki Mi Gi Ti Pi Ei (binary), "
         "k M G T P E (decimal) and e<N> (exponent), case-sensitive"
     )
+
+
+def _whole_within_int64(number: Fraction, exact: Fraction) -> bool:
+    """Whether a hint may name the bytes (`exact`) of `number` of a binary unit: the number is whole and the bytes
+    fit an int64. The chart's admission policy says the same in CEL, which has no numbers beyond int64."""
+    return number.denominator == 1 and exact <= MAX_BYTES
 
 
 def format_quantity(n_bytes: int) -> str:
@@ -208,10 +216,11 @@ def parse_count_bytes(value: object, unit_bytes: int, name: str = "the value") -
     if unit_bytes == 1:
         return parse_quantity(value)
     unit = _unit_name(unit_bytes)
-    exact, binary = _parse_exact(value)
-    if binary:
+    exact, binary_power = _parse_exact(value)
+    if binary_power:
         units, rest = divmod(math.ceil(exact), unit_bytes)
-        hint = f"; write {units} for {value}" if not rest else ""
+        whole = _whole_within_int64(exact / 2**binary_power, exact)
+        hint = f"; write {units} for {value}" if whole and not rest else ""
         raise QuantityError(value, f"{name} is a count of {unit}, not a byte quantity{hint}")
     if exact.denominator != 1:
         raise QuantityError(value, f"{name} is a count of {unit}: must be a whole number")

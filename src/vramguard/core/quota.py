@@ -96,7 +96,7 @@ def resolve_pod_quota(
     sources = _readable_sources(policy.quota_sources)
     cap = policy.cap_for(pod.namespace)
 
-    pod_source, pod_quota = _pod_wide_quota(pod, sources, findings)
+    pod_source, pod_quota = _pod_wide_quota(pod, sources, cap, findings)
     default: Quota | None = None
     default_resolved = False
 
@@ -107,7 +107,7 @@ def resolve_pod_quota(
     for container in pod.containers:
         held = (shares or {}).get(container.name, ())
         own, stopped_at[container.name] = _container_quota(
-            container.name, container.limits, held, sources, pod_source, findings
+            container.name, container.limits, held, sources, pod_source, cap, findings
         )
         if isinstance(own, dict):
             per_gpu[container.name] = own
@@ -121,7 +121,7 @@ def resolve_pod_quota(
             if default is not None:
                 containers[container.name] = default
 
-    containers, per_gpu, pod_quota = _apply_burst(pod, containers, per_gpu, pod_quota, findings)
+    containers, per_gpu, pod_quota = _apply_burst(pod, containers, per_gpu, pod_quota, cap, findings)
     applies = {name: _describe(q, cap) for name, q in containers.items()}
     applies |= {name: "; ".join(_describe(q, cap) for q in gpus.values()) for name, gpus in per_gpu.items()}
     pod_applies = _describe(pod_quota, cap) if pod_quota is not None else None
@@ -216,8 +216,10 @@ class _Governs(enum.Enum):
 
     CONTAINER = enum.auto()  # one container's own limit
     ANNOTATION = enum.auto()  # the listed containers whose walk reached this annotation, and the unlisted ones
+    POD_WIDE = enum.auto()  # what the pod-wide quota covers: a valid annotation, over the namespace's cap
     DEFAULT = enum.auto()  # the containers that fell through to the policy default
     BURST = enum.auto()  # the burst of every quota of the pod
+    CAPPED_BURST = enum.auto()  # a valid burst over the namespace's cap: the error says what applies already
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +261,12 @@ def _with_applies(
                 text = pod_applies  # a later annotation covers the containers the pod cache does not list
             else:
                 text = "no pod-wide quota (each container has a quota of its own)"
+        elif f.governs is _Governs.POD_WIDE:
+            text = pod_applies or UNMANAGED
         elif f.governs is _Governs.DEFAULT:
             text = governing(defaulted)
+        elif f.governs is _Governs.CAPPED_BURST:
+            text = f.error.applies
         else:
             text = "no burst (each quota is also the hard limit)"
         errors.append(replace(f.error, applies=text))
@@ -283,6 +289,11 @@ def _reason(e: QuantityError) -> str:
     return f"is not a valid {e.what} ({e.reason})"
 
 
+def _over_cap(field: str, raw: str, cap: int, applies: str = "") -> QuotaError:
+    """A valid quota over its namespace's max_quota: capped, and reported, since it is not what the pod gets."""
+    return QuotaError(field, raw, f"is over the namespace max_quota {format_quantity(cap)}", applies)
+
+
 def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
     readable = []
     for text in texts:
@@ -294,19 +305,21 @@ def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
 
 
 def _pod_wide_quota(
-    pod: PodInfo, sources: Sequence[QuotaSource], findings: list[_Finding]
+    pod: PodInfo, sources: Sequence[QuotaSource], cap: int | None, findings: list[_Finding]
 ) -> tuple[QuotaSource | None, Quota | None]:
     """The first annotation source with a valid value on the pod, and its quota."""
     for index, source in enumerate(sources):
         if source.kind is not SourceKind.ANNOTATION or source.name not in pod.annotations:
             continue
         raw = pod.annotations[source.name]
+        field = f"metadata.annotations[{source.name}]"
         try:
             limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
         except QuantityError as e:
-            error = QuotaError(f"metadata.annotations[{source.name}]", raw, _reason(e))
-            findings.append(_Finding(error, _Governs.ANNOTATION, source_index=index))
+            findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.ANNOTATION, source_index=index))
             continue
+        if cap is not None and limit > cap:
+            findings.append(_Finding(_over_cap(field, raw, cap), _Governs.POD_WIDE))
         return source, Quota(limit_bytes=limit, source=f"annotation {source.name}")
     return None, None
 
@@ -317,6 +330,7 @@ def _container_quota(
     shares: Sequence[Share],
     sources: Sequence[QuotaSource],
     pod_source: QuotaSource | None,
+    cap: int | None,
     findings: list[_Finding],
 ) -> tuple[Quota | dict[str, Quota] | None, int]:
     """The container's own quota from the first valid resource or claim source ahead of the pod-wide one, if
@@ -333,12 +347,14 @@ def _container_quota(
         if source.kind is not SourceKind.RESOURCE or source.name not in limits:
             continue
         raw = limits[source.name]
+        field = f"spec.containers[{container}].resources.limits[{source.name}]"
         try:
             limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
         except QuantityError as e:
-            field = f"spec.containers[{container}].resources.limits[{source.name}]"
             findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
             continue
+        if cap is not None and limit > cap:
+            findings.append(_Finding(_over_cap(field, raw, cap), _Governs.CONTAINER, container=container))
         return Quota(limit_bytes=limit, source=f"limits[{source.name}]"), index
     return None, len(sources)
 
@@ -394,6 +410,7 @@ def _apply_burst(
     containers: dict[str, Quota],
     per_gpu: dict[str, dict[str, Quota]],
     pod_quota: Quota | None,
+    cap: int | None,
     findings: list[_Finding],
 ) -> tuple[dict[str, Quota], dict[str, dict[str, Quota]], Quota | None]:
     raw = pod.annotations.get(BURST_ANNOTATION)
@@ -420,6 +437,9 @@ def _apply_burst(
         )
         findings.append(_Finding(QuotaError(field, raw, _reason(QuantityError(raw, reason, "burst"))), _Governs.BURST))
         return containers, per_gpu, pod_quota
+    if cap is not None and burst > cap:
+        applies = f"burst {format_quantity(burst)} capped to {format_quantity(cap)} by namespace max_quota"
+        findings.append(_Finding(_over_cap(field, raw, cap, applies), _Governs.CAPPED_BURST))
 
     return (
         {name: replace(q, burst_bytes=burst) for name, q in containers.items()},

@@ -13,6 +13,7 @@ from vramguard.core.quantity import (
     QuantityError,
     format_duration,
     format_quantity,
+    parse_count_bytes,
     parse_duration,
     parse_percentage,
     parse_quantity,
@@ -105,6 +106,51 @@ def test_parse_quantity_rejects(value: object, reason_part: str) -> None:
     assert info.value.value == value or (isinstance(value, float) and math.isnan(value))
     assert reason_part in info.value.reason
     assert "is not a valid quantity" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "name", "unit_bytes", "reason"),
+    [
+        pytest.param(
+            "1.5GB",
+            "",
+            1,
+            "GB is not a Kubernetes suffix; write 1.5Gi for 1.5 GiB, or 1.5G for 1.5e9 bytes",
+            id="a-fraction-names-no-bytes",
+        ),
+        pytest.param(
+            "12.0gi", "", 1, "suffixes are case-sensitive; write 12.0Gi or 12884901888", id="a-zero-fraction-does"
+        ),
+        pytest.param(
+            "9EB", "", 1, "EB is not a Kubernetes suffix; write 9Ei for 9 EiB, or 9E for 9e18 bytes", id="past-int64"
+        ),
+        pytest.param(
+            "1.5Gi",
+            "gpu-memory",
+            MiB,
+            "gpu-memory is a count of MiB, not a byte quantity",
+            id="a-fraction-names-no-count",
+        ),
+        pytest.param(
+            "9Ei",
+            "gpu-memory",
+            MiB,
+            "gpu-memory is a count of MiB, not a byte quantity",
+            id="bytes-past-int64-no-count",
+        ),
+        pytest.param(
+            "0Gi", "gpu-memory", MiB, "gpu-memory is a count of MiB, not a byte quantity; write 0 for 0Gi", id="zero"
+        ),
+    ],
+)
+def test_a_hint_names_bytes_only_of_a_whole_number_within_int64(
+    value: str, name: str, unit_bytes: int, reason: str
+) -> None:
+    """The bytes or count a hint suggests is given only for a whole number whose bytes fit int64: what the chart's
+    admission policy can say the same in CEL (its words are the agent's)."""
+    with pytest.raises(QuantityError) as info:
+        parse_count_bytes(value, unit_bytes, name or "the value")
+    assert info.value.reason == reason
 
 
 def test_quantity_error_quotes_the_value() -> None:

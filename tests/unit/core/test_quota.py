@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
+from quota_values import CAPS, ROWS, Row
 from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
     ContainerInfo,
@@ -20,6 +21,7 @@ from vramguard.core.model import (
     Quota,
     QuotaError,
 )
+from vramguard.core.policy import parse_policy
 from vramguard.core.quota import (
     BURST_ANNOTATION,
     MAX_MESSAGE_CHARS,
@@ -33,6 +35,7 @@ from vramguard.core.quota import (
     reads_claims,
     resolve_pod_quota,
 )
+from vramguard.kube.pod_manifest import pod_info_from_manifest
 
 VRAM = "vramguard.io/vram"
 GPUMEM = "nvidia.com/gpumem"
@@ -42,6 +45,7 @@ KAI = "gpu-memory"
 FIXED_8GI = DefaultQuota(DefaultKind.FIXED, 8 * GiB)
 FAIR = DefaultQuota(DefaultKind.FAIR_SHARE)
 CAP_16GI = {"team-a": NamespacePolicy(max_quota_bytes=16 * GiB)}
+OVER_16GI = "is over the namespace max_quota 16Gi"
 
 
 def pod(
@@ -279,17 +283,19 @@ CASES = [
         Case(
             pod(c("a"), annotations={LIMIT: "64Gi"}, namespace="team-a"),
             pod_quota=Quota(16 * GiB, source=f"annotation {LIMIT} capped by namespace max 16Gi"),
+            errors=[(f"metadata.annotations[{LIMIT}]", "64Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
-        id="annotation-cannot-exceed-namespace-cap",
+        id="annotation-cannot-exceed-namespace-cap-and-says-so",
     ),
     pytest.param(
         Case(
             pod(c("a", vram="20Gi"), namespace="team-a"),
             {"a": Quota(16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            errors=[(f"spec.containers[a].resources.limits[{VRAM}]", "20Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
-        id="resource-limit-capped-by-namespace-max",
+        id="resource-limit-capped-by-namespace-max-and-says-so",
     ),
     pytest.param(
         Case(
@@ -351,14 +357,19 @@ CASES = [
         Case(
             pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "32Gi"}, namespace="team-a"),
             {"a": Quota(12 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "32Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
-        id="burst-capped-by-namespace-max",
+        id="burst-capped-by-namespace-max-and-says-so",
     ),
     pytest.param(
         Case(
             pod(c("a", vram="20Gi"), annotations={BURST_ANNOTATION: "24Gi"}, namespace="team-a"),
             {"a": Quota(16 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            errors=[
+                (f"spec.containers[a].resources.limits[{VRAM}]", "20Gi", OVER_16GI),
+                (f"metadata.annotations[{BURST_ANNOTATION}]", "24Gi", OVER_16GI),
+            ],
             policy=Policy(namespaces=CAP_16GI),
         ),
         id="burst-checked-against-the-declared-quota-then-both-capped",
@@ -374,6 +385,7 @@ CASES = [
                     cap_bytes=16 * GiB,
                 )
             },
+            errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "40Gi", OVER_16GI)],
             policy=Policy(default=FAIR, namespaces=CAP_16GI),
             labels={REPLICAS_LABEL: "2"},
         ),
@@ -655,11 +667,32 @@ APPLIES_CASES = [
     pytest.param(pod(c("t", vram="-1")), Policy(), {}, UNMANAGED, id="no-default-is-unmanaged"),
     pytest.param(in_x(c("a"), annotations={LIMIT: "lots"}), Policy(namespaces=CAP_8GI), {}, CAP_SOURCE, id="the-cap"),
     pytest.param(
-        in_x(c("a", vram="abc"), annotations={LIMIT: "64Gi"}),
+        in_x(c("a", vram="abc"), annotations={LIMIT: "6Gi"}),
+        Policy(namespaces=CAP_8GI),
+        {},
+        f"annotation {LIMIT} 6Gi",
+        id="the-pod-wide-quota",
+    ),
+    pytest.param(
+        in_x(c("a"), annotations={LIMIT: "64Gi"}),
         Policy(namespaces=CAP_8GI),
         {},
         f"annotation {LIMIT} 64Gi capped to 8Gi by namespace max_quota",
-        id="a-capped-quota-says-so",
+        id="a-pod-wide-quota-over-the-cap-says-it-is-capped",
+    ),
+    pytest.param(
+        in_x(c("a", gpumem="10240")),
+        Policy(namespaces=CAP_8GI),
+        {},
+        f"limits[{GPUMEM}] 10Gi capped to 8Gi by namespace max_quota",
+        id="a-limit-over-the-cap-says-it-is-capped",
+    ),
+    pytest.param(
+        in_x(c("a", vram="2Gi"), annotations={BURST_ANNOTATION: "12Gi"}),
+        Policy(namespaces=CAP_8GI),
+        {},
+        "burst 12Gi capped to 8Gi by namespace max_quota",
+        id="a-burst-over-the-cap-says-it-is-capped",
     ),
     pytest.param(
         pod(c("a", vram="1Gi"), annotations={LIMIT: "abc"}),
@@ -714,6 +747,19 @@ def test_invalid_message_reads_field_value_reason_and_what_applies() -> None:
         f'metadata.annotations[{LIMIT}]: "lots" is not a valid quantity (expected a number with an optional '
         "suffix, e.g. 12Gi, 12G, 12884901888 or 12e9); applies instead: namespace max_quota 8Gi (no valid quota)"
     )
+
+
+def test_a_quota_over_the_cap_is_reported_with_the_capped_quota_that_applies() -> None:
+    """A valid quota over its namespace's max_quota is capped, and reported as VRAMQuotaInvalid: the field, the
+    value, the cap, and the capped quota; an invalid value it covers instead says the same capped quota."""
+    result = resolve_pod_quota(in_x(c("a", vram="abc"), annotations={LIMIT: "64Gi"}), Policy(namespaces=CAP_8GI), {})
+    assert result.pod == Quota(8 * GiB, source=f"annotation {LIMIT} capped by namespace max 8Gi")
+    capped = f"annotation {LIMIT} 64Gi capped to 8Gi by namespace max_quota"
+    assert [invalid_message(e) for e in result.errors] == [
+        f'metadata.annotations[{LIMIT}]: "64Gi" is over the namespace max_quota 8Gi; applies instead: {capped}',
+        f'spec.containers[a].resources.limits[{VRAM}]: "abc" is not a valid quantity (expected a number with an '
+        f"optional suffix, e.g. 12Gi, 12G, 12884901888 or 12e9); applies instead: {capped}",
+    ]
 
 
 HUGE = "9" * 10_000_000  # a tenant can write a 10 MB annotation into a pods file
@@ -857,3 +903,27 @@ def test_reads_claims_only_with_a_claim_source() -> None:
     assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
     assert not reads_claims(DEFAULT_QUOTA_SOURCES)
     assert not reads_claims(("claim:Not_A_Name",))  # the policy loader reports it; no claim source either
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The table the chart's admission policy is held to (tests/quota_values.py; tests/cluster/test_quota_admission.py)
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
+def test_the_shared_table_of_quota_values(row: Row) -> None:
+    """Each row of the table, as the agent reads its pod: a valid value is a quota and no error; an invalid one is
+    one VRAMQuotaInvalid naming the field, whose one-line text says why."""
+    namespace = "capped" if row.cap is not None else "default"
+    policy = parse_policy({"namespaces": {"capped": {"max_quota": CAPS[row.cap]}}} if row.cap is not None else {})
+    manifest = row.field.pod(row.value, namespace=namespace)
+    manifest["metadata"]["uid"] = "uid-1"
+    result = resolve_pod_quota(pod_info_from_manifest(manifest), policy, {})
+    if row.valid:
+        assert result.errors == ()
+        assert result.containers or result.pod is not None
+        return
+    (error,) = result.errors
+    assert error.field == row.field.path
+    text = invalid_message(error)
+    assert row.says in text
+    assert "\n" not in text and len(invalid_message(replace(error, applies=""))) <= MAX_MESSAGE_CHARS

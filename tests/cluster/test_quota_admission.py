@@ -1,0 +1,295 @@
+"""The chart's quota admission policy on a real kube-apiserver, in the agent's words; and a ResourceQuota on the
+namespace's total.
+
+Every row of tests/quota_values.py is created with a server-side dry run (through admission, nothing stored): an
+invalid row is refused with exactly the text of the agent's VRAMQuotaInvalid Event, less what applies instead,
+computed here by the agent's own code from the pod as the API server stores it (a dry run in kube-system, which
+every quota policy exempts, gives its canonical spelling); a valid row is admitted. The policy is rendered from the
+chart with max_quotas on this module's namespaces and created alone (with its binding), then deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from helm_fixtures import need_helm, one, render
+from quota_values import BY_NAME, CAPS, KAI, LIMIT, ROWS, VRAM, Row
+from vramguard.core.model import Policy
+from vramguard.core.policy import parse_policy
+from vramguard.core.quota import invalid_message, resolve_pod_quota
+from vramguard_testbed.waiting import wait_until
+
+from .controlplane import ControlPlane
+from .kube_fixtures import AGENT_NAMESPACE, MERGE, pod_info
+
+EXEMPT = "kube-system"  # exempt in every rendering of the chart, as in the agent's default policy
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+@dataclass(frozen=True)
+class Door:
+    """The quota policy of one rendering of the chart, in force on the API server."""
+
+    core: client.CoreV1Api
+    name: str  # of the ValidatingAdmissionPolicy and its binding
+    policy: Policy  # the agent's, from the same values (the rendered ConfigMap)
+    namespaces: Mapping[str | None, str]  # a row's cap (a key of CAPS, None for none) → its namespace
+
+
+def _body(pod: dict[str, Any]) -> client.V1Pod:
+    """A Pod manifest as the body of a request: the client sends a dict as it is."""
+    return cast(client.V1Pod, pod)
+
+
+def _create_door(api: client.ApiClient, values: Mapping[str, Any], probe_namespace: str, *, warn: bool) -> str:
+    """Render the chart with `values`, create its quota policy and binding alone, and wait until the API server
+    enforces them (a 32Gi vram-limit in `probe_namespace`, capped at 16Gi there, is refused or warned about).
+    Returns the policy's name."""
+    release = f"door-{uuid.uuid4().hex[:8]}"
+    objects = render(need_helm(), release=release, namespace=release, values=values)
+    for kind in POLICY_KINDS:
+        utils.create_from_dict(api, one(objects, kind, "-quota-values"))  # type: ignore[no-untyped-call]
+    name = f"{release}-quota-values"
+    core = client.CoreV1Api(api)
+    probe = BY_NAME[LIMIT].pod("32Gi", f"probe-{release}", probe_namespace)
+
+    def enforced() -> bool:
+        try:
+            _, _, headers = core.create_namespaced_pod_with_http_info(probe_namespace, _body(probe), dry_run="All")
+        except client.ApiException as e:
+            if e.status != 422:
+                raise
+            return f"'{name}'" in str(e.body)
+        return warn and any(f"'{name}'" in w for w in _warnings(headers))
+
+    wait_until(enforced, 30, what=f"the admission policy {name} enforced", interval_s=0.1)
+    return name
+
+
+def _delete_door(api: client.ApiClient, name: str) -> None:
+    admission = client.AdmissionregistrationV1Api(api)
+    admission.delete_validating_admission_policy_binding(name)
+    admission.delete_validating_admission_policy(name)
+
+
+def _agent_policy(values: Mapping[str, Any]) -> Policy:
+    """The policy the agent would load from a rendering of the chart with `values`."""
+    return parse_policy(yaml.safe_load(one(render(need_helm(), values=values), "ConfigMap")["data"]["policy.yaml"]))
+
+
+@pytest.fixture(scope="module")
+def door(control_plane: ControlPlane) -> Iterator[Door]:
+    """Fresh namespaces, one per max_quota of the table and one without; the chart's quota policy with those caps
+    (its agent namespace, where the Warn test runs, exempt); and, created before the policy, a pod "old" whose
+    vram-limit is over its namespace's cap."""
+    suffix = uuid.uuid4().hex[:8]
+    namespaces: dict[str | None, str] = {None: f"quota-{suffix}"}
+    namespaces.update({cap: f"quota-{suffix}-{i}" for i, cap in enumerate(CAPS)})
+    values = {
+        "policy": {
+            "exempt_namespaces": [EXEMPT, AGENT_NAMESPACE],
+            "namespaces": {namespaces[cap]: {"max_quota": max_quota} for cap, max_quota in CAPS.items()},
+        }
+    }
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        for ns in namespaces.values():
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        capped = namespaces["16Gi"]
+        core.create_namespaced_pod(capped, _body(BY_NAME[LIMIT].pod("32Gi", "old", capped)))
+        name = _create_door(api, values, capped, warn=False)
+        try:
+            yield Door(core, name, _agent_policy(values), namespaces)
+        finally:
+            _delete_door(api, name)
+            core.delete_namespaced_pod("old", capped)
+
+
+def agent_says(door: Door, pod: dict[str, Any]) -> list[str] | None:
+    """The agent's VRAMQuotaInvalid texts for `pod`, less what applies instead, as it reads the pod the API server
+    stores; None when the API server refuses the pod itself."""
+    namespace = pod["metadata"]["namespace"]
+    exempt = json.loads(json.dumps(pod))
+    exempt["metadata"]["namespace"] = EXEMPT
+    try:
+        stored = door.core.create_namespaced_pod(EXEMPT, _body(exempt), dry_run="All")
+    except client.ApiException:
+        return None
+    info = dataclasses.replace(pod_info(stored), namespace=namespace)
+    errors = resolve_pod_quota(info, door.policy, {}).errors
+    return [invalid_message(dataclasses.replace(e, applies="")) for e in errors]
+
+
+def refusal(door: Door, pod: dict[str, Any]) -> tuple[int, str] | None:
+    """(status, message) of the API server's refusal of `pod` (a dry run), None when it admits it."""
+    try:
+        door.core.create_namespaced_pod(pod["metadata"]["namespace"], _body(pod), dry_run="All")
+    except client.ApiException as e:
+        return int(e.status or 0), str(json.loads(e.body or "{}")["message"])
+    return None
+
+
+def _warnings(headers: Mapping[str, str]) -> list[str]:
+    """The texts of the Warning headers of a response (RFC 9111 `299 - "text"`, which kubectl prints)."""
+    raw = headers.get("Warning") or ""
+    # urllib3 decodes header bytes as latin-1; the API server writes UTF-8.
+    raw = raw.encode("latin-1").decode("utf-8")
+    return [re.sub(r"\\(.)", r"\1", text) for text in re.findall(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"', raw)]
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
+def test_each_row_is_refused_in_the_agents_words_or_admitted(door: Door, row: Row) -> None:
+    """An invalid row is refused (422) with the agent's text; a valid one is admitted; a resource value that is
+    no whole Kubernetes quantity is refused by the API server itself, before admission."""
+    pod = row.field.pod(row.value, "row", door.namespaces[row.cap])
+    expected = agent_says(door, pod)
+    refused = refusal(door, pod)
+    if row.api_server_refuses:
+        assert expected is None and refused is not None
+        status, message = refused
+        assert status in (400, 422) and "ValidatingAdmissionPolicy" not in message, message
+        return
+    assert expected is not None, "the API server stores the pod"
+    assert (expected == []) == row.valid, f"the agent's verdict on the stored pod: {expected}"
+    if row.valid:
+        assert refused is None
+        return
+    assert refused is not None, f"admitted, where the agent says {expected}"
+    status, message = refused
+    assert status == 422 and "ValidatingAdmissionPolicy '" in message
+    for text in expected:
+        assert text in message
+
+
+def test_many_bad_fields_are_each_named_and_the_message_stays_bounded(door: Door) -> None:
+    """Six bad limits (two in init containers) are refused with the agent's first four texts, in the agent's
+    order, and how many more: the API server takes no message over 5 KiB."""
+    namespace = door.namespaces[None]
+    pod = BY_NAME[VRAM].pod("0", "many", namespace)
+    main = pod["spec"]["containers"][0]
+    pod["spec"]["initContainers"] = [{**main, "name": f"init-{i}"} for i in range(2)]
+    pod["spec"]["containers"] = [{**main, "name": f"main-{i}"} for i in range(4)]
+    expected = agent_says(door, pod)
+    assert expected is not None and len(expected) == 6
+    assert expected[0].startswith("spec.containers[init-0]")
+    refused = refusal(door, pod)
+    assert refused is not None
+    assert refused[1].endswith(": " + "; ".join(expected[:4]) + "; and 2 more")
+
+
+def test_a_pod_of_400_quota_fields_is_judged_whole(door: Door) -> None:
+    """100 containers with a bad value in each of the four resources: every field is judged, within the API
+    server's CEL cost budget (past about 1,600 fields it is exceeded, and the policy, failing open, leaves the pod
+    to the agent)."""
+    namespace = door.namespaces[None]
+    limits = {field.name: "0" for field in BY_NAME.values() if field.kind == "resource"}
+    pod = BY_NAME[VRAM].pod("0", "big", namespace)
+    pod["spec"]["containers"] = [
+        {"name": f"main-{i}", "image": "busybox", "resources": {"limits": limits}} for i in range(100)
+    ]
+    started = time.monotonic()
+    refused = refusal(door, pod)
+    took_s = time.monotonic() - started
+    assert refused is not None and refused[1].endswith("; and 396 more"), refused
+    print(f"a pod of 400 bad quota fields refused in {took_s:.2f} s")
+
+
+def test_an_update_is_judged_only_where_a_quota_field_changed(door: Door) -> None:
+    """A pod admitted before the policy, over its namespace's max_quota, takes every update that leaves its quota
+    fields as they are (it is never wedged); a change to a bad value is refused, a change to a good one admitted."""
+    namespace = door.namespaces["16Gi"]
+
+    def patched(annotations: dict[str, str]) -> str | None:
+        try:
+            door.core.patch_namespaced_pod(
+                "old", namespace, {"metadata": {"annotations": annotations}}, dry_run="All", _content_type=MERGE
+            )
+        except client.ApiException as e:
+            assert e.status == 422
+            return str(json.loads(e.body or "{}")["message"])
+        return None
+
+    assert patched({"team": "ml"}) is None
+    over = agent_says(door, BY_NAME[LIMIT].pod("33Gi", "old", namespace))
+    assert over == [f'metadata.annotations[{LIMIT}]: "33Gi" is over the namespace max_quota 16Gi']
+    assert over[0] in (patched({LIMIT: "33Gi"}) or "")
+    assert patched({LIMIT: "8Gi"}) is None
+    (typo,) = agent_says(door, BY_NAME[KAI].pod("abc", "old", namespace)) or []
+    assert typo in (patched({KAI: "abc"}) or "")
+
+
+def test_warn_admits_and_kubectl_prints_the_agents_words(deployed: ControlPlane) -> None:
+    """With admission.action Warn, an invalid row is admitted and the response carries the agent's text in a
+    Warning header (what kubectl prints as "Warning: ..."). In the agent's namespace, which the manifest's own
+    policy (Deny) exempts."""
+    values = {"admission": {"action": "Warn"}, "policy": {"namespaces": {AGENT_NAMESPACE: {"max_quota": "16Gi"}}}}
+    rows = [r for r in ROWS if r.id in {"vram-limit-GB", "hami-cap-16Gi-over"}]
+    assert len(rows) == 2
+    with deployed.api_client() as api:
+        name = _create_door(api, values, AGENT_NAMESPACE, warn=True)
+        try:
+            door = Door(client.CoreV1Api(api), name, _agent_policy(values), {})
+            for row in rows:
+                pod = row.field.pod(row.value, "row", AGENT_NAMESPACE)
+                (expected,) = agent_says(door, pod) or [""]
+                _, status, headers = door.core.create_namespaced_pod_with_http_info(
+                    AGENT_NAMESPACE, _body(pod), dry_run="All"
+                )
+                assert status == 201
+                assert any(f"'{name}'" in w and expected in w for w in _warnings(headers)), _warnings(headers)
+        finally:
+            _delete_door(api, name)
+
+
+def test_a_resource_quota_holds_the_namespace_total(control_plane: ControlPlane, namespace: str) -> None:
+    """`requests.vramguard.io/vram: 16Gi` counts each container's request of the extended resource (its limit,
+    where only a limit is given) across the namespace: with 8Gi and 6Gi admitted, 4Gi more is refused by the
+    API server's ResourceQuota admission and 2Gi admitted. An annotation is no request: it is not counted."""
+    with control_plane.api_client() as api:
+        _hold_the_total(control_plane, client.CoreV1Api(api), namespace)
+
+
+def _hold_the_total(control_plane: ControlPlane, core: client.CoreV1Api, namespace: str) -> None:
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="vram"),
+        spec=client.V1ResourceQuotaSpec(hard={f"requests.{VRAM}": "16Gi"}),
+    )
+    core.create_namespaced_resource_quota(namespace, quota)
+    # The quota's status (what is used) comes from kube-controller-manager; the admission plugin refuses every pod
+    # of the namespace until it is there.
+    manager = control_plane.start_controller_manager(controllers="resourcequota-controller")
+    try:
+
+        def used() -> str | None:
+            status = core.read_namespaced_resource_quota("vram", namespace).status
+            return (status.used or {}).get(f"requests.{VRAM}") if status is not None else None
+
+        wait_until(used, 30, "the quota's status", interval_s=0.1)
+        # Created for real, not dry runs: the admission plugin then writes each pod's usage into the quota's status
+        # as it admits it (a conflict makes it read the quota afresh), so no verdict rests on a stale copy.
+        for name, vram in (("a", "8Gi"), ("b", "6Gi")):
+            core.create_namespaced_pod(namespace, _body(BY_NAME[VRAM].pod(vram, name, namespace)))
+        with pytest.raises(client.ApiException) as over:
+            core.create_namespaced_pod(namespace, _body(BY_NAME[VRAM].pod("4Gi", "c", namespace)))
+        assert over.value.status == 403
+        message = json.loads(over.value.body or "{}")["message"]
+        request = f"requests.{VRAM}"
+        assert (
+            f"exceeded quota: vram, requested: {request}=4Gi, used: {request}=14Gi, limited: {request}=16Gi" in message
+        )
+        core.create_namespaced_pod(namespace, _body(BY_NAME[VRAM].pod("2Gi", "d", namespace)))
+        core.create_namespaced_pod(namespace, _body(BY_NAME[LIMIT].pod("32Gi", "e", namespace)))
+        assert used() == "16Gi"
+    finally:
+        manager.stop()
