@@ -81,6 +81,9 @@ _LINGER_ABORT = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger 
 # The loop's CPU is budgeted per window: past `max_cpu_fraction` of a window, no connection is accepted until the
 # next one (they wait in the kernel's backlog). Short windows keep a client queued behind a flood waiting little.
 _BUDGET_WINDOW_S = 0.1
+# The gate closes at this share of the budget: the connections already taken, the rounds gone while closed and the
+# last window's unpaid debt spend the rest, so that the thread's CPU over a flood stays under the fraction, not at it.
+_GATE_SHARE = 0.9
 _WAKE = object()  # the selector key data of the wake pipe
 _WAIT_S = 2.0  # a connection waits this long at most for an answer prepared elsewhere, then gets a 503
 _T = TypeVar("_T")
@@ -187,7 +190,7 @@ class HealthServer:
         self._progress = progress
         self._request_timeout_s = request_timeout_s
         self._max_request_bytes = max_request_bytes
-        self._cpu_budget_s = max_cpu_fraction * _BUDGET_WINDOW_S
+        self._cpu_budget_s = _GATE_SHARE * max_cpu_fraction * _BUDGET_WINDOW_S
         self.clock = clock
         self.log = log if log is not None else structlog.get_logger("vramguard.http")
         self.host = host
