@@ -227,6 +227,29 @@ class PodInfo:
 # Quotas and policy
 
 
+class SourceKind(str, enum.Enum):
+    RESOURCE = "resource"  # a container's resources.limits
+    ANNOTATION = "annotation"  # a pod annotation, covering the whole pod
+    CLAIM = "claim"  # the GPU memory shares of the container's DRA claims, per GPU (`core/shares.py`)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSource:
+    """One entry of `Policy.quota_sources`, e.g. `resource:nvidia.com/gpumem`, with the bytes per unit."""
+
+    kind: SourceKind
+    name: str
+    unit_bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.name}"
+
+    @property
+    def field(self) -> str:
+        """The field of the pod it reads, as messages name it: `limits[<name>]`, `annotation <name>`, `claim <name>`."""
+        return f"limits[{self.name}]" if self.kind is SourceKind.RESOURCE else f"{self.kind.value} {self.name}"
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
     """A VRAM quota on one GPU. `limit_bytes` is the soft limit when `burst_bytes` is set, the hard one otherwise.
@@ -239,6 +262,8 @@ class Quota:
     burst_bytes: int | None = None
     share_divisor: int | None = None
     source: str = ""  # where it came from, for messages: "limits[vramguard.io/vram]", "annotation ...", "default"
+    # The policy's quota source that gave it, where one did (None: a default, or the namespace cap standing in).
+    origin: QuotaSource | None = None
     cap_bytes: int | None = None  # the namespace max: bounds a fair share, whose bytes depend on the device
     # For a DRA share (`claim:` source): which allocation it is, e.g. "<claim UID>/0"; the containers of a pod
     # holding the same share on a GPU are judged together against it, as the share is one amount of memory.

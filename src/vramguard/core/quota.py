@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
-from vramguard.core.model import DefaultKind, PodInfo, PodQuota, Policy, Quota, QuotaError
+from vramguard.core.model import DefaultKind, PodInfo, PodQuota, Policy, Quota, QuotaError, QuotaSource, SourceKind
 from vramguard.core.quantity import (
     ANNOTATION_UNIT_BYTES,
     RESOURCE_UNIT_BYTES,
@@ -34,24 +34,6 @@ UNMANAGED: Final = "no quota: unmanaged"  # what applies to a container with no 
 # The longest VRAMQuotaInvalid text: the events.k8s.io/v1 API refuses a note over 1 kB, and a log line built
 # from a tenant's 10 MB annotation must stay a line.
 MAX_MESSAGE_CHARS: Final = 1024
-
-
-class SourceKind(str, enum.Enum):
-    RESOURCE = "resource"  # a container's resources.limits
-    ANNOTATION = "annotation"  # a pod annotation, covering the whole pod
-    CLAIM = "claim"  # the GPU memory shares of the container's DRA claims, per GPU (`core/shares.py`)
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaSource:
-    """One entry of `Policy.quota_sources`, e.g. `resource:nvidia.com/gpumem`, with the bytes per unit."""
-
-    kind: SourceKind
-    name: str
-    unit_bytes: int
-
-    def __str__(self) -> str:
-        return f"{self.kind.value}:{self.name}"
 
 
 # The annotation that sets a burst is not a quota source: listing it would make a burst a quota.
@@ -320,7 +302,7 @@ def _pod_wide_quota(
             continue
         if cap is not None and limit > cap:
             findings.append(_Finding(_over_cap(field, raw, cap), _Governs.POD_WIDE))
-        return source, Quota(limit_bytes=limit, source=f"annotation {source.name}")
+        return source, Quota(limit_bytes=limit, source=source.field, origin=source)
     return None, None
 
 
@@ -355,7 +337,7 @@ def _container_quota(
             continue
         if cap is not None and limit > cap:
             findings.append(_Finding(_over_cap(field, raw, cap), _Governs.CONTAINER, container=container))
-        return Quota(limit_bytes=limit, source=f"limits[{source.name}]"), index
+        return Quota(limit_bytes=limit, source=source.field, origin=source), index
     return None, len(sources)
 
 
@@ -379,6 +361,7 @@ def _claim_quotas(
             source=" + ".join(s.describe() for s in held),
             share="+".join(s.key for s in held),
             claim="+".join(dict.fromkeys(s.claim.partition("/")[2] for s in held)),
+            origin=source,
         )
         for gpu, held in per_gpu.items()
     }

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vramguard.core.model import MiB, PodQuota, Policy, Quota
-from vramguard.core.quantity import MIN_QUOTA_BYTES, format_quantity, unit_bytes_for
-from vramguard.core.quota import invalid_message, resolve_pod_quota
+from vramguard.core.model import MiB, PodQuota, Policy, Quota, QuotaSource, SourceKind
+from vramguard.core.quantity import MIN_QUOTA_BYTES, format_quantity
+from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota
 from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
 from vramguard.plugin.workloads import Owners, Workload, WorkloadRef
 
@@ -30,7 +30,7 @@ WASTEFUL_RATIO: Final = 2.0  # a quota at least this many times the recommendati
 POD_WIDE: Final = ""  # the container of a row for a pod-wide quota (the pod's covered containers together)
 # Where a workload with no quota field gets one: an annotation needs nothing of the node (a resource limit needs
 # its capacity advertised), and covers the pod's containers together.
-NEW_FIELD: Final = ("annotation", "vramguard.io/vram-limit")
+NEW_FIELD: Final = parse_quota_source("annotation:vramguard.io/vram-limit")
 
 
 class Verdict(str, enum.Enum):
@@ -54,24 +54,10 @@ class PeakSeries:
     owner: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Field:
-    """A quota field of the pod template: `resource` (a container's limit) or `annotation` (the pod's)."""
-
-    kind: str
-    name: str
-
-    @property
-    def unit_bytes(self) -> int:
-        return unit_bytes_for(self.name) or 1
-
-    def spell(self, n_bytes: int) -> str:
-        """`n_bytes` as the field takes it: a byte quantity, or a count of the field's unit (rounded up)."""
-        unit = self.unit_bytes
-        return format_quantity(n_bytes) if unit == 1 else str(math.ceil(n_bytes / unit))
-
-    def __str__(self) -> str:
-        return f"limits[{self.name}]" if self.kind == "resource" else f"annotation {self.name}"
+def spell(target: QuotaSource, n_bytes: int) -> str:
+    """`n_bytes` as the field `target` takes it: a byte quantity, or a count of its unit (rounded up)."""
+    unit = target.unit_bytes
+    return format_quantity(n_bytes) if unit == 1 else str(math.ceil(n_bytes / unit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +72,8 @@ class Recommendation:
     quota_bytes: int | None  # the hard limit in force per GPU; None: none, or not a number of bytes
     quota_source: str
     verdict: Verdict
-    field: Field  # where the recommendation goes: the field in force, or NEW_FIELD
-    value: str  # the recommendation as `field` takes it
+    target: QuotaSource  # where the recommendation goes: the field in force, or NEW_FIELD
+    value: str  # the recommendation as `target` takes it
     notes: tuple[str, ...] = ()
 
 
@@ -113,16 +99,10 @@ def _hard(quota: Quota) -> int | None:
     return quota.burst_bytes if quota.burst_bytes is not None else quota.limit_bytes
 
 
-def _field_of(quota: Quota | None) -> Field | None:
-    """The template field a quota came from, where it is one ("limits[X]" or "annotation X")."""
-    if quota is None:
-        return None
-    source = quota.source
-    if source.startswith("limits[") and "]" in source:
-        return Field("resource", source[len("limits[") : source.index("]")])
-    if source.startswith("annotation "):
-        return Field("annotation", source.split(" ", 2)[1])
-    return None
+def _field_of(quota: Quota | None) -> QuotaSource | None:
+    """The template field a quota came from, where it is one (a container's limit or the pod's annotation)."""
+    origin = quota.origin if quota is not None else None
+    return origin if origin is not None and origin.kind is not SourceKind.CLAIM else None
 
 
 def verdict(peak_bytes: int, quota: int | None, recommended: int, has_quota: bool | None) -> Verdict:
@@ -223,8 +203,8 @@ def _rows(workload: Workload, found: Sequence[PeakSeries], policy: Policy, headr
             peak = max(s.peak_bytes for s in covered)
             if quotas is not None and row_container in quotas.shares:
                 notes.append("held to its DRA claims' shares: size the claim, not a quota field")
-        field = _field_of(quota) or Field(*NEW_FIELD)
-        recommended = recommended_bytes(peak, headroom, field.unit_bytes)
+        target = _field_of(quota) or NEW_FIELD
+        recommended = recommended_bytes(peak, headroom, target.unit_bytes)
         if cap is not None and recommended > cap:
             notes.append(f"over the namespace max_quota {format_quantity(cap)}: it would be capped there")
         hard = _hard(quota) if quota is not None else None
@@ -243,8 +223,8 @@ def _rows(workload: Workload, found: Sequence[PeakSeries], policy: Policy, headr
                 quota_bytes=hard,
                 quota_source=quota.source if quota is not None else ("unknown" if quotas is None else ""),
                 verdict=verdict(peak, hard, recommended, has_quota),
-                field=field,
-                value=field.spell(recommended),
+                target=target,
+                value=spell(target, recommended),
                 notes=tuple(notes),
             )
         )
@@ -315,17 +295,17 @@ def _patch(workload: Workload, rows: Sequence[Recommendation]) -> Patch:
     containers: dict[str, dict[str, Any]] = {}
     spec = workload.template.get("spec") or {}
     for r in rows:
-        if r.field.kind == "annotation":
+        if r.target.kind is SourceKind.ANNOTATION:
             # A new annotation covers the pod's containers together: the sum of their recommendations.
-            total = sum(x.recommended_bytes for x in rows if x.field == r.field)
-            annotations[r.field.name] = r.field.spell(total)
+            total = sum(x.recommended_bytes for x in rows if x.target == r.target)
+            annotations[r.target.name] = spell(r.target, total)
             continue
         for name in r.containers:
             listed: Mapping[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == name), {})
             requests = ((listed.get("resources") or {}).get("requests")) or {}
-            resources: dict[str, Any] = {"limits": {r.field.name: r.value}}
-            if r.field.name in requests:
-                resources["requests"] = {r.field.name: r.value}
+            resources: dict[str, Any] = {"limits": {r.target.name: r.value}}
+            if r.target.name in requests:
+                resources["requests"] = {r.target.name: r.value}
             containers[name] = {"name": name, "resources": resources}
     if containers and ref.kind == "Pod":
         return Patch(ref, None, "a pod's resource limits cannot change; recreate it with " + _limits_text(containers))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from typing import Any
+
 import pytest
 
 from quota_values import CAPS, ROWS, Row
@@ -20,6 +22,8 @@ from vramguard.core.model import (
     Policy,
     Quota,
     QuotaError,
+    QuotaSource,
+    SourceKind,
 )
 from vramguard.core.policy import parse_policy
 from vramguard.core.quota import (
@@ -28,8 +32,6 @@ from vramguard.core.quota import (
     REPLICAS_LABEL,
     UNMANAGED,
     QuotaBook,
-    QuotaSource,
-    SourceKind,
     invalid_message,
     parse_quota_source,
     reads_claims,
@@ -41,6 +43,19 @@ VRAM = "vramguard.io/vram"
 GPUMEM = "nvidia.com/gpumem"
 LIMIT = "vramguard.io/vram-limit"
 KAI = "gpu-memory"
+
+
+def limits(name: str) -> dict[str, Any]:
+    """A Quota's `source` and `origin` for a container's limit `name`."""
+    origin = parse_quota_source(f"resource:{name}")
+    return {"source": origin.field, "origin": origin}
+
+
+def annotation(name: str) -> dict[str, Any]:
+    """A Quota's `source` and `origin` for the pod's annotation `name`."""
+    origin = parse_quota_source(f"annotation:{name}")
+    return {"source": origin.field, "origin": origin}
+
 
 FIXED_8GI = DefaultQuota(DefaultKind.FIXED, 8 * GiB)
 FAIR = DefaultQuota(DefaultKind.FAIR_SHARE)
@@ -75,52 +90,52 @@ class Case:
 CASES = [
     # Sources and units
     pytest.param(
-        Case(pod(c("trainer", vram="12Gi")), {"trainer": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        Case(pod(c("trainer", vram="12Gi")), {"trainer": Quota(12 * GiB, **limits(VRAM))}),
         id="vramguard-resource-gives-the-container-its-own-quota",
     ),
     pytest.param(
-        Case(pod(c("t", aliyun="3")), {"t": Quota(3 * GiB, source="limits[aliyun.com/gpu-mem]")}),
+        Case(pod(c("t", aliyun="3")), {"t": Quota(3 * GiB, **limits("aliyun.com/gpu-mem"))}),
         id="aliyun-gpu-mem-GiB-units",
     ),
     pytest.param(
-        Case(pod(c("t", gpumem="3000")), {"t": Quota(3000 * MiB, source=f"limits[{GPUMEM}]")}),
+        Case(pod(c("t", gpumem="3000")), {"t": Quota(3000 * MiB, **limits(GPUMEM))}),
         id="hami-gpumem-MiB-units",
     ),
     pytest.param(
-        Case(pod(c("t", tencent="4")), {"t": Quota(GiB, source="limits[tencent.com/vcuda-memory]")}),
+        Case(pod(c("t", tencent="4")), {"t": Quota(GiB, **limits("tencent.com/vcuda-memory"))}),
         id="tencent-vcuda-256Mi-units",
     ),
     pytest.param(
-        Case(pod(c("t", vram="12Gi", gpumem="3000")), {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        Case(pod(c("t", vram="12Gi", gpumem="3000")), {"t": Quota(12 * GiB, **limits(VRAM))}),
         id="first-resource-in-precedence-wins",
     ),
     pytest.param(
-        Case(pod(c("a"), c("b"), annotations={LIMIT: "12Gi"}), pod_quota=Quota(12 * GiB, source=f"annotation {LIMIT}")),
+        Case(pod(c("a"), c("b"), annotations={LIMIT: "12Gi"}), pod_quota=Quota(12 * GiB, **annotation(LIMIT))),
         id="annotation-gives-one-pod-wide-quota",
     ),
     pytest.param(
-        Case(pod(c("a"), annotations={KAI: "2000"}), pod_quota=Quota(2000 * MiB, source=f"annotation {KAI}")),
+        Case(pod(c("a"), annotations={KAI: "2000"}), pod_quota=Quota(2000 * MiB, **annotation(KAI))),
         id="kai-gpu-memory-annotation-MiB-units",
     ),
     pytest.param(
         Case(
             pod(c("a"), annotations={LIMIT: "12Gi", KAI: "2000"}),
-            pod_quota=Quota(12 * GiB, source=f"annotation {LIMIT}"),
+            pod_quota=Quota(12 * GiB, **annotation(LIMIT)),
         ),
         id="vram-limit-annotation-wins-over-gpu-memory",
     ),
     pytest.param(
         Case(
             pod(c("trainer", vram="12Gi"), c("sidecar"), annotations={LIMIT: "4Gi"}),
-            {"trainer": Quota(12 * GiB, source=f"limits[{VRAM}]")},
-            Quota(4 * GiB, source=f"annotation {LIMIT}"),
+            {"trainer": Quota(12 * GiB, **limits(VRAM))},
+            Quota(4 * GiB, **annotation(LIMIT)),
         ),
         id="limited-container-has-own-quota-others-share-annotation",
     ),
     pytest.param(
         Case(
             pod(c("trainer", vram="12Gi"), c("sidecar"), annotations={LIMIT: "4Gi"}),
-            pod_quota=Quota(4 * GiB, source=f"annotation {LIMIT}"),
+            pod_quota=Quota(4 * GiB, **annotation(LIMIT)),
             policy=Policy(quota_sources=(f"annotation:{LIMIT}", f"resource:{VRAM}")),
         ),
         id="annotation-first-in-precedence-covers-limited-containers-too",
@@ -128,13 +143,13 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), annotations={LIMIT: "4Gi"}),
-            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
-            Quota(4 * GiB, source=f"annotation {LIMIT}"),
+            {"a": Quota(12 * GiB, **limits(VRAM))},
+            Quota(4 * GiB, **annotation(LIMIT)),
         ),
         id="annotation-stays-set-for-unlisted-containers-when-all-listed-have-limits",
     ),
     pytest.param(
-        Case(pod(annotations={LIMIT: "4Gi"}), pod_quota=Quota(4 * GiB, source=f"annotation {LIMIT}")),
+        Case(pod(annotations={LIMIT: "4Gi"}), pod_quota=Quota(4 * GiB, **annotation(LIMIT))),
         id="pod-without-listed-containers-still-gets-the-annotation",
     ),
     pytest.param(
@@ -155,7 +170,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), c("b")),
-            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            {"a": Quota(12 * GiB, **limits(VRAM))},
             policy=Policy(quota_sources=("resource:example.com/vram", f"resource:{VRAM}")),
         ),
         id="unreadable-source-in-a-code-built-policy-is-skipped",
@@ -164,7 +179,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("t", vram="12GB", gpumem="3000")),
-            {"t": Quota(3000 * MiB, source=f"limits[{GPUMEM}]")},
+            {"t": Quota(3000 * MiB, **limits(GPUMEM))},
             errors=[(f"spec.containers[t].resources.limits[{VRAM}]", "12GB", "is not a valid quantity")],
         ),
         id="invalid-limit-falls-back-to-next-source",
@@ -181,7 +196,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("t", vram="12Gi"), annotations={LIMIT: "abc"}),
-            {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            {"t": Quota(12 * GiB, **limits(VRAM))},
             errors=[(f"metadata.annotations[{LIMIT}]", "abc", "expected a number")],
         ),
         id="invalid-annotation-reported-once-per-pod",
@@ -189,7 +204,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a"), c("b"), annotations={LIMIT: "abc", KAI: "1024"}),
-            pod_quota=Quota(GiB, source=f"annotation {KAI}"),
+            pod_quota=Quota(GiB, **annotation(KAI)),
             errors=[(f"metadata.annotations[{LIMIT}]", "abc", "expected a number")],
         ),
         id="invalid-annotation-falls-back-to-next-annotation",
@@ -204,7 +219,7 @@ CASES = [
         id="overflowing-annotation-falls-back-to-default",
     ),
     pytest.param(
-        Case(pod(c("t", vram="12Gi", gpumem="abc")), {"t": Quota(12 * GiB, source=f"limits[{VRAM}]")}),
+        Case(pod(c("t", vram="12Gi", gpumem="abc")), {"t": Quota(12 * GiB, **limits(VRAM))}),
         id="invalid-value-shadowed-by-a-valid-one-is-not-read",
     ),
     pytest.param(
@@ -227,7 +242,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="2Gi"), c("b")),
-            {"a": Quota(2 * GiB, source=f"limits[{VRAM}]"), "b": Quota(8 * GiB, source="default fixed")},
+            {"a": Quota(2 * GiB, **limits(VRAM)), "b": Quota(8 * GiB, source="default fixed")},
             policy=Policy(default=FIXED_8GI),
         ),
         id="default-only-for-containers-without-a-source",
@@ -282,7 +297,9 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a"), annotations={LIMIT: "64Gi"}, namespace="team-a"),
-            pod_quota=Quota(16 * GiB, source=f"annotation {LIMIT} capped by namespace max 16Gi"),
+            pod_quota=Quota(
+                16 * GiB, source=f"annotation {LIMIT} capped by namespace max 16Gi", origin=annotation(LIMIT)["origin"]
+            ),
             errors=[(f"metadata.annotations[{LIMIT}]", "64Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
@@ -291,7 +308,11 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="20Gi"), namespace="team-a"),
-            {"a": Quota(16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            {
+                "a": Quota(
+                    16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi", origin=limits(VRAM)["origin"]
+                )
+            },
             errors=[(f"spec.containers[a].resources.limits[{VRAM}]", "20Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
@@ -308,7 +329,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), namespace="team-a"),
-            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            {"a": Quota(12 * GiB, **limits(VRAM))},
             policy=Policy(namespaces=CAP_16GI),
         ),
         id="quota-under-the-cap-is-untouched",
@@ -316,7 +337,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="20Gi")),
-            {"a": Quota(20 * GiB, source=f"limits[{VRAM}]")},
+            {"a": Quota(20 * GiB, **limits(VRAM))},
             policy=Policy(namespaces=CAP_16GI),
         ),
         id="cap-applies-only-to-its-namespace",
@@ -325,15 +346,15 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="8Gi"), c("b"), annotations={LIMIT: "4Gi", BURST_ANNOTATION: "16Gi"}),
-            {"a": Quota(8 * GiB, 16 * GiB, source=f"limits[{VRAM}]")},
-            Quota(4 * GiB, 16 * GiB, source=f"annotation {LIMIT}"),
+            {"a": Quota(8 * GiB, 16 * GiB, **limits(VRAM))},
+            Quota(4 * GiB, 16 * GiB, **annotation(LIMIT)),
         ),
         id="burst-applies-to-every-quota-of-the-pod",
     ),
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "8Gi"}),
-            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            {"a": Quota(12 * GiB, **limits(VRAM))},
             errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "8Gi", "below the quota 12Gi")],
         ),
         id="burst-below-quota-is-an-error-and-ignored",
@@ -341,7 +362,7 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "16GB"}),
-            {"a": Quota(12 * GiB, source=f"limits[{VRAM}]")},
+            {"a": Quota(12 * GiB, **limits(VRAM))},
             errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "16GB", "not a Kubernetes suffix")],
         ),
         id="invalid-burst-is-an-error-and-ignored",
@@ -356,7 +377,14 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="12Gi"), annotations={BURST_ANNOTATION: "32Gi"}, namespace="team-a"),
-            {"a": Quota(12 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            {
+                "a": Quota(
+                    12 * GiB,
+                    16 * GiB,
+                    source=f"limits[{VRAM}] capped by namespace max 16Gi",
+                    origin=limits(VRAM)["origin"],
+                )
+            },
             errors=[(f"metadata.annotations[{BURST_ANNOTATION}]", "32Gi", OVER_16GI)],
             policy=Policy(namespaces=CAP_16GI),
         ),
@@ -365,7 +393,14 @@ CASES = [
     pytest.param(
         Case(
             pod(c("a", vram="20Gi"), annotations={BURST_ANNOTATION: "24Gi"}, namespace="team-a"),
-            {"a": Quota(16 * GiB, 16 * GiB, source=f"limits[{VRAM}] capped by namespace max 16Gi")},
+            {
+                "a": Quota(
+                    16 * GiB,
+                    16 * GiB,
+                    source=f"limits[{VRAM}] capped by namespace max 16Gi",
+                    origin=limits(VRAM)["origin"],
+                )
+            },
             errors=[
                 (f"spec.containers[a].resources.limits[{VRAM}]", "20Gi", OVER_16GI),
                 (f"metadata.annotations[{BURST_ANNOTATION}]", "24Gi", OVER_16GI),
@@ -523,7 +558,7 @@ CAPPED_CASES = [
     pytest.param(
         Case(
             in_x(c("a", vram="2Gi"), c("b")),
-            {"a": Quota(2 * GiB, source=f"limits[{VRAM}]"), "b": CAPPED},
+            {"a": Quota(2 * GiB, **limits(VRAM)), "b": CAPPED},
             policy=Policy(namespaces=CAP_8GI),
         ),
         [],
@@ -532,7 +567,7 @@ CAPPED_CASES = [
     pytest.param(
         Case(
             in_x(c("a"), annotations={LIMIT: "lots", KAI: "1024"}),
-            pod_quota=Quota(GiB, source=f"annotation {KAI}"),
+            pod_quota=Quota(GiB, **annotation(KAI)),
             errors=[ANNOTATION_LOTS],
             policy=Policy(namespaces=CAP_8GI),
         ),
@@ -542,7 +577,7 @@ CAPPED_CASES = [
     pytest.param(
         Case(
             in_x(c("a", vram="2Gi"), c("b"), annotations={BURST_ANNOTATION: "4Gi"}),
-            {"a": Quota(2 * GiB, 4 * GiB, source=f"limits[{VRAM}]"), "b": CAPPED},
+            {"a": Quota(2 * GiB, 4 * GiB, **limits(VRAM)), "b": CAPPED},
             policy=Policy(namespaces=CAP_8GI),
         ),
         [],
@@ -753,7 +788,9 @@ def test_a_quota_over_the_cap_is_reported_with_the_capped_quota_that_applies() -
     """A valid quota over its namespace's max_quota is capped, and reported as VRAMQuotaInvalid: the field, the
     value, the cap, and the capped quota; an invalid value it covers instead says the same capped quota."""
     result = resolve_pod_quota(in_x(c("a", vram="abc"), annotations={LIMIT: "64Gi"}), Policy(namespaces=CAP_8GI), {})
-    assert result.pod == Quota(8 * GiB, source=f"annotation {LIMIT} capped by namespace max 8Gi")
+    assert result.pod == Quota(
+        8 * GiB, source=f"annotation {LIMIT} capped by namespace max 8Gi", origin=annotation(LIMIT)["origin"]
+    )
     capped = f"annotation {LIMIT} 64Gi capped to 8Gi by namespace max_quota"
     assert [invalid_message(e) for e in result.errors] == [
         f'metadata.annotations[{LIMIT}]: "64Gi" is over the namespace max_quota 8Gi; applies instead: {capped}',

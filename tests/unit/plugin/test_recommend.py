@@ -14,16 +14,16 @@ import pytest
 from vramguard.core.decide import DecisionState, decide
 from vramguard.core.model import GiB, MiB, Mode, NamespacePolicy, Policy
 from vramguard.core.peaks import PeakWindow
-from vramguard.core.quota import QuotaBook
+from vramguard.core.quota import QuotaBook, parse_quota_source
 from vramguard.plugin.recommend import (
     POD_WIDE,
-    Field,
     PeakSeries,
     Verdict,
     friendly,
     patches,
     recommend,
     recommended_bytes,
+    spell,
 )
 from vramguard.plugin.workloads import Owners, WorkloadRef
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
@@ -226,8 +226,8 @@ def test_no_patch_for_ok_rows() -> None:
 
 
 def test_field_spelling() -> None:
-    assert Field("resource", "vramguard.io/vram").spell(11 * GiB) == "11Gi"
-    assert Field("resource", "tencent.com/vcuda-memory").spell(11 * GiB) == "44"
+    assert spell(parse_quota_source("resource:vramguard.io/vram"), 11 * GiB) == "11Gi"
+    assert spell(parse_quota_source("resource:tencent.com/vcuda-memory"), 11 * GiB) == "44"
     assert recommended_bytes(9 * GiB, 0.0) == 9 * GiB
 
 
