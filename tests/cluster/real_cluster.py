@@ -8,8 +8,10 @@ imported, and the test NVML library on the host for the agent's pod to mount.
         pod = cluster.workload("ml", "trainer", "4Gi")     # a running pod with a 4Gi VRAM limit
         cluster.gpu({cluster.pid(pod): 9 * GiB})           # the test NVML now reports 9GiB for its process
 
-The only test-only chart values are those a node without NVIDIA's runtime needs: the test NVML library and its
-state directory mounted from the host (`extraEnv`, `extraVolumes`), and the API server's address, since no
+The test NVML library lies on the host in a driver's layout (`<workdir>/driver/usr/lib64/libnvidia-ml.so.1`), and
+the agent finds it through the chart's `driver.root`, as on a node without NVIDIA's runtime (it opens no device
+nodes, so `driver.devicesFromRuntime` keeps the narrow security context). The only test-only chart values are its
+state directory mounted from the host (`extraEnv`, `extraVolumes`) and the API server's address, since no
 kube-proxy makes the `kubernetes` Service routable here. The workload pods' processes live in the cgroups that the
 kubelet and containerd made; the test only tells the test NVML how much GPU memory each host PID holds.
 """
@@ -33,6 +35,7 @@ from kubernetes import client
 from helm_fixtures import CHART
 from vramguard import __version__
 from vramguard.core.model import GiB
+from vramguard.nvml.library import LIBRARY_NAME
 from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, build_fake_nvml
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
@@ -48,6 +51,7 @@ GPU_TOTAL = 24 * GiB
 QUOTA = "vramguard.io/vram"
 # Held while a real node runs (`one_node_at_a_time`).
 NODE_LOCK = Path("/run/lock/vramguard-real-node.lock")
+DRIVER_LAYOUT = "usr/lib64"  # where the test NVML lies under the driver root, as a RHEL-family driver's does
 IMAGE_ARCHIVES = (IMAGES / "pause-1.tar", IMAGES / "workload-1.tar", IMAGES / f"vramguard-{__version__}.tar")
 
 
@@ -81,9 +85,11 @@ class Cluster:
             state.gpu(0).add_process(pid, used_bytes)
         state.write(self.gpu_state)
 
-    def helm_install(self, **policy: Any) -> None:
-        """Install (or upgrade to) the chart with the test values and `policy`; wait for the agent to be Ready."""
-        values = {**self.values, "policy": {**self.values["policy"], **policy}}
+    def helm_install(self, *, chart_values: dict[str, Any] | None = None, **policy: Any) -> None:
+        """Install (or upgrade to) the chart with the test values, `chart_values` over them (each top-level key
+        replaced) and `policy`; wait for the agent to be Ready."""
+        values = {**self.values, **(chart_values or {})}
+        values["policy"] = {**self.values["policy"], **policy}
         path = self.workdir / "values.yaml"
         path.write_text(yaml.safe_dump(values))
         subprocess.run(
@@ -258,7 +264,10 @@ def _real_cluster(helm: Path, poll_interval_s: float) -> Iterator[Cluster]:
             node.import_images(*IMAGE_ARCHIVES)
             gpu_dir = workdir / "gpu"
             gpu_dir.mkdir(parents=True)
-            values = _test_values(plane, build_fake_nvml(), gpu_dir, poll_interval_s)
+            driver_root = workdir / "driver"
+            (driver_root / DRIVER_LAYOUT).mkdir(parents=True)
+            shutil.copyfile(build_fake_nvml() / LIBRARY_NAME, driver_root / DRIVER_LAYOUT / LIBRARY_NAME)
+            values = _test_values(plane, driver_root, gpu_dir, poll_interval_s)
             with plane.api_client() as api:
                 cluster = Cluster(plane, node, api, client.CoreV1Api(api), helm, gpu_dir / "state", values, workdir)
                 cluster.gpu({})
@@ -268,8 +277,10 @@ def _real_cluster(helm: Path, poll_interval_s: float) -> Iterator[Cluster]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interval_s: float) -> dict[str, Any]:
+def _test_values(plane: ControlPlane, driver_root: Path, gpu_dir: Path, poll_interval_s: float) -> dict[str, Any]:
     return {
+        # The test NVML opens no /dev/nvidia*: nothing for the runtime to give, so the narrow context stays.
+        "driver": {"root": str(driver_root), "devicesFromRuntime": True},
         "image": {"repository": "localhost/vramguard", "tag": __version__, "pullPolicy": "Never"},
         "hostNetwork": True,
         "metrics": {"port": free_port()},
@@ -277,18 +288,15 @@ def _test_values(plane: ControlPlane, lib_dir: Path, gpu_dir: Path, poll_interva
         "extraArgs": [f"--poll-interval={poll_interval_s}"],
         "policy": {"mode": "kill", "cooldown": "1s"},
         "extraEnv": [
-            {"name": "LD_LIBRARY_PATH", "value": "/opt/test-nvml"},
             {"name": STATE_ENV, "value": "/run/test-nvml/state"},
             # No kube-proxy here: point in-cluster config at the API server itself (on the host's loopback).
             {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
             {"name": "KUBERNETES_SERVICE_PORT", "value": plane.host.rsplit(":", 1)[1]},
         ],
         "extraVolumes": [
-            {"name": "test-nvml", "hostPath": {"path": str(lib_dir), "type": "Directory"}},
             {"name": "test-nvml-state", "hostPath": {"path": str(gpu_dir), "type": "Directory"}},
         ],
         "extraVolumeMounts": [
-            {"name": "test-nvml", "mountPath": "/opt/test-nvml", "readOnly": True},
             # Writable: the test driver keeps the limits it is given in files beside its state.
             {"name": "test-nvml-state", "mountPath": "/run/test-nvml"},
         ],

@@ -54,3 +54,24 @@ def test_api_server_accepts_every_object_the_chart_renders(
             utils.create_from_dict(api, obj, dry_run="All", field_validation="Strict")  # type: ignore[no-untyped-call]
         # A dry run stores nothing.
         assert not client.AppsV1Api(api).list_namespaced_daemon_set(namespace).items
+
+
+def test_api_server_accepts_the_driver_root_and_openshift_objects(control_plane: ControlPlane, namespace: str) -> None:
+    """The driver root's hostPath volume and propagating read-only mount, its variables, and OpenShift's SCC
+    RoleBinding (to a ClusterRole this server does not have: a binding may name one before it exists)."""
+    objects = render(
+        need_helm(),
+        "privileged=true",
+        "driver.root=/run/nvidia/driver",
+        "driver.mountPropagation=HostToContainer",
+        "driver.nvmlLibrary=usr/lib64/libnvidia-ml.so.1",
+        "openshift.scc=privileged",
+        release=f"vg-{uuid.uuid4().hex[:8]}",
+        namespace=namespace,
+    )
+    assert {"DaemonSet", "RoleBinding"} <= {o["kind"] for o in objects}
+    with control_plane.api_client() as api:
+        for obj in objects:
+            if obj["kind"] in CRD_KINDS:
+                continue
+            utils.create_from_dict(api, obj, dry_run="All", field_validation="Strict")  # type: ignore[no-untyped-call]

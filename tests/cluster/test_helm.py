@@ -126,6 +126,25 @@ def test_values_reach_the_pod(helm: Path) -> None:
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9500
 
 
+def test_a_policy_change_reloads_in_place_and_rolls_the_agents_only_when_asked(helm: Path) -> None:
+    """By default the pod template does not carry the policy's checksum: a `helm upgrade` of the policy changes the
+    ConfigMap alone, which each agent reloads; `policyReload.rollOnChange` puts the rolling annotation back."""
+
+    def annotations(*sets: str) -> dict[str, str]:
+        found: dict[str, str] = one(render(helm, *sets), "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+        return found
+
+    assert "checksum/policy" not in annotations()
+    assert annotations("policy.mode=kill") == annotations(), "a policy change leaves the pods as they are"
+    rolled = annotations("policyReload.rollOnChange=true")
+    assert (
+        rolled["checksum/policy"]
+        != annotations("policyReload.rollOnChange=true", "policy.mode=kill")["checksum/policy"]
+    )
+    mount = next(m for m in container(render(helm))["volumeMounts"] if m["name"] == "policy")
+    assert "subPath" not in mount, "a subPath mount is never updated by the kubelet: no reload could see a change"
+
+
 def test_the_kubelet_probes_read_the_health_file(helm: Path) -> None:
     """Liveness and readiness are exec probes of the health file the agent is told to write, in a memory-backed
     volume of the pod's own: no port is probed, so no connection to one can fail them."""
@@ -376,3 +395,132 @@ def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path)
     assert scraper["ports"] == proxy["ports"] == [{"protocol": "TCP", "port": 9500}]
     only_scraper = one(render(helm, "networkPolicy.enabled=true"), "NetworkPolicy")["spec"]["ingress"]
     assert len(only_scraper) == 1
+
+
+# Where the driver lives: one values file per platform (README "Where the driver lives"), and what each sets.
+PROFILES = CHART / "profiles"
+PROFILE_EXPECTED = {
+    # profile: (driver.root, privileged, runtimeClassName)
+    "nvidia-runtime": ("", False, None),
+    "gpu-operator": ("/run/nvidia/driver", True, None),
+    "gke": ("/home/kubernetes/bin/nvidia", True, None),
+    "eks-al2023": ("", False, None),
+    "eks-bottlerocket": ("", False, None),
+    "aks": ("", False, None),
+    "openshift": ("/run/nvidia/driver", True, None),
+    "k3s-rke2": ("", False, "nvidia"),
+}
+
+
+def _template(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), "template", "x", str(CHART), "--kube-version", KUBE_VERSION, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_profile_is_tested() -> None:
+    """A profile added to profiles/ is added to the table above (and to the README's)."""
+    assert {p.stem for p in PROFILES.glob("*.yaml")} == set(PROFILE_EXPECTED)
+    readme = (REPO / "README.md").read_text()
+    for name in PROFILE_EXPECTED:
+        assert f"profiles/{name}.yaml" in readme, f"{name} is not in the README's table"
+
+
+@pytest.mark.parametrize("name", sorted(PROFILE_EXPECTED))
+def test_profile_lints_and_renders_what_it_says(helm: Path, name: str) -> None:
+    """Each profile passes `helm lint --strict` and the schema, and renders its driver root (mounted read-only, the
+    agent told where), its security context and its runtime class."""
+    profile = PROFILES / f"{name}.yaml"
+    lint = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(profile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    objects = render(helm, values=yaml.safe_load(profile.read_text()))
+    spec = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    c = container(objects)
+    root, privileged, runtime_class = PROFILE_EXPECTED[name]
+    assert spec.get("runtimeClassName") == runtime_class
+    assert c["securityContext"] == ({"privileged": True, "runAsUser": 0} if privileged else NARROW)
+    drivers = [v for v in spec["volumes"] if v["name"] == "driver"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    if root:
+        assert drivers == [{"name": "driver", "hostPath": {"path": root, "type": "Directory"}}]
+        assert env["VRAMGUARD_DRIVER_ROOT"] == "/host/driver"
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "driver"]
+        driver_container = root == "/run/nvidia/driver"  # mounted by the GPU Operator's driver container, maybe late
+        assert (mount.get("mountPropagation") == "HostToContainer") is driver_container
+    else:
+        assert drivers == [] and "VRAMGUARD_DRIVER_ROOT" not in env
+    assert spec["nodeSelector"] if name != "gke" else "nodeSelector" not in spec, "every profile selects GPU nodes"
+
+
+def test_driver_root_is_mounted_read_only_and_named_to_the_agent(helm: Path) -> None:
+    """The host directory, read-only at /host/driver (the host's later mounts propagated where asked: a driver
+    container that starts after the agent), and the agent (and `vramguard version` in its container) told by
+    variable."""
+    root = ("driver.root=/run/nvidia/driver", "privileged=true")
+    mount = {"name": "driver", "mountPath": "/host/driver", "readOnly": True}
+    assert mount in container(render(helm, *root))["volumeMounts"], "no propagation by default: a private / refuses it"
+    objects = render(
+        helm, *root, "driver.mountPropagation=HostToContainer", "driver.nvmlLibrary=usr/lib64/libnvidia-ml.so.1"
+    )
+    c = container(objects)
+    assert {**mount, "mountPropagation": "HostToContainer"} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VRAMGUARD_DRIVER_ROOT"] == "/host/driver"
+    assert env["VRAMGUARD_NVML_LIBRARY"] == "usr/lib64/libnvidia-ml.so.1"
+    assert "LD_LIBRARY_PATH" not in env
+
+
+@pytest.mark.parametrize(
+    ("sets", "refused"),
+    [
+        pytest.param(("driver.root=/home/kubernetes/bin/nvidia",), True, id="root-without-the-devices-refused"),
+        pytest.param(("driver.root=/run/nvidia/driver", "privileged=true"), False, id="privileged-gets-the-devices"),
+        pytest.param(
+            ("driver.root=/run/nvidia/driver", "driver.devicesFromRuntime=true"), False, id="runtime-gives-devices"
+        ),
+        pytest.param(("driver.nvmlLibrary=/opt/nvidia/libnvidia-ml.so.1",), False, id="a-library-alone-is-a-path"),
+    ],
+)
+def test_driver_root_without_the_device_nodes_is_refused_naming_the_values(
+    helm: Path, sets: tuple[str, ...], refused: bool
+) -> None:
+    """NVML opens /dev/nvidia*, which an unprivileged container gets only from the runtime: `driver.root` alone
+    would make an agent that never gets ready, so the chart refuses it and names the two values that fix it."""
+    args = [a for s in sets for a in ("--set", s)]
+    result = _template(helm, *args)
+    if refused:
+        assert result.returncode != 0
+        assert "privileged=true" in result.stderr and "driver.devicesFromRuntime=true" in result.stderr
+        assert "/dev/nvidiactl" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        narrow = "privileged=true" not in sets
+        assert (container(render(helm, *sets))["securityContext"] == NARROW) is narrow
+
+
+def test_a_relative_driver_root_is_refused_by_the_schema(helm: Path) -> None:
+    result = _template(helm, "--set", "driver.root=run/nvidia/driver", "--set", "privileged=true")
+    assert result.returncode != 0 and "/driver/root" in result.stderr
+
+
+def test_openshift_scc_lets_the_service_account_use_it(helm: Path) -> None:
+    """Off by default; `openshift.scc=privileged` binds the release's ServiceAccount to OpenShift's ClusterRole that
+    grants `use` on that SCC, in the release's namespace."""
+    assert not [o for o in render(helm) if o["kind"] == "RoleBinding"]
+    objects = render(helm, "openshift.scc=privileged", "privileged=true", release="gpu-guard", namespace="ops")
+    binding = one(objects, "RoleBinding", "-scc")
+    assert binding["metadata"]["namespace"] == "ops"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:openshift:scc:privileged",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-guard", "namespace": "ops"}]

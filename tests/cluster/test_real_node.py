@@ -3,8 +3,10 @@ kubelet on containerd, tests/cluster/real_cluster.py), enforcing on real workloa
 probes, ServiceAccount token and restarts are the kubelet's, and so are the workloads' cgroups.
 
 The agent runs with the chart's default security context (not privileged: uid 0 with only KILL, SYS_PTRACE and
-DAC_READ_SEARCH), and every test here is a check that this is enough: the kill signals another user's processes,
-finds one by its open device file, and freezes the container first; evictions, driver limits, `top`, the probes.
+DAC_READ_SEARCH) and finds the test NVML through the chart's `driver.root`, and every test here but one (the
+privileged agent of the GKE and GPU Operator profiles) is a check that this is enough: the kill signals another
+user's processes, finds one by its open device file, and freezes the container first; evictions, driver limits,
+`top`, the probes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .inotify import DirectoryWatch
 from .node import raw
 from .real_cluster import (
     AGENT_NS,
+    DRIVER_LAYOUT,
     GPU_TOTAL,
     QUOTA,
     WORKLOAD_IMAGE,
@@ -57,6 +60,9 @@ def cluster() -> Iterator[Cluster]:
     need(unavailable_reason(), skip="no real node", ci="build the real node's parts first (scripts/test.sh does)")
     with real_cluster(need_helm()) as found:
         found.values["extraArgs"] = [*found.values["extraArgs"], f"--gpu-device-prefix={DEVICE}"]
+        # Each test's install starts a fresh agent (its driver probe, its limiter), as a rolled DaemonSet does; the
+        # reload of a policy in place is tests/cluster/test_policy_reload.py's.
+        found.values["policyReload"] = {"rollOnChange": True}
         yield found
 
 
@@ -213,6 +219,36 @@ def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
         freeze_from(cluster, agent["metadata"]["name"], container_cgroup(notebook), frozen=False)
     finally:
         Path(container_cgroup(notebook), "cgroup.freeze").write_text("0")
+
+
+def test_a_privileged_agent_finds_nvml_through_the_driver_root_and_kills(cluster: Cluster) -> None:
+    """As on a node without NVIDIA's runtime (the gke and gpu-operator profiles): `driver.root` with
+    `privileged: true` and nothing else, so the chart's own mount and variable are all that lead the agent to the
+    host's libnvidia-ml.so.1; it loads that file and kills an offender."""
+    root = cluster.values["driver"]["root"]
+    cluster.helm_install(chart_values={"driver": {"root": root}, "privileged": True}, mode="kill")
+    agent = cluster.agent_pod()
+    assert agent is not None
+    (container,) = agent["spec"]["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert "LD_LIBRARY_PATH" not in {e["name"] for e in container["env"]}
+    assert {"name": "driver", "hostPath": {"path": root, "type": "Directory"}} in agent["spec"]["volumes"]
+
+    version = cluster.node.kubectl("exec", "--namespace", AGENT_NS, agent["metadata"]["name"], "--",
+                                   "vramguard", "version").stdout  # fmt: skip
+    assert f"(loaded from /host/driver/{DRIVER_LAYOUT}/libnvidia-ml.so.1)" in version, version
+
+    ns = cluster.namespace("ml-driver-root")
+    offender = cluster.workload(ns, "offender", "4Gi")
+    cluster.gpu({cluster.pid(offender): 9 * GiB})
+
+    def restarted() -> bool:
+        status = cluster.status(ns, "offender")
+        return bool(status["restartCount"] >= 1 and "running" in status["state"])
+
+    wait_until(restarted, 60, what="the offender killed and restarted by the kubelet", interval_s=0.25)
+    wait_until(lambda: "VRAMKilled" in cluster.reasons(ns, "offender"), 30, what="VRAMKilled", interval_s=0.25)
+    cluster.gpu({})
 
 
 def freeze_from(cluster: Cluster, agent: str, directory: str, *, frozen: bool) -> None:

@@ -375,6 +375,40 @@ CASES: dict[str, dict[str, Case]] = {
         "quiet-while-up": Case({agent("vramguard_claim_source_up"): "1x20"}, "17m"),
         "quiet-without-a-claim-source": Case({agent("up"): "1x20"}, "17m"),
     },
+    "VramguardPolicyInvalid": {
+        "fires-after-2m-invalid": Case(
+            {agent("vramguard_policy_invalid"): "0 1x5"},
+            "4m",
+            (
+                fired(
+                    f"vramguard on {NODE} refuses its policy file (policy_invalid in its log, .agent.policy.invalid "
+                    "in /status says which field): the last good policy stays in force",
+                    **TARGET,
+                    severity="warning",
+                ),
+            ),
+        ),
+        "quiet-once-fixed": Case({agent("vramguard_policy_invalid"): "0 1 0x5"}, "4m"),
+        "quiet-while-valid": Case({agent("vramguard_policy_invalid"): "0x5"}, "4m"),
+    },
+    "VramguardPolicyRestartNeeded": {
+        "fires-after-15m-waiting": Case(
+            {agent("vramguard_policy_restart_needed", field="driver_limits"): "0 1x20"},
+            "17m",
+            (
+                fired(
+                    f"vramguard on {NODE} applies the policy's driver_limits only after a restart (policy_reloaded "
+                    "in its log): restart its pod",
+                    **TARGET,
+                    field="driver_limits",
+                    severity="info",
+                ),
+            ),
+        ),
+        "quiet-for-a-reload-that-needs-none": Case(
+            {agent("vramguard_policy_restart_needed", field="driver_limits"): "0x20"}, "17m"
+        ),
+    },
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes.util
 import json
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version as installed
@@ -14,6 +15,7 @@ import pytest
 
 from cgroup_fixtures import need_cgroups
 from vramguard import __version__
+from vramguard.nvml.library import LIBRARY_DIRS, LIBRARY_NAME
 from vramguard_testbed.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNode, build_fake_nvml, fake_nvml_env
 
 BINDINGS = f"nvidia-ml-py {installed('nvidia-ml-py')} (binds the driver's per-cgroup memory limits)"
@@ -70,7 +72,7 @@ def test_version_prints_the_driver_and_whether_it_can_hold_limits(
     assert text.stdout.splitlines() == [
         f"vramguard {__version__}",
         BINDINGS,
-        f"NVIDIA driver {driver}, NVML {nvml}",
+        f"NVIDIA driver {driver}, NVML {nvml} (loaded from {(lib_dir / LIBRARY_NAME).resolve()})",
         limits,
     ]
 
@@ -130,3 +132,54 @@ def test_version_without_the_nvml_library_still_prints_and_exits_0(tmp_path: Pat
     doc = json.loads(result.stdout)
     assert (doc["vramguard"], doc["driver_version"], doc["driver_limits_possible"]) == (__version__, None, False)
     assert "libnvidia-ml.so.1 was not found" in doc["nvml_problem"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "how"),
+    [
+        pytest.param("usr/lib/x86_64-linux-gnu", "flag", id="ubuntu-layout-by-flag"),
+        pytest.param("usr/lib64", "env", id="rhel-layout-by-the-charts-env"),
+        pytest.param("lib64", "env", id="gke-layout-by-the-charts-env"),
+    ],
+)
+def test_version_loads_nvml_from_a_driver_root_and_names_the_file(tmp_path: Path, layout: str, how: str) -> None:
+    """With the library nowhere on the loader's search path, `--driver-root` (or VRAMGUARD_DRIVER_ROOT, as the
+    chart sets it) finds it in the driver's layout under the root, loads that file, and `version` names it."""
+    node = FakeNode.gpus(1)
+    node.driver_version, node.nvml_version = "580.95.05", "13.580.95.05"
+    state = tmp_path / "state"
+    node.write(state)
+    library = tmp_path / "driver" / layout / LIBRARY_NAME
+    library.parent.mkdir(parents=True)
+    shutil.copyfile(build_fake_nvml() / LIBRARY_NAME, library)
+    env = fake_nvml_env(tmp_path / "nothing-here", state)
+    args = ["--driver-root", str(tmp_path / "driver")] if how == "flag" else []
+    if how == "env":
+        env["VRAMGUARD_DRIVER_ROOT"] = str(tmp_path / "driver")
+
+    result = subprocess.run(
+        [sys.executable, "-m", "vramguard", "version", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2] == f"NVIDIA driver 580.95.05, NVML 13.580.95.05 (loaded from {library})"
+
+
+def test_version_with_a_driver_root_without_nvml_says_each_place_it_looked(tmp_path: Path) -> None:
+    """A driver root that holds no library: NVML is not up, and why names every layout tried and the chart value
+    to set; still exit 0."""
+    state = tmp_path / "state"
+    FakeNode.gpus(1).write(state)
+    root = tmp_path / "driver"
+    root.mkdir()
+    env = fake_nvml_env(tmp_path / "nothing-here", state)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "vramguard", "version", "--json", "--driver-root", str(root)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    problem = json.loads(result.stdout)["nvml_problem"]
+    assert f"{LIBRARY_NAME} was not found under the driver root {root}" in problem
+    for layout in LIBRARY_DIRS:
+        assert f"{root / layout / LIBRARY_NAME}: no such file" in problem
+    assert "driver.root" in problem

@@ -18,6 +18,7 @@ import structlog
 
 from vramguard.agent.act import Enforcer, Outcome
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.reload import RESTART_FIELDS, Built, Loaded, PolicyReloader, fit
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
@@ -29,6 +30,7 @@ from vramguard.core.limit_plan import (
     LimitTarget,
     UsageDisagreement,
     WantedLimits,
+    uses_limiter,
     wanted_limits,
     whole_gpus,
     with_driver_usage,
@@ -82,6 +84,8 @@ class Agent:
         claims: ClaimSource | None = None,
         kill_memory: KillMemory | None = None,
         watch: MemoryWatch | None = None,
+        reloads: PolicyReloader | None = None,
+        policy_digest: str | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -93,6 +97,10 @@ class Agent:
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
         self.claims = claims  # None: no claim quota source in the policy
         self.watch = watch  # None: no watch between scans (scans on the poll alone)
+        self.reloads = reloads  # None: the policy is the one given here for the agent's life
+        self.policy_digest = policy_digest  # the hash of the policy file's content in force (None: no file)
+        self.built = Built(claims is not None, limiter is not None, watch is not None, enforcer.dry_run)
+        self.restart_needed: tuple[str, ...] = ()  # policy fields in the file that wait for a restart (`fit`)
         if watch is not None:  # said at each scrape, as /readyz says it
             metrics.watch_stuck.set_function(lambda: self.watch_problem() is not None)
         self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
@@ -119,6 +127,9 @@ class Agent:
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
         cpu_started = time.process_time()  # and its CPU (the process's, all threads: the NVML worker's too)
+        # 0. A reloaded policy, read and checked off this thread, is in force from here on.
+        if self.reloads is not None and (loaded := self.reloads.take()) is not None:
+            self.apply_policy(loaded)
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sampled_at = self.clock.now()
         sample = self._sample()
@@ -184,6 +195,26 @@ class Agent:
         report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now))
         self.last_scan = LastScan(report, held, self.clock.now())
         return report
+
+    def apply_policy(self, loaded: Loaded) -> None:
+        """Put a reloaded policy in force for this scan on: the quotas are resolved afresh, the limits wanted
+        recomputed, the Enforcer and the watch retuned. A field that needs a part not built at start keeps its
+        value until a restart, and says so (`reload.fit`)."""
+        policy, restart = fit(loaded.policy, self.built, self.policy)
+        self.policy = policy
+        self.quotas = QuotaBook(policy)
+        self._limits_memo = None
+        self.enforcer.policy = policy
+        if self.watch is not None:
+            self.watch.retune(policy)
+        self.policy_digest = loaded.digest
+        self.restart_needed = restart
+        self.metrics.policy_reloads.labels(result="applied").inc()
+        for field in RESTART_FIELDS:
+            self.metrics.policy_restart_needed.labels(field=field).set(1 if field in restart else 0)
+        self.log.info(
+            "policy_reloaded", digest=loaded.digest[:12], mode=policy.mode.value, restart_needed=list(restart) or None
+        )
 
     def watch_problem(self) -> str | None:
         """Why the watch between scans calls for no scan (stuck in the driver), or None (for /readyz)."""
@@ -270,7 +301,7 @@ class Agent:
         self._limit_gpus = gpus
         memo = self._limits_memo
         if memo is None or not memo.computed_from(pods, labels, shares, gpus):
-            targets = wanted_limits(pods, quotas, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
+            targets = self._limits_for(pods, quotas, gpus)
             memo = self._limits_memo = WantedLimits.of(pods, labels, shares, gpus, targets)
         return memo.targets, [d.index for d in gpus]
 
@@ -285,7 +316,16 @@ class Agent:
         shares = self.claims.shares() if self.claims is not None else None
         held = shares.get(pod_uid) if shares is not None else None
         quota = resolve_pod_quota(pod, self.policy, self.pods.node_labels(), held)
-        return wanted_limits({pod_uid: pod}, {pod_uid: quota}, gpus, self.policy, agent_pod_uid=self.agent_pod_uid)
+        return self._limits_for({pod_uid: pod}, {pod_uid: quota}, gpus)
+
+    def _limits_for(
+        self, pods: Mapping[str, PodInfo], quotas: Mapping[str, PodQuota], gpus: list[GpuDevice]
+    ) -> tuple[LimitTarget, ...]:
+        """The limits the policy in force wants; none once a reload turned them off (the limiter clears its own)."""
+        policy = self.policy
+        if not uses_limiter(policy, self.built.dry_run):
+            return ()
+        return wanted_limits(pods, quotas, gpus, policy, agent_pod_uid=self.agent_pod_uid)
 
     def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
         """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from vramguard.agent.reload import RESTART_FIELDS
 from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
@@ -42,6 +43,7 @@ ACTION_RESULTS: Mapping[Mode, tuple[str, ...]] = {
 EVENT_RESULTS = ("written", "patched", "aggregated", "dropped", "failed")
 # What node/limiter.py reports for each driver limit (its `LimitOutcome`).
 DRIVER_LIMIT_OUTCOMES = ("applied", "late", "unchanged", "cleared", "unsupported", "failed")
+POLICY_RELOAD_RESULTS = ("applied", "invalid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +284,31 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+
+        self.policy_reloads = Counter(
+            "vramguard_policy_reloads_total",
+            "Changes of the policy file seen, by result: applied (in force from the next scan) or invalid (refused, "
+            "once per distinct content: the last good policy stays in force; the log says policy_invalid and why).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in POLICY_RELOAD_RESULTS:
+            self.policy_reloads.labels(result=result)
+        self.policy_invalid = Gauge(
+            "vramguard_policy_invalid",
+            "1 while the policy file's content is invalid or unreadable (the last good policy is in force; /status "
+            "says why), 0 otherwise.",
+            registry=self.registry,
+        )
+        self.policy_restart_needed = Gauge(
+            "vramguard_policy_restart_needed",
+            "1 for each policy field whose reloaded value needs a part the agent builds at start only (quota_sources, "
+            "driver_limits, watch_interval): the rest of the policy is in force, that field only after a restart.",
+            ["field"],
+            registry=self.registry,
+        )
+        for name in RESTART_FIELDS:
+            self.policy_restart_needed.labels(field=name).set(0)
 
     def observe_scan(
         self,

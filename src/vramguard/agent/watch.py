@@ -114,6 +114,12 @@ class ScanCalls:
         self._awaited = NOTHING_AWAITED
         self._waiter_stop: threading.Event | None = None
 
+    def retune(self, policy: Policy) -> None:
+        """Take a reloaded policy's `triggered_scans_per_second` (a full bucket of the new burst)."""
+        rate = policy.triggered_scans_per_second
+        with self._lock:
+            self.bucket = TokenBucket(max(1, int(rate)), rate * 60.0, self.clock)
+
     def post(self, reason: Trigger, at: float) -> None:
         """Call for a scan for `reason`, seen at `at`: at once when the rate allows, else when it next does. A call
         posted while another waits rides along with it."""
@@ -265,6 +271,13 @@ class MemoryWatch:
         """What the last scan could not attribute for want of the pod cache: a pod update naming it calls for a
         scan (`ScanCalls.awaiting`)."""
         self.calls.awaiting(awaited, pods)
+
+    def retune(self, policy: Policy) -> None:
+        """Take a reloaded policy (its `watch_interval_s` > 0): the interval from the next pause on, the thresholds
+        from the next reading, the rate from the next call."""
+        self.trigger.policy = policy
+        self.interval_s = policy.watch_interval_s
+        self.calls.retune(policy)
 
     def problem(self, now: float) -> str | None:
         """Why the watch no longer calls for scans (a reading stuck in the driver for `WATCH_STUCK_S`), or None."""

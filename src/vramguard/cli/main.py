@@ -6,7 +6,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
@@ -29,19 +28,19 @@ from vramguard.cli.wiring import (
     build_agent,
     connect,
     nvidia_side,
-    policy_for,
+    policy_file,
     serve,
     stop_on_signals,
     with_limits,
 )
 from vramguard.core.model import DriverLimits, Mode
-from vramguard.core.policy import check_policy_file, parse_watch_interval
+from vramguard.core.policy import Overrides, check_policy_file, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json
 from vramguard.node.describe import describer
 from vramguard.node.limiter import read_held_limits
-from vramguard.nvml import BINDINGS_SINCE, NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
@@ -88,6 +87,24 @@ PodsFileOpt = Annotated[
     typer.Option("--pods-file", help="Pods from a file (`kubectl get pods -o yaml` shape) instead of the API server."),
 ]
 NodeOpt = Annotated[str | None, typer.Option("--node-name", envvar="NODE_NAME", help="This node's name.")]
+DriverRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--driver-root",
+        envvar="VRAMGUARD_DRIVER_ROOT",
+        help="Where the host's NVIDIA driver install is mounted (the chart's driver.root): libnvidia-ml.so.1 is "
+        "loaded from the driver's layouts under it (usr/lib64, usr/lib/<arch>-linux-gnu, lib64, ...). Empty: "
+        "the dynamic loader's search (the NVIDIA container runtime's libraries, LD_LIBRARY_PATH).",
+    ),
+]
+NvmlLibraryOpt = Annotated[
+    str,
+    typer.Option(
+        "--nvml-library",
+        envvar="VRAMGUARD_NVML_LIBRARY",
+        help="The NVML library file itself (the chart's driver.nvmlLibrary); within --driver-root when that is set.",
+    ),
+]
 KubeconfigOpt = Annotated[
     str | None, typer.Option("--kubeconfig", help="Kubeconfig file; the in-cluster ServiceAccount when absent.")
 ]
@@ -121,6 +138,8 @@ def run(
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    driver_root: DriverRootOpt = "",
+    nvml_library: NvmlLibraryOpt = "",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
@@ -179,17 +198,23 @@ def run(
         reserve_bytes = parse_quantity(capacity_reserve)
     except QuantityError as e:
         _fail(f"--capacity-reserve: {e}")
-    policy = _or_exit(lambda: policy_for(policy_path, mode, agent_namespace, driver_limits))
+    watch_interval_s = None
     if watch_interval is not None:
         try:
-            policy = replace(policy, watch_interval_s=parse_watch_interval(watch_interval))
+            watch_interval_s = parse_watch_interval(watch_interval)
         except QuantityError as e:
             _fail(f"--watch-interval: {e}")
         except ValueError as e:
             _fail(f"--watch-interval: {show_value(watch_interval)} {e}")
+    # The flags override the file at start and at each reload of it alike.
+    overrides = Overrides(mode, driver_limits, watch_interval_s, agent_namespace)
+    policy, policy_digest = _or_exit(lambda: policy_file(policy_path, overrides))
     config = RunConfig(
         node_name=node_name,
         policy=policy,
+        policy_path=policy_path,
+        overrides=overrides,
+        policy_digest=policy_digest,
         dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,
@@ -204,6 +229,7 @@ def run(
         device_prefix=device_prefix,
         state_dir=state_dir,
         status_command_lines=status_command_lines,
+        nvml_location=NvmlLocation(driver_root, nvml_library),
     )
     with stop_on_signals() as stop:
         _or_exit(lambda: serve(config, stop))
@@ -215,6 +241,8 @@ def top(
     policy_path: PolicyOpt = None,
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    driver_root: DriverRootOpt = "",
+    nvml_library: NvmlLibraryOpt = "",
     pods_file: PodsFileOpt = None,
     kubeconfig: KubeconfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit.")] = False,
@@ -227,7 +255,7 @@ def top(
     limit or the agent), and each process' PID, user and command. Changes nothing."""
     configure_logging("console", level="error")
     describe = describer(proc_root, command_lines=True)
-    policy = _or_exit(lambda: policy_for(policy_path, None, None))
+    policy = _or_exit(lambda: policy_file(policy_path, Overrides())[0])
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
     services = Services()
@@ -238,7 +266,9 @@ def top(
         if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
             _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
         try:
-            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
+            sampler = services.start(
+                "nvml", NvmlSampler(proc_root=proc_root, location=NvmlLocation(driver_root, nvml_library))
+            )
         except NvmlUnavailable as e:
             _fail(str(e), 1)
         agent = build_agent(
@@ -285,11 +315,13 @@ def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to valid
 def version(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object, with the Python version too.")] = False,
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    driver_root: DriverRootOpt = "",
+    nvml_library: NvmlLibraryOpt = "",
 ) -> None:
     """Print vramguard's version, nvidia-ml-py's, the NVIDIA driver's and NVML's, and whether the driver can hold
     per-cgroup memory limits here (R615+). Where NVML cannot be loaded, says why, and still exits 0."""
     configure_logging("console", level="error")
-    driver = ask_driver("/proc", cgroup_root)
+    driver = ask_driver("/proc", cgroup_root, NvmlLocation(driver_root, nvml_library))
     if as_json:
         typer.echo(json.dumps(version_dict(driver)))
     else:
@@ -310,6 +342,8 @@ def version_lines(driver: DriverFacts) -> list[str]:
         nvidia = f"NVIDIA driver: unknown ({driver.problem or 'NVML is not up'})"
     else:
         nvidia = f"NVIDIA driver {driver.driver_version}, NVML {driver.nvml_version}"
+        if driver.nvml_library:
+            nvidia += f" (loaded from {driver.nvml_library})"
     limits = f"driver limits: {_POSSIBLE[driver.limits_possible]}"
     if driver.limits_reason:
         limits += (
@@ -333,6 +367,7 @@ def version_dict(driver: DriverFacts) -> dict[str, object]:
         **driver_dict(driver),
         "binds_limits": driver.binds_limits,
         "nvml_problem": driver.problem,
+        "nvml_library": driver.nvml_library or None,
     }
 
 

@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -24,6 +24,7 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.health import HealthWriter
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.reload import PolicyReloader, digest_of
 from vramguard.agent.report import LastScan
 from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.backoff import Backoff
@@ -31,13 +32,13 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
-from vramguard.core.limit_plan import limits_enabled, whole_gpus
-from vramguard.core.model import DriverLimits, GpuDevice, Mode, PodInfo, Policy
-from vramguard.core.policy import PolicyError, load_policy
+from vramguard.core.limit_plan import uses_limiter, whole_gpus
+from vramguard.core.model import DriverLimits, GpuDevice, PodInfo, Policy
+from vramguard.core.policy import Overrides, PolicyError, read_policy
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, MemoryLimiter, PodSource
 from vramguard.core.quota import reads_claims
 from vramguard.http.server import BindError, HealthServer
-from vramguard.http.status import AgentFacts, DriverFacts, StatusPage
+from vramguard.http.status import AgentFacts, DriverFacts, PolicyFacts, StatusPage
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.client import load_api_client
@@ -54,7 +55,15 @@ from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits
 from vramguard.node.repeats import KillFile
-from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable, binding_version, binds_limits
+from vramguard.nvml import (
+    LOADER_SEARCH,
+    NvmlLocation,
+    NvmlMemoryLimiter,
+    NvmlSampler,
+    NvmlUnavailable,
+    binding_version,
+    binds_limits,
+)
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
 # kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
@@ -112,22 +121,31 @@ class Cluster:
             services.start(name, part)
 
 
-def policy_for(
-    path: Path | None, mode: Mode | None, agent_namespace: str | None, driver_limits: DriverLimits | None = None
-) -> Policy:
-    """The policy file's policy (defaults without one), with `--mode`, `--driver-limits` and the agent's own
-    namespace exempted."""
+def policy_file(path: Path | None, overrides: Overrides) -> tuple[Policy, str | None]:
+    """The policy file's policy (defaults without one) through the flags' `overrides`, as every reload of it goes
+    (`reload.PolicyReloader`), and the hash of the content read (None without a file)."""
+    if path is None:
+        return overrides.apply(Policy()), None
     try:
-        policy = load_policy(path) if path is not None else Policy()
+        policy, text = read_policy(path)
     except PolicyError as e:
         raise WiringError(str(e)) from None
-    if mode is not None:
-        policy = replace(policy, mode=mode)
-    if driver_limits is not None:
-        policy = replace(policy, driver_limits=driver_limits)
-    if agent_namespace:
-        policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {agent_namespace})
-    return policy
+    return overrides.apply(policy), digest_of(text)
+
+
+def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> PolicyReloader | None:
+    """The watch on the policy file (not started), None without one: a change is in force from the next scan."""
+    if config.policy_path is None or config.policy_digest is None:
+        return None
+    reloader = PolicyReloader(
+        config.policy_path,
+        config.overrides.apply,
+        config.policy_digest,
+        clock=clock,
+        count=lambda result: metrics.policy_reloads.labels(result=result).inc(),
+    )
+    metrics.policy_invalid.set_function(lambda: reloader.invalid is not None)
+    return reloader
 
 
 def connect(
@@ -221,6 +239,8 @@ def build_agent(
     journal: FreezeJournal | None = None,
     kill_memory: KillMemory | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    reloads: PolicyReloader | None = None,
+    policy_digest: str | None = None,
 ) -> Agent:
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
     the Enforcer's business alone (its Events go to the log)."""
@@ -248,6 +268,8 @@ def build_agent(
         kill_memory=kill_memory,
         watch=memory_watch(sampler, policy, metrics, clock, cluster.scan_calls),
         clock=clock,
+        reloads=reloads,  # a reloaded policy is in force from the scan after it was read
+        policy_digest=policy_digest,
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
@@ -290,10 +312,7 @@ def driver_limiter(
     """The driver-limits programmer (not started), where the policy enforces anywhere (evict or kill) and allows
     them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. Its NVML initialisation is
     started in `services`: call once NVML is up."""
-    enforcing = policy.mode is not Mode.WARN or any(
-        ns.mode is not None and ns.mode is not Mode.WARN for ns in policy.namespaces.values()
-    )
-    if not enforcing or not limits_enabled(policy, dry_run):
+    if not uses_limiter(policy, dry_run):
         return None
     return DriverLimiter(services.start("nvml-limits", NvmlMemoryLimiter()), cgroup_root, clock=clock)
 
@@ -312,17 +331,22 @@ def capacity_publisher(
 
 
 def open_sampler(
-    proc_root: str, services: Services, stop: threading.Event, clock: Clock, problem: Callable[[str | None], None]
+    proc_root: str,
+    services: Services,
+    stop: threading.Event,
+    clock: Clock,
+    problem: Callable[[str | None], None],
+    location: NvmlLocation = LOADER_SEARCH,
 ) -> NvmlSampler | None:
-    """NVML, once it loads, started in `services`: it may come up after the agent (a driver container still
-    installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and None once it
-    is up; the log hears once per run of the same failure."""
+    """NVML, once it loads (from `location`), started in `services`: it may come up after the agent (a driver
+    container still installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and
+    None once it is up; the log hears once per run of the same failure."""
     log = structlog.get_logger("vramguard")
     backoff = Backoff(1.0, 60.0)
     failures = FailureRun()
     while not stop.is_set():
         try:
-            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
+            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root, location=location))
         except NvmlUnavailable as e:
             if failures.failed(str(e)):
                 log.error("nvml_unavailable", error=str(e))
@@ -340,7 +364,12 @@ def nvidia_side(sampler: NvmlSampler | None) -> DriverFacts:
     facts = DriverFacts(binding_version(), binds_limits())
     if sampler is None:
         return facts
-    return replace(facts, driver_version=sampler.driver_version, nvml_version=sampler.nvml_version)
+    return replace(
+        facts,
+        driver_version=sampler.driver_version,
+        nvml_version=sampler.nvml_version,
+        nvml_library=sampler.library_path,
+    )
 
 
 def with_limits(facts: DriverFacts, support: LimitsSupport | None, unknown: str) -> DriverFacts:
@@ -356,14 +385,14 @@ def ask_limits(memory: MemoryLimiter, cgroup_root: str, devices: Iterable[GpuDev
     return probe_limits(memory, CgroupfsTree(cgroup_root), [d.index for d in whole_gpus(devices)])
 
 
-def ask_driver(proc_root: str, cgroup_root: str) -> DriverFacts:
+def ask_driver(proc_root: str, cgroup_root: str, location: NvmlLocation = LOADER_SEARCH) -> DriverFacts:
     """The NVIDIA side, asked now (`vramguard version`): NVML started here and stopped, one sample for the GPUs, and
     the limits of the cgroup v2 root asked for on each whole one. Where NVML cannot start, says why (`problem`).
     Blocks on NVML (each call of the sample under its deadline, the limits not): never for the agent."""
     services = Services()
     try:
         try:
-            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root))
+            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root, location=location))
         except NvmlUnavailable as e:
             return replace(
                 nvidia_side(None), limits_possible=False, limits_reason="NVML is not available", problem=str(e)
@@ -388,15 +417,14 @@ class Probes:
         poll_interval_s: float,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        require_limits: bool = False,
         http: Heartbeat | None = None,
     ) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
         self.clock = clock  # the agent's: `last_scan_at` is on its scale
-        self.require_limits = require_limits  # driver_limits: require
         self.http = http  # the HTTP server's rounds
         self.agent: Agent | None = None
+        self.reloader: PolicyReloader | None = None  # the policy file's watch, whose refusal /status shows
         self.nvml_problem: str | None = "NVML not initialised yet"
         self.driver = nvidia_side(None)  # with the driver's versions once NVML is up (`serve`)
 
@@ -438,6 +466,14 @@ class Probes:
         """Why NVML is not up (`open_sampler`), or None once it is."""
         self.nvml_problem = problem
 
+    def policy_facts(self) -> PolicyFacts | None:
+        """The policy in force for /status, None before the agent is built (its start policy is in the facts)."""
+        agent = self.agent
+        if agent is None:
+            return None
+        invalid = self.reloader.invalid if self.reloader is not None else None
+        return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed)
+
     def driver_facts(self) -> DriverFacts:
         """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the
         driver can hold limits is what the limiter's probe found, where the agent uses them."""
@@ -449,10 +485,13 @@ class Probes:
         return with_limits(self.driver, agent.limiter.support(), "not known yet: asked at the first scan")
 
     def limits_problem(self) -> str | None:
-        """With `driver_limits: require`, why the driver cannot hold this node's quotas, or None."""
-        if not self.require_limits or self.agent is None:
+        """With `driver_limits: require` (in the policy in force), why the driver cannot hold this node's quotas, or
+        None."""
+        if self.agent is None or self.agent.policy.driver_limits is not DriverLimits.REQUIRE:
             return None
         limiter = self.agent.limiter
+        if limiter is None and "driver_limits" in self.agent.restart_needed:
+            return "driver limits required by the reloaded policy: they apply after a restart of the agent"
         if limiter is None:
             return "driver limits required, but never applied in warn mode or with --dry-run"
         if limiter.unavailable is not None:
@@ -483,6 +522,11 @@ class RunConfig:
     device_prefix: str
     state_dir: str
     status_command_lines: bool = False  # /status shows whole command lines (else the program's name)
+    nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
+    # The policy file, watched for changes (`reload.py`): each goes through the same overrides as `policy` did.
+    policy_path: Path | None = None
+    overrides: Overrides = field(default_factory=Overrides)
+    policy_digest: str | None = None  # the hash of the content `policy` was read from
 
 
 def agent_facts(config: RunConfig) -> AgentFacts:
@@ -554,12 +598,20 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         cluster.pods,
         config.poll_interval_s,
         clock=clock,
-        require_limits=config.policy.driver_limits is DriverLimits.REQUIRE,
         http=http_rounds,
     )
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
     describe = describer(config.proc_root, config.status_command_lines)
-    status = StatusPage(agent_facts(config), probes.last_scan, clock, describe=describe, driver=probes.driver_facts)
+    status = StatusPage(
+        agent_facts(config),
+        probes.last_scan,
+        clock,
+        describe=describe,
+        driver=probes.driver_facts,
+        policy=probes.policy_facts,
+    )
+    reloader = policy_reloader(config, metrics, clock)
+    probes.reloader = reloader
     server = HealthServer(
         config.metrics_port,
         metrics.registry,
@@ -594,7 +646,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             health_file=config.health_file or None,
             open_file_limit=open_files[1],
         )
-        sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml)
+        sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml, config.nvml_location)
         if sampler is None:
             return
         probes.driver = nvidia_side(sampler)
@@ -613,6 +665,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
             kill_memory=None if config.dry_run else KillFile(config.state_dir, proc_root=config.proc_root),
             clock=clock,
+            reloads=reloader,
+            policy_digest=config.policy_digest,
         )
         services.start("evictions", agent.enforcer)
         if agent.watch is not None:
@@ -620,6 +674,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         if agent.limiter is not None:
             services.start("driver-limits", agent.limiter)
             watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+        if reloader is not None:
+            services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         probes.agent = agent
         agent.run(config.poll_interval_s, stop)
     finally:

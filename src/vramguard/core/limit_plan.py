@@ -74,6 +74,15 @@ def limits_enabled(policy: Policy, dry_run: bool) -> bool:
     return not dry_run and policy.driver_limits is not DriverLimits.OFF
 
 
+def uses_limiter(policy: Policy, dry_run: bool) -> bool:
+    """Whether the agent programs driver limits under `policy`: it enforces somewhere (evict or kill) and
+    `limits_enabled`. A warn-only policy holds no quota, so it limits nothing."""
+    enforcing = policy.mode is not Mode.WARN or any(
+        ns.mode is not None and ns.mode is not Mode.WARN for ns in policy.namespaces.values()
+    )
+    return enforcing and limits_enabled(policy, dry_run)
+
+
 def whole_gpus(devices: Iterable[GpuDevice]) -> list[GpuDevice]:
     """The GPUs a limit can go on: healthy, whole, and not split into MIG instances."""
     devices = list(devices)

@@ -121,12 +121,27 @@ def load_policy(path: str | Path) -> Policy:
 
     Raises PolicyError naming the file when it cannot be read, is not YAML, or is not a valid policy.
     """
+    return read_policy(path)[0]
+
+
+def read_policy(path: str | Path) -> tuple[Policy, bytes]:
+    """`load_policy`, with the bytes the policy was read from (to know the content a reload compares with)."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_BYTES + 1)  # one byte over, for the loader to refuse
+        text = read_policy_bytes(path)
     except OSError as e:
         raise PolicyError([FieldError("", None, f"cannot read the file: {e.strerror or e}", show=False)], source) from e
+    return policy_from_bytes(text, source), text
+
+
+def read_policy_bytes(path: str | Path) -> bytes:
+    """The file's bytes, one over `MAX_BYTES` at most (for the loader to refuse). Raises OSError."""
+    with open(path, "rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
+def policy_from_bytes(text: bytes, source: str) -> Policy:
+    """A policy file's bytes (`read_policy_bytes`) → a validated Policy; PolicyError names `source`."""
     try:
         data = load_yaml(text, scalars=Scalars.YAML_1_1)
     except DocumentError as e:
@@ -135,6 +150,28 @@ def load_policy(path: str | Path) -> Policy:
         return parse_policy({} if data is None else data)
     except PolicyError as e:
         raise PolicyError(e.errors, source) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """What the agent's flags set over the policy file, applied to it at start and to each reload alike: `--mode`,
+    `--driver-limits`, `--watch-interval`, and the agent's own namespace, always exempt. None: the file's value."""
+
+    mode: Mode | None = None
+    driver_limits: DriverLimits | None = None
+    watch_interval_s: float | None = None
+    agent_namespace: str | None = None
+
+    def apply(self, policy: Policy) -> Policy:
+        if self.mode is not None:
+            policy = replace(policy, mode=self.mode)
+        if self.driver_limits is not None:
+            policy = replace(policy, driver_limits=self.driver_limits)
+        if self.watch_interval_s is not None:
+            policy = replace(policy, watch_interval_s=self.watch_interval_s)
+        if self.agent_namespace:
+            policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {self.agent_namespace})
+        return policy
 
 
 def check_policy_file(path: str | Path) -> list[str]:

@@ -44,7 +44,7 @@ class AgentFacts:
 
     version: str
     node: str
-    mode: str  # warn | evict | kill: the policy's mode
+    mode: str  # warn | evict | kill: the policy's mode at start (`PolicyFacts` has the one in force)
     dry_run: bool
     poll_interval_s: float
 
@@ -61,6 +61,28 @@ class DriverFacts:
     limits_possible: bool | None = None  # None: not known (not asked yet, or the driver could not say)
     limits_reason: str = ""  # why not, or where not, or why not known; "" where every GPU can
     problem: str = ""  # why NVML is not up
+    nvml_library: str = ""  # the libnvidia-ml file loaded ("" where NVML is not up)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFacts:
+    """The policy in force, which a reload of the policy file changes: its mode, the hash of the file's content
+    (None: no file), why the file's current content is refused (None: it is in force), and the fields whose new
+    value waits for a restart."""
+
+    mode: str
+    digest: str | None = None
+    invalid: str | None = None
+    restart_needed: tuple[str, ...] = ()
+
+
+def policy_dict(policy: PolicyFacts) -> dict[str, object]:
+    """The document's `policy` part, in its agent part."""
+    return {
+        "sha256": policy.digest,
+        "invalid": cut(policy.invalid) if policy.invalid is not None else None,
+        "restart_needed": list(policy.restart_needed),
+    }
 
 
 def driver_dict(driver: DriverFacts) -> dict[str, object]:
@@ -142,17 +164,20 @@ def scan_json(
     )
 
 
-def render(facts: AgentFacts, scan_age_s: float | None, scan_part: str, driver: DriverFacts) -> bytes:
-    """The whole document: the agent's part (its scan age as of now, the NVIDIA side as known now) and a
-    `scan_json` part."""
+def render(
+    facts: AgentFacts, scan_age_s: float | None, scan_part: str, driver: DriverFacts, policy: PolicyFacts | None = None
+) -> bytes:
+    """The whole document: the agent's part (its scan age as of now, the NVIDIA side and the policy in force as
+    known now) and a `scan_json` part."""
     agent = {
         "version": cut(facts.version),
         "node": cut(facts.node),
-        "mode": facts.mode,
+        "mode": policy.mode if policy is not None else facts.mode,
         "dry_run": facts.dry_run,
         "poll_interval_s": facts.poll_interval_s,
         "scan_age_s": None if scan_age_s is None else round(max(0.0, scan_age_s), 3),
         **driver_dict(driver),
+        **({"policy": policy_dict(policy)} if policy is not None else {}),
     }
     head = json.dumps({"kind": KIND, "schema": SCHEMA, "agent": agent})
     return f"{head[:-1]}, {scan_part}}}".encode()
@@ -177,8 +202,10 @@ class StatusPage:
         notify: Callable[[], None] = lambda: None,
         *,
         driver: Callable[[], DriverFacts],
+        policy: Callable[[], PolicyFacts | None] = lambda: None,
     ) -> None:
         self.facts = facts
+        self.policy = policy  # the policy in force now (None: the one in `facts`, for the agent's life)
         self.last_scan = last_scan
         self.driver = driver  # the NVIDIA side as the agent knows it now; asks NVML nothing
         self.clock = clock  # the agent's: `LastScan.finished_at` is on its scale
@@ -215,7 +242,7 @@ class StatusPage:
                 return None
             part = self._scan_part
         age = None if built is None else self.clock.now() - built.finished_at
-        return render(self.facts, age, part, self.driver())
+        return render(self.facts, age, part, self.driver(), self.policy())
 
     def _wake(self) -> None:
         with self._cond:

@@ -66,7 +66,8 @@ def init_failure(nv: Any, error_names: Mapping[int, str], call: str, error: Base
         return (
             "NVML is not available: libnvidia-ml.so.1 was not found. Install the NVIDIA driver on the node and "
             "give the agent its libraries: in a pod, the NVIDIA container toolkit mounts them (runtimeClassName: "
-            "nvidia, or NVIDIA_VISIBLE_DEVICES=all with NVIDIA_DRIVER_CAPABILITIES=utility); elsewhere, put "
+            "nvidia, or NVIDIA_VISIBLE_DEVICES=all with NVIDIA_DRIVER_CAPABILITIES=utility), or the chart's "
+            "driver.root names the host directory the driver is installed in (--driver-root); elsewhere, put "
             "the library's directory on LD_LIBRARY_PATH."
         )
     hint = {

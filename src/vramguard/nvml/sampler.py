@@ -34,6 +34,7 @@ from vramguard.nvml.errors import (
     describe,
     init_failure,
 )
+from vramguard.nvml.library import LIBRARY_NAME, LOADER_SEARCH, NvmlLocation, load_library
 from vramguard.nvml.rows import MAX_STRIDE_BYTES, STRIDE_V2_BYTES, Row, decode_rows, probe_process_api
 
 DEFAULT_CALL_TIMEOUT_S = 2.0
@@ -86,6 +87,7 @@ class NvmlSampler:
     dropped. GPU handles, UUIDs and names are read on the first scan and cached (MIG instances' UUIDs are read
     every scan: instances come and go). The GPU count is read once: GPUs do not appear without a driver reload.
     An unhealthy GPU is reported with its last good memory figures (zeros if there never were any).
+    `location` says where libnvidia-ml.so.1 is loaded from (nvml/library.py); `library_path` is the file loaded.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class NvmlSampler:
         proc_root: str | os.PathLike[str] = "/proc",
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         clock: Clock = SYSTEM_CLOCK,
+        location: NvmlLocation = LOADER_SEARCH,
     ) -> None:
         if call_timeout_s <= 0:
             raise ValueError("call_timeout_s must be positive")
@@ -115,6 +118,8 @@ class NvmlSampler:
         self._last: dict[int, tuple[GpuDevice, ...]] = {}  # each GPU's devices from its last good scan
         self._last_by_uuid: dict[str, GpuDevice] = {}
         self._lists: tuple[_ProcessList, ...] = ()
+        self._location = location  # where libnvidia-ml.so.1 is loaded from (nvml/library.py)
+        self.library_path = ""  # the file loaded, read at start
         self.driver_version = ""  # both read at start ("unknown" where NVML would not say)
         self.nvml_version = ""
         self.gpu_count = 0
@@ -274,6 +279,7 @@ class NvmlSampler:
 
     def _init_nvml(self, job: Job) -> None:
         nv = self._nv
+        self.library_path = job.call(f"loading {LIBRARY_NAME}", load_library, nv, self._location)
         job.call("nvmlInit", nv.nvmlInit)
         try:
             try:

@@ -433,7 +433,9 @@ def test_metrics_exposition_names_carry_units() -> None:
         "vramguard_nvml_errors_total",
     } <= names
     counts = {"vramguard_driver_limits_failing", "vramguard_events_queued"}
-    for name in names - {"vramguard_gpu_healthy", "vramguard_watch_stuck", *counts}:  # states, counts: no unit
+    states = {"vramguard_gpu_healthy", "vramguard_watch_stuck", "vramguard_policy_invalid"}
+    states |= {"vramguard_policy_restart_needed"}
+    for name in names - {*states, *counts}:  # states, counts: no unit
         assert name.endswith(("_bytes", "_seconds", "_total")), name
 
 

@@ -320,3 +320,18 @@ def test_a_reading_stuck_in_the_driver_is_a_problem_after_a_while() -> None:
     watch.read_once()
     assert seen == [None, "memory watch: a reading has not returned for 12.3 s; scans at the poll only"]
     assert watch.problem(clock.now() + 3600.0) is None, "back: between readings"
+
+
+def test_a_reloaded_policy_retunes_the_watch_and_the_rate() -> None:
+    """A reload's watch_interval, watch_rise and triggered_scans_per_second are in force from the next reading."""
+    clock = FakeClock()
+    calls = ScanCalls(Policy(triggered_scans_per_second=1), clock)
+    watch = MemoryWatch(lambda: (), ScanTrigger(Policy()), 0.02, clock, calls=calls)
+    new = Policy(watch_interval_s=0.1, watch_rise_bytes=GiB, watch_rise_ratio=None, triggered_scans_per_second=5)
+    watch.retune(new)
+    assert watch.interval_s == 0.1 and watch.trigger.policy is new
+    for _ in range(5):
+        calls.post(Trigger.MEMORY_RISE, clock.now())
+        assert calls.wait(threading.Event(), clock.now() + 60.0) is Trigger.MEMORY_RISE, "the new burst of 5"
+    calls.post(Trigger.MEMORY_RISE, clock.now())
+    assert calls.held == 1

@@ -124,6 +124,14 @@ NO_NVML = "NVML is not available: libnvidia-ml.so.1 was not found. Install the N
              "driver limits: unknown: nvmlDeviceGetMemoryLimits_v1 on GPU 0: Insufficient Permissions"],
             id="a-driver-that-cannot-answer-is-unknown",
         ),
+        pytest.param(
+            DriverFacts("13.615.71", True, "580.95.05", "13.580.95.05", False, "needs R615",
+                        nvml_library="/host/driver/usr/lib64/libnvidia-ml.so.1"),
+            ["nvidia-ml-py 13.615.71 (binds the driver's per-cgroup memory limits)",
+             "NVIDIA driver 580.95.05, NVML 13.580.95.05 (loaded from /host/driver/usr/lib64/libnvidia-ml.so.1)",
+             "driver limits: not possible: needs R615"],
+            id="the-library-loaded-is-named",
+        ),
     ],
 )  # fmt: skip
 def test_version_lines_say_the_bindings_the_driver_and_the_limits(driver: DriverFacts, expected: list[str]) -> None:
@@ -140,7 +148,7 @@ def test_version_json_carries_the_nvidia_side_as_status_does() -> None:
     assert {k: v for k, v in doc.items() if k not in ("python", "pid")} == {
         "vramguard": __version__, "nvidia_ml_py": "13.615.71", "driver_version": None, "nvml_version": None,
         "driver_limits_possible": False, "driver_limits_reason": "NVML is not available", "binds_limits": True,
-        "nvml_problem": NO_NVML,
+        "nvml_problem": NO_NVML, "nvml_library": None,
     }  # fmt: skip
 
 

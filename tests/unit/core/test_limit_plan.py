@@ -7,7 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from vramguard.core.limit_plan import WantedLimits, limits_enabled, wanted_limits, with_driver_usage
+from vramguard.core.limit_plan import (
+    WantedLimits,
+    limits_enabled,
+    uses_limiter,
+    wanted_limits,
+    with_driver_usage,
+)
 from vramguard.core.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
 from vramguard.core.quota import QuotaBook
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
@@ -134,3 +140,23 @@ def test_wanted_limits_are_kept_while_the_sources_hand_out_the_same_inputs() -> 
     assert not memo.computed_from(pods, labels, {}, [gpu0]), "DRA shares appeared"
     assert not memo.computed_from(pods, labels, None, [replace(gpu0, total_bytes=48 * GiB)]), "another size"
     assert not memo.computed_from(pods, labels, None, []), "the GPU left"
+
+
+@pytest.mark.parametrize(
+    ("policy", "dry_run", "uses"),
+    [
+        pytest.param(KILL, False, True, id="kill"),
+        pytest.param(Policy(mode=Mode.WARN), False, False, id="warn-only-limits-nothing"),
+        pytest.param(
+            Policy(mode=Mode.WARN, namespaces={"ml": NamespacePolicy(mode=Mode.EVICT)}),
+            False,
+            True,
+            id="warn-but-one-namespace-evicts",
+        ),
+        pytest.param(KILL, True, False, id="dry-run"),
+        pytest.param(replace(KILL, driver_limits=DriverLimits.OFF), False, False, id="driver-limits-off"),
+    ],
+)
+def test_uses_limiter(policy: Policy, dry_run: bool, uses: bool) -> None:
+    """The agent programs limits where it enforces somewhere and may use them (at start and at each reload)."""
+    assert uses_limiter(policy, dry_run) is uses

@@ -19,7 +19,15 @@ from vramguard.core.model import (
     OnRepeat,
     Policy,
 )
-from vramguard.core.policy import TOP_LEVEL_FIELDS, PolicyError, check_policy_file, load_policy, parse_policy
+from vramguard.core.policy import (
+    TOP_LEVEL_FIELDS,
+    Overrides,
+    PolicyError,
+    check_policy_file,
+    load_policy,
+    parse_policy,
+    read_policy,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 
@@ -567,3 +575,17 @@ def test_pressure_transition_period_must_be_a_duration(value: object) -> None:
         parse_policy({"pressure_transition_period": value})
     (error,) = info.value.errors
     assert error.path == "pressure_transition_period" and error.value == value
+
+
+def test_overrides_set_the_flags_over_the_file_and_exempt_the_agents_namespace() -> None:
+    file = Policy(mode=Mode.WARN, driver_limits=DriverLimits.REQUIRE, watch_interval_s=0.05)
+    assert Overrides().apply(file) == file, "no flag: the file's values"
+    got = Overrides(Mode.KILL, DriverLimits.OFF, 0.0, "vramguard-system").apply(file)
+    assert (got.mode, got.driver_limits, got.watch_interval_s) == (Mode.KILL, DriverLimits.OFF, 0.0)
+    assert got.exempt_namespaces == {"kube-system", "vramguard-system"}
+
+
+def test_read_policy_gives_the_bytes_it_read(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"mode: evict\n")
+    assert read_policy(path) == (Policy(mode=Mode.EVICT), b"mode: evict\n")

@@ -1,0 +1,169 @@
+"""The policy file, watched: an edit, or the kubelet's swap of a ConfigMap volume (`..data` renamed onto a new
+`..<timestamp>` directory), is read, checked and put through the flags' overrides on a thread of its own, and
+handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
+on the file.
+
+Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (bounded; a ConfigMap holds 1 MiB
+at most, a policy a few KiB) and hashed, and parsed only when the hash is not the one seen last. Reading whole
+each time, rather than trusting a stat, sees an edit in place that keeps the size within one mtime tick, and
+the kubelet's swap alike (`..data` renamed onto a new directory: an open through the links gets one whole
+version or the other). An
+invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
+`invalid` (the metric, /status) says so until the file is good again. A file that cannot be read (gone mid-swap)
+is tried again soon, and reported only when that keeps failing.
+
+Some fields built parts at start that a reload cannot build (`fit`): those take effect after a restart, and the
+agent says so; everything else is in force from the next scan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from vramguard.base.background import BackgroundLoop
+from vramguard.base.backoff import Backoff
+from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.logs import FailureRun
+from vramguard.core.limit_plan import uses_limiter
+from vramguard.core.model import Policy
+from vramguard.core.policy import PolicyError, policy_from_bytes, read_policy_bytes
+from vramguard.core.quota import reads_claims
+
+# How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
+# minute by default) is most of the time from `kubectl apply` to the new policy in force.
+CHECK_INTERVAL_S = 2.0
+# Reads that fail in a row before the file is reported unreadable: one failure is a swap caught mid-way.
+UNREADABLE_AFTER = 3
+# The fields whose change needs a part built at start (`fit`), as the metric's `field` label names them.
+RESTART_FIELDS = ("quota_sources", "driver_limits", "watch_interval")
+
+
+def digest_of(text: bytes) -> str:
+    """The content's identity, as the log and /status show it."""
+    return hashlib.sha256(text).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A reloaded policy, checked and with the flags' overrides applied, and the hash of the file's content."""
+
+    policy: Policy
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What the agent built at start from its first policy, which a reload cannot add."""
+
+    claims: bool  # a claim source (a `claim:` quota source)
+    limiter: bool  # the driver-limits programmer
+    watch: bool  # the watch between scans
+    dry_run: bool
+
+
+def fit(new: Policy, built: Built, running: Policy) -> tuple[Policy, tuple[str, ...]]:
+    """The policy to put in force for `new`, and the fields that take effect only after a restart because the
+    part they need was not built: those keep what `running` does. A part built but no longer wanted idles (a
+    limiter clears the limits it holds; a claim source's shares go unread), except the watch, which keeps its
+    interval until a restart: it may only ever scan more, never less."""
+    restart: list[str] = []
+    if reads_claims(new.quota_sources) and not built.claims:
+        restart.append("quota_sources")
+        new = replace(new, quota_sources=running.quota_sources)
+    if uses_limiter(new, built.dry_run) and not built.limiter:
+        restart.append("driver_limits")  # the reactive modes enforce every quota meanwhile
+    if (new.watch_interval_s > 0) != built.watch:
+        restart.append("watch_interval")
+        new = replace(new, watch_interval_s=running.watch_interval_s)
+    return new, tuple(restart)
+
+
+class PolicyReloader:
+    """Reads the policy file every `interval_s` from `start()` to `stop(deadline)`; `take()` hands the scan loop
+    the latest good policy not taken yet. `overrides` puts it through the flags (`Overrides.apply`); `digest` is
+    the hash of the content the agent started with; `count` hears each change's result (applied is counted by
+    the loop, which applies it)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        overrides: Callable[[Policy], Policy],
+        digest: str,
+        *,
+        interval_s: float = CHECK_INTERVAL_S,
+        clock: Clock = SYSTEM_CLOCK,
+        count: Callable[[str], None] = lambda result: None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.overrides = overrides
+        self.interval_s = interval_s
+        self.count = count
+        self.log = log if log is not None else structlog.get_logger("vramguard.agent.reload")
+        self.invalid: str | None = None  # why the file's content is refused now; None while it is good
+        self.checks = 0  # looks at the file, for tests
+        self._seen = digest  # the content last read, good or not
+        self._seen_error: str | None = None  # why that content was refused
+        self._failures = 0  # reads failed in a row
+        self._unreadable = FailureRun()
+        self._retry = Backoff(0.1, interval_s)
+        self._lock = threading.Lock()
+        self._pending: Loaded | None = None
+        self.loop = BackgroundLoop("vramguard-policy", self.check, clock=clock, log=self.log)
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def stop(self, deadline: float) -> None:
+        self.loop.stop(deadline)
+
+    def take(self) -> Loaded | None:
+        """The good policy read since the last take, if any (the scan loop's cheap look, once a scan)."""
+        with self._lock:
+            loaded, self._pending = self._pending, None
+        return loaded
+
+    def check(self) -> float:
+        """One look at the file; the seconds until the next."""
+        self.checks += 1
+        try:
+            text = read_policy_bytes(self.path)
+        except OSError as e:
+            return self._failed(f"cannot read the file: {e.strerror or e}")
+        self._failures = 0
+        self._retry.reset()
+        if self._unreadable.ok():
+            self.log.info("policy_readable", path=self.path)
+        digest = digest_of(text)
+        if digest == self._seen:
+            self.invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
+            return self.interval_s
+        self._seen = digest
+        try:
+            policy = self.overrides(policy_from_bytes(text, self.path))
+        except PolicyError as e:
+            self._refuse(digest, [str(error) for error in e.errors])
+            return self.interval_s
+        self._seen_error = self.invalid = None
+        with self._lock:
+            self._pending = Loaded(policy, digest)
+        return self.interval_s
+
+    def _refuse(self, digest: str, errors: list[str]) -> None:
+        self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
+        self.count("invalid")
+        self.log.error("policy_invalid", path=self.path, digest=digest[:12], errors=errors, keeping="last good policy")
+
+    def _failed(self, why: str) -> float:
+        self._failures += 1
+        if self._failures >= UNREADABLE_AFTER and self._unreadable.failed(why):
+            self.invalid = f"{self.path}: {why}"
+            self.count("invalid")
+            self.log.error("policy_unreadable", path=self.path, error=why, keeping="last good policy")
+        return self._retry.next()

@@ -1,0 +1,319 @@
+"""The policy file's reload: what is read off the loop, what the loop swaps in, and what waits for a restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from unit.agent.test_loop import FakeClaimSource, Node
+from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
+from vramguard.cli.wiring import Probes
+from vramguard.core.model import DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
+from vramguard.core.policy import Overrides
+from vramguard.http.status import PolicyFacts
+from vramguard.testing.fakes import FakeClock, pod
+
+GiB = 1024**3
+CLAIM = ("claim:gpu.nvidia.com", "resource:vramguard.io/vram")
+BUILT_ALL = Built(claims=True, limiter=True, watch=True, dry_run=False)
+BUILT_BARE = Built(claims=False, limiter=False, watch=True, dry_run=False)
+NO_WATCH = Built(claims=False, limiter=False, watch=False, dry_run=False)
+UNWATCHED = "watch_interval: 0s\n"  # as the Node's agent, built without a watch, runs
+
+
+class ConfigMapVolume:
+    """A ConfigMap volume as the kubelet writes it: `policy.yaml` → `..data/policy.yaml`, and each update a new
+    `..<timestamp>` directory that a `..data_tmp` link to it, renamed over `..data`, swaps in at once."""
+
+    def __init__(self, root: Path, content: str) -> None:
+        self.root = root
+        self.versions = 0
+        self.update(content)
+        (root / "policy.yaml").symlink_to("..data/policy.yaml")
+
+    @property
+    def path(self) -> Path:
+        return self.root / "policy.yaml"
+
+    def update(self, content: str) -> None:
+        self.versions += 1
+        old = os.readlink(self.root / "..data") if (self.root / "..data").is_symlink() else None
+        stamp = self.root / f"..2026_11_28_09_00_{self.versions:02d}.000000001"
+        stamp.mkdir()
+        (stamp / "policy.yaml").write_text(content)
+        (self.root / "..data_tmp").symlink_to(stamp.name)
+        os.rename(self.root / "..data_tmp", self.root / "..data")
+        if old is not None:
+            shutil.rmtree(self.root / old)
+
+
+class Reloads:
+    """A reloader over a ConfigMap volume, its counts, and its policies taken, checked by hand (`check`)."""
+
+    def __init__(self, tmp_path: Path, content: str = "mode: warn\n", overrides: Overrides | None = None) -> None:
+        overrides = overrides if overrides is not None else Overrides()
+        self.volume = ConfigMapVolume(tmp_path, content)
+        self.counted: list[str] = []
+        self.reloader = PolicyReloader(
+            self.volume.path,
+            overrides.apply,
+            digest_of(content.encode()),
+            clock=FakeClock(),
+            count=self.counted.append,
+        )
+
+    def check(self) -> float:
+        return self.reloader.check()
+
+    def taken(self) -> Policy | None:
+        loaded = self.reloader.take()
+        return loaded.policy if loaded is not None else None
+
+
+def test_a_configmap_swap_is_read_and_handed_over_once(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    assert r.check() == 2.0 and r.taken() is None, "the content the agent started with changes nothing"
+    r.volume.update("mode: kill\ncooldown: 5m\n")
+    r.check()
+    loaded = r.reloader.take()
+    assert loaded is not None and loaded.policy.mode is Mode.KILL and loaded.policy.cooldown_s == 300.0
+    assert loaded.digest == digest_of(b"mode: kill\ncooldown: 5m\n")
+    assert r.reloader.take() is None, "taken once"
+    r.check()
+    assert r.taken() is None, "read again, unchanged: nothing new"
+    assert r.counted == [] and r.reloader.invalid is None
+
+
+def test_an_edit_in_place_of_the_same_size_is_seen(tmp_path: Path) -> None:
+    """Each check reads the file: an edit that keeps its size and lands within one mtime tick is not missed."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("mode: warn\n")
+    reloader = PolicyReloader(path, Overrides().apply, digest_of(b"mode: warn\n"), clock=FakeClock())
+    before = path.stat()
+    path.write_text("mode: kill\n")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    reloader.check()
+    loaded = reloader.take()
+    assert loaded is not None and loaded.policy.mode is Mode.KILL
+
+
+def test_the_flags_override_every_reload_as_they_did_at_start(tmp_path: Path) -> None:
+    overrides = Overrides(Mode.EVICT, DriverLimits.OFF, 0.0, "vramguard-system")
+    r = Reloads(tmp_path, overrides=overrides)
+    r.volume.update("mode: kill\ndriver_limits: require\nwatch_interval: 50ms\nexempt_namespaces: [ops]\n")
+    r.check()
+    policy = r.taken()
+    assert policy is not None
+    assert (policy.mode, policy.driver_limits, policy.watch_interval_s) == (Mode.EVICT, DriverLimits.OFF, 0.0)
+    assert policy.exempt_namespaces == {"ops", "vramguard-system"}, "the agent's own namespace stays exempt"
+
+
+def test_an_invalid_policy_is_refused_logged_once_and_counted_once(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    with capture_logs() as logs:
+        r.volume.update("mode: kil\n")
+        for _ in range(3):
+            r.check()
+    assert r.taken() is None, "nothing to swap in: the last good policy stays in force"
+    assert r.counted == ["invalid"]
+    invalid = [e for e in logs if e["event"] == "policy_invalid"]
+    assert len(invalid) == 1, "once per distinct content, not once per check"
+    assert invalid[0]["keeping"] == "last good policy"
+    assert "mode:" in invalid[0]["errors"][0] and '"kil"' in invalid[0]["errors"][0], "names the field and value"
+    assert r.reloader.invalid is not None and "mode:" in r.reloader.invalid
+
+    r.volume.update("mode: kill\nbogus: 1\n")
+    r.check()
+    assert r.counted == ["invalid", "invalid"], "another bad content is another refusal"
+    assert "bogus" in (r.reloader.invalid or "")
+
+    r.volume.update("mode: evict\n")
+    r.check()
+    assert r.reloader.invalid is None
+    policy = r.taken()
+    assert policy is not None and policy.mode is Mode.EVICT
+
+
+def test_a_file_gone_mid_swap_is_read_again_soon_and_reported_only_when_it_stays_gone(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    target = tmp_path / os.readlink(tmp_path / "..data")
+    hidden = tmp_path / "hidden"
+    target.rename(hidden)
+    with capture_logs() as logs:
+        first = r.check()
+        assert first < 2.0, "retried sooner than the next check"
+        assert r.reloader.invalid is None and r.counted == [], "one failed read is a swap caught mid-way"
+        for _ in range(UNREADABLE_AFTER + 2):
+            r.check()
+    assert r.counted == ["invalid"] and "cannot read the file" in (r.reloader.invalid or "")
+    assert [e["event"] for e in logs] == ["policy_unreadable"]
+    hidden.rename(target)
+    assert r.check() == 2.0
+    assert r.reloader.invalid is None and r.taken() is None, "back as it was: nothing to reload"
+
+
+def test_the_reloader_runs_on_its_background_loop(tmp_path: Path) -> None:
+    clock = FakeClock()
+    volume = ConfigMapVolume(tmp_path, "mode: warn\n")
+    reloader = PolicyReloader(volume.path, Overrides().apply, digest_of(b"mode: warn\n"), clock=clock)
+
+    def on_wait() -> None:
+        if len(clock.waits) == 2:
+            volume.update("mode: evict\n")
+        if len(clock.waits) == 4:
+            reloader.loop.stopping.set()
+
+    clock.on_wait = on_wait
+    reloader.loop.run()
+    assert clock.waits[:3] == [2.0, 2.0, 2.0]
+    loaded = reloader.take()
+    assert loaded is not None and loaded.policy.mode is Mode.EVICT
+
+
+@pytest.mark.parametrize(
+    ("new", "built", "restart", "kept"),
+    [
+        pytest.param(Policy(mode=Mode.KILL, cooldown_s=5.0), BUILT_ALL, (), {}, id="everything-built-applies-live"),
+        pytest.param(Policy(mode=Mode.WARN), BUILT_ALL, (), {}, id="limits-no-longer-wanted-apply-live"),
+        pytest.param(
+            Policy(quota_sources=CLAIM),
+            BUILT_BARE,
+            ("quota_sources",),
+            {"quota_sources": Policy().quota_sources},
+            id="claim-source-added-needs-restart",
+        ),
+        pytest.param(Policy(mode=Mode.KILL), BUILT_BARE, ("driver_limits",), {}, id="limits-turned-on-need-restart"),
+        pytest.param(
+            Policy(mode=Mode.KILL, driver_limits=DriverLimits.OFF), BUILT_BARE, (), {}, id="kill-without-limits-live"
+        ),
+        pytest.param(
+            Policy(mode=Mode.KILL),
+            Built(claims=False, limiter=False, watch=True, dry_run=True),
+            (),
+            {},
+            id="dry-run-never-limits",
+        ),
+        pytest.param(
+            Policy(watch_interval_s=0.05),
+            NO_WATCH,
+            ("watch_interval",),
+            {"watch_interval_s": 0.0},
+            id="watch-turned-on-from-0s-needs-restart",
+        ),
+        pytest.param(
+            Policy(watch_interval_s=0.0),
+            BUILT_ALL,
+            ("watch_interval",),
+            {"watch_interval_s": 0.02},
+            id="watch-turned-off-keeps-watching-until-restart",
+        ),
+        pytest.param(Policy(watch_interval_s=0.1), BUILT_ALL, (), {"watch_interval_s": 0.1}, id="watch-retuned-live"),
+    ],
+)
+def test_fit_applies_what_the_built_parts_allow(
+    new: Policy, built: Built, restart: tuple[str, ...], kept: dict[str, object]
+) -> None:
+    running = Policy(watch_interval_s=0.0) if not built.watch else Policy()
+    policy, needed = fit(new, built, running)
+    assert needed == restart
+    for name, value in kept.items():
+        assert getattr(policy, name) == value
+    assert policy.mode is new.mode and policy.cooldown_s == new.cooldown_s, "the rest is the new policy"
+
+
+def test_the_next_scan_enforces_the_reloaded_policy(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    n = Node(Policy(mode=Mode.WARN, driver_limits=DriverLimits.OFF))
+    n.agent.reloads = r.reloader
+    n.trainer_over_quota()
+    assert [o.action.kind for o in n.agent.scan().outcomes] == [Mode.WARN]
+    content = "mode: kill\ndriver_limits: 'off'\neviction_timeout: 42s\n" + UNWATCHED
+    r.volume.update(content)
+    r.check()
+    report = n.agent.scan()
+    assert [o.action.kind for o in report.outcomes] == [Mode.KILL], "killed at the scan after the change"
+    assert n.agent.enforcer.policy.eviction_timeout_s == 42.0
+    assert n.agent.policy_digest == digest_of(content.encode())
+    assert n.metric("vramguard_policy_reloads_total", result="applied") == 1.0
+    assert n.agent.restart_needed == ()
+
+
+def test_a_reloaded_default_quota_is_resolved_afresh(tmp_path: Path) -> None:
+    """The quota book is rebuilt: a pod whose quota comes from the policy's default gets the new one."""
+    r = Reloads(tmp_path)
+    n = Node(Policy(mode=Mode.WARN, default=DefaultQuota(DefaultKind.FIXED, 8 * GiB), watch_interval_s=0.0))
+    n.agent.reloads = r.reloader
+    p = pod("trainer", "ml")
+    n.pods.set_pods([p])
+    n.ids.add(100, p.uid, p.containers[0].container_id)
+    n.run_gpu((100, 5 * GiB))
+    before = n.agent.scan().quotas[p.uid]
+    r.volume.update("mode: warn\ndefault: {kind: fixed, bytes: 4Gi}\n" + UNWATCHED)
+    r.check()
+    after = n.agent.scan()
+    assert after.quotas[p.uid] != before
+    assert [o.action.violation.limit_bytes for o in after.outcomes] == [4 * GiB]
+
+
+def test_what_needs_a_part_not_built_waits_for_a_restart_and_says_so(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    n = Node(Policy(mode=Mode.WARN, watch_interval_s=0.0))
+    n.agent.reloads = r.reloader
+    r.volume.update(f"mode: kill\nquota_sources: [{CLAIM[0]}, {CLAIM[1]}]\nwatch_interval: 50ms\n")
+    r.check()
+    n.run_gpu()
+    with capture_logs() as logs:
+        n.agent.scan()
+    assert n.agent.restart_needed == ("quota_sources", "driver_limits", "watch_interval")
+    assert n.agent.policy.mode is Mode.KILL, "the rest is in force"
+    assert n.agent.policy.watch_interval_s == 0.0 and n.agent.policy.quota_sources == Policy().quota_sources
+    for field in ("quota_sources", "driver_limits", "watch_interval"):
+        assert n.metric("vramguard_policy_restart_needed", field=field) == 1.0
+    (line,) = [e for e in logs if e["event"] == "policy_reloaded"]
+    assert line["restart_needed"] == ["quota_sources", "driver_limits", "watch_interval"]
+
+    r.volume.update("mode: kill\ndriver_limits: 'off'\n" + UNWATCHED)
+    r.check()
+    n.agent.scan()
+    assert not n.agent.restart_needed, "all in force"
+    assert n.metric("vramguard_policy_restart_needed", field="driver_limits") == 0.0
+
+
+def test_a_claim_source_built_at_start_serves_a_reload_that_keeps_it(tmp_path: Path) -> None:
+    r = Reloads(tmp_path)
+    n = Node(Policy(quota_sources=CLAIM), claims=FakeClaimSource())
+    n.agent.reloads = r.reloader
+    r.volume.update(f"mode: evict\ndriver_limits: 'off'\nquota_sources: [{CLAIM[1]}, {CLAIM[0]}]\n{UNWATCHED}")
+    r.check()
+    n.run_gpu()
+    n.agent.scan()
+    assert n.agent.restart_needed == () and n.agent.policy.quota_sources == (CLAIM[1], CLAIM[0])
+
+
+def test_the_probes_show_the_policy_in_force_and_read_require_from_it(tmp_path: Path) -> None:
+    """/status's policy part is the agent's policy in force and the reloader's refusal; a reload to
+    `driver_limits: require` on an agent without a limiter fails /readyz, saying a restart applies it."""
+    r = Reloads(tmp_path)
+    n = Node(Policy(mode=Mode.WARN, watch_interval_s=0.0))
+    n.agent.reloads = r.reloader
+    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    assert probes.policy_facts() is None, "before the agent: its start policy is in the facts"
+    probes.agent, probes.reloader = n.agent, r.reloader
+    probes.nvml(None)
+    r.volume.update("mode: evict\ndriver_limits: require\n" + UNWATCHED)
+    r.check()
+    n.run_gpu()
+    n.agent.scan()
+    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",))
+    assert probes.readyz() == (
+        False,
+        "driver limits required by the reloaded policy: they apply after a restart of the agent",
+    )
+    r.volume.update("mode: evict\ndriver_limits: [\n")
+    r.check()
+    facts = probes.policy_facts()
+    assert facts is not None and facts.mode == "evict" and facts.invalid is not None and "YAML" in facts.invalid
