@@ -135,6 +135,8 @@ class RealNode:
         self.labels = dict(labels or {})
         self.ready_timeout_s = ready_timeout_s
         self.containerd = Containerd(workdir / "containerd")
+        # The kubelet's staticPodPath: a Pod manifest written here runs as a static pod (its mirror pod in the API).
+        self.static_pods = workdir / "manifests"
         self.kubelet: Component | None = None
         self._host: HostChanges | None = None
         self._stack = contextlib.ExitStack()
@@ -164,6 +166,7 @@ class RealNode:
         (cni_dir / "10-vramguard-test.conflist").write_text(json.dumps(self._cni_config(), indent=2))
         self._stack.callback(_ip_quiet, "link", "del", BRIDGE)
         self._stack.enter_context(self.containerd)
+        self.static_pods.mkdir(exist_ok=True)
 
         config = self.workdir / "kubelet.yaml"
         config.write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
@@ -199,6 +202,9 @@ class RealNode:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _drain(self, timeout_s: float = 60.0) -> None:
+        # A static pod stops only with its manifest gone (deleting its mirror pod makes the kubelet put it back).
+        for manifest in self.static_pods.glob("*"):
+            manifest.unlink()
         with self.plane.api_client() as api:
             core = client.CoreV1Api(api)
             selector = f"spec.nodeName={self.name}"
@@ -293,6 +299,9 @@ class RealNode:
             "serializeImagePulls": False,
             "makeIPTablesUtilChains": False,
             "syncFrequency": "10s",
+            "staticPodPath": str(self.static_pods),
+            # How often the kubelet looks at staticPodPath (besides inotify, which it also uses).
+            "fileCheckFrequency": "2s",
         }
 
     # -- access --------------------------------------------------------------------------------------------------

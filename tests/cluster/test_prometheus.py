@@ -304,7 +304,10 @@ def test_prometheus_reads_the_agent_as_the_dashboard_and_rules_expect(
                 "Usage / quota/A": [(trainer_labels, used / quota)],
                 "Usage / quota/B": [({"namespace": ns, "pod": "notebook", **gpu}, notebook_used / pod_quota)],
                 "GPU memory free/A": [({"node": node, **gpu}, reported(exposed, "vramguard_gpu_memory_free_bytes"))],
-                "Unattributed GPU memory (outside any pod)/A": [({"node": node, **gpu}, 1.0 * GiB)],
+                # By reason, the reasons with none left out: this test's process is in no pod.
+                "Unattributed GPU memory (outside any known pod), by reason/A": [
+                    ({"node": node, **gpu, "reason": "not-in-pod"}, 1.0 * GiB)
+                ],
                 # Counted within the panel's window: its increase is the whole count.
                 "Violations and actions/A": [({"namespace": ns, "severity": "hard"}, violations)],
                 # Every action's every result, counted from 0: the warnings, and 0 for the others.

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ from vramguard import __version__
 from vramguard.core.model import GiB
 from vramguard.node.cgroup import v2_root
 from vramguard_testbed import flood
-from vramguard_testbed.fakenvml import DriverLimit, driver_limits, limit_calls
+from vramguard_testbed.fakenvml import DriverLimit, FakeNode, driver_limits, limit_calls
+from vramguard_testbed.simnode import metric_value
 from vramguard_testbed.waiting import wait_until
 
 from .inotify import DirectoryWatch
@@ -420,3 +423,154 @@ def test_a_flood_from_a_pod_never_gets_the_agent_restarted(cluster: Cluster) -> 
     assert status["restartCount"] == 0 and unready == 0, failed_probes
     assert failed_probes == []
     assert reaction_s is not None and reaction_s < 1.0
+
+
+def test_a_static_pod_is_enforced_and_told_on_its_mirror_pod(cluster: Cluster) -> None:
+    """A static pod (a manifest in the kubelet's staticPodPath) runs in the cgroup of the UID the kubelet gave it,
+    which only its mirror pod's kubernetes.io/config.mirror annotation names: the agent finds its quota through the
+    mirror pod, kills it over that quota, and writes the Event on the mirror pod (with the static pod's UID, as the
+    kubelet does, so that `kubectl describe` shows it). In evict mode its eviction is
+    refused without a request (the API server could only delete the mirror), and on_eviction_refused: kill kills."""
+    cluster.helm_install(mode="kill")
+    ns = cluster.namespace("static-gpu")  # not kube-system: exempt by default
+    name = f"trainer-{cluster.node.name}"  # the mirror pod's name: the manifest's and the node's
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": ns, "annotations": {"vramguard.io/vram-limit": "4Gi"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": WORKLOAD_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", f"exec 3<{DEVICE}; exec sleep 1000000"],
+                }
+            ],
+        },
+    }
+    path = cluster.node.static_pods / "trainer.yaml"
+    path.write_text(json.dumps(manifest))
+    try:
+
+        def running(restarts: int) -> dict[str, Any] | None:
+            mirror = cluster.pod(ns, name)
+            statuses = (mirror or {}).get("status", {}).get("containerStatuses") or [{}]
+            ok = statuses[0].get("restartCount", -1) >= restarts and "running" in statuses[0].get("state", {})
+            return mirror if ok else None
+
+        wait_until(lambda: running(0), 60, what=f"the mirror pod {ns}/{name} Running", interval_s=0.25)
+        mirror = running(0)
+        assert mirror is not None
+        static_uid = mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"]
+        assert static_uid != mirror["metadata"]["uid"]
+        pid = cluster.pid(mirror)
+        assert f"/pod{static_uid}/" in Path(f"/proc/{pid}/cgroup").read_text()
+
+        # A tenant's pod claiming to be its mirror (the API server takes the annotation from anyone): two claims on
+        # one UID, neither believed, said once in the log; the kubelet deletes the forgery, as a mirror of nothing.
+        forger = cluster.namespace("static-forger")
+        forged = client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name="forged",
+                annotations={"kubernetes.io/config.mirror": static_uid, "vramguard.io/vram-limit": "1Gi"},
+            ),
+            spec=client.V1PodSpec(
+                node_name=cluster.node.name,
+                containers=[client.V1Container(name="main", image=WORKLOAD_IMAGE, image_pull_policy="Never")],
+            ),
+        )
+        cluster.core.create_namespaced_pod(forger, forged)
+        forged_at = time.monotonic()
+        agent = cluster.agent_pod()
+        assert agent is not None
+
+        def agent_log() -> str:
+            return str(cluster.node.kubectl("logs", "--namespace", AGENT_NS, agent["metadata"]["name"]).stdout)
+
+        wait_until(
+            lambda: "pod_mirror_claim_refused" in agent_log(), 30, what="the forged claim refused", interval_s=0.25
+        )
+        assert f"{forger}/forged" in agent_log() and f"{ns}/{name}" in agent_log()
+        wait_until(lambda: cluster.pod(forger, "forged") is None, 30, what="the kubelet deleting the forged mirror")
+        forged_s = time.monotonic() - forged_at
+
+        crossed = time.monotonic()
+        cluster.gpu({pid: 9 * GiB})
+        wait_until(
+            lambda: not Path(f"/proc/{pid}").exists(), 30, what="the static pod's process killed", interval_s=0.01
+        )
+        killed_s = time.monotonic() - crossed
+        wait_until(
+            lambda: "VRAMKilled" in cluster.reasons(ns, name), 30, what="VRAMKilled on the mirror", interval_s=0.25
+        )
+        selector = f"involvedObject.name={name},reason=VRAMKilled"
+        (event,) = raw(cluster.api, cluster.core.list_namespaced_event(ns, field_selector=selector))["items"]
+        # The mirror pod's name with the static pod's UID, as the kubelet writes its own: `kubectl describe` shows it.
+        assert event["involvedObject"]["uid"] == static_uid, event["involvedObject"]
+        assert f"killed PIDs {pid}:" in event["message"] and "uses 9.0GiB" in event["message"], event["message"]
+        described = cluster.node.kubectl("describe", "pod", name, "--namespace", ns).stdout
+        assert "VRAMKilled" in described, described
+
+        # Evict mode: refused at once (no Eviction sent), said on the mirror pod, then killed (on_eviction_refused).
+        wait_until(lambda: running(1), 60, what="the static pod restarted by the kubelet", interval_s=0.25)
+        cluster.gpu({})
+        cluster.helm_install(mode="evict", on_eviction_refused="kill")
+        restarted = running(1)
+        assert restarted is not None
+        pid = cluster.pid(restarted)
+        cluster.gpu({pid: 9 * GiB})
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, what="the static pod killed after the refusal")
+        wait_until(lambda: "VRAMEvictionRefused" in cluster.reasons(ns, name), 30, what="the refusal on the mirror pod")
+        described = cluster.node.kubectl("describe", "pod", name, "--namespace", ns).stdout
+        assert "eviction refused: a static pod cannot be evicted" in described, described
+        still = cluster.pod(ns, name)
+        assert still is not None and still["metadata"]["uid"] == mirror["metadata"]["uid"], "the mirror was not evicted"
+        print(f"static pod killed {killed_s:.2f}s after crossing its quota; forged mirror lived {forged_s:.1f}s")
+    finally:
+        path.unlink()
+        cluster.gpu({})
+    wait_until(lambda: cluster.pod(ns, name) is None, 60, what="the mirror pod gone with its manifest")
+
+
+def test_memory_an_exited_pid_holds_is_one_warning_on_the_node(cluster: Cluster) -> None:
+    """NVML listing a PID with no process past the threshold (cut to 2 s by the hidden flag): one VRAMGPUNeedsReset
+    Warning on the Node, written by the agent through the chart's RBAC, not one per scan; nothing is signalled."""
+    cluster.helm_install(chart_values={"extraArgs": [*cluster.values["extraArgs"], "--exited-hold-seconds=2"]})
+    port = cluster.values["metrics"]["port"]
+
+    def scans() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return metric_value(r.read().decode(), "vramguard_scan_duration_seconds_count") or 0.0
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    ghost = exited.pid  # a PID with no process: the test driver keeps listing it (no drop_dead_pids)
+    state = FakeNode.gpus(1, total_bytes=GPU_TOTAL, name="NVIDIA L4 (test NVML)")
+    state.gpu(0).add_process(ghost, 3 * GiB)
+    selector = f"involvedObject.kind=Node,involvedObject.name={cluster.node.name},reason=VRAMGPUNeedsReset"
+
+    def events() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = raw(
+            cluster.api, cluster.core.list_namespaced_event("default", field_selector=selector)
+        )["items"]
+        return found
+
+    try:
+        started = time.monotonic()
+        state.write(cluster.gpu_state)
+        (event,) = wait_until(events, 60, what="VRAMGPUNeedsReset on the Node", interval_s=0.25)
+        print(f"VRAMGPUNeedsReset on the Node {time.monotonic() - started:.1f}s after the PID was listed")
+        assert event["type"] == "Warning" and event["involvedObject"]["uid"] == cluster.node.name, event
+        message = event["message"]
+        assert f"needs a reset: 3.0GiB held by exited processes (PIDs {ghost}," in message, message
+        assert "nvidia-smi --gpu-reset -i 0" in message, message
+        target = scans() + 10
+        wait_until(lambda: scans() >= target, 30, what="10 more scans", interval_s=0.25)
+        (again,) = events()
+        assert again["count"] == 1, "told once per onset, not once per scan"
+        described = cluster.node.kubectl("describe", "node", cluster.node.name).stdout
+        assert "VRAMGPUNeedsReset" in described, described
+    finally:
+        cluster.gpu({})

@@ -92,6 +92,12 @@ DOWN = f"vramguard on {NODE} cannot be scraped: GPU memory quotas are not enforc
 BUCKETS_SLOW = {"0.5": "0x30", "1.0": "0+60x30", "+Inf": "0+60x30"}
 BUCKETS_FAST = {"0.5": "0+60x30", "1.0": "0+60x30", "+Inf": "0+60x30"}
 UNATTRIBUTED = "GPU memory outside any known pod grows on gpu-node-1: no quota covers it"
+HOST = {**GPU0, "reason": "not-in-pod"}  # the unattributed memory of host processes
+NEEDS_RESET = (
+    "GPU 0 on gpu-node-1 needs a reset: 2GiB held by exited processes (VRAMGPUNeedsReset on the Node); drain the "
+    "node, then nvidia-smi --gpu-reset -i <index>"
+)
+HELD = "vramguard_gpu_memory_held_by_exited_processes_bytes"
 
 
 def missing(count: int) -> dict[str, Any]:
@@ -304,17 +310,37 @@ CASES: dict[str, dict[str, Case]] = {
     },
     "VramguardUnattributedMemoryGrowing": {
         "fires-on-30m-of-growth": Case(
-            {agent("vramguard_unattributed_gpu_memory_bytes", **GPU0): "0+100000000x80"},
+            {agent("vramguard_unattributed_gpu_memory_bytes", **HOST): "0+100000000x80"},
+            "40m",
+            (fired(UNATTRIBUTED, node=NODE, severity="info"),),
+        ),
+        "fires-on-growth-of-one-reason-while-another-falls-slower": Case(
+            {
+                agent("vramguard_unattributed_gpu_memory_bytes", **HOST): "0+100000000x80",
+                agent(
+                    "vramguard_unattributed_gpu_memory_bytes", **GPU0, reason="pod-not-in-cache"
+                ): "8000000000-50000000x80",
+            },
             "40m",
             (fired(UNATTRIBUTED, node=NODE, severity="info"),),
         ),
         "quiet-while-growing-for-less-than-for": Case(
-            {agent("vramguard_unattributed_gpu_memory_bytes", **GPU0): "0+100000000x80"}, "20m"
+            {agent("vramguard_unattributed_gpu_memory_bytes", **HOST): "0+100000000x80"}, "20m"
         ),
-        "quiet-while-steady": Case({agent("vramguard_unattributed_gpu_memory_bytes", **GPU0): "2000000000x80"}, "60m"),
+        "quiet-while-steady": Case({agent("vramguard_unattributed_gpu_memory_bytes", **HOST): "2000000000x80"}, "60m"),
         "quiet-once-freed": Case(
-            {agent("vramguard_unattributed_gpu_memory_bytes", **GPU0): "0+100000000x20 0x60"}, "45m"
+            {agent("vramguard_unattributed_gpu_memory_bytes", **HOST): "0+100000000x20 0x60"}, "45m"
         ),
+    },
+    "VramguardGpuNeedsReset": {
+        "fires-2m-after-the-agent-says-so": Case(
+            {agent(HELD, **GPU0): "0 2147483648x10"},
+            "4m",
+            (fired(NEEDS_RESET, **TARGET, **GPU0, severity="warning"),),
+        ),
+        "quiet-for-a-single-scrape": Case({agent(HELD, **GPU0): "0 2147483648 0x10"}, "4m"),
+        "quiet-once-reset": Case({agent(HELD, **GPU0): "0 2147483648x5 0x10"}, "10m"),
+        "quiet-while-nothing-is-held": Case({agent(HELD, **GPU0): "0x10"}, "8m"),
     },
     "VramguardDriverLimitsFailing": {
         "fires-after-15m-failing": Case(

@@ -496,6 +496,22 @@ def test_insane_rows_are_dropped_and_counted(
     assert sampler.errors[reason] == 2
 
 
+def test_a_dead_pids_rows_are_its_exited_memory(nvml_state: Path, make_sampler: MakeSampler, dead_pid: int) -> None:
+    """A PID with no process, listed on two lists, is dropped from the processes and given as one exited row with
+    its larger usage (memory the driver holds for an exited process); insane rows of other kinds are not."""
+    node = FakeNode.gpus(1)
+    node.gpu(0).add_process(ME, GiB).add_process(dead_pid, 2 * GiB).add_process(dead_pid, 3 * GiB, ProcessKind.GRAPHICS)
+    node.gpu(0).add_process(0, GiB)
+    node.gpu(0).used_bytes = 7 * GiB
+    node.write(nvml_state)
+
+    sample = make_sampler().sample()
+
+    assert rows(sample) == {(ME, GiB, ProcessKind.COMPUTE)}
+    assert [(p.pid, p.used_bytes, p.kind) for p in sample.exited] == [(dead_pid, 3 * GiB, ProcessKind.COMPUTE)]
+    assert dict(sample.errors) == {"dead-pid": 2, "invalid-pid": 1}
+
+
 def test_proc_root_is_where_pids_are_checked(nvml_state: Path, make_sampler: MakeSampler, tmp_path: Path) -> None:
     """PIDs are checked under proc_root (e.g. /host/proc), not the agent's own /proc."""
     proc_root = tmp_path / "proc"

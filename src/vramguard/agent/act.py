@@ -23,8 +23,20 @@ import structlog
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
+from vramguard.core.exited import HeldByExited
 from vramguard.core.limit_plan import LimitOutcome
-from vramguard.core.model import Action, EvictionRefused, Mode, PodInfo, Policy, PressureNotice, QuotaError
+from vramguard.core.model import (
+    Action,
+    EventSubject,
+    EvictionRefused,
+    GpuDevice,
+    Mode,
+    NodeRef,
+    PodInfo,
+    Policy,
+    PressureNotice,
+    QuotaError,
+)
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.core.quantity import format_duration
 from vramguard.core.quota import invalid_message
@@ -33,7 +45,7 @@ from vramguard.core.text import cut, format_bytes
 # Event reasons, as they appear on the pod (`kubectl describe pod`).
 EVENT_EXCEEDED = "VRAMQuotaExceeded"
 EVENT_EVICTED = "VRAMEvicted"
-EVENT_EVICTION_REFUSED = "VRAMEvictionRefused"  # a PodDisruptionBudget said no
+EVENT_EVICTION_REFUSED = "VRAMEvictionRefused"  # a PodDisruptionBudget said no, or the pod is static
 EVENT_EVICTION_FAILED = "VRAMEvictionFailed"  # no answer, or an error from the API server
 EVENT_KILLED = "VRAMKilled"
 EVENT_INVALID = "VRAMQuotaInvalid"
@@ -41,6 +53,11 @@ EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the con
 EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
 EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
 EVENT_PRESSURE = "VRAMPressure"  # a GPU the pod uses entered memory pressure: who is over their quota there
+EVENT_NEEDS_RESET = "VRAMGPUNeedsReset"  # on the Node: exited processes hold GPU memory only a reset frees
+STATIC_REFUSAL = (
+    "a static pod cannot be evicted (the kubelet runs it from a manifest on the node; evicting it would delete "
+    "its mirror pod alone)"
+)
 # What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
 ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
 
@@ -83,9 +100,12 @@ class Enforcer:
         log: structlog.typing.FilteringBoundLogger | None = None,
         clock: Clock = SYSTEM_CLOCK,
         evictions: Runner | None = None,
+        node_name: str | None = None,
     ) -> None:
         """`evictions` runs eviction calls; by default a worker thread with room for 16 queued evictions, which
-        `start()` starts. `clock` times the evictions' answers (the scan's clock)."""
+        `start()` starts. `clock` times the evictions' answers (the scan's clock). `node_name`: the Node that GPU
+        faults are reported on (None: the log alone says them)."""
+        self.node = NodeRef(node_name) if node_name else None
         self.killer = killer
         self.evictor = evictor
         self.events = events
@@ -132,6 +152,23 @@ class Enforcer:
         """A VRAMPressure Warning on each pod told that a GPU it uses entered memory pressure."""
         for notice in notices:
             self._record(notice.pod, EVENT_PRESSURE, cut(notice.message, 1024))
+
+    def report_needs_reset(self, onsets: Iterable[HeldByExited], devices: Iterable[GpuDevice], hold_s: float) -> None:
+        """A VRAMGPUNeedsReset Warning on the Node for each GPU whose memory exited processes came to hold past a
+        teardown (`core/exited.py`): called once per onset, so one Event each, whatever the scans in between."""
+        if self.node is None:
+            return
+        labels = {d.uuid: d.label for d in devices}
+        for h in onsets:
+            gpu = labels.get(h.device_uuid, h.device_uuid)
+            index = gpu.split("/", 1)[0]
+            pids = ", ".join(str(p) for p in h.pids[:16]) + (", ..." if len(h.pids) > 16 else "")
+            message = (
+                f"GPU {gpu} ({h.device_uuid}) needs a reset: {format_bytes(h.held_bytes)} held by exited processes "
+                f"(PIDs {pids}, listed with no process for {format_duration(hold_s)} or more): nothing is left to "
+                f"kill. Drain the node, then reset the GPU (nvidia-smi --gpu-reset -i {index})"
+            )
+            self._record(self.node, EVENT_NEEDS_RESET, cut(message, 1024))
 
     def collect(self) -> list[Outcome]:
         """Outcomes of the evictions answered since the last call, and of those left unanswered too long; and of
@@ -192,6 +229,10 @@ class Enforcer:
 
     def _start_eviction(self, action: Action) -> Outcome | None:
         pod = action.pod
+        if pod.static:
+            # The API server would delete the mirror pod alone, and the kubelet would put it back: nothing can
+            # evict a static pod, so its eviction is refused here, without a request, and on_eviction_refused applies.
+            return self._finish_eviction(action, EvictResult(evicted=False, refused=True, message=STATIC_REFUSAL))
         if pod.uid in self._pending:
             return None  # one eviction per pod at a time; the first one's outcome will be reported
         if any(e.action.pod.uid == pod.uid for e in self._abandoned.values()):
@@ -305,7 +346,7 @@ class Enforcer:
                 )
                 self._record(t.pod, EVENT_LIMIT_FAILED, cut(message, 1024))
 
-    def _record(self, pod: PodInfo, reason: str, message: str, *, warning: bool = True) -> None:
+    def _record(self, pod: EventSubject, reason: str, message: str, *, warning: bool = True) -> None:
         if self.dry_run:
             self.log.warning("event", pod=pod.key, reason=reason, message=message, dry_run=True)
             return

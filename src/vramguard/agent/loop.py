@@ -25,6 +25,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.attribute import attribute, awaited
 from vramguard.core.decide import Decision, DecisionState, decide, record_evictions, record_kills
+from vramguard.core.exited import EXITED_HOLD_S, ExitedScan, ExitedTracker
 from vramguard.core.limit_plan import (
     LimitOutcome,
     LimitTarget,
@@ -86,6 +87,7 @@ class Agent:
         watch: MemoryWatch | None = None,
         reloads: PolicyReloader | None = None,
         policy_digest: str | None = None,
+        exited_hold_s: float = EXITED_HOLD_S,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -111,6 +113,7 @@ class Agent:
         self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
         self.quotas = QuotaBook(policy)
         self.peaks = PeakWindow()  # each subject's highest usage over the last minute, for the metric
+        self.exited = ExitedTracker(exited_hold_s)  # how long exited PIDs have held GPU memory: a GPU to reset
         self.kill_memory = kill_memory  # None: kills are forgotten with the process (--dry-run, tests)
         kills = kill_memory.load(self.clock.now()) if kill_memory is not None else {}
         self.state = DecisionState(kills=MappingProxyType(dict(kills)))
@@ -185,14 +188,15 @@ class Agent:
         self.state = record_evictions(self.state, evicted, now)
         # 7. Report.
         peaks = self.peaks.observe(snapshot.containers, {d.uuid: d for d in snapshot.devices}, now)
+        exited = self.exited.observe(snapshot.unattributed, now)
         duration_s = time.perf_counter() - started
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
-        self._report(snapshot, quotas, decision, outcomes, duration_s, held, peaks)
+        self._report(snapshot, quotas, decision, outcomes, duration_s, held, peaks, exited)
         self.metrics.scan_cpu.inc(time.process_time() - cpu_started)
         self.last_scan_at = now
         if pods_synced:
             self.last_synced_scan_at = now
-        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now))
+        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now), exited)
         self.last_scan = LastScan(report, held, self.clock.now())
         return report
 
@@ -359,6 +363,21 @@ class Agent:
                 detail=o.detail or None,
             )
 
+    def _report_exited(self, snapshot: Snapshot, exited: ExitedScan) -> None:
+        """A GPU whose memory exited processes hold past a teardown: a Warning Event on the Node and a log line once
+        per onset, not once per scan; a log line when it is free again (a reset). Nothing is signalled: no process
+        is left to signal."""
+        for h in exited.onsets:
+            device = snapshot.device(h.device_uuid)
+            label = device.label if device is not None else h.device_uuid
+            self.log.warning(
+                "gpu_needs_reset", gpu=label, uuid=h.device_uuid, held_bytes=h.held_bytes, pids=list(h.pids)
+            )
+        self.enforcer.report_needs_reset(exited.onsets, snapshot.devices, self.exited.hold_s)
+        for uuid in exited.cleared:
+            device = snapshot.device(uuid)
+            self.log.info("gpu_memory_released", gpu=device.label if device is not None else uuid, uuid=uuid)
+
     def _belongs_to(self, pid: int, v: Violation) -> bool:
         """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""
         found = self.identifier.identify(pid)
@@ -376,9 +395,14 @@ class Agent:
         duration_s: float,
         held: Mapping[SubjectKey, LimitTarget],
         peaks: tuple[Peak, ...] = (),
+        exited: ExitedScan | None = None,
     ) -> None:
         claims_up = self.claims.problem() is None if self.claims is not None else None
-        self.metrics.observe_scan(snapshot, quotas, decision, held.values(), claims_up, peaks)
+        self.metrics.observe_scan(
+            snapshot, quotas, decision, held.values(), claims_up, peaks, exited.held if exited is not None else None
+        )
+        if exited is not None:
+            self._report_exited(snapshot, exited)
         self.metrics.scan_duration.observe(duration_s)
         if self.limiter is not None:
             self._report_limits(self.limiter.collect())

@@ -7,7 +7,7 @@ registered on the registry passed in: no module-level globals, so tests and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -16,8 +16,9 @@ from prometheus_client.registry import Collector
 from vramguard.agent.reload import RESTART_FIELDS
 from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
+from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
 from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import Mode, PodQuota, Reason, Snapshot
+from vramguard.core.model import Mode, PodQuota, Reason, Snapshot, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -55,6 +56,8 @@ class ScanView:
     driver_limits: tuple[LimitTarget, ...] = ()
     claim_source_up: bool | None = None  # None: no claim quota source
     peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
+    # The GPUs whose memory exited processes have held past the threshold, by UUID (`core/exited.py`).
+    exited: Mapping[str, HeldByExited] = field(default_factory=dict)
 
 
 class _ScanCollector(Collector):
@@ -132,21 +135,35 @@ class _ScanCollector(Collector):
         )
         unattributed = GaugeMetricFamily(
             "vramguard_unattributed_gpu_memory_bytes",
-            "GPU memory used by processes outside any known pod (reported, never acted on).",
+            "GPU memory used by processes outside any known pod (reported, never acted on), by reason: not-in-pod "
+            "(a host process), pod-not-in-cache (a pod the agent does not know yet), process-exited (NVML lists a "
+            "PID that has no process).",
+            labels=["gpu", "gpu_uuid", "reason"],
+        )
+        exited = GaugeMetricFamily(
+            "vramguard_gpu_memory_held_by_exited_processes_bytes",
+            "GPU memory NVML lists under PIDs that have no process, held longer than a teardown takes "
+            f"({EXITED_HOLD_S:g} s): only a GPU reset frees it. 0 on a GPU without.",
             labels=["gpu", "gpu_uuid"],
         )
+        unattributed_bytes: dict[tuple[str, UnattributedReason], int] = {}
+        for row in snap.unattributed:
+            by = (row.device_uuid, row.reason)
+            unattributed_bytes[by] = unattributed_bytes.get(by, 0) + row.used_bytes
         for d in snap.devices:
             lv = [d.label, d.uuid, d.name]
             families["total"].add_metric(lv, d.total_bytes)
             families["used"].add_metric(lv, d.used_bytes)
             families["free"].add_metric(lv, d.free_bytes)
             healthy.add_metric(lv, 1.0 if d.healthy else 0.0)
-            unattributed.add_metric(
-                [d.label, d.uuid], sum(p.used_bytes for p in snap.unattributed if p.device_uuid == d.uuid)
-            )
+            for reason in UnattributedReason:
+                unattributed.add_metric([d.label, d.uuid, reason.value], unattributed_bytes.get((d.uuid, reason), 0))
+            held = view.exited.get(d.uuid)
+            exited.add_metric([d.label, d.uuid], held.held_bytes if held is not None else 0)
         yield from families.values()
         yield healthy
         yield unattributed
+        yield exited
 
         limits = GaugeMetricFamily(
             "vramguard_driver_limit_bytes",
@@ -318,8 +335,9 @@ class Metrics:
         driver_limits: Iterable[LimitTarget] = (),
         claim_source_up: bool | None = None,
         peaks: tuple[Peak, ...] = (),
+        exited: Mapping[str, HeldByExited] | None = None,
     ) -> None:
-        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up, peaks)
+        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up, peaks, exited or {})
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
+from vramguard.core.exited import NOTHING_HELD, ExitedScan
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import PodQuota, Snapshot, SubjectKey, Violation
 from vramguard.core.peaks import Highest
@@ -27,6 +28,7 @@ class ScanReport:
     highest: Highest = field(
         default_factory=Highest
     )  # each subject's highest usage since the agent's first scan (`core/peaks.py`)
+    exited: ExitedScan = NOTHING_HELD  # the GPUs whose memory exited processes hold past a teardown (`core/exited.py`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class TopRow:
     held_by: str = "-"
     claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
     quota_source: str = ""  # the quota's `Quota.source`, e.g. "limits[vramguard.io/vram]"; "" without a quota
+    reason: str = ""  # an unattributed row's `UnattributedReason` (the metric's `reason` label); "" for the others
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -124,7 +127,8 @@ def rows_from_report(
                 processes=(describe(p.process.pid),),
                 used_bytes=p.used_bytes,
                 quota_bytes=None,
-                state=f"unattributed: {p.reason}",
+                state=f"unattributed: {p.reason.why}",
+                reason=p.reason.value,
             )
         )
     for d in snap.devices:

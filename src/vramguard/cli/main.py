@@ -33,6 +33,7 @@ from vramguard.cli.wiring import (
     stop_on_signals,
     with_limits,
 )
+from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.model import DriverLimits, Mode
 from vramguard.core.policy import Overrides, check_policy_file, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
@@ -158,6 +159,15 @@ def run(
     device_prefix: Annotated[
         str, typer.Option("--gpu-device-prefix", hidden=True, help="Device files that hold GPU memory (tests).")
     ] = "/dev/nvidia",
+    exited_hold: Annotated[
+        float,
+        typer.Option(
+            "--exited-hold-seconds",
+            hidden=True,
+            min=0.0,
+            help="How long exited PIDs may hold GPU memory before the GPU is said to need a reset (tests).",
+        ),
+    ] = EXITED_HOLD_S,
     driver_limits: Annotated[
         DriverLimits | None,
         typer.Option(
@@ -230,6 +240,7 @@ def run(
         state_dir=state_dir,
         status_command_lines=status_command_lines,
         nvml_location=NvmlLocation(driver_root, nvml_library),
+        exited_hold_s=exited_hold,
     )
     with stop_on_signals() as stop:
         _or_exit(lambda: serve(config, stop))

@@ -32,8 +32,9 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
+from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.limit_plan import uses_limiter, whole_gpus
-from vramguard.core.model import DriverLimits, GpuDevice, PodInfo, Policy
+from vramguard.core.model import DriverLimits, EventSubject, GpuDevice, PodInfo, Policy
 from vramguard.core.policy import Overrides, PolicyError, read_policy
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, MemoryLimiter, PodSource
 from vramguard.core.quota import reads_claims
@@ -90,7 +91,9 @@ class LogEventRecorder:
     def __init__(self) -> None:
         self.log = structlog.get_logger("vramguard.events")
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+    def record(
+        self, pod: EventSubject, reason: str, message: str, warning: bool = True, important: bool = False
+    ) -> None:
         self.log.warning("event", pod=pod.key, reason=reason, message=message)
 
 
@@ -241,9 +244,11 @@ def build_agent(
     clock: Clock = SYSTEM_CLOCK,
     reloads: PolicyReloader | None = None,
     policy_digest: str | None = None,
+    node_name: str | None = None,
+    exited_hold_s: float = EXITED_HOLD_S,
 ) -> Agent:
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
-    the Enforcer's business alone (its Events go to the log)."""
+    the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on."""
     killer = PidfdKiller(
         proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
     )
@@ -254,6 +259,7 @@ def build_agent(
         policy=policy,
         dry_run=dry_run,
         clock=clock,
+        node_name=node_name,
     )
     agent = Agent(
         sampler=sampler,
@@ -270,6 +276,7 @@ def build_agent(
         clock=clock,
         reloads=reloads,  # a reloaded policy is in force from the scan after it was read
         policy_digest=policy_digest,
+        exited_hold_s=exited_hold_s,
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
@@ -527,6 +534,7 @@ class RunConfig:
     policy_path: Path | None = None
     overrides: Overrides = field(default_factory=Overrides)
     policy_digest: str | None = None  # the hash of the content `policy` was read from
+    exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
 
 
 def agent_facts(config: RunConfig) -> AgentFacts:
@@ -667,6 +675,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             clock=clock,
             reloads=reloader,
             policy_digest=config.policy_digest,
+            node_name=config.node_name,
+            exited_hold_s=config.exited_hold_s,
         )
         services.start("evictions", agent.enforcer)
         if agent.watch is not None:

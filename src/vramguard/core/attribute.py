@@ -12,12 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vramguard.core.model import ContainerUsage, GpuSample, Identity, PodInfo, ProcessRef, Snapshot, UnattributedProcess
+from vramguard.core.model import (
+    ContainerUsage,
+    GpuSample,
+    Identity,
+    PodInfo,
+    ProcessRef,
+    Snapshot,
+    UnattributedProcess,
+    UnattributedReason,
+)
 
-# Reasons an UnattributedProcess carries (the wording `model.UnattributedProcess` documents).
-NOT_IN_POD = "not in a pod cgroup"
-POD_NOT_IN_CACHE = "pod not in cache"
-PROCESS_GONE = "process gone"
+# The reasons an UnattributedProcess carries (`model.UnattributedReason`).
+NOT_IN_POD = UnattributedReason.NOT_IN_POD
+POD_NOT_IN_CACHE = UnattributedReason.POD_NOT_IN_CACHE
+PROCESS_GONE = UnattributedReason.PROCESS_EXITED  # NVML lists the PID; /proc has no process of that number
 
 # The start time of a process that was gone before it could be read: no real process has it.
 UNKNOWN_START_TIME = -1
@@ -80,6 +89,10 @@ def attribute(
                 (refs[0],) if len(refs) == 1 else tuple(sorted(refs)),
             )
         )
+    # Rows NVML lists under a PID with no process (the sampler checked): held by an exited process.
+    for pid, device_uuid, used, _kind in sample.exited:
+        ref = ProcessRef(pid, UNKNOWN_START_TIME)
+        unattributed.append(UnattributedProcess(ref, device_uuid, used or 0, PROCESS_GONE))
     # Rows keep NVML's order (device, then list order), which equal samples repeat: sorting 512 rows would
     # cost a tenth of the scan budget, and every reader that shows rows to people sorts them its own way.
     unattributed.sort(key=lambda u: (u.device_uuid, u.process.pid, u.reason))

@@ -143,6 +143,9 @@ class GpuSample:
     processes: tuple[GpuProcess, ...]
     # NVML errors met while taking this sample, as (kind, count): vramguard_nvml_errors_total{kind} adds them up.
     errors: tuple[tuple[str, int], ...] = ()
+    # Rows whose PID has no process under the proc root (left out of `processes`, counted as dead-pid errors):
+    # memory the driver still holds for a process that exited, torn down in a moment or stuck (`core/exited.py`).
+    exited: tuple[GpuProcess, ...] = ()
 
     def device(self, uuid: str) -> GpuDevice | None:
         return next((d for d in self.devices if d.uuid == uuid), None)
@@ -197,6 +200,8 @@ class ContainerInfo:
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
+    # The UID the kubelet runs the pod under, which names its cgroup: attribution, quotas, limits and kills go by
+    # it. A pod's metadata.uid; for a static pod, the UID its mirror pod names (`kube/pod_manifest.py`).
     uid: str
     namespace: str
     name: str
@@ -209,6 +214,8 @@ class PodInfo:
     # The pod's DRA claims: spec.resourceClaims[].name → the ResourceClaim object's name (resourceClaimName, or
     # for a template the name status.resourceClaimStatuses gives it; None until the claim controller made it).
     claims: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
+    # A static pod's: its mirror pod's own metadata.uid, which differs from `uid`. None for any other pod.
+    mirror_uid: str | None = None
     # Derived index: attribution looks containers up by runtime ID once per GPU process per scan.
     _by_id: Mapping[str, ContainerInfo] = field(init=False, repr=False, compare=False)
 
@@ -218,6 +225,17 @@ class PodInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def static(self) -> bool:
+        """Run by the kubelet from a manifest on the node; the API server holds only its mirror pod."""
+        return self.mirror_uid is not None
+
+    @property
+    def object_uid(self) -> str:
+        """The API object's metadata.uid (an eviction's precondition; the pod cache's key): the mirror pod's, for a
+        static pod. Its Events name `uid`, as the kubelet's do, which is what `kubectl describe` looks for."""
+        return self.mirror_uid if self.mirror_uid is not None else self.uid
 
     def container_by_id(self, container_id: str) -> ContainerInfo | None:
         return self._by_id.get(container_id)
@@ -459,6 +477,28 @@ class ContainerUsage(NamedTuple):
     processes: tuple[ProcessRef, ...]
 
 
+class UnattributedReason(str, enum.Enum):
+    """Why GPU memory is tied to no pod: the `reason` label of vramguard_unattributed_gpu_memory_bytes and of the
+    unattributed rows of /status. Attribution owns it; metrics iterate it, so a reason added here (a pod's leftover
+    processes, once told apart) is exported at 0 with no second list."""
+
+    NOT_IN_POD = "not-in-pod"  # a host process, or the agent cannot see the host's PID namespace
+    POD_NOT_IN_CACHE = "pod-not-in-cache"  # a pod cgroup whose pod the cache does not hold (yet)
+    PROCESS_EXITED = "process-exited"  # NVML lists a PID /proc does not have: torn down, or stuck in the driver
+
+    @property
+    def why(self) -> str:
+        """The words `vramguard top` and /status show after "unattributed: "."""
+        return _UNATTRIBUTED_WHY[self]
+
+
+_UNATTRIBUTED_WHY = {
+    UnattributedReason.NOT_IN_POD: "not in a pod cgroup",
+    UnattributedReason.POD_NOT_IN_CACHE: "pod not in cache",
+    UnattributedReason.PROCESS_EXITED: "held by an exited process",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class UnattributedProcess:
     """A GPU process outside any known pod: reported, never acted on."""
@@ -466,7 +506,28 @@ class UnattributedProcess:
     process: ProcessRef
     device_uuid: str
     used_bytes: int
-    reason: str  # "not in a pod cgroup", "pod not in cache", "process gone"
+    reason: UnattributedReason
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """The agent's Node as the object of an Event (a GPU fault belongs to no pod): written in "default" with the
+    node's name as its UID, as the kubelet writes its own Node Events. Shaped like `PodInfo` where the Event path
+    reads it (`uid`, `namespace`, `name`, `key`)."""
+
+    name: str
+    namespace: str = "default"
+
+    @property
+    def uid(self) -> str:
+        return self.name
+
+    @property
+    def key(self) -> str:
+        return f"node/{self.name}"
+
+
+EventSubject = PodInfo | NodeRef  # what an Event is about
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from vramguard.core.model import GpuMemory, GpuSample, Identity, KillRecord, PodInfo, ProcessRef, Violation
+from vramguard.core.model import (
+    EventSubject,
+    GpuMemory,
+    GpuSample,
+    Identity,
+    KillRecord,
+    PodInfo,
+    ProcessRef,
+    Violation,
+)
 from vramguard.core.shares import PodShares
 
 
@@ -131,11 +140,13 @@ class KillMemory(Protocol):
 
 
 class EventRecorder(Protocol):
-    """Records a Kubernetes Event on a pod. Implementations deduplicate and rate-limit.
+    """Records a Kubernetes Event on a pod, or on the Node (`NodeRef`). Implementations deduplicate and rate-limit.
 
     Must not block and must not raise: the scan calls it (the Kubernetes one queues for a writer thread)."""
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+    def record(
+        self, pod: EventSubject, reason: str, message: str, warning: bool = True, important: bool = False
+    ) -> None:
         """`important`: an enforcement Event (a kill, an eviction, a refused or failed one), written ahead of every
         other and never dropped to make room for them."""
         ...

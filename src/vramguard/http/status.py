@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from vramguard.agent.report import LastScan, ScanReport, TopRow, peak_dicts, row_dict, rows_from_report
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import Clock
+from vramguard.core.exited import HeldByExited
 from vramguard.core.model import GpuDevice, SubjectKey
 from vramguard.core.text import cut
 from vramguard.node.describe import ProcessDetail, describe_process
@@ -96,8 +97,11 @@ def driver_dict(driver: DriverFacts) -> dict[str, object]:
     }
 
 
-def gpu_dict(device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object]) -> dict[str, object]:
-    """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"."""
+def gpu_dict(
+    device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object], exited: HeldByExited | None = None
+) -> dict[str, object]:
+    """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"; "needs_reset"
+    when exited processes hold memory on it past a teardown (`core/exited.py`), with the bytes and the PIDs."""
     on_it = {device.uuid, device.parent_uuid}
     return {
         "gpu": cut(device.label),
@@ -110,6 +114,9 @@ def gpu_dict(device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, objec
         "error": cut(device.error or ""),
         "pressure": pressured,
         "limits": "driver" if any(k.gpu_uuid in on_it for k in held) else "agent",
+        "needs_reset": exited is not None,
+        "held_by_exited_bytes": exited.held_bytes if exited is not None else 0,
+        "held_by_exited_pids": list(exited.pids[:MAX_PROCESSES]) if exited is not None else [],
     }
 
 
@@ -133,7 +140,7 @@ def scan_json(
     if report is None:
         return '"gpus": [], "containers": [], "truncated": 0, "peaks": [], "peaks_cover_s": 0'
     pressured = set(report.decision.pressured_devices)
-    gpus = [gpu_dict(d, d.uuid in pressured, held) for d in report.snapshot.devices]
+    gpus = [gpu_dict(d, d.uuid in pressured, held, report.exited.held.get(d.uuid)) for d in report.snapshot.devices]
     # Described below, for the rows kept only: a placeholder is cheap, /proc is not.
     rows = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "", ""), driver_limits=held)
     parts: list[str] = []

@@ -1,6 +1,7 @@
-"""The Event writer: core/v1 Events on pods, queued by `record` (never blocks, never raises) and written by one
-background loop through an `EventSink` (client-go's `event.go`); which are written, and as what, the correlator
-decides (`vramguard.kube.correlator`). Its bounds and priorities: docs/design.md "Writing Events".
+"""The Event writer: core/v1 Events on pods (and on the Node, for a GPU fault), queued by `record` (never blocks,
+never raises) and written by one background loop through an `EventSink` (client-go's `event.go`); which are
+written, and as what, the correlator decides (`vramguard.kube.correlator`). Its bounds and priorities:
+docs/design.md "Writing Events".
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff, TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
-from vramguard.core.model import PodInfo
+from vramguard.core.model import EventSubject, NodeRef
 from vramguard.core.text import MAX_TEXT_CHARS, cut, printable
 from vramguard.kube.client import (
     FORBIDDEN_GRACE_S,
@@ -58,7 +59,7 @@ class EventRecord:
     """One Event as the sink writes it."""
 
     name: str  # fixed at record time: a create retried after a timeout finds it, never writes a second object
-    pod: PodInfo
+    pod: EventSubject
     reason: str
     message: str
     warning: bool
@@ -89,11 +90,15 @@ class KubeEventSink:
 
     def create(self, event: EventRecord) -> bool:
         pod = event.pod
+        if isinstance(pod, NodeRef):  # cluster-scoped: no namespace in the reference (the kubelet's Node Events)
+            involved = client.V1ObjectReference(api_version="v1", kind="Node", name=pod.name, uid=pod.uid)
+        else:
+            involved = client.V1ObjectReference(
+                api_version="v1", kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid
+            )  # a static pod's: its mirror pod's name and its own UID, as the kubelet's and `kubectl describe` say
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=event.name, namespace=pod.namespace),
-            involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid
-            ),
+            involved_object=involved,
             reason=event.reason,
             message=event.message,
             type="Warning" if event.warning else "Normal",
@@ -132,7 +137,7 @@ class KubeEventSink:
 class _Pending:
     """An Event waiting for the writer: the correlator's answer, with the repeats said meanwhile in its count."""
 
-    pod: PodInfo
+    pod: EventSubject
     reason: str
     message: str
     warning: bool
@@ -203,7 +208,9 @@ class KubeEventRecorder:
         """Start the writer loop."""
         self.loop.start()
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+    def record(
+        self, pod: EventSubject, reason: str, message: str, warning: bool = True, important: bool = False
+    ) -> None:
         # Cut, escape, and cut again: an escape is up to ten characters, so escaping can lengthen the message.
         message = cut(printable(cut(message, EVENT_MESSAGE_CHARS)), EVENT_MESSAGE_CHARS)
         event = Event(pod.uid, pod.namespace, reason, message, _event_name(pod.name))

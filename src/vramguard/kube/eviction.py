@@ -39,7 +39,7 @@ class KubeEvictor:
     def evict(self, pod: PodInfo, message: str) -> EvictResult:
         body = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.object_uid)),
         )
         last = ""
         backoff = self.backoff()

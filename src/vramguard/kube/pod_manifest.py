@@ -1,12 +1,19 @@
 """The one translation from a Kubernetes Pod object (a plain dict, camelCase keys) to `PodInfo`: the pod watch
 and the pods file both use it. It keeps only what the agent reads, bounded: the quota annotations and limits
 vramguard knows (`vramguard.core.quantity`), at most `MAX_CLAIMS` claims, every string cut to `MAX_VALUE_CHARS`.
+
+A static pod's mirror pod becomes the PodInfo of the static pod, under the UID the kubelet runs it under (its
+`MIRROR_ANNOTATION`); `index_pods` decides which of those claims the agent believes (docs/design.md "Static pods").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
+
+import structlog
 
 from vramguard.core.model import ClaimUse, ContainerInfo, PodInfo
 from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
@@ -15,6 +22,15 @@ from vramguard.core.text import MAX_TEXT_CHARS, cut
 MAX_VALUE_CHARS: Final = MAX_TEXT_CHARS
 # The API server allows 32 resourceClaims per pod; a pods file is not validated, so the same bound applies here.
 MAX_CLAIMS: Final = 32
+# On a static pod's mirror pod, the UID the kubelet runs the static pod under: its config hash, which is its UID
+# (kubelet pkg/kubelet/pod/mirror_client.go, pkg/kubelet/config/common.go). The API server requires spec.nodeName
+# with it and refuses to add, change or remove it after creation, but anyone who may create a pod may write it.
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+# The forms a pod cgroup names its pod by (`node/cgroup.py`): the kubelet's 32-hex hash of a manifest, or a UUID (a
+# manifest may set its own metadata.uid). A value of another form names no cgroup the agent reads: ignored.
+_MIRROR_UID: Final = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
+_MIRROR_UID_CHARS: Final = 36
+MAX_CLAIMANTS_NAMED: Final = 5  # at most, in the reason a claim is refused for
 
 
 class PodSourceError(Exception):
@@ -37,7 +53,9 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
     """Convert one Pod object (camelCase keys, as the API server serialises it) into a PodInfo.
 
     Keeps only the annotations and limits vramguard reads (`ANNOTATION_UNIT_BYTES`, `RESOURCE_UNIT_BYTES`), and
-    cuts every string to `MAX_VALUE_CHARS`."""
+    cuts every string to `MAX_VALUE_CHARS`. A mirror pod (`MIRROR_ANNOTATION` naming a UID of a pod cgroup's form)
+    becomes its static pod: `uid` the UID claimed, `mirror_uid` its own; whether the claim is believed is
+    `index_pods`' to say."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -61,8 +79,11 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
     if not uid:
         where = f"{cut(str(meta.get('namespace')))}/{cut(str(meta.get('name')))}"
         raise PodSourceError(f"pod {where}: metadata.uid is missing")
+    uid = cut(str(uid))
+    runs_as = _mirror_of(meta.get("annotations")) or uid  # a static pod's mirror: the UID the kubelet runs it as
     return PodInfo(
-        uid=cut(str(uid)),
+        uid=runs_as,
+        mirror_uid=uid if runs_as != uid else None,
         namespace=cut(str(meta.get("namespace", "default"))),
         name=cut(str(meta.get("name", ""))),
         containers=containers,
@@ -73,6 +94,63 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
         terminating=meta.get("deletionTimestamp") is not None,
         claims=_pod_claims(spec.get("resourceClaims"), status.get("resourceClaimStatuses")),
     )
+
+
+def _mirror_of(annotations: object) -> str | None:
+    """The UID a mirror pod's annotation names, when it has a pod UID's form; else None (no claim, or ignored)."""
+    value = annotations.get(MIRROR_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if isinstance(value, str) and len(value) <= _MIRROR_UID_CHARS and _MIRROR_UID.fullmatch(value):
+        return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodIndex:
+    """Pods by the UID the kubelet runs each under (`PodInfo.uid`, the `PodSource.pods()` mapping), and the mirror
+    claims not believed: the UID claimed → why, naming the claimants."""
+
+    pods: Mapping[str, PodInfo]
+    refused: Mapping[str, str]
+
+
+def index_pods(pods: Iterable[PodInfo]) -> PodIndex:
+    """Index `pods` (each API object once) by the UID the kubelet runs each under.
+
+    A mirror pod's annotation is tenant input: a pod that claims another pod's UID would have that pod's processes
+    judged against its own quota, and acted on. So a claim is believed only where it is the one claim on a UID that
+    no pod has as its own metadata.uid: a pod of that UID wins over any claim, and a UID claimed by two or more
+    pods is nobody's (its processes are not in the cache) until all but one of them are gone.
+    """
+    by_uid: dict[str, PodInfo] = {}
+    claims: dict[str, list[PodInfo]] = {}
+    for pod in pods:
+        if pod.static:
+            claims.setdefault(pod.uid, []).append(pod)
+        else:
+            by_uid[pod.uid] = pod
+    refused: dict[str, str] = {}
+    for uid, claimants in claims.items():
+        if len(claimants) == 1 and uid not in by_uid:
+            by_uid[uid] = claimants[0]
+            continue
+        keys = sorted(c.key for c in claimants)
+        named = ", ".join(keys[:MAX_CLAIMANTS_NAMED]) + (" and more" if len(keys) > MAX_CLAIMANTS_NAMED else "")
+        owner = by_uid.get(uid)
+        refused[uid] = (
+            f"pod {owner.key} has this UID; the mirror claim of {named} is not believed"
+            if owner is not None
+            else f"claimed as a static pod's mirror by {len(keys)} pods ({named}): none is believed"
+        )
+    return PodIndex(by_uid, refused)
+
+
+def log_refused(
+    log: structlog.typing.FilteringBoundLogger, refused: Mapping[str, str], before: Mapping[str, str]
+) -> None:
+    """Log each refused mirror claim of `refused` once: those not in `before` (the last version served)."""
+    for uid, why in refused.items():
+        if before.get(uid) != why:
+            log.warning("pod_mirror_claim_refused", uid=uid, why=why)
 
 
 def _entries(value: object) -> list[Mapping[str, Any]]:

@@ -14,7 +14,7 @@ from vramguard.core.model import PodInfo
 from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS
 from vramguard.kube.nodes import NodeSource
-from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
+from vramguard.kube.pod_manifest import PodSourceError, index_pods, log_refused, pod_info_from_manifest
 from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
 
 
@@ -25,6 +25,10 @@ class KubePodSource:
     way the agent keeps enforcing with the pods it has. A relist replaces the cache whole, so a pod deleted while
     the agent was disconnected is forgotten, never acted on. `on_pods` hears each pod version the cache takes in,
     once the cache serves it (the watch's `ScanCalls.pods_updated`: a pod learned late calls for a scan).
+
+    The cache holds each Pod object by its metadata.uid, as the watch names it (a mirror pod's update or deletion
+    finds its entry), and serves them by the UID the kubelet runs each under (`index_pods`, which also says which
+    static pods' mirror claims are not believed: each such claim is logged once, when it appears).
     """
 
     def __init__(
@@ -41,7 +45,9 @@ class KubePodSource:
         self.on_pods = on_pods
         self.log = log if log is not None else structlog.get_logger("vramguard.kube.pods_file")
         self.clock = clock
-        self._pods: Mapping[str, PodInfo] = {}
+        self._objects: Mapping[str, PodInfo] = {}  # by metadata.uid
+        self._pods: Mapping[str, PodInfo] = {}  # by PodInfo.uid: `index_pods(self._objects.values())`
+        self._refused: Mapping[str, str] = {}  # mirror claims not believed: UID claimed → why
         self.node = NodeSource(api, node_name, clock=clock, count=count)
         core = client.CoreV1Api(api)
         self.reflector = Reflector(
@@ -91,28 +97,35 @@ class KubePodSource:
     # -- Store ---------------------------------------------------------------------------------------------------
 
     def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
-        pods: dict[str, PodInfo] = {}
+        objects: dict[str, PodInfo] = {}
         for item in items:
             info = self._convert(item)
             if info is not None:
-                pods[info.uid] = info
-        self._pods = pods
-        self.log.info("pod_cache_synced", pods=len(pods))
+                objects[info.object_uid] = info
+        self._serve(objects)
+        self.log.info("pod_cache_synced", pods=len(self._pods))
         if self.on_pods is not None:
-            self.on_pods(pods.values())
+            self.on_pods(self._pods.values())
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         info = self._convert(obj)
         if info is None:
             return
-        pods = dict(self._pods)  # replaced, never mutated: a reader always sees one consistent version
+        objects = dict(self._objects)
         if kind == "DELETED":
-            pods.pop(info.uid, None)
+            objects.pop(info.object_uid, None)
         else:
-            pods[info.uid] = info
-        self._pods = pods
+            objects[info.object_uid] = info
+        self._serve(objects)
         if self.on_pods is not None and kind != "DELETED":
             self.on_pods((info,))
+
+    def _serve(self, objects: dict[str, PodInfo]) -> None:
+        """Serve `objects`, indexed; both replaced, never mutated: a reader always sees one consistent version."""
+        index = index_pods(objects.values())
+        self._objects, self._pods = objects, index.pods
+        log_refused(self.log, index.refused, self._refused)
+        self._refused = index.refused
 
     def _convert(self, obj: Mapping[str, Any]) -> PodInfo | None:
         try:
@@ -122,5 +135,5 @@ class KubePodSource:
             return None
         # The cached object when nothing the agent reads changed (most MODIFIED events are status changes), so
         # quotas resolved for it stay resolved (QuotaBook's cache keys on the object).
-        old = self._pods.get(info.uid)
+        old = self._objects.get(info.object_uid)
         return old if old == info else info

@@ -34,19 +34,21 @@ from vramguard.core.shares import (
 )
 from vramguard.core.text import cut, format_bytes
 from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
-from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
+from vramguard.kube.pod_manifest import PodSourceError, index_pods, log_refused, pod_info_from_manifest
 
 Log = structlog.typing.FilteringBoundLogger
 
 
 @dataclass(frozen=True, slots=True)
 class PodList:
-    """What one pods file holds for this node: its pods by UID, its Node's labels, and the DRA shares its pods'
-    containers hold (from the file's ResourceClaims and this node's ResourceSlices; see `vramguard.core.shares`)."""
+    """What one pods file holds for this node: its pods by UID (the kubelet's: `index_pods`), its Node's labels,
+    and the DRA shares its pods' containers hold (from the file's ResourceClaims and this node's ResourceSlices;
+    see `vramguard.core.shares`); and the static pods' mirror claims not believed (UID claimed → why)."""
 
     pods: Mapping[str, PodInfo] = field(default_factory=dict)
     node_labels: Mapping[str, str] = field(default_factory=dict)
     shares: Mapping[str, PodShares] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
 
 def parse_pod_list(
@@ -86,8 +88,9 @@ def parse_pod_list(
         raise PodSourceError("items: has no value (a file cut right after `items:`?); no pods is `items: []`")
     elif not isinstance(root["items"], list):
         raise PodSourceError(f"items: expected a list of Pods, got {_type_name(root['items'])}")
-    shares = {uid: held for uid, pod in collector.pods.items() if pod.claims and (held := collector.shares(pod))}
-    return PodList(pods=collector.pods, node_labels=collector.labels, shares=shares)
+    served = index_pods(collector.pods.values())
+    shares = {uid: held for uid, pod in served.pods.items() if pod.claims and (held := collector.shares(pod))}
+    return PodList(pods=served.pods, node_labels=collector.labels, shares=shares, refused=served.refused)
 
 
 _JSON_START: Final = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*\{")
@@ -106,7 +109,7 @@ class _Collector:
 
     def __init__(self, node_name: str | None) -> None:
         self.node_name = node_name
-        self.pods: dict[str, PodInfo] = {}
+        self.pods: dict[str, PodInfo] = {}  # by metadata.uid
         self.labels: dict[str, str] = {}
         self.claims: dict[ClaimKey, Claim] = {}
         self.devices: dict[DeviceKey, SliceDevice] = {}
@@ -136,7 +139,7 @@ class _Collector:
         if self.node_name and bound_to and bound_to != self.node_name:
             return
         info = pod_info_from_manifest(obj)
-        self.pods[info.uid] = info
+        self.pods[info.object_uid] = info
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -248,6 +251,7 @@ class FilePodSource:
             return
         if self.loop.stopping.is_set():  # stopped while parsing: the source is done
             return
+        log_refused(self.log, published.refused, self._published.refused)
         self._published = published
         self._problem = None
         if self.on_pods is not None:

@@ -75,6 +75,7 @@ class _GpuScan:
 
     devices: list[GpuDevice] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
+    exited: list[GpuProcess] = field(default_factory=list)  # dead-pid rows, merged per PID as `processes` are
     dropped: list[DroppedRow] = field(default_factory=list)
     errors: list[NvmlErrorKind] = field(default_factory=list)
 
@@ -147,6 +148,7 @@ class NvmlSampler:
 
             devices: list[GpuDevice] = []
             processes: list[GpuProcess] = []
+            exited: list[GpuProcess] = []
             dropped: list[DroppedRow] = []
             found = dict.fromkeys(NvmlErrorKind, 0)  # this sample's problems, for GpuSample.errors
             for index in range(self.gpu_count):
@@ -168,6 +170,7 @@ class NvmlSampler:
                         found[kind] += 1
                     devices.extend(scan.devices)
                     processes.extend(scan.processes)
+                    exited.extend(scan.exited)
                     dropped.extend(scan.dropped)
                     healthy = tuple(d for d in scan.devices if d.healthy)
                     if healthy:
@@ -177,7 +180,7 @@ class NvmlSampler:
             for kind, n in found.items():
                 self._errors[kind] += n
             errors = tuple((kind.value, n) for kind, n in found.items() if n)
-            return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=errors)
+            return GpuSample(devices=tuple(devices), processes=tuple(processes), errors=errors, exited=tuple(exited))
 
     def memory(self) -> tuple[GpuMemory, ...]:
         """Each whole GPU's memory counters: one NVML call a GPU, on the caller's thread, with no lock (NVML is
@@ -422,6 +425,7 @@ class NvmlSampler:
 
     def _processes(self, job: Job, handle: Any, device: GpuDevice, alive: dict[int, bool], scan: _GpuScan) -> None:
         merged: dict[int, tuple[ProcessKind, int | None]] = {}
+        gone: dict[int, tuple[ProcessKind, int | None]] = {}  # rows of PIDs with no process: exited, not garbage
         for plist in self._lists:
             count, raw = self._read_list(job, plist, handle)
             if not count:
@@ -431,14 +435,17 @@ class NvmlSampler:
                 if problem is not None:
                     scan.errors.append(problem)
                     scan.dropped.append(DroppedRow(device.uuid, pid, used, plist.kind, problem))
-                    continue
-                seen = merged.get(pid)
+                    if problem is not NvmlErrorKind.DEAD_PID:
+                        continue
+                into = merged if problem is None else gone
+                seen = into.get(pid)
                 if seen is None:
-                    merged[pid] = (plist.kind, used)
+                    into[pid] = (plist.kind, used)
                 elif used is not None and (seen[1] is None or used > seen[1]):
-                    merged[pid] = (seen[0], used)
+                    into[pid] = (seen[0], used)
         uuid = device.uuid
         scan.processes.extend(GpuProcess(pid, uuid, used, kind) for pid, (kind, used) in merged.items())
+        scan.exited.extend(GpuProcess(pid, uuid, used, kind) for pid, (kind, used) in gone.items())
 
     def _read_list(self, job: Job, plist: _ProcessList, handle: Any) -> tuple[int, bytes]:
         """Calls one process-list function into our own buffer: (row count, raw bytes).

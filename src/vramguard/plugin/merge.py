@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.core.text import cut
+from vramguard.core.text import cut, format_bytes
 
 STATUS_KIND = "VramguardStatus"
 SCHEMA = 1  # the newest schema this plugin knows; a newer agent's document is read for the fields it knows
@@ -128,14 +128,17 @@ class GpuRow:
     limits: str  # "driver" | "agent" | "-" (unknown: an older agent, or no answer)
     healthy: bool
     pressure: bool
-    state: str  # ok | pressure | unhealthy: <error> | stale: ... | no answer: <why>
+    state: str  # ok | pressure | unhealthy: <error> | needs a reset: ... | stale: ... | no answer: <why>
     agent: str = ""
     stale: bool = False
     error: str = ""
+    # Memory exited processes hold past a teardown: only a GPU reset frees it (None: an older agent's document).
+    held_by_exited_bytes: int | None = None
+    needs_reset: bool = False
 
     @property
     def level(self) -> Level:
-        if self.error or self.stale or not self.healthy:
+        if self.error or self.stale or not self.healthy or self.needs_reset:
             return Level.problem
         return Level.over if self.pressure else Level.fine
 
@@ -384,10 +387,14 @@ def merge_nodes(fetched: Iterable[Fetched], node: str | None = None) -> list[Gpu
             on_gpu = [r for r in containers if r.gpu == label and r.used_bytes is not None]
             healthy = _bool(g, "healthy", True)
             pressure = _bool(g, "pressure")
+            needs_reset = _bool(g, "needs_reset")
+            held_by_exited = _int(g, "held_by_exited_bytes")
             if a.stale:
                 state = _stale_note(a)
             elif not healthy:
                 state = f"unhealthy: {_str(g, 'error')}"
+            elif needs_reset:
+                state = f"needs a reset: {format_bytes(held_by_exited or 0)} held by exited processes"
             else:
                 state = "pressure" if pressure else "ok"
             out.append(
@@ -407,6 +414,8 @@ def merge_nodes(fetched: Iterable[Fetched], node: str | None = None) -> list[Gpu
                     state=state,
                     agent=a.ref,
                     stale=a.stale,
+                    held_by_exited_bytes=held_by_exited,
+                    needs_reset=needs_reset,
                 )
             )
     rows = [r for r in out if node is None or r.node == node]

@@ -176,6 +176,8 @@ def gpu_dict(g: GpuRow) -> dict[str, Any]:
         "healthy": g.healthy,
         "pressure": g.pressure,
         "state": g.state,
+        "needs_reset": g.needs_reset,
+        "held_by_exited_bytes": g.held_by_exited_bytes,
         "agent": g.agent,
         "stale": g.stale,
         "error": g.error,

@@ -18,6 +18,7 @@ from vramguard.core.model import (
     CgroupIdentity,
     ContainerInfo,
     ContainerUsage,
+    EventSubject,
     GiB,
     GpuDevice,
     GpuMemory,
@@ -169,7 +170,9 @@ class RecordingEventRecorder:
     def inject_error(self, error: Exception | None) -> None:
         self._error = error
 
-    def record(self, pod: PodInfo, reason: str, message: str, warning: bool = True, important: bool = False) -> None:
+    def record(
+        self, pod: EventSubject, reason: str, message: str, warning: bool = True, important: bool = False
+    ) -> None:
         if self._error is not None:
             raise self._error
         self.events.append((pod.key, reason, message, warning))
@@ -255,8 +258,10 @@ def pod(
     priority: int = 0,
     uid: str | None = None,
     terminating: bool = False,
+    mirror_uid: str | None = None,
 ) -> PodInfo:
-    """A PodInfo; `containers` maps container name → resources.limits. Container IDs are derived from names."""
+    """A PodInfo; `containers` maps container name → resources.limits. Container IDs are derived from names.
+    With `mirror_uid`, a static pod: `uid` the kubelet's, `mirror_uid` its mirror pod's own."""
     uid = uid or f"00000000-0000-4000-8000-{next(_uids):012d}"
     specs = containers if containers is not None else {"main": {}}
     return PodInfo(
@@ -269,6 +274,7 @@ def pod(
         annotations=dict(annotations or {}),
         priority=priority,
         terminating=terminating,
+        mirror_uid=mirror_uid,
     )
 
 

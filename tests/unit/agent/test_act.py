@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 from vramguard.agent.act import Enforcer, Outcome
 from vramguard.base.worker import Task
 from vramguard.core.decide import find_violations
+from vramguard.core.exited import HeldByExited
 from vramguard.core.model import (
     Action,
     EvictionRefused,
@@ -36,9 +37,10 @@ from vramguard.testing.fakes import (
 GPU0 = gpu(0, total_bytes=16 * GiB)
 
 
-def over_quota_action(kind: Mode = Mode.EVICT, name: str = "victim") -> Action:
-    """An action of `kind` on pod `ml/<name>`, whose container uses 2 GiB of its 1 GiB quota."""
-    p = pod(name, "ml")
+def over_quota_action(kind: Mode = Mode.EVICT, name: str = "victim", *, mirror_uid: str | None = None) -> Action:
+    """An action of `kind` on pod `ml/<name>` (static, with `mirror_uid`), whose container uses 2 GiB of its 1 GiB
+    quota."""
+    p = pod(name, "ml", mirror_uid=mirror_uid)
     quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
     (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
     return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
@@ -237,6 +239,31 @@ def test_what_follows_an_eviction_that_did_not_happen(
         assert answer.message in events.events[0][2]
 
 
+@pytest.mark.parametrize(
+    ("on_refused", "result", "reasons", "kills"),
+    [
+        pytest.param(EvictionRefused.WAIT, "refused", ["VRAMEvictionRefused"], 0, id="static-refused-then-wait"),
+        pytest.param(
+            EvictionRefused.KILL, "refused-then-killed", ["VRAMEvictionRefused", "VRAMKilled"], 1,
+            id="static-refused-then-kill",
+        ),
+    ],
+)  # fmt: skip
+def test_a_static_pod_eviction_is_refused_without_a_request(
+    on_refused: EvictionRefused, result: str, reasons: list[str], kills: int
+) -> None:
+    """The Eviction API would delete a static pod's mirror alone (the kubelet puts it back and the pod runs on):
+    its eviction is refused at once, with no request, saying why, and on_eviction_refused decides what follows."""
+    evictor = ScriptedEvictor(EVICTED)
+    enforcer, runner, _, events, killer = _enforcer(evictor, on_refused)
+    outcome = enforcer.execute(over_quota_action(mirror_uid="5d2c6c1e-0a4b-4b8e-9f3e-1c2d3e4f5a6b"))
+    assert outcome is not None and outcome.result == result
+    assert evictor.calls == [] and runner.pending() == 0 and enforcer.evictions_in_flight() == 0
+    assert events.reasons() == reasons
+    assert "a static pod cannot be evicted" in events.events[0][2]
+    assert len(killer.killed) == kills
+
+
 def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
     """Five offenders with 253-character names make a long message: it is cut to the Event bound. A recorder
     that fails is logged, not raised: the scan goes on."""
@@ -258,3 +285,38 @@ def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
     with capture_logs() as logs:
         enforcer.report_pressure([notice])
     assert [(e["event"], e["reason"]) for e in logs] == [("event_failed", "VRAMPressure")]
+
+
+@pytest.mark.parametrize(
+    ("node_name", "dry_run", "recorded", "logged"),
+    [
+        pytest.param("gpu-node-1", False, [("node/gpu-node-1", "VRAMGPUNeedsReset")], 0, id="on-the-node"),
+        pytest.param("gpu-node-1", True, [], 1, id="dry-run-logs-it"),
+        pytest.param(None, False, [], 0, id="no-node-no-event"),
+    ],
+)
+def test_a_gpu_that_needs_a_reset_is_a_warning_on_the_node(
+    node_name: str | None, dry_run: bool, recorded: list[tuple[str, str]], logged: int
+) -> None:
+    """Each onset is one VRAMGPUNeedsReset Warning on the Node, naming the GPU, the bytes, the PIDs and the reset;
+    in dry-run it goes to the log; an agent that does not know its Node writes none."""
+    events = RecordingEventRecorder()
+    enforcer = Enforcer(
+        killer=RecordingKiller(),
+        evictor=ScriptedEvictor(EVICTED),
+        events=events,
+        policy=Policy(),
+        dry_run=dry_run,
+        node_name=node_name,
+    )
+    device = gpu(1)
+    with capture_logs() as logs:
+        enforcer.report_needs_reset([HeldByExited(device.uuid, 2 * GiB, (41, 42), 0.0)], [device], 60.0)
+    assert [(key, reason) for key, reason, _, _ in events.events] == recorded
+    assert len([e for e in logs if e.get("reason") == "VRAMGPUNeedsReset"]) == logged
+    for _, _, message, warning in events.events:
+        assert warning and message == (
+            f"GPU 1 ({device.uuid}) needs a reset: 2.0GiB held by exited processes (PIDs 41, 42, listed with no "
+            "process for 1m or more): nothing is left to kill. Drain the node, then reset the GPU "
+            "(nvidia-smi --gpu-reset -i 1)"
+        )

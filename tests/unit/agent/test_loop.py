@@ -31,6 +31,7 @@ from vramguard.core.model import (
     PodInfo,
     Policy,
     ProcessRef,
+    UnattributedReason,
 )
 from vramguard.core.ports import KillResult
 from vramguard.core.shares import PodShares, Share
@@ -98,6 +99,7 @@ class Node:
                 dry_run=dry_run,
                 clock=self.clock,
                 evictions=Inline(),
+                node_name="gpu-node-1",
             ),
             metrics=self.metrics,
             clock=self.clock,
@@ -255,8 +257,51 @@ def test_unattributed_and_unmanaged_processes_are_never_acted_on() -> None:
     n.run_gpu((1000, 8 * GiB), (1001, 7 * GiB))
     report = n.agent.scan()
     assert report.outcomes == () and n.killer.killed == []
-    assert [u.reason for u in report.snapshot.unattributed] == ["not in a pod cgroup"]
-    assert n.metric("vramguard_unattributed_gpu_memory_bytes", gpu="0", gpu_uuid=GPU0.uuid) == 8 * GiB
+    assert [u.reason for u in report.snapshot.unattributed] == [UnattributedReason.NOT_IN_POD]
+    assert (
+        n.metric("vramguard_unattributed_gpu_memory_bytes", gpu="0", gpu_uuid=GPU0.uuid, reason="not-in-pod") == 8 * GiB
+    )
+
+
+def test_memory_an_exited_pid_holds_past_the_threshold_needs_a_reset_told_once_on_the_node() -> None:
+    """NVML listing a PID with no process for 60 s: the GPU needs a reset (metric, report), one Warning on the Node
+    however many scans follow, nothing signalled; the unattributed metric says why."""
+    n = Node(Policy(mode=Mode.KILL))
+    n.run_gpu((4242, 3 * GiB))  # no such process: the fake /proc does not know it
+    held = "vramguard_gpu_memory_held_by_exited_processes_bytes"
+    for _ in range(60):
+        report = n.agent.scan()
+        n.clock.step(1.0)
+    assert report.exited.held == {} and n.metric(held, gpu="0", gpu_uuid=GPU0.uuid) == 0
+    assert n.metric(
+        "vramguard_unattributed_gpu_memory_bytes", gpu="0", gpu_uuid=GPU0.uuid, reason="process-exited"
+    ) == (3 * GiB)
+    for _ in range(5):
+        report = n.agent.scan()
+        n.clock.step(1.0)
+    assert report.exited.held[GPU0.uuid].pids == (4242,)
+    assert n.metric(held, gpu="0", gpu_uuid=GPU0.uuid) == 3 * GiB
+    assert [(key, reason) for key, reason, _, _ in n.events.events] == [("node/gpu-node-1", "VRAMGPUNeedsReset")]
+    message = n.events.events[0][2]
+    assert f"GPU 0 ({GPU0.uuid}) needs a reset: 3.0GiB held by exited processes (PIDs 4242, listed" in message
+    assert "nvidia-smi --gpu-reset -i 0" in message
+    assert n.killer.killed == [] and report.outcomes == ()
+
+
+def test_memory_an_exited_pid_lets_go_of_within_the_threshold_raises_nothing() -> None:
+    """A PID gone from /proc whose memory leaves NVML's list a few scans later is a teardown: nothing is raised,
+    however long the agent runs on."""
+    n = Node(Policy(mode=Mode.KILL))
+    n.run_gpu((4242, 3 * GiB))
+    for _ in range(3):
+        n.agent.scan()
+        n.clock.step(0.5)
+    n.run_gpu()
+    for _ in range(120):
+        report = n.agent.scan()
+        n.clock.step(1.0)
+    assert report.exited.held == {} and n.events.events == []
+    assert n.metric("vramguard_gpu_memory_held_by_exited_processes_bytes", gpu="0", gpu_uuid=GPU0.uuid) == 0
 
 
 def test_the_agents_own_pod_is_never_acted_on() -> None:

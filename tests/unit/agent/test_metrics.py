@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -9,8 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from vramguard.agent.metrics import ACTION_RESULTS, DRIVER_LIMIT_OUTCOMES, EVENT_RESULTS, Metrics
 from vramguard.agent.watch import Trigger
 from vramguard.core.decide import Decision
+from vramguard.core.exited import HeldByExited
 from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import GiB
+from vramguard.core.model import GiB, GpuDevice, ProcessRef, UnattributedProcess, UnattributedReason
 from vramguard.core.peaks import PeakWindow
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
@@ -86,3 +89,33 @@ def test_the_peak_is_exported_beside_the_usage_it_shadows() -> None:
     used = {s.labels["pod"]: s.labels for s in families["vramguard_container_gpu_memory_used_bytes"].samples}
     assert {pod: value for pod, (_, value) in peaks.items()} == {"trainer": 9 * GiB, "notebook": 2 * GiB}
     assert peaks["notebook"][0] == used["notebook"] and "trainer" not in used
+
+
+def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -> None:
+    """Each GPU has one unattributed series per reason, at 0 where none; the bytes held past a teardown by exited
+    PIDs have their own gauge, 0 on a GPU without."""
+    metrics = Metrics()
+    device, other = gpu(0), gpu(1)
+    snapshot = replace(
+        SnapshotBuilder(devices=[device, other]).build(),
+        unattributed=(
+            UnattributedProcess(ProcessRef(7, 1), device.uuid, 2 * GiB, UnattributedReason.NOT_IN_POD),
+            UnattributedProcess(ProcessRef(8, 1), device.uuid, GiB, UnattributedReason.NOT_IN_POD),
+            UnattributedProcess(ProcessRef(9, -1), device.uuid, 3 * GiB, UnattributedReason.PROCESS_EXITED),
+        ),
+    )
+    held = {device.uuid: HeldByExited(device.uuid, 3 * GiB, (9,), 0.0)}
+    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()), exited=held)
+
+    def value(name: str, d: GpuDevice, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"gpu": d.label, "gpu_uuid": d.uuid, **labels})
+
+    unattributed = "vramguard_unattributed_gpu_memory_bytes"
+    assert {r.value: value(unattributed, device, reason=r.value) for r in UnattributedReason} == {
+        "not-in-pod": 3 * GiB,
+        "pod-not-in-cache": 0,
+        "process-exited": 3 * GiB,
+    }
+    assert {value(unattributed, other, reason=r.value) for r in UnattributedReason} == {0}
+    held_name = "vramguard_gpu_memory_held_by_exited_processes_bytes"
+    assert (value(held_name, device), value(held_name, other)) == (3 * GiB, 0)

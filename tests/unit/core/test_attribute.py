@@ -28,6 +28,7 @@ from vramguard.core.model import (
     ProcessRef,
     Snapshot,
     UnattributedProcess,
+    UnattributedReason,
 )
 
 UID_A = "11111111-2222-3333-4444-555555555555"
@@ -247,3 +248,37 @@ def test_a_pod_version_names_what_is_awaited(pod: PodInfo, named: bool) -> None:
     waiting = Awaited(pods=frozenset({UID_C}), containers={UID_A: frozenset({CID_A3})})
     assert waiting.named_by(pod) is named
     assert waiting.named_in({pod.uid: pod, UID_B: POD_B}) is named
+
+
+@pytest.mark.parametrize(
+    ("reason", "label", "why"),
+    [
+        pytest.param(NOT_IN_POD, "not-in-pod", "not in a pod cgroup", id="a-host-process"),
+        pytest.param(POD_NOT_IN_CACHE, "pod-not-in-cache", "pod not in cache", id="a-pod-not-known-yet"),
+        pytest.param(PROCESS_GONE, "process-exited", "held by an exited process", id="a-pid-without-a-process"),
+    ],
+)
+def test_each_reason_is_a_metric_label_and_words_for_people(reason: UnattributedReason, label: str, why: str) -> None:
+    """The reason is the `reason` label of the unattributed metric and of /status's rows, and `top` says it in words."""
+    assert (reason.value, reason.why) == (label, why)
+
+
+def test_every_reason_has_words() -> None:
+    """A reason added to the enum cannot go without its words."""
+    assert all(r.why for r in UnattributedReason)
+
+
+def test_rows_of_pids_without_a_process_are_memory_held_by_exited_processes() -> None:
+    """What the sampler found listed under PIDs with no process is unattributed as process-exited, per device,
+    beside the live processes; a row without bytes counts 0."""
+    sample = GpuSample(
+        devices=(GPU0, GPU1),
+        processes=(gp(30, 1 << 30),),
+        exited=(gp(41, 2 << 30, "GPU-1"), gp(40, None)),
+    )
+    snapshot = attribute(sample, ids((30, 9, None, None)), PODS)
+    assert list(snapshot.unattributed) == [
+        UnattributedProcess(ProcessRef(30, 9), "GPU-0", 1 << 30, NOT_IN_POD),
+        UnattributedProcess(ProcessRef(40, UNKNOWN_START_TIME), "GPU-0", 0, PROCESS_GONE),
+        UnattributedProcess(ProcessRef(41, UNKNOWN_START_TIME), "GPU-1", 2 << 30, PROCESS_GONE),
+    ]

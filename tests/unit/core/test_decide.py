@@ -47,6 +47,7 @@ from vramguard.core.model import (
     Reason,
     Snapshot,
     UnattributedProcess,
+    UnattributedReason,
     Violation,
 )
 from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
@@ -1129,7 +1130,7 @@ def test_a_notice_names_the_five_furthest_over_and_counts_the_rest() -> None:
 def test_a_notice_with_no_one_over_counts_memory_outside_pods() -> None:
     """Memory of processes outside any pod, and memory NVML lists against no process, are said as such."""
     rows = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 3 * GiB).build()
-    stranger = UnattributedProcess(ProcessRef(pid=7, start_time=70), GPU0.uuid, 10 * GiB, "not in a pod cgroup")
+    stranger = UnattributedProcess(ProcessRef(pid=7, start_time=70), GPU0.uuid, 10 * GiB, UnattributedReason.NOT_IN_POD)
     snapshot = _with_device(rows, GPU0, int(14.5 * GiB), unattributed=(stranger,))
     decision, _ = decide(snapshot, QUOTAS, PRESSURE, DecisionState(), 0.0)
     assert [(n.pod.key, n.message) for n in decision.notices] == [

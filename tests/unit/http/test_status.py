@@ -10,7 +10,8 @@ import pytest
 
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.core.decide import DecisionState, decide
-from vramguard.core.model import GiB, Policy, SubjectKey
+from vramguard.core.exited import ExitedTracker
+from vramguard.core.model import GiB, Policy, ProcessRef, SubjectKey, UnattributedProcess, UnattributedReason
 from vramguard.core.peaks import PeakWindow
 from vramguard.core.quota import QuotaBook
 from vramguard.core.text import MAX_TEXT_CHARS
@@ -74,14 +75,15 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
     gpu0, gpu1 = doc["gpus"]
     assert gpu0 == {"gpu": "0", "uuid": GPU0.uuid, "name": "Fake GPU", "total_bytes": 16 * GiB,
                     "used_bytes": 6 * GiB, "free_bytes": 10 * GiB, "healthy": True, "error": "", "pressure": False,
-                    "limits": "driver"}  # fmt: skip
+                    "limits": "driver", "needs_reset": False, "held_by_exited_bytes": 0,
+                    "held_by_exited_pids": []}  # fmt: skip
     assert (gpu1["pressure"], gpu1["limits"]) == (True, "agent")
     rows = {r["pod"]: r for r in doc["containers"]}
     assert rows["trainer"] == {
         "gpu": "0", "namespace": "ml", "pod": "trainer", "container": "main",
         "processes": [{"pid": 10, "user": "alice", "command": "python worker-10.py"}], "used_bytes": 6 * GiB,
         "quota_bytes": 4 * GiB, "state": "over-hard", "held_by": "driver", "claim": "", "pids": [10],
-        "percent": 150.0, "quota_source": "limits[vramguard.io/vram]",
+        "percent": 150.0, "quota_source": "limits[vramguard.io/vram]", "reason": "",
     }  # fmt: skip
     assert (rows["free"]["state"], rows["free"]["quota_source"], rows["free"]["quota_bytes"]) == ("unmanaged", "", None)
 
@@ -287,3 +289,25 @@ def test_the_policy_in_force_is_in_the_agents_part() -> None:
         "restart_needed": ["driver_limits"],
     }
     assert "policy" not in json.loads(render(FACTS, None, scan_json(None, {}), DRIVER)), "no reloads: no part"
+
+
+def test_a_gpu_that_needs_a_reset_says_so_and_its_unattributed_rows_say_why() -> None:
+    """A GPU whose memory exited PIDs hold past a teardown carries needs_reset, the bytes and the PIDs; each
+    unattributed row carries its reason as the metric's label and in words in its state."""
+    builder = SnapshotBuilder(devices=[GPU0, GPU1])
+    snapshot = replace(
+        builder.build(),
+        unattributed=(
+            UnattributedProcess(ProcessRef(9, -1), GPU0.uuid, 3 * GiB, UnattributedReason.PROCESS_EXITED),
+            UnattributedProcess(ProcessRef(7, 1), GPU1.uuid, GiB, UnattributedReason.NOT_IN_POD),
+        ),
+    )
+    tracker = ExitedTracker(hold_s=0.0)
+    report = replace(report_of(builder), snapshot=snapshot, exited=tracker.observe(snapshot.unattributed, 5.0))
+    doc = document(report)
+    gpu0, gpu1 = doc["gpus"]
+    assert (gpu0["needs_reset"], gpu0["held_by_exited_bytes"], gpu0["held_by_exited_pids"]) == (True, 3 * GiB, [9])
+    assert (gpu1["needs_reset"], gpu1["held_by_exited_bytes"], gpu1["held_by_exited_pids"]) == (False, 0, [])
+    rows = {r["pids"][0]: r for r in doc["containers"]}
+    assert (rows[9]["reason"], rows[9]["state"]) == ("process-exited", "unattributed: held by an exited process")
+    assert (rows[7]["reason"], rows[7]["state"]) == ("not-in-pod", "unattributed: not in a pod cgroup")

@@ -8,7 +8,14 @@ import pytest
 
 from vramguard.core.model import ClaimUse, GiB, NamespacePolicy, Policy
 from vramguard.core.quota import resolve_pod_quota
-from vramguard.kube.pod_manifest import MAX_CLAIMS, MAX_VALUE_CHARS, PodSourceError, pod_info_from_manifest
+from vramguard.kube.pod_manifest import (
+    MAX_CLAIMS,
+    MAX_VALUE_CHARS,
+    MIRROR_ANNOTATION,
+    PodSourceError,
+    index_pods,
+    pod_info_from_manifest,
+)
 
 UID = "3f1c2a9e-0b7d-4c55-9d1e-2b3c4d5e6f70"
 POD: dict[str, Any] = {
@@ -176,3 +183,90 @@ def test_pod_manifest_claims_are_read_and_bounded() -> None:
     manifest["spec"]["containers"][0]["resources"]["claims"] = [{"name": f"c{i}"} for i in range(1000)] + ["junk"]
     flooded = pod_info_from_manifest(manifest)
     assert len(flooded.claims) == MAX_CLAIMS and len(flooded.containers[0].claims) == MAX_CLAIMS
+
+
+# A static pod's UID as the kubelet makes it (a 32-hex hash of its manifest), and two API pods' UIDs.
+STATIC = "6f0c2c0b1b6e4b3f8e1d2a3b4c5d6e7f"
+MIRROR = "8a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+VICTIM = "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"
+
+
+def manifest(name: str, uid: str, mirror: object = None, namespace: str = "ml") -> dict[str, Any]:
+    """A pod `namespace/name` of metadata.uid `uid`, with `mirror` as its mirror annotation unless None."""
+    annotations = {"vramguard.io/vram-limit": "1Gi"} | ({} if mirror is None else {MIRROR_ANNOTATION: mirror})
+    return {
+        "metadata": {"uid": uid, "name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "main"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("mirror", "uid", "mirror_uid"),
+    [
+        pytest.param(None, MIRROR, None, id="no-annotation-an-ordinary-pod"),
+        pytest.param(STATIC, STATIC, MIRROR, id="kubelet-hash-is-the-static-pods-uid"),
+        pytest.param(VICTIM, VICTIM, MIRROR, id="uuid-a-manifest-set-itself"),
+        pytest.param(MIRROR, MIRROR, None, id="own-uid-is-no-claim"),
+        pytest.param(STATIC.upper(), MIRROR, None, id="upper-case-names-no-cgroup-ignored"),
+        pytest.param(STATIC + "0", MIRROR, None, id="33-hex-too-long-ignored"),
+        pytest.param(STATIC[:31], MIRROR, None, id="31-hex-too-short-ignored"),
+        pytest.param(VICTIM.replace("-", "_"), MIRROR, None, id="systemd-underscores-ignored"),
+        pytest.param(STATIC + "\n", MIRROR, None, id="trailing-newline-ignored"),
+        pytest.param("../" + STATIC, MIRROR, None, id="path-characters-ignored"),
+        pytest.param(STATIC * 100_000, MIRROR, None, id="huge-value-ignored"),
+        pytest.param(0x6F0C, MIRROR, None, id="number-ignored"),
+        pytest.param([STATIC], MIRROR, None, id="list-ignored"),
+        pytest.param("", MIRROR, None, id="empty-ignored"),
+    ],
+)
+def test_a_mirror_pod_becomes_its_static_pod(mirror: object, uid: str, mirror_uid: str | None) -> None:
+    """A mirror pod's annotation names the UID the kubelet runs its static pod under: that is the PodInfo's `uid`
+    (its cgroup's), and the mirror pod's own UID is kept for Events and evictions. A value that is no pod cgroup's
+    UID form (32 lower-case hex digits, or a dashed UUID) names nothing the agent could find: it is ignored."""
+    info = pod_info_from_manifest(manifest("etcd-gpu-1", MIRROR, mirror))
+    assert (info.uid, info.mirror_uid, info.static) == (uid, mirror_uid, mirror_uid is not None)
+    assert info.object_uid == MIRROR
+    assert info.annotations == {"vramguard.io/vram-limit": "1Gi"}  # the annotation itself is not kept
+
+
+@pytest.mark.parametrize(
+    ("pods", "served", "refused"),
+    [
+        pytest.param(
+            [manifest("job-gpu-1", MIRROR, STATIC)],
+            {STATIC: "ml/job-gpu-1"}, {}, id="lone-mirror-claim-believed",
+        ),
+        pytest.param(
+            [manifest("victim", VICTIM), manifest("forged", MIRROR, VICTIM, "tenant")],
+            {VICTIM: "ml/victim"}, {VICTIM: "pod ml/victim has this UID"}, id="real-pod-wins-over-a-forged-claim",
+        ),
+        pytest.param(
+            [manifest("forged", MIRROR, VICTIM, "tenant"), manifest("victim", VICTIM)],
+            {VICTIM: "ml/victim"}, {VICTIM: "pod ml/victim has this UID"}, id="real-pod-wins-whatever-the-order",
+        ),
+        pytest.param(
+            [manifest("job-gpu-1", MIRROR, STATIC), manifest("forged", VICTIM, STATIC, "tenant")],
+            {}, {STATIC: "by 2 pods (ml/job-gpu-1, tenant/forged): none is believed"},
+            id="two-claims-none-believed",
+        ),
+        pytest.param(
+            [manifest(f"forged-{i}", f"{i:08x}-0000-4000-8000-000000000000", STATIC, "tenant") for i in range(7)],
+            {}, {STATIC: "tenant/forged-4 and more): none"}, id="many-claimants-named-bounded",
+        ),
+        pytest.param(
+            [manifest("job-gpu-1", MIRROR, STATIC), manifest("other", VICTIM, "f" * 32)],
+            {STATIC: "ml/job-gpu-1", "f" * 32: "ml/other"}, {}, id="claims-on-different-uids-both-believed",
+        ),
+    ],
+)  # fmt: skip
+def test_which_mirror_claims_are_believed(
+    pods: list[dict[str, Any]], served: dict[str, str], refused: dict[str, str]
+) -> None:
+    """A mirror annotation is tenant input: whoever may create a pod bound to the node may write one naming another
+    pod's UID, and would have that pod's processes judged against its own quota. A pod whose own UID it is wins
+    over any claim, and a UID claimed by two pods is nobody's (not in the cache); each refusal says why."""
+    index = index_pods(pod_info_from_manifest(p) for p in pods)
+    assert {uid: p.key for uid, p in index.pods.items()} == served
+    assert set(index.refused) == set(refused)
+    for uid, words in refused.items():
+        assert words in index.refused[uid]

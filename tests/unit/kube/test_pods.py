@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from structlog.testing import capture_logs
 
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import WatchExpired, watch_events, watched_object
@@ -76,6 +77,75 @@ def test_each_pod_version_taken_in_is_heard_once_cached() -> None:
     s.apply("ADDED", second)
     s.apply("DELETED", POD)
     assert heard == [(["u1"], {"u1"}), (["u2"], {"u1", "u2"})]
+
+
+STATIC = "6f0c2c0b1b6e4b3f8e1d2a3b4c5d6e7f"  # the UID the kubelet runs the static pod under
+MIRROR_POD = {
+    "metadata": {
+        "uid": "m1",
+        "name": "job-node-1",
+        "namespace": "ml",
+        "resourceVersion": "20",
+        "annotations": {"kubernetes.io/config.mirror": STATIC},
+    },
+    "spec": {"nodeName": "node-1", "containers": [{"name": "main"}]},
+}
+
+
+VICTIM_UID = "1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e"
+VICTIM = {
+    "metadata": {"uid": VICTIM_UID, "name": "victim", "namespace": "ml", "resourceVersion": "12"},
+    "spec": {"containers": [{"name": "main"}]},
+}
+
+
+def forged(uid: str, claims: str, rv: str) -> dict[str, Any]:
+    """A tenant's pod (metadata.uid `uid`) that claims to be the mirror of the pod of UID `claims`."""
+    meta = {"uid": uid, "name": f"forged-{uid}", "namespace": "tenant", "resourceVersion": rv}
+    return {**MIRROR_POD, "metadata": {**meta, "annotations": {"kubernetes.io/config.mirror": claims}}}
+
+
+@pytest.mark.parametrize(
+    ("events", "served", "refusals"),
+    [
+        pytest.param([("ADDED", MIRROR_POD)], {STATIC: "m1"}, 0, id="mirror-served-under-the-kubelets-uid"),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("MODIFIED", {**MIRROR_POD, "status": {"qosClass": "Burstable"}})],
+            {STATIC: "m1"}, 0, id="mirror-update-replaces-its-entry",
+        ),
+        pytest.param([("ADDED", MIRROR_POD), ("DELETED", MIRROR_POD)], {}, 0, id="mirror-deletion-forgets-it"),
+        pytest.param(
+            [("ADDED", VICTIM), ("ADDED", forged("f1", VICTIM_UID, "21"))], {VICTIM_UID: VICTIM_UID}, 1,
+            id="forged-claim-on-a-real-pod",
+        ),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21"))], {}, 1, id="second-claim-voids-both",
+        ),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("MODIFIED", forged("f1", STATIC, "22"))],
+            {}, 1, id="a-dispute-is-logged-once",
+        ),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("DELETED", forged("f1", STATIC, "22"))],
+            {STATIC: "m1"}, 1, id="the-claim-left-alone-is-believed-again",
+        ),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("ADDED", forged("f2", STATIC, "22"))],
+            {}, 2, id="a-third-claimant-is-a-new-refusal",
+        ),
+    ],
+)  # fmt: skip
+def test_a_static_pods_mirror_in_the_cache(
+    events: list[tuple[str, dict[str, Any]]], served: dict[str, str], refusals: int
+) -> None:
+    """The cache holds a mirror pod by its own UID, as the watch names it, and serves it by the kubelet's; a claim
+    not believed (`index_pods`) serves nobody under that UID and is logged once, when it appears."""
+    s = source()
+    with capture_logs() as logs:
+        for kind, obj in events:
+            s.apply(kind, obj)
+    assert {uid: p.object_uid for uid, p in s._pods.items()} == served
+    assert [e["event"] for e in logs].count("pod_mirror_claim_refused") == refusals
 
 
 class ChunkedResponse:

@@ -326,6 +326,30 @@ def test_each_version_read_is_heard_once_served(tmp_path: Path) -> None:
     assert heard == [[UID], [UID, "second"]]
 
 
+def test_a_static_pods_mirror_is_served_and_a_disputed_claim_logged_once(tmp_path: Path) -> None:
+    """A mirror pod in the file is served under the UID the kubelet runs its static pod as; once a second pod
+    claims that UID, nobody is (`index_pods`), and the dispute is logged once however often the file changes."""
+    static = "6f0c2c0b1b6e4b3f8e1d2a3b4c5d6e7f"
+    mirror = pod("m1", name="job-gpu-1", annotations={"kubernetes.io/config.mirror": static})
+    forged = pod("f1", name="forged", annotations={"kubernetes.io/config.mirror": static})
+    path = tmp_path / "pods.yaml"
+    write(path, as_yaml(pod_list(POD, mirror)))
+    source = source_of(path)
+    with capture_logs() as logs:
+        rounds(source)
+        assert {uid: p.object_uid for uid, p in source.pods().items()} == {UID: UID, static: "m1"}
+        for label in ("a", "b"):
+            write(
+                path,
+                as_yaml(pod_list(POD, mirror, {**forged, "metadata": {**forged["metadata"], "labels": {label: ""}}})),
+            )
+            rounds(source)
+            assert list(source.pods()) == [UID]
+    refused = [e for e in logs if e["event"] == "pod_mirror_claim_refused"]
+    assert len(refused) == 1 and refused[0]["uid"] == static, refused
+    assert "(ml/forged, ml/job-gpu-1)" in refused[0]["why"]
+
+
 def _replace_with_directory(path: Path) -> None:
     path.unlink()
     path.mkdir()

@@ -20,6 +20,7 @@ from vramguard.plugin.merge import (
     partial,
     sort_rows,
 )
+from vramguard.plugin.render import nodes_table
 
 from .agents import (
     answer,
@@ -175,3 +176,14 @@ def test_nodes_shows_an_unhealthy_gpu() -> None:
     bad = answer("node-u", [gpu_doc("0", healthy=False, error="GPU is lost")], [])
     [g] = merge_nodes([bad])
     assert g.state == "unhealthy: GPU is lost" and g.level is Level.problem
+
+
+def test_nodes_shows_a_gpu_that_needs_a_reset() -> None:
+    """`nodes` shows a GPU whose memory exited processes hold as a problem that needs a reset, with the bytes; an
+    older agent's GPU, without the field, is fine."""
+    stuck = answer("node-r", [gpu_doc("0", needs_reset=True, held_by_exited_bytes=2 * GiB), gpu_doc("1")], [])
+    reset, fine = merge_nodes([stuck])
+    assert reset.state == "needs a reset: 2.0GiB held by exited processes" and reset.level is Level.problem
+    assert (reset.needs_reset, reset.held_by_exited_bytes) == (True, 2 * GiB)
+    assert (fine.state, fine.level, fine.needs_reset, fine.held_by_exited_bytes) == ("ok", Level.fine, False, None)
+    assert "needs a reset: 2.0GiB held by exited processes" in nodes_table([reset, fine])
