@@ -158,10 +158,11 @@ class Enforcer:
         teardown (`core/exited.py`): called once per onset, so one Event each, whatever the scans in between."""
         if self.node is None:
             return
-        labels = {d.uuid: d.label for d in devices}
+        by_uuid = {d.uuid: d for d in devices}
         for h in onsets:
-            gpu = labels.get(h.device_uuid, h.device_uuid)
-            index = gpu.split("/", 1)[0]
+            device = by_uuid.get(h.device_uuid)
+            gpu = device.label if device is not None else h.device_uuid
+            index = device.index if device is not None else gpu
             pids = ", ".join(str(p) for p in h.pids[:16]) + (", ..." if len(h.pids) > 16 else "")
             message = (
                 f"GPU {gpu} ({h.device_uuid}) needs a reset: {format_bytes(h.held_bytes)} held by exited processes "
