@@ -14,26 +14,19 @@ import os
 import resource
 import sys
 
-from vramguard.core.model import GpuDevice, PodInfo, ProcessRef, Violation
+from vramguard.core.model import KillTarget, ProcessRef
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import PidfdKiller
 
 
 def main(spec: dict[str, object]) -> None:
-    gpu = GpuDevice(index=0, uuid="GPU-0", name="fake", total_bytes=16 << 30, used_bytes=12 << 30, free_bytes=4 << 30)
     processes = spec["processes"]
     container_ids = spec["container_ids"]
     assert isinstance(processes, list) and isinstance(container_ids, list)
-    violation = Violation(
-        pod=PodInfo(uid=str(spec["pod_uid"]), namespace="ml", name="trainer"),
-        container="main",
-        device=gpu,
-        used_bytes=12 << 30,
-        limit_bytes=8 << 30,
-        hard_bytes=8 << 30,
-        quota_source="limits[vramguard.io/vram]",
-        processes=tuple(ProcessRef(int(pid), int(start)) for pid, start in processes),
+    target = KillTarget(
+        pod_uid=str(spec["pod_uid"]),
         container_ids=tuple(str(c) for c in container_ids),
+        processes=tuple(ProcessRef(int(pid), int(start)) for pid, start in processes),
     )
     killer = PidfdKiller(
         device_prefix=str(spec["device_prefix"]),
@@ -54,7 +47,7 @@ def main(spec: dict[str, object]) -> None:
             pass
         for _ in range(free_fds):
             os.close(filler.pop())
-    result = killer.kill(violation)
+    result = killer.kill(target)
     for fd in filler:
         os.close(fd)
     out = {

@@ -98,6 +98,11 @@ NEEDS_RESET = (
     "node, then nvidia-smi --gpu-reset -i <index>"
 )
 HELD = "vramguard_gpu_memory_held_by_exited_processes_bytes"
+ORPHANED = (
+    "GPU 0 on gpu-node-1: 3GiB held by processes of pods that are gone (VRAMOrphanReclaimed / VRAMOrphanFound on the "
+    "Node; kubectl vramguard nodes)"
+)
+ORPHANED_BYTES = "vramguard_orphaned_gpu_memory_bytes"
 
 
 def missing(count: int) -> dict[str, Any]:
@@ -341,6 +346,17 @@ CASES: dict[str, dict[str, Case]] = {
         "quiet-for-a-single-scrape": Case({agent(HELD, **GPU0): "0 2147483648 0x10"}, "4m"),
         "quiet-once-reset": Case({agent(HELD, **GPU0): "0 2147483648x5 0x10"}, "10m"),
         "quiet-while-nothing-is-held": Case({agent(HELD, **GPU0): "0x10"}, "8m"),
+    },
+    "VramguardOrphanedGpuMemory": {
+        "fires-10m-after-orphans-hold-memory": Case(
+            {agent(ORPHANED_BYTES, **GPU0): "0 3221225472x15"},
+            "12m",
+            (fired(ORPHANED, **TARGET, **GPU0, severity="warning"),),
+        ),
+        "quiet-for-less-than-for": Case({agent(ORPHANED_BYTES, **GPU0): "0 3221225472x15"}, "9m"),
+        "quiet-once-a-reclaim-freed-it": Case({agent(ORPHANED_BYTES, **GPU0): "0 3221225472x2 0x15"}, "12m"),
+        "quiet-once-freed-after-it-fired": Case({agent(ORPHANED_BYTES, **GPU0): "0 3221225472x12 0x10"}, "20m"),
+        "quiet-while-no-orphan-holds-memory": Case({agent(ORPHANED_BYTES, **GPU0): "0x20"}, "15m"),
     },
     "VramguardDriverLimitsFailing": {
         "fires-after-15m-failing": Case(

@@ -16,7 +16,7 @@ import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
 from fd_fixtures import open_fds, opened_since
-from vramguard.core.model import GpuDevice, PodInfo, ProcessRef, Violation
+from vramguard.core.model import KillTarget, ProcessRef
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import (
     SKIP_EXITED,
@@ -36,9 +36,6 @@ from vramguard_testbed.waiting import wait_until
 KILL_CHILD = Path(__file__).parents[1] / "kill_child.py"
 
 pytestmark = pytest.mark.cgroups
-
-
-GPU = GpuDevice(index=0, uuid="GPU-0", name="fake", total_bytes=16 << 30, used_bytes=12 << 30, free_bytes=4 << 30)
 
 
 @dataclass
@@ -117,20 +114,9 @@ def killer(world: World, **kwargs: Any) -> PidfdKiller:
     return PidfdKiller(proc_root="/proc", device_prefix=world.device_prefix, exit_timeout_s=5.0, **kwargs)
 
 
-def violation(
-    pod: PodCgroup, containers: Sequence[ContainerCgroup], processes: Sequence[ProcessRef], pod_wide: bool = False
-) -> Violation:
-    return Violation(
-        pod=PodInfo(uid=pod.uid, namespace="ml", name="trainer"),
-        container=None if pod_wide else "main",
-        device=GPU,
-        used_bytes=12 << 30,
-        limit_bytes=8 << 30,
-        hard_bytes=8 << 30,
-        quota_source="limits[vramguard.io/vram]",
-        processes=tuple(processes),
-        container_ids=tuple(c.container_id for c in containers),
-    )
+def violation(pod: PodCgroup, containers: Sequence[ContainerCgroup], processes: Sequence[ProcessRef]) -> KillTarget:
+    """What a violation (or an orphan) of these containers hands the killer."""
+    return KillTarget(pod.uid, tuple(c.container_id for c in containers), tuple(processes))
 
 
 @pytest.mark.parametrize(
@@ -231,7 +217,7 @@ def test_pod_wide_violation_kills_holders_of_every_listed_container(world: World
     (pb,) = world.holder(b)
     (pu,) = world.holder(unlisted)
 
-    result = killer(world).kill(violation(pod, [a, b], [pa.ref], pod_wide=True))
+    result = killer(world).kill(violation(pod, [a, b], [pa.ref]))
 
     assert sorted(r.pid for r in result.killed) == sorted([pa.pid, pb.pid])
     assert pa.died_of_sigkill() and pb.died_of_sigkill()

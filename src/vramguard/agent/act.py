@@ -37,6 +37,7 @@ from vramguard.core.model import (
     PressureNotice,
     QuotaError,
 )
+from vramguard.core.orphans import Orphan
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.core.quantity import format_duration
 from vramguard.core.quota import invalid_message
@@ -54,12 +55,29 @@ EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforc
 EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
 EVENT_PRESSURE = "VRAMPressure"  # a GPU the pod uses entered memory pressure: who is over their quota there
 EVENT_NEEDS_RESET = "VRAMGPUNeedsReset"  # on the Node: exited processes hold GPU memory only a reset frees
+EVENT_ORPHAN_RECLAIMED = "VRAMOrphanReclaimed"  # on the Node: the processes of a pod that is gone, killed
+EVENT_ORPHAN_FOUND = "VRAMOrphanFound"  # on the Node: such processes, reported (orphans: report, or warn mode)
 STATIC_REFUSAL = (
     "a static pod cannot be evicted (the kubelet runs it from a manifest on the node; evicting it would delete "
     "its mirror pod alone)"
 )
 # What was done to a pod: written ahead of warnings, never crowded out by them (`EventRecorder.record`).
-ENFORCEMENT_EVENTS = frozenset({EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED})
+ENFORCEMENT_EVENTS = frozenset(
+    {EVENT_KILLED, EVENT_EVICTED, EVENT_EVICTION_REFUSED, EVENT_EVICTION_FAILED, EVENT_ORPHAN_RECLAIMED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanOutcome:
+    """What happened to one orphan. `result` is the `result` label of vramguard_orphan_reclaims_total:
+
+    ok | failed | nothing-to-kill | memory-not-freed | reported (the policy reports orphans) | dry-run
+    """
+
+    orphan: Orphan
+    result: str
+    detail: str = ""
+    kill: KillResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +188,45 @@ class Enforcer:
                 f"kill. Drain the node, then reset the GPU (nvidia-smi --gpu-reset -i {index})"
             )
             self._record(self.node, EVENT_NEEDS_RESET, cut(message, 1024))
+
+    def handle_orphan(self, orphan: Orphan, devices: Iterable[GpuDevice], reclaim: bool) -> OrphanOutcome:
+        """Reclaim an orphan (`reclaim`: kill its processes through the killer, every check of it) or report it:
+        a Warning on the Node either way, naming the pod (where the agent saw it), the PIDs, the bytes and GPUs."""
+        where = _held_where(orphan, devices)
+        pids = _pids(orphan.pids)
+        if not reclaim or self.dry_run:
+            how = "would kill them (--dry-run)" if reclaim else "reported, not killed (orphans: report)"
+            message = f"{orphan.subject} is gone; its processes (PIDs {pids}) still hold {where}: {how}"
+            self._record_node(EVENT_ORPHAN_FOUND, message)
+            return OrphanOutcome(orphan, "dry-run" if reclaim else "reported", message)
+        target = orphan.target
+        if not target.processes:
+            why = "its processes are in the pod's own cgroup, in no container: nothing the killer may signal"
+            self._record_node(EVENT_ORPHAN_FOUND, f"{orphan.subject} is gone; PIDs {pids} still hold {where}: {why}")
+            return OrphanOutcome(orphan, "nothing-to-kill", why)
+        try:
+            kill = self.killer.kill(target)
+        except Exception as e:  # a seam failed: report it and keep the loop alive
+            self.log.error("orphan_reclaim_failed", pod_uid=orphan.pod_uid, error=repr(e))
+            return OrphanOutcome(orphan, "failed", repr(e))
+        if not kill.killed:
+            why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
+            return OrphanOutcome(orphan, "nothing-to-kill", why, kill)
+        killed = _pids(tuple(ref.pid for ref in kill.killed))
+        message = f"{orphan.subject} is gone; killed the processes it left holding {where}: PIDs {killed}"
+        self._record_node(EVENT_ORPHAN_RECLAIMED, message)
+        if kill.remaining:
+            left = _pids(tuple(sorted(ref.pid for ref in kill.remaining)))
+            return OrphanOutcome(orphan, "memory-not-freed", f"PIDs {left} still hold the GPU", kill)
+        if not kill.exited:
+            return OrphanOutcome(orphan, "failed", "processes did not exit before the deadline", kill)
+        return OrphanOutcome(orphan, "ok", "", kill)
+
+    def _record_node(self, reason: str, message: str) -> None:
+        if self.node is None:
+            self.log.warning("event", node=None, reason=reason, message=message)
+            return
+        self._record(self.node, reason, cut(message, 1024))
 
     def collect(self) -> list[Outcome]:
         """Outcomes of the evictions answered since the last call, and of those left unanswered too long; and of
@@ -291,7 +348,7 @@ class Enforcer:
     def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
         # A repeat takes every process of the container, so that its supervisor cannot respawn GPU workers again.
         whole = action.escalation is not None
-        kill = self.killer.kill(action.violation, every_process=whole)
+        kill = self.killer.kill(action.violation.target, every_process=whole)
         if not kill.killed:
             why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
             if len(kill.skipped) > 10:
@@ -355,3 +412,20 @@ class Enforcer:
             self.events.record(pod, reason, message, warning=warning, important=reason in ENFORCEMENT_EVENTS)
         except Exception as e:  # an Event is a report; failing to queue it must not undo the action
             self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))
+
+
+def _pids(pids: tuple[int, ...]) -> str:
+    """At most 20 PIDs, and how many more."""
+    shown = ", ".join(str(p) for p in pids[:20])
+    return shown + (f" and {len(pids) - 20} more" if len(pids) > 20 else "")
+
+
+def _held_where(orphan: Orphan, devices: Iterable[GpuDevice]) -> str:
+    """ "3GiB on GPU 0 (GPU-...)", per GPU."""
+    by_uuid = {d.uuid: d for d in devices}
+    parts = []
+    for uuid, used in orphan.bytes_by_gpu().items():
+        device = by_uuid.get(uuid)
+        gpu = f"GPU {device.label} ({uuid})" if device is not None else uuid
+        parts.append(f"{format_bytes(used)} on {gpu}")
+    return ", ".join(parts) or "no memory NVML counts"

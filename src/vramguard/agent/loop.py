@@ -16,8 +16,9 @@ from types import MappingProxyType
 
 import structlog
 
-from vramguard.agent.act import Enforcer, Outcome
+from vramguard.agent.act import Enforcer, OrphanOutcome, Outcome
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.reload import RESTART_FIELDS, Built, Loaded, PolicyReloader, fit
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
@@ -49,6 +50,7 @@ from vramguard.core.model import (
     SubjectKey,
     Violation,
 )
+from vramguard.core.orphans import OrphanScan, OrphanTracker
 from vramguard.core.peaks import Peak, PeakWindow
 from vramguard.core.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
 from vramguard.core.quota import QuotaBook, resolve_pod_quota
@@ -88,6 +90,7 @@ class Agent:
         reloads: PolicyReloader | None = None,
         policy_digest: str | None = None,
         exited_hold_s: float = EXITED_HOLD_S,
+        orphan_reads: OrphanReads | None = None,
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -114,6 +117,8 @@ class Agent:
         self.quotas = QuotaBook(policy)
         self.peaks = PeakWindow()  # each subject's highest usage over the last minute, for the metric
         self.exited = ExitedTracker(exited_hold_s)  # how long exited PIDs have held GPU memory: a GPU to reset
+        self.orphans = OrphanTracker()  # the processes of pods that are gone (`core/orphans.py`)
+        self.orphan_reads = orphan_reads  # None: no fresh reads, so no orphan is ever confirmed (tests, the demo)
         self.kill_memory = kill_memory  # None: kills are forgotten with the process (--dry-run, tests)
         kills = kill_memory.load(self.clock.now()) if kill_memory is not None else {}
         self.state = DecisionState(kills=MappingProxyType(dict(kills)))
@@ -145,9 +150,17 @@ class Agent:
         # 3. Attribute usage to containers and pods, per device.
         pods_synced = self.pods.synced()
         pods = self.pods.pods()
-        snapshot = attribute(sample, identities, pods, agent_pod_uid=self.agent_pod_uid, agent_pid=self.agent_pid)
+        self._confirm_orphans(sampled_at)  # before attribution: the processes of a pod just confirmed gone say so
+        snapshot = attribute(
+            sample,
+            identities,
+            pods,
+            agent_pod_uid=self.agent_pod_uid,
+            agent_pid=self.agent_pid,
+            orphaned=self.orphans.orphaned(),
+        )
         if self.watch is not None:  # a pod update naming what the pod cache lacked calls for a scan
-            self.watch.awaiting(awaited(snapshot, identities), self.pods.pods)
+            self.watch.awaiting(awaited(snapshot), self.pods.pods)
         if self.limiter is not None:  # where the driver holds a limit, its count of the cgroup's memory
             snapshot, disagreements = with_driver_usage(snapshot, self.limiter.held(), self.limiter.fresh_usage())
             self._log_disagreements(disagreements)
@@ -186,19 +199,75 @@ class Agent:
         # An accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
         evicted = (o.action.pod.uid for o in outcomes if o.action.kind is Mode.EVICT and o.result == "ok")
         self.state = record_evictions(self.state, evicted, now)
+        # 6b. The processes of pods that are gone: reclaimed or reported once confirmed (`core/orphans.py`).
+        orphans, orphan_outcomes = self._orphans(snapshot, pods, pods_synced and self.pods.problem() is None, now)
         # 7. Report.
         peaks = self.peaks.observe(snapshot.containers, {d.uuid: d for d in snapshot.devices}, now)
         exited = self.exited.observe(snapshot.unattributed, now)
         duration_s = time.perf_counter() - started
         held = self.limiter.held() if self.limiter is not None else {}  # a copy of the limiter's record
-        self._report(snapshot, quotas, decision, outcomes, duration_s, held, peaks, exited)
+        self._report(snapshot, quotas, decision, outcomes, duration_s, held, peaks, exited, orphans)
+        self._report_orphans(orphan_outcomes)
         self.metrics.scan_cpu.inc(time.process_time() - cpu_started)
         self.last_scan_at = now
         if pods_synced:
             self.last_synced_scan_at = now
-        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now), exited)
+        report = ScanReport(snapshot, quotas, decision, outcomes, duration_s, self.peaks.highest(now), exited, orphans)
         self.last_scan = LastScan(report, held, self.clock.now())
         return report
+
+    def _confirm_orphans(self, now: float) -> None:
+        """Take the answer of a fresh read of the API server, when one came since the last scan."""
+        if self.orphan_reads is None or (read := self.orphan_reads.collect(now)) is None:
+            return
+        lagging = self.orphans.confirm(read)
+        if lagging:  # the API server has pods the cache lacked past their grace: a watch delivering late
+            self.log.warning("pod_cache_behind", pod_uids=list(lagging[:20]), pods=len(lagging))
+
+    def _orphans(
+        self, snapshot: Snapshot, pods: Mapping[str, PodInfo], healthy: bool, now: float
+    ) -> tuple[OrphanScan, tuple[OrphanOutcome, ...]]:
+        """Follow the pods absent from the cache, ask for a fresh read of the API server once one is past its grace
+        (`_confirm_orphans` takes the answer), and act on the confirmed orphans while the cache is healthy, as many
+        per scan as the policy allows actions."""
+        reads = self.orphan_reads
+        policy = self.policy
+        scan = self.orphans.observe(
+            snapshot.unattributed,
+            pods,
+            healthy=healthy,
+            now=now,
+            grace_s=policy.orphan_grace_s,
+            agent_pod_uid=self.agent_pod_uid,
+        )
+        if scan.read_wanted and reads is not None:
+            reads.request(now)
+        if not scan.healthy:
+            return scan, ()
+        outcomes: list[OrphanOutcome] = []
+        for orphan in scan.orphans:
+            if len(outcomes) >= policy.max_actions_per_scan:
+                break
+            if orphan.due(policy, now):
+                outcomes.append(self.enforcer.handle_orphan(orphan, snapshot.devices, orphan.reclaims(policy)))
+                self.orphans.acted(orphan.pod_uid, now)
+        return scan, tuple(outcomes)
+
+    def _report_orphans(self, outcomes: tuple[OrphanOutcome, ...]) -> None:
+        for o in outcomes:
+            self.metrics.orphan_reclaims.labels(result=o.result).inc()
+            orphan = o.orphan
+            self.log.warning(
+                "orphan_reclaimed" if o.kill is not None and o.kill.killed else "orphan_found",
+                result=o.result,
+                pod_uid=orphan.pod_uid,
+                pod=orphan.known.key if orphan.known is not None else None,
+                held_bytes=orphan.used_bytes,
+                gpus=sorted(orphan.bytes_by_gpu()),
+                pids=[r.pid for r in o.kill.killed] if o.kill is not None else list(orphan.pids),
+                absent_s=round(self.clock.now() - orphan.absent_since, 1),
+                detail=o.detail or None,
+            )
 
     def apply_policy(self, loaded: Loaded) -> None:
         """Put a reloaded policy in force for this scan on: the quotas are resolved afresh, the limits wanted
@@ -396,10 +465,18 @@ class Agent:
         held: Mapping[SubjectKey, LimitTarget],
         peaks: tuple[Peak, ...] = (),
         exited: ExitedScan | None = None,
+        orphans: OrphanScan | None = None,
     ) -> None:
         claims_up = self.claims.problem() is None if self.claims is not None else None
         self.metrics.observe_scan(
-            snapshot, quotas, decision, held.values(), claims_up, peaks, exited.held if exited is not None else None
+            snapshot,
+            quotas,
+            decision,
+            held.values(),
+            claims_up,
+            peaks,
+            exited.held if exited is not None else None,
+            orphaned=orphans.bytes_by_gpu() if orphans is not None else None,
         )
         if exited is not None:
             self._report_exited(snapshot, exited)

@@ -45,6 +45,9 @@ EVENT_RESULTS = ("written", "patched", "aggregated", "dropped", "failed")
 # What node/limiter.py reports for each driver limit (its `LimitOutcome`).
 DRIVER_LIMIT_OUTCOMES = ("applied", "late", "unchanged", "cleared", "unsupported", "failed")
 POLICY_RELOAD_RESULTS = ("applied", "invalid")
+# What the agent counts each orphan it acts on as (`core/orphans.py`): a reclaim's kill outcomes, `reported` where the
+# policy only reports (`orphans: report`, warn mode, an exempt namespace), `dry-run` under --dry-run.
+ORPHAN_RECLAIM_RESULTS = ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class ScanView:
     peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
     # The GPUs whose memory exited processes have held past the threshold, by UUID (`core/exited.py`).
     exited: Mapping[str, HeldByExited] = field(default_factory=dict)
+    # The bytes of processes of pods that are gone (confirmed orphans), by GPU UUID (`core/orphans.py`).
+    orphaned: Mapping[str, int] = field(default_factory=dict)
 
 
 class _ScanCollector(Collector):
@@ -135,15 +140,22 @@ class _ScanCollector(Collector):
         )
         unattributed = GaugeMetricFamily(
             "vramguard_unattributed_gpu_memory_bytes",
-            "GPU memory used by processes outside any known pod (reported, never acted on), by reason: not-in-pod "
-            "(a host process), pod-not-in-cache (a pod the agent does not know yet), process-exited (NVML lists a "
-            "PID that has no process).",
+            "GPU memory used by processes outside any known pod, by reason: not-in-pod (a host process), "
+            "pod-not-in-cache (a pod the agent does not know yet), orphaned (a pod that is gone: reclaimed or "
+            "reported, vramguard_orphaned_gpu_memory_bytes), process-exited (NVML lists a PID that has no process). "
+            "Only orphaned memory is ever acted on.",
             labels=["gpu", "gpu_uuid", "reason"],
         )
         exited = GaugeMetricFamily(
             "vramguard_gpu_memory_held_by_exited_processes_bytes",
             "GPU memory NVML lists under PIDs that have no process, held longer than a teardown takes "
             f"({EXITED_HOLD_S:g} s): only a GPU reset frees it. 0 on a GPU without.",
+            labels=["gpu", "gpu_uuid"],
+        )
+        orphaned = GaugeMetricFamily(
+            "vramguard_orphaned_gpu_memory_bytes",
+            "GPU memory held by processes of pods that are gone (orphans, confirmed by a fresh read of the API "
+            "server); 0 on a GPU without.",
             labels=["gpu", "gpu_uuid"],
         )
         unattributed_bytes: dict[tuple[str, UnattributedReason], int] = {}
@@ -160,10 +172,12 @@ class _ScanCollector(Collector):
                 unattributed.add_metric([d.label, d.uuid, reason.value], unattributed_bytes.get((d.uuid, reason), 0))
             held = view.exited.get(d.uuid)
             exited.add_metric([d.label, d.uuid], held.held_bytes if held is not None else 0)
+            orphaned.add_metric([d.label, d.uuid], view.orphaned.get(d.uuid, 0))
         yield from families.values()
         yield healthy
         yield unattributed
         yield exited
+        yield orphaned
 
         limits = GaugeMetricFamily(
             "vramguard_driver_limit_bytes",
@@ -326,6 +340,16 @@ class Metrics:
         )
         for name in RESTART_FIELDS:
             self.policy_restart_needed.labels(field=name).set(0)
+        self.orphan_reclaims = Counter(
+            "vramguard_orphan_reclaims_total",
+            "Orphans acted on (the GPU processes of a pod that is gone), by result: ok (killed, memory freed), failed, "
+            "nothing-to-kill, memory-not-freed, reported (the policy only reports: orphans: report, warn mode, an "
+            "exempt namespace), dry-run.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ORPHAN_RECLAIM_RESULTS:
+            self.orphan_reclaims.labels(result=result)
 
     def observe_scan(
         self,
@@ -336,8 +360,13 @@ class Metrics:
         claim_source_up: bool | None = None,
         peaks: tuple[Peak, ...] = (),
         exited: Mapping[str, HeldByExited] | None = None,
+        *,
+        orphaned: Mapping[str, int] | None = None,
     ) -> None:
-        self._scan.view = ScanView(snapshot, quotas, tuple(driver_limits), claim_source_up, peaks, exited or {})
+        """Publish one scan. `orphaned`: the bytes of confirmed orphans by GPU UUID (`OrphanScan.bytes_by_gpu`)."""
+        self._scan.view = ScanView(
+            snapshot, quotas, tuple(driver_limits), claim_source_up, peaks, exited or {}, orphaned or {}
+        )
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
             if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:

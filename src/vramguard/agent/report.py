@@ -13,7 +13,8 @@ from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
 from vramguard.core.exited import NOTHING_HELD, ExitedScan
 from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import PodQuota, Snapshot, SubjectKey, Violation
+from vramguard.core.model import PodQuota, Snapshot, SubjectKey, UnattributedReason, Violation
+from vramguard.core.orphans import NO_ORPHANS, OrphanScan
 from vramguard.core.peaks import Highest
 from vramguard.node.describe import ProcessDetail, describe_process
 
@@ -29,6 +30,7 @@ class ScanReport:
         default_factory=Highest
     )  # each subject's highest usage since the agent's first scan (`core/peaks.py`)
     exited: ExitedScan = NOTHING_HELD  # the GPUs whose memory exited processes hold past a teardown (`core/exited.py`)
+    orphans: OrphanScan = NO_ORPHANS  # the processes of pods that are gone (`core/orphans.py`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,19 @@ def rows_from_report(
                 quota_source=quota.source if quota is not None else "",
             )
         )
+    # An orphan's rows name its pod as the agent last saw it, else by the UID its cgroup names.
+    orphans = {o.pod_uid: o.known for o in report.orphans.orphans}
     for p in snap.unattributed:
         device = snap.device(p.device_uuid)
+        namespace, pod_name = "-", "-"
+        if p.reason is UnattributedReason.ORPHANED and p.cgroup is not None:
+            known = orphans.get(p.cgroup.pod_uid)
+            namespace, pod_name = (known.namespace, known.name) if known is not None else ("-", p.cgroup.pod_uid)
         rows.append(
             TopRow(
                 gpu=device.label if device else p.device_uuid,
-                namespace="-",
-                pod="-",
+                namespace=namespace,
+                pod=pod_name,
                 container="-",
                 processes=(describe(p.process.pid),),
                 used_bytes=p.used_bytes,

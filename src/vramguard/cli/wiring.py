@@ -24,6 +24,7 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.health import HealthWriter
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.reload import PolicyReloader, digest_of
 from vramguard.agent.report import LastScan
 from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
@@ -277,6 +278,7 @@ def build_agent(
         reloads=reloads,  # a reloaded policy is in force from the scan after it was read
         policy_digest=policy_digest,
         exited_hold_s=exited_hold_s,
+        orphan_reads=OrphanReads(cluster.pods, clock=clock),  # not started: `serve` starts it with the loop
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
@@ -679,6 +681,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             exited_hold_s=config.exited_hold_s,
         )
         services.start("evictions", agent.enforcer)
+        if agent.orphan_reads is not None:
+            services.start("orphan-reads", agent.orphan_reads)
         if agent.watch is not None:
             services.start("watch", agent.watch)
         if agent.limiter is not None:

@@ -26,6 +26,7 @@ from vramguard.core.model import (
 # The reasons an UnattributedProcess carries (`model.UnattributedReason`).
 NOT_IN_POD = UnattributedReason.NOT_IN_POD
 POD_NOT_IN_CACHE = UnattributedReason.POD_NOT_IN_CACHE
+ORPHANED = UnattributedReason.ORPHANED
 PROCESS_GONE = UnattributedReason.PROCESS_EXITED  # NVML lists the PID; /proc has no process of that number
 
 # The start time of a process that was gone before it could be read: no real process has it.
@@ -38,8 +39,10 @@ def attribute(
     pods: Mapping[str, PodInfo],
     agent_pod_uid: str | None = None,
     agent_pid: int | None = None,
+    orphaned: frozenset[str] = frozenset(),
 ) -> Snapshot:
-    """Sum each container's GPU memory per device; report every other GPU process as unattributed.
+    """Sum each container's GPU memory per device; report every other GPU process as unattributed (in a pod
+    cgroup whose pod UID is among `orphaned`: orphaned, `core/orphans.py`).
 
     Pure: no I/O. Equal inputs give equal snapshots (rows in NVML's order, unattributed processes sorted).
     Processes of unhealthy devices are already absent from the sample, so nothing here can act on a GPU in that
@@ -62,7 +65,8 @@ def attribute(
             unattributed.append(UnattributedProcess(ref, device_uuid, used_bytes, NOT_IN_POD))
             continue
         if cgroup.pod_uid not in pods:
-            unattributed.append(UnattributedProcess(ref, device_uuid, used_bytes, POD_NOT_IN_CACHE))
+            reason = ORPHANED if cgroup.pod_uid in orphaned else POD_NOT_IN_CACHE
+            unattributed.append(UnattributedProcess(ref, device_uuid, used_bytes, reason, cgroup))
             continue
         group_key = (cgroup.pod_uid, cgroup.container_id, device_uuid)
         group = groups.get(group_key)
@@ -129,14 +133,13 @@ class Awaited:
         return any((pod := pods.get(uid)) is not None and self.named_by(pod) for uid in (*self.pods, *self.containers))
 
 
-def awaited(snapshot: Snapshot, identities: Mapping[int, Identity]) -> Awaited:
-    """What `snapshot` could not attribute for want of the pod cache (`Awaited`), from the identities it was
-    attributed with. Processes outside any pod cgroup, or gone, are not awaited: no pod update names them."""
+def awaited(snapshot: Snapshot) -> Awaited:
+    """What `snapshot` could not attribute for want of the pod cache (`Awaited`). Processes outside any pod cgroup,
+    gone, or orphaned are not awaited: no pod update names them."""
     pods: set[str] = set()
     for u in snapshot.unattributed:
-        found = identities.get(u.process.pid) if u.reason == POD_NOT_IN_CACHE else None
-        if found is not None and found[1] is not None:
-            pods.add(found[1].pod_uid)
+        if u.reason == POD_NOT_IN_CACHE and u.cgroup is not None:
+            pods.add(u.cgroup.pod_uid)
     containers: dict[str, set[str]] = {}
     for c in snapshot.containers:
         if not c.container and c.container_id is not None:  # a runtime ID the pod's status does not list yet

@@ -51,6 +51,13 @@ class DefaultKind(str, enum.Enum):
     FAIR_SHARE = "fair-share"  # GPU memory ÷ the node's nvidia.com/gpu.replicas label
 
 
+class Orphans(str, enum.Enum):
+    """`orphans` in the policy file: what the agent does with the GPU processes of a pod that is gone."""
+
+    RECLAIM = "reclaim"  # kill them (through the kill path, every check of it)
+    REPORT = "report"  # a Warning on the Node, the metric: nothing is signalled
+
+
 class EvictionRefused(str, enum.Enum):
     """What to do when the Eviction API keeps refusing (PodDisruptionBudget)."""
 
@@ -171,6 +178,12 @@ class CgroupIdentity:
     container_id: str | None  # 64-hex runtime ID; None for a process in the pod cgroup itself
     runtime: str | None = None  # "containerd", "crio", "docker", or None when the leaf has no prefix
     qos: str | None = None  # "guaranteed", "burstable", "besteffort"
+
+    @property
+    def from_api_server(self) -> bool:
+        """Whether the pod UID is one the API server gave (an RFC 4122 UUID, with dashes), not the 32-hex hash the
+        kubelet derives for a static pod from its manifest: only such a pod can be gone from the API server."""
+        return "-" in self.pod_uid
 
 
 Identity = tuple[ProcessRef, CgroupIdentity | None]
@@ -421,9 +434,21 @@ class Policy:
     watch_rise_ratio: float | None = 0.01
     triggered_scans_per_second: float = 10.0
     exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
+    # Orphans (`core/orphans.py`): GPU processes in the cgroup of a pod absent from a healthy pod cache for
+    # `orphan_grace_s`, and from a fresh read of the API server. None: reclaimed in kill and evict mode, reported
+    # in warn mode. The grace is long enough for the kubelet's own cleanup of a deleted pod to win.
+    orphans: Orphans | None = None
+    orphan_grace_s: float = 120.0
     quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
     default: DefaultQuota = DefaultQuota()
     namespaces: Mapping[str, NamespacePolicy] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def reclaims_orphans(self) -> bool:
+        """Whether orphans are killed (`orphans: reclaim`, or the default in kill and evict mode)."""
+        if self.orphans is not None:
+            return self.orphans is Orphans.RECLAIM
+        return self.mode in (Mode.KILL, Mode.EVICT)
 
     def mode_for(self, namespace: str) -> Mode:
         ns = self.namespaces.get(namespace)
@@ -479,11 +504,12 @@ class ContainerUsage(NamedTuple):
 
 class UnattributedReason(str, enum.Enum):
     """Why GPU memory is tied to no pod: the `reason` label of vramguard_unattributed_gpu_memory_bytes and of the
-    unattributed rows of /status. Attribution owns it; metrics iterate it, so a reason added here (a pod's leftover
-    processes, once told apart) is exported at 0 with no second list."""
+    unattributed rows of /status. Attribution owns it; metrics iterate it, so a reason added here is exported at 0 with
+    no second list."""
 
     NOT_IN_POD = "not-in-pod"  # a host process, or the agent cannot see the host's PID namespace
     POD_NOT_IN_CACHE = "pod-not-in-cache"  # a pod cgroup whose pod the cache does not hold (yet)
+    ORPHANED = "orphaned"  # a pod cgroup whose pod is gone: absent from the cache and the API server (`orphans.py`)
     PROCESS_EXITED = "process-exited"  # NVML lists a PID /proc does not have: torn down, or stuck in the driver
 
     @property
@@ -495,6 +521,7 @@ class UnattributedReason(str, enum.Enum):
 _UNATTRIBUTED_WHY = {
     UnattributedReason.NOT_IN_POD: "not in a pod cgroup",
     UnattributedReason.POD_NOT_IN_CACHE: "pod not in cache",
+    UnattributedReason.ORPHANED: "orphaned: its pod is gone",
     UnattributedReason.PROCESS_EXITED: "held by an exited process",
 }
 
@@ -507,6 +534,7 @@ class UnattributedProcess:
     device_uuid: str
     used_bytes: int
     reason: UnattributedReason
+    cgroup: CgroupIdentity | None = None  # the pod cgroup it is in (pod-not-in-cache, orphaned); None for the others
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,6 +591,16 @@ class SubjectKey(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class KillTarget:
+    """What a kill may signal: the GPU processes sampled, and every other device holder, of these containers of
+    this pod (by the UID its cgroup names), each checked against PID reuse and membership first (`kill.py`)."""
+
+    pod_uid: str
+    container_ids: tuple[str, ...]  # runtime IDs
+    processes: tuple[ProcessRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Violation:
     """A subject (a container, or a whole pod with a pod-wide quota) above its limit on one device."""
 
@@ -575,6 +613,11 @@ class Violation:
     quota_source: str
     processes: tuple[ProcessRef, ...]
     container_ids: tuple[str, ...]  # the runtime IDs of the containers involved
+
+    @property
+    def target(self) -> KillTarget:
+        """What killing it signals: its processes, in its containers."""
+        return KillTarget(self.pod.uid, self.container_ids, self.processes)
 
     @property
     def hard(self) -> bool:

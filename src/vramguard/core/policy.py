@@ -36,6 +36,7 @@ from vramguard.core.model import (
     Mode,
     NamespacePolicy,
     OnRepeat,
+    Orphans,
     Policy,
 )
 from vramguard.core.quantity import (
@@ -68,6 +69,8 @@ TOP_LEVEL_FIELDS: Final = (
     "watch_rise",
     "triggered_scans_per_second",
     "exempt_namespaces",
+    "orphans",
+    "orphan_grace",
     "quota_sources",
     "default",
     "namespaces",
@@ -274,6 +277,10 @@ class _Parser:
             elif key == "exempt_namespaces":
                 names = self.namespace_names(key, value)
                 changes["exempt_namespaces"] = frozenset(names) if names is not None else None
+            elif key == "orphans":
+                changes["orphans"] = self.convert(key, value, _choice(Orphans))
+            elif key == "orphan_grace":
+                changes["orphan_grace_s"] = self.convert(key, value, _orphan_grace)
             elif key == "quota_sources":
                 changes["quota_sources"] = self.quota_sources(key, value)
             elif key == "default":
@@ -418,6 +425,18 @@ def _repeat_window(value: object) -> float:
     if seconds < MIN_REPEAT_WINDOW_S:
         # A supervisor that respawns its workers a few seconds after a kill would never be a repeat.
         raise _Invalid(f"must be at least {MIN_REPEAT_WINDOW_S:g}s (a shorter window switches off the repeat rule)")
+    return seconds
+
+
+# The kubelet tears a deleted pod down in seconds; its cleanup of the pod's cgroup can wait longer (for volumes).
+# A grace shorter than this would race the kubelet's own cleanup for nothing.
+MIN_ORPHAN_GRACE_S: Final = 10.0
+
+
+def _orphan_grace(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds < MIN_ORPHAN_GRACE_S:
+        raise _Invalid(f"must be at least {MIN_ORPHAN_GRACE_S:g}s (a shorter grace races the kubelet's own cleanup)")
     return seconds
 
 

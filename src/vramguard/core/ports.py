@@ -16,9 +16,9 @@ from vramguard.core.model import (
     GpuSample,
     Identity,
     KillRecord,
+    KillTarget,
     PodInfo,
     ProcessRef,
-    Violation,
 )
 from vramguard.core.shares import PodShares
 
@@ -71,6 +71,17 @@ class PodSource(Protocol):
     def node_labels(self) -> Mapping[str, str]: ...
 
 
+class PodLister(Protocol):
+    """A fresh read of the pods bound to this node, from where the pod cache comes from (the API server: a
+    consistent LIST, not the watch cache's) — what confirms an orphan (`core/orphans.py`). May block: only the
+    orphan reads' worker (`agent/orphan_reads.py`) calls it."""
+
+    def present(self) -> frozenset[str]:
+        """The UIDs the kubelet runs this node's pods under (a mirror pod's `kubernetes.io/config.mirror` as well
+        as its own). Raises when the read fails: an orphan is never confirmed by a read that did not happen."""
+        ...
+
+
 class ClaimSource(Protocol):
     """The DRA memory shares the containers of this node's pods hold (`core/shares.py`), from a cache: no API call
     per scan."""
@@ -101,9 +112,10 @@ class KillResult:
 
 
 class Killer(Protocol):
-    """SIGKILLs the GPU processes of the containers named by a violation, safely (no PID-reuse race)."""
+    """SIGKILLs the GPU processes of the containers a target names (a violation's, an orphan's), safely (no
+    PID-reuse race)."""
 
-    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
+    def kill(self, target: KillTarget, every_process: bool = False) -> KillResult:
         """`every_process`: every process of the containers, not only those holding the GPU (a repeat)."""
         ...
 

@@ -98,10 +98,15 @@ def driver_dict(driver: DriverFacts) -> dict[str, object]:
 
 
 def gpu_dict(
-    device: GpuDevice, pressured: bool, held: Mapping[SubjectKey, object], exited: HeldByExited | None = None
+    device: GpuDevice,
+    pressured: bool,
+    held: Mapping[SubjectKey, object],
+    exited: HeldByExited | None = None,
+    orphaned_bytes: int = 0,
 ) -> dict[str, object]:
     """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"; "needs_reset"
-    when exited processes hold memory on it past a teardown (`core/exited.py`), with the bytes and the PIDs."""
+    when exited processes hold memory on it past a teardown (`core/exited.py`), with the bytes and the PIDs;
+    "orphaned_bytes" what the processes of pods that are gone hold on it (`core/orphans.py`), 0 without."""
     on_it = {device.uuid, device.parent_uuid}
     return {
         "gpu": cut(device.label),
@@ -117,6 +122,7 @@ def gpu_dict(
         "needs_reset": exited is not None,
         "held_by_exited_bytes": exited.held_bytes if exited is not None else 0,
         "held_by_exited_pids": list(exited.pids[:MAX_PROCESSES]) if exited is not None else [],
+        "orphaned_bytes": orphaned_bytes,
     }
 
 
@@ -140,7 +146,11 @@ def scan_json(
     if report is None:
         return '"gpus": [], "containers": [], "truncated": 0, "peaks": [], "peaks_cover_s": 0'
     pressured = set(report.decision.pressured_devices)
-    gpus = [gpu_dict(d, d.uuid in pressured, held, report.exited.held.get(d.uuid)) for d in report.snapshot.devices]
+    orphaned = report.orphans.bytes_by_gpu()
+    gpus = [
+        gpu_dict(d, d.uuid in pressured, held, report.exited.held.get(d.uuid), orphaned.get(d.uuid, 0))
+        for d in report.snapshot.devices
+    ]
     # Described below, for the rows kept only: a placeholder is cheap, /proc is not.
     rows = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "", ""), driver_limits=held)
     parts: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,10 +13,16 @@ from kubernetes import client
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.model import PodInfo
 from vramguard.core.text import cut
-from vramguard.kube.client import MAX_ERROR_CHARS
+from vramguard.kube.client import MAX_ERROR_CHARS, TIMEOUT_LIST
 from vramguard.kube.nodes import NodeSource
-from vramguard.kube.pod_manifest import PodSourceError, index_pods, log_refused, pod_info_from_manifest
-from vramguard.kube.reflector import SILENCE_S, Log, Reflector, RequestCounter, uncounted
+from vramguard.kube.pod_manifest import (
+    MIRROR_ANNOTATION,
+    PodSourceError,
+    index_pods,
+    log_refused,
+    pod_info_from_manifest,
+)
+from vramguard.kube.reflector import SILENCE_S, ListCall, Log, Reflector, RequestCounter, uncounted
 
 
 class KubePodSource:
@@ -50,9 +57,13 @@ class KubePodSource:
         self._refused: Mapping[str, str] = {}  # mirror claims not believed: UID claimed → why
         self.node = NodeSource(api, node_name, clock=clock, count=count)
         core = client.CoreV1Api(api)
+        self._count = count
+        self._list: ListCall = functools.partial(
+            core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}"
+        )
         self.reflector = Reflector(
             "pods",
-            functools.partial(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}"),
+            self._list,
             self,
             log=self.log,
             clock=clock,
@@ -93,6 +104,17 @@ class KubePodSource:
     @property
     def lists(self) -> int:
         return self.reflector.lists
+
+    # -- PodLister -----------------------------------------------------------------------------------------------
+
+    def present(self) -> frozenset[str]:
+        """A consistent LIST of this node's pods, one request: with no resourceVersion the API server answers as of
+        now (from etcd, or from a watch cache it first brought up to date), never from a watch that lags. The UIDs
+        the kubelet runs them under: each pod's own, and a mirror pod's `kubernetes.io/config.mirror`."""
+        self._count("pods", "LIST")
+        resp = self._list(_preload_content=False, _request_timeout=TIMEOUT_LIST)
+        body = json.loads(resp.data)
+        return frozenset(_uids(body.get("items") if isinstance(body, Mapping) else None))
 
     # -- Store ---------------------------------------------------------------------------------------------------
 
@@ -137,3 +159,19 @@ class KubePodSource:
         # quotas resolved for it stay resolved (QuotaBook's cache keys on the object).
         old = self._objects.get(info.object_uid)
         return old if old == info else info
+
+
+def _uids(items: object) -> Iterable[str]:
+    """Each Pod's metadata.uid, and the UID its mirror annotation names, from a LIST's items (anything else skipped:
+    a UID is only ever added, so a malformed item can keep an orphan from being confirmed, never confirm one)."""
+    for item in items if isinstance(items, list) else ():
+        meta = item.get("metadata") if isinstance(item, Mapping) else None
+        if not isinstance(meta, Mapping):
+            continue
+        uid = meta.get("uid")
+        if isinstance(uid, str):
+            yield uid
+        annotations = meta.get("annotations")
+        mirror = annotations.get(MIRROR_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if isinstance(mirror, str):
+            yield mirror

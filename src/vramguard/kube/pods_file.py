@@ -205,6 +205,14 @@ class FilePodSource:
         """The DRA shares (`ClaimSource`): from the ResourceClaims and this node's ResourceSlices in the file."""
         return self._published.shares
 
+    # -- PodLister -------------------------------------------------------------------------------------------
+
+    def present(self) -> frozenset[str]:
+        """The pods the file holds now, read afresh (not the version the loop last published): by the UID the
+        kubelet runs each under, and each object's own. Raises when the file cannot be read or parsed."""
+        pods = self._read(os.stat(self.path)).pods
+        return frozenset(pods) | frozenset(p.object_uid for p in pods.values())
+
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
-from vramguard.core.model import ProcessRef, Violation
+from vramguard.core.model import KillTarget, ProcessRef
 from vramguard.core.ports import KillResult
 from vramguard.node.cgroup import (
     cgroup_lines,
@@ -175,8 +175,8 @@ class PidfdKiller:
         self._max_rounds = max(1, max_rounds)
         self._journal = journal
 
-    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
-        """SIGKILL the violating containers' GPU processes (all their processes, with `every_process`) until none
+    def kill(self, target: KillTarget, every_process: bool = False) -> KillResult:
+        """SIGKILL the target containers' GPU processes (all their processes, with `every_process`) until none
         is left, or the rounds or time run out.
 
         `killed`: every process signalled; `skipped`: every one not signalled, with the reason; `exited`: every
@@ -184,15 +184,15 @@ class PidfdKiller:
         containers could not be completed); `remaining`: live processes of the containers still holding the
         device at the end, which the killer did not signal (not allowed, unreadable, or found too late).
         """
-        sampled = _dedupe(violation.processes)
+        sampled = _dedupe(target.processes)
         if not same_pid_namespace(self._proc_root):
             sampled_pids = {r.pid for r in sampled}
-            found = [r for r in self._foreign_holders(violation) if r.pid not in sampled_pids]
+            found = [r for r in self._foreign_holders(target) if r.pid not in sampled_pids]
             candidates = sorted([*sampled, *found], key=lambda r: r.pid)
             return KillResult(killed=(), skipped=tuple((r, SKIP_PID_NAMESPACE) for r in candidates), exited=True)
         run = _Run(
-            pod_uid=violation.pod.uid,
-            container_ids=frozenset(violation.container_ids),
+            pod_uid=target.pod_uid,
+            container_ids=frozenset(target.container_ids),
             deadline=self.clock.now() + self._exit_timeout_s,
             every_process=every_process,
         )
@@ -348,9 +348,9 @@ class PidfdKiller:
         if not sampled and reason not in _SETTLED_SKIPS:
             sweep.left[ref.pid] = ref
 
-    def _foreign_holders(self, violation: Violation) -> list[ProcessRef]:
-        """Device holders of the violation, read from a /proc of another namespace (only to report them)."""
-        container_ids = frozenset(violation.container_ids)
+    def _foreign_holders(self, target: KillTarget) -> list[ProcessRef]:
+        """Device holders of the target, read from a /proc of another namespace (only to report them)."""
+        container_ids = frozenset(target.container_ids)
         found = []
         try:
             pids = list_pids(self._proc_root)
@@ -360,7 +360,7 @@ class PidfdKiller:
             try:  # this list only reports: an unreadable process is left out of it
                 text = read_cgroup(pid, self._proc_root)
                 identity = parse_cgroup(text) if text is not None else None
-                if identity is None or identity.pod_uid != violation.pod.uid:
+                if identity is None or identity.pod_uid != target.pod_uid:
                     continue
                 if identity.container_id not in container_ids:
                     continue

@@ -128,17 +128,20 @@ class GpuRow:
     limits: str  # "driver" | "agent" | "-" (unknown: an older agent, or no answer)
     healthy: bool
     pressure: bool
-    state: str  # ok | pressure | unhealthy: <error> | needs a reset: ... | stale: ... | no answer: <why>
+    # ok | pressure | unhealthy: <error> | needs a reset: ... | orphaned: ... | stale: ... | no answer: <why>
+    state: str
     agent: str = ""
     stale: bool = False
     error: str = ""
     # Memory exited processes hold past a teardown: only a GPU reset frees it (None: an older agent's document).
     held_by_exited_bytes: int | None = None
     needs_reset: bool = False
+    # Memory the processes of pods that are gone hold (orphans; None: an older agent's document).
+    orphaned_bytes: int | None = None
 
     @property
     def level(self) -> Level:
-        if self.error or self.stale or not self.healthy or self.needs_reset:
+        if self.error or self.stale or not self.healthy or self.needs_reset or self.orphaned_bytes:
             return Level.problem
         return Level.over if self.pressure else Level.fine
 
@@ -389,12 +392,15 @@ def merge_nodes(fetched: Iterable[Fetched], node: str | None = None) -> list[Gpu
             pressure = _bool(g, "pressure")
             needs_reset = _bool(g, "needs_reset")
             held_by_exited = _int(g, "held_by_exited_bytes")
+            orphaned = _int(g, "orphaned_bytes")
             if a.stale:
                 state = _stale_note(a)
             elif not healthy:
                 state = f"unhealthy: {_str(g, 'error')}"
             elif needs_reset:
                 state = f"needs a reset: {format_bytes(held_by_exited or 0)} held by exited processes"
+            elif orphaned:
+                state = f"orphaned: {format_bytes(orphaned)} of pods that are gone"
             else:
                 state = "pressure" if pressure else "ok"
             out.append(
@@ -416,6 +422,7 @@ def merge_nodes(fetched: Iterable[Fetched], node: str | None = None) -> list[Gpu
                     stale=a.stale,
                     held_by_exited_bytes=held_by_exited,
                     needs_reset=needs_reset,
+                    orphaned_bytes=orphaned,
                 )
             )
     rows = [r for r in out if node is None or r.node == node]

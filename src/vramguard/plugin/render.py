@@ -178,6 +178,7 @@ def gpu_dict(g: GpuRow) -> dict[str, Any]:
         "state": g.state,
         "needs_reset": g.needs_reset,
         "held_by_exited_bytes": g.held_by_exited_bytes,
+        "orphaned_bytes": g.orphaned_bytes,
         "agent": g.agent,
         "stale": g.stale,
         "error": g.error,

@@ -23,10 +23,10 @@ from vramguard.core.model import (
     GpuDevice,
     GpuMemory,
     GpuSample,
+    KillTarget,
     PodInfo,
     ProcessRef,
     Snapshot,
-    Violation,
 )
 from vramguard.core.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, LimitFailed, LimitsUnavailable
 
@@ -140,6 +140,11 @@ class FakePodSource:
         self._labels = dict(labels or {})
         self.is_synced = True
         self.problem_text: str | None = None  # what problem() says; set it to simulate a stale source
+        # What a fresh read of the API server finds (`PodLister.present`): None, the cache's pods (a cache in
+        # step); a set, those UIDs (a cache behind the API server). `read_error` makes the read fail.
+        self.api_uids: frozenset[str] | None = None
+        self.read_error: Exception | None = None
+        self.reads = 0
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
         self._pods = MappingProxyType({p.uid: p for p in pods})
@@ -156,6 +161,14 @@ class FakePodSource:
 
     def node_labels(self) -> Mapping[str, str]:
         return dict(self._labels)
+
+    def present(self) -> frozenset[str]:
+        self.reads += 1
+        if self.read_error is not None:
+            raise self.read_error
+        if self.api_uids is not None:
+            return self.api_uids
+        return frozenset(self._pods) | frozenset(p.object_uid for p in self._pods.values())
 
 
 class RecordingEventRecorder:
@@ -221,25 +234,25 @@ class GatedEvictor:
 
 
 class RecordingKiller:
-    """Kills nothing; records each violation it was asked to kill and reports its processes as killed.
+    """Kills nothing; records each target it was asked to kill and reports its processes as killed.
 
     With a `FakeSampler`, the "killed" processes leave the sampler's next sample, as their memory would leave
     NVML's process list; without one, they stay (a kill whose memory was not freed).
     """
 
     def __init__(self, sampler: FakeSampler | None = None) -> None:
-        self.killed: list[Violation] = []
+        self.killed: list[KillTarget] = []
         self.whole: list[bool] = []  # for each kill: every process of the containers (a repeat), or the GPU ones
         self.sampler = sampler
 
-    def kill(self, violation: Violation, every_process: bool = False) -> KillResult:
-        self.killed.append(violation)
+    def kill(self, target: KillTarget, every_process: bool = False) -> KillResult:
+        self.killed.append(target)
         self.whole.append(every_process)
         if self.sampler is not None:
-            gone = {p.pid for p in violation.processes}
+            gone = {p.pid for p in target.processes}
             s = self.sampler.next
             self.sampler.next = GpuSample(s.devices, tuple(p for p in s.processes if p.pid not in gone))
-        return KillResult(killed=violation.processes, skipped=(), exited=True)
+        return KillResult(killed=target.processes, skipped=(), exited=True)
 
 
 # --------------------------------------------------------------------------------------------------------------

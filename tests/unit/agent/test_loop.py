@@ -15,6 +15,7 @@ from unit.agent.test_act import GPU0, over_quota_action
 from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
+from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
@@ -28,6 +29,7 @@ from vramguard.core.model import (
     KillRecord,
     Mode,
     OnRepeat,
+    Orphans,
     PodInfo,
     Policy,
     ProcessRef,
@@ -106,6 +108,7 @@ class Node:
             agent_pid=1,
             claims=claims,
             watch=watch(self) if watch is not None else None,
+            orphan_reads=OrphanReads(self.pods, clock=self.clock, runner=Inline()),
         )
 
     def run_gpu(self, *rows: tuple[int, int]) -> None:
@@ -131,10 +134,10 @@ class Node:
 def test_scan_kills_the_offender_and_reports_it() -> None:
     """Over quota in kill mode: one warning, one kill of the container's processes, Events and metrics."""
     n = Node(Policy(mode=Mode.KILL))
-    n.trainer_over_quota()
+    trainer = n.trainer_over_quota()
     report = n.agent.scan()
     assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
-    assert [v.pod.name for v in n.killer.killed] == ["trainer"]
+    assert [t.pod_uid for t in n.killer.killed] == [trainer.uid]
     assert n.events.reasons() == ["VRAMQuotaExceeded", "VRAMKilled"]
     assert n.events.important == ["VRAMKilled"], "what was done goes ahead of warnings"
     assert n.metric("vramguard_actions_total", action="kill", result="ok") == 1.0
@@ -586,7 +589,7 @@ def test_a_pod_learned_late_is_scanned_at_once() -> None:
 
     n.clock.on_wait = pods_file_read
     n.agent.run(poll_interval_s=30.0, stop=stop)
-    assert [v.pod.name for v in n.killer.killed] == ["trainer"]
+    assert [t.pod_uid for t in n.killer.killed] == [late.uid]
     assert n.metric("vramguard_triggered_scans_total", reason="pod-learned") == 1.0
     assert n.agent.last_scan_at == started, "the scan that killed ran when the update came, not at the poll"
 
@@ -658,3 +661,101 @@ def test_an_api_outage_then_back_evicts_the_pod_once() -> None:
     assert n.metric("vramguard_actions_total", action="evict", result="ok") == 1.0
     # The scan that collects the late acceptance decided before it, and left its eviction unsent; then held.
     assert len(held) == 4 and all("waiting for its deletion" in why for why in held)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Orphans: the processes of a pod that is gone
+
+
+def orphan_node(policy: Policy, *, dry_run: bool = False) -> tuple[Node, PodInfo]:
+    """ml/trainer within its quota on GPU 0 through PID 100, scanned once; then deleted from the cache."""
+    n = Node(policy, dry_run=dry_run)
+    p = pod("trainer", "ml", containers={"main": {VRAM: "8Gi"}})
+    n.pods.set_pods([p])
+    n.ids.add(100, p.uid, p.containers[0].container_id)
+    n.run_gpu((100, 5 * GiB))
+    n.agent.scan()
+    n.pods.set_pods([])
+    return n, p
+
+
+def scans_past_the_grace(n: Node) -> None:
+    """A scan at the deletion, one at the grace (a fresh read is asked for), one a second later (its answer)."""
+    n.agent.scan()
+    n.clock.step(n.agent.policy.orphan_grace_s)
+    n.agent.scan()
+    n.clock.step(1.0)
+    n.agent.scan()
+
+
+def test_a_deleted_pods_processes_are_reclaimed_after_the_grace_with_a_warning_on_the_node() -> None:
+    n, p = orphan_node(Policy(mode=Mode.KILL))
+    n.agent.scan()
+    n.clock.step(n.agent.policy.orphan_grace_s - 1.0)
+    n.agent.scan()
+    assert n.killer.killed == [] and n.pods.reads == 0, "nothing before the grace, not even a read"
+    n.clock.step(1.0)
+    report = n.agent.scan()
+    assert n.killer.killed == [] and n.pods.reads == 1
+    assert [u.reason for u in report.snapshot.unattributed] == [UnattributedReason.POD_NOT_IN_CACHE]
+    n.clock.step(1.0)
+    report = n.agent.scan()
+    assert [u.reason for u in report.snapshot.unattributed] == [UnattributedReason.ORPHANED]
+    assert [(t.pod_uid, [r.pid for r in t.processes]) for t in n.killer.killed] == [(p.uid, [100])]
+    [(subject, reason, message, warning)] = n.events.events
+    assert (subject, reason, warning) == ("node/gpu-node-1", "VRAMOrphanReclaimed", True)
+    assert f"pod ml/trainer (UID {p.uid}) is gone" in message and "5.0GiB on GPU 0" in message and "PIDs 100" in message
+    assert n.events.important == ["VRAMOrphanReclaimed"]
+    assert n.metric("vramguard_orphan_reclaims_total", result="ok") == 1.0
+    n.clock.step(1.0)
+    assert n.agent.scan().snapshot.unattributed == (), "the killed process left NVML's list"
+    assert len(n.killer.killed) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "dry_run", "result"),
+    [
+        pytest.param(Policy(mode=Mode.WARN), False, "reported", id="warn-mode-reports"),
+        pytest.param(Policy(mode=Mode.KILL, orphans=Orphans.REPORT), False, "reported", id="orphans-report"),
+        pytest.param(Policy(mode=Mode.KILL), True, "dry-run", id="dry-run"),
+    ],
+)
+def test_an_orphan_is_reported_not_killed_where_the_policy_says_so(policy: Policy, dry_run: bool, result: str) -> None:
+    n, _ = orphan_node(policy, dry_run=dry_run)
+    scans_past_the_grace(n)
+    assert n.killer.killed == []
+    assert n.metric("vramguard_orphan_reclaims_total", result=result) == 1.0
+    if not dry_run:
+        assert n.events.reasons() == ["VRAMOrphanFound"]
+    n.clock.step(600.0)
+    n.agent.scan()
+    assert n.metric("vramguard_orphan_reclaims_total", result=result) == (1.0 if result == "reported" else 2.0)
+
+
+def test_a_pod_the_api_server_still_has_is_never_touched() -> None:
+    """A cache behind the API server (a watch that delivers late) lacks a running pod for longer than the grace:
+    the fresh read has it, so its processes are left alone, however long the cache lags."""
+    n, p = orphan_node(Policy(mode=Mode.KILL))
+    n.pods.api_uids = frozenset({p.uid})
+    for _ in range(5):
+        scans_past_the_grace(n)
+    assert n.killer.killed == [] and n.events.events == [] and n.pods.reads >= 5
+
+
+def test_no_orphan_is_acted_on_while_the_pod_cache_is_unhealthy() -> None:
+    """The cache broken at each scan that reaches the grace: the clock starts afresh, nothing is read or killed."""
+    n, _ = orphan_node(Policy(mode=Mode.KILL))
+    n.pods.problem_text = "pods watch failed: connection refused"
+    for _ in range(3):
+        scans_past_the_grace(n)
+    assert n.killer.killed == [] and n.pods.reads == 0
+    n.pods.problem_text = None
+    scans_past_the_grace(n)
+    assert len(n.killer.killed) == 1
+
+
+def test_a_failed_read_confirms_nothing() -> None:
+    n, _ = orphan_node(Policy(mode=Mode.KILL))
+    n.pods.read_error = OSError("connection refused")
+    scans_past_the_grace(n)
+    assert n.killer.killed == [] and n.pods.reads == 1

@@ -57,6 +57,11 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
         pytest.param(
             "vramguard_triggered_scans_total", {("reason", t.value) for t in Trigger}, id="every-trigger-reason"
         ),
+        pytest.param(
+            "vramguard_orphan_reclaims_total",
+            {("result", r) for r in ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")},
+            id="every-orphan-reclaim-result",
+        ),
     ],
 )
 def test_a_counted_result_is_exported_at_zero_before_its_first_count(name: str, labels: set[tuple[str, ...]]) -> None:
@@ -93,7 +98,7 @@ def test_the_peak_is_exported_beside_the_usage_it_shadows() -> None:
 
 def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -> None:
     """Each GPU has one unattributed series per reason, at 0 where none; the bytes held past a teardown by exited
-    PIDs have their own gauge, 0 on a GPU without."""
+    PIDs and the bytes of confirmed orphans have gauges of their own, 0 on a GPU without."""
     metrics = Metrics()
     device, other = gpu(0), gpu(1)
     snapshot = replace(
@@ -102,10 +107,12 @@ def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -
             UnattributedProcess(ProcessRef(7, 1), device.uuid, 2 * GiB, UnattributedReason.NOT_IN_POD),
             UnattributedProcess(ProcessRef(8, 1), device.uuid, GiB, UnattributedReason.NOT_IN_POD),
             UnattributedProcess(ProcessRef(9, -1), device.uuid, 3 * GiB, UnattributedReason.PROCESS_EXITED),
+            UnattributedProcess(ProcessRef(10, 1), device.uuid, 4 * GiB, UnattributedReason.ORPHANED),
         ),
     )
     held = {device.uuid: HeldByExited(device.uuid, 3 * GiB, (9,), 0.0)}
-    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()), exited=held)
+    nothing = Decision(actions=(), violations=())
+    metrics.observe_scan(snapshot, {}, nothing, exited=held, orphaned={device.uuid: 4 * GiB})
 
     def value(name: str, d: GpuDevice, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, {"gpu": d.label, "gpu_uuid": d.uuid, **labels})
@@ -114,8 +121,13 @@ def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -
     assert {r.value: value(unattributed, device, reason=r.value) for r in UnattributedReason} == {
         "not-in-pod": 3 * GiB,
         "pod-not-in-cache": 0,
+        "orphaned": 4 * GiB,
         "process-exited": 3 * GiB,
     }
     assert {value(unattributed, other, reason=r.value) for r in UnattributedReason} == {0}
     held_name = "vramguard_gpu_memory_held_by_exited_processes_bytes"
     assert (value(held_name, device), value(held_name, other)) == (3 * GiB, 0)
+    orphaned = "vramguard_orphaned_gpu_memory_bytes"
+    assert (value(orphaned, device), value(orphaned, other)) == (4 * GiB, 0)
+    metrics.observe_scan(snapshot, {}, nothing)  # a scan without orphans: every GPU back at 0
+    assert (value(orphaned, device), value(orphaned, other)) == (0, 0)

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from unit.node.test_describe import HOSTILE
-from vramguard.agent.report import TopRow, row_dict
-from vramguard.core.model import GiB
+from vramguard.agent.report import ScanReport, TopRow, row_dict, rows_from_report
+from vramguard.core.decide import Decision
+from vramguard.core.model import (
+    CgroupIdentity,
+    GiB,
+    ProcessRef,
+    Snapshot,
+    UnattributedProcess,
+    UnattributedReason,
+)
+from vramguard.core.orphans import Departed, Orphan, OrphanScan
 from vramguard.node.describe import ProcessDetail
+from vramguard.testing.fakes import gpu
 
 # A container with two processes; a row whose quota is a DRA share; a row of hostile tenant text in every field.
 TRAINER_ROW = TopRow(
@@ -44,3 +56,75 @@ def test_hostile_tenant_text_is_exact_in_json() -> None:
     assert back["namespace"] == back["pod"] == back["container"] == back["claim"] == HOSTILE
     assert back["state"] == f"unattributed: {HOSTILE}"
     assert back["processes"] == [{"pid": 7, "user": HOSTILE, "command": HOSTILE}]
+
+
+GONE_UID = "0b7f3c1e-2d4a-4e6b-9c8d-0123456789ab"  # the pod of an orphan the agent saw before it went
+UNSEEN_UID = "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b"  # the pod of one deleted before this agent started
+LATE_UID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"  # a pod the cache does not have (yet)
+
+
+def unattributed(pid: int, reason: UnattributedReason, uid: str | None = None) -> UnattributedProcess:
+    """A row of GPU 0 of `reason`, in a container of the pod `uid` when one is given."""
+    cgroup = CgroupIdentity(uid, f"{pid:064x}") if uid is not None else None
+    return UnattributedProcess(ProcessRef(pid, pid * 10), gpu(0).uuid, GiB, reason, cgroup)
+
+
+@pytest.mark.parametrize(
+    ("row", "namespace", "pod", "state"),
+    [
+        pytest.param(
+            unattributed(10, UnattributedReason.ORPHANED, GONE_UID),
+            "ml",
+            "trainer",
+            "unattributed: orphaned: its pod is gone",
+            id="orphan-of-a-pod-the-agent-saw-names-it",
+        ),
+        pytest.param(
+            unattributed(11, UnattributedReason.ORPHANED, UNSEEN_UID),
+            "-",
+            UNSEEN_UID,
+            "unattributed: orphaned: its pod is gone",
+            id="orphan-of-a-pod-never-seen-names-its-uid",
+        ),
+        pytest.param(
+            unattributed(12, UnattributedReason.POD_NOT_IN_CACHE, LATE_UID),
+            "-",
+            "-",
+            "unattributed: pod not in cache",
+            id="pod-not-in-cache-names-nothing",
+        ),
+        pytest.param(
+            unattributed(13, UnattributedReason.NOT_IN_POD), "-", "-", "unattributed: not in a pod cgroup", id="host"
+        ),
+        pytest.param(
+            unattributed(14, UnattributedReason.PROCESS_EXITED),
+            "-",
+            "-",
+            "unattributed: held by an exited process",
+            id="exited",
+        ),
+    ],
+)
+def test_an_unattributed_row_names_the_pod_of_an_orphan_only(
+    row: UnattributedProcess, namespace: str, pod: str, state: str
+) -> None:
+    """An orphan's row shows its pod's namespace and name where the agent saw the pod before it went, else the
+    pod's UID; no other unattributed row names a pod, and none a container."""
+    seen = Departed("ml", "trainer", static=False, left_at=0.0)
+    orphans = OrphanScan(
+        healthy=True,
+        orphans=(
+            Orphan(GONE_UID, seen, (unattributed(10, UnattributedReason.ORPHANED, GONE_UID),), 0.0),
+            Orphan(UNSEEN_UID, None, (unattributed(11, UnattributedReason.ORPHANED, UNSEEN_UID),), 0.0),
+        ),
+    )
+    snapshot = Snapshot(devices=(gpu(0, used_bytes=GiB),), containers=(), unattributed=(row,))
+    report = ScanReport(snapshot, {}, Decision(actions=(), violations=()), (), 0.0, orphans=orphans)
+    [shown] = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "u", "python"))
+    assert (shown.gpu, shown.namespace, shown.pod, shown.container) == ("0", namespace, pod, "-")
+    assert (shown.state, shown.reason, shown.pids, shown.quota_bytes) == (
+        state,
+        row.reason.value,
+        (row.process.pid,),
+        None,
+    )

@@ -89,3 +89,14 @@ def test_a_long_command_is_shorter_in_the_table() -> None:
     row = command_row(command)
     shown = render_table([row]).splitlines()[1].rsplit(" python ", 1)[1]
     assert len("python " + shown) == 80 and shown.endswith("[cut: 5007 characters]")
+
+
+def test_an_orphans_processes_show_under_the_pod_that_is_gone() -> None:
+    """The processes of a pod that is gone are a row of their own under the pod's namespace and name (where the
+    agent saw it; else its UID), with no container or quota, its state saying so."""
+    orphan = TopRow("0", "ml", "old-trainer", "-", (ProcessDetail(12, "alice", "python train.py"),), 5 * GiB, None,
+                    "unattributed: orphaned: its pod is gone", reason="orphaned")  # fmt: skip
+    header, line = render_table([orphan]).splitlines()
+    assert line.split()[:7] == ["0", "ml", "old-trainer", "-", "5.0GiB", "-", "-"]
+    assert line[header.index("STATE") :].startswith("unattributed: orphaned: its pod is gone ")
+    assert line[header.index("PID") :].split() == ["12", "alice", "python", "train.py"]

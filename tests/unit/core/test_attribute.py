@@ -8,6 +8,7 @@ import pytest
 
 from vramguard.core.attribute import (
     NOT_IN_POD,
+    ORPHANED,
     POD_NOT_IN_CACHE,
     PROCESS_GONE,
     UNKNOWN_START_TIME,
@@ -71,6 +72,9 @@ def gp(pid: int, used: int | None, device: str = "GPU-0", kind: ProcessKind = Pr
 def usage(pod: PodInfo, name: str, cid: str | None, device: str, used: int, *refs: tuple[int, int]) -> ContainerUsage:
     return ContainerUsage(pod, name, cid, device, used, tuple(ProcessRef(p, s) for p, s in refs))
 
+
+UID_GONE = "99999999-9999-9999-9999-999999999999"
+CGROUP_GONE = CgroupIdentity(UID_GONE, CID_A1, "containerd", "burstable")
 
 ATTRIBUTE_CASES = [
     pytest.param(
@@ -138,11 +142,11 @@ ATTRIBUTE_CASES = [
     ),
     pytest.param(
         [gp(31, 1 << 30)],
-        ids((31, 9, "99999999-9999-9999-9999-999999999999", CID_A1)),
+        ids((31, 9, UID_GONE, CID_A1)),
         PODS,
         [],
-        [UnattributedProcess(ProcessRef(31, 9), "GPU-0", 1 << 30, POD_NOT_IN_CACHE)],
-        id="pod-missing-from-cache-is-unattributed",
+        [UnattributedProcess(ProcessRef(31, 9), "GPU-0", 1 << 30, POD_NOT_IN_CACHE, CGROUP_GONE)],
+        id="pod-missing-from-cache-is-unattributed-with-its-cgroup",
     ),
     pytest.param(
         [gp(32, 1 << 30, "GPU-1"), gp(32, None, "GPU-0")],
@@ -223,7 +227,7 @@ def test_awaited_is_what_the_pod_cache_lacked(
     """A scan awaits the pods the cache does not hold and the containers a held pod's status does not name; a
     process outside any pod, in the pod's own cgroup or gone is named by no pod update."""
     snapshot = attribute(GpuSample((GPU0, GPU1), tuple(processes)), identities, PODS)
-    found = awaited(snapshot, identities)
+    found = awaited(snapshot)
     assert (found.pods, dict(found.containers)) == (expected.pods, dict(expected.containers))
     assert bool(found) is bool(expected.pods or expected.containers)
 
@@ -282,3 +286,13 @@ def test_rows_of_pids_without_a_process_are_memory_held_by_exited_processes() ->
         UnattributedProcess(ProcessRef(40, UNKNOWN_START_TIME), "GPU-0", 0, PROCESS_GONE),
         UnattributedProcess(ProcessRef(41, UNKNOWN_START_TIME), "GPU-1", 2 << 30, PROCESS_GONE),
     ]
+
+
+def test_the_processes_of_an_orphaned_pod_are_orphaned_and_not_awaited() -> None:
+    """A pod cgroup whose UID the orphan tracker confirmed gone: its rows say orphaned, and no pod update is awaited
+    for it (the API server has no such pod to name)."""
+    sample = GpuSample(devices=(GPU0, GPU1), processes=(gp(31, 1 << 30), gp(40, 1 << 20)))
+    found = ids((31, 9, UID_GONE, CID_A1), (40, 3, UID_C, CID_C1))
+    snapshot = attribute(sample, found, PODS, orphaned=frozenset({UID_GONE}))
+    assert [(u.process.pid, u.reason) for u in snapshot.unattributed] == [(31, ORPHANED), (40, POD_NOT_IN_CACHE)]
+    assert awaited(snapshot).pods == {UID_C}

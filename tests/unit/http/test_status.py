@@ -11,7 +11,16 @@ import pytest
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.core.decide import DecisionState, decide
 from vramguard.core.exited import ExitedTracker
-from vramguard.core.model import GiB, Policy, ProcessRef, SubjectKey, UnattributedProcess, UnattributedReason
+from vramguard.core.model import (
+    CgroupIdentity,
+    GiB,
+    Policy,
+    ProcessRef,
+    SubjectKey,
+    UnattributedProcess,
+    UnattributedReason,
+)
+from vramguard.core.orphans import OrphanTracker, PodRead
 from vramguard.core.peaks import PeakWindow
 from vramguard.core.quota import QuotaBook
 from vramguard.core.text import MAX_TEXT_CHARS
@@ -76,7 +85,7 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
     assert gpu0 == {"gpu": "0", "uuid": GPU0.uuid, "name": "Fake GPU", "total_bytes": 16 * GiB,
                     "used_bytes": 6 * GiB, "free_bytes": 10 * GiB, "healthy": True, "error": "", "pressure": False,
                     "limits": "driver", "needs_reset": False, "held_by_exited_bytes": 0,
-                    "held_by_exited_pids": []}  # fmt: skip
+                    "held_by_exited_pids": [], "orphaned_bytes": 0}  # fmt: skip
     assert (gpu1["pressure"], gpu1["limits"]) == (True, "agent")
     rows = {r["pod"]: r for r in doc["containers"]}
     assert rows["trainer"] == {
@@ -311,3 +320,28 @@ def test_a_gpu_that_needs_a_reset_says_so_and_its_unattributed_rows_say_why() ->
     rows = {r["pids"][0]: r for r in doc["containers"]}
     assert (rows[9]["reason"], rows[9]["state"]) == ("process-exited", "unattributed: held by an exited process")
     assert (rows[7]["reason"], rows[7]["state"]) == ("not-in-pod", "unattributed: not in a pod cgroup")
+
+
+def test_a_gpu_says_what_orphans_hold_on_it_and_their_rows_name_the_pod_that_is_gone() -> None:
+    """Each GPU carries orphaned_bytes (0 on one without); an orphan's rows name the pod as the agent saw it before
+    it went, and say that it is gone."""
+    gone = pod("trainer", "ml")
+    cgroup = CgroupIdentity(gone.uid, "c" * 64)
+
+    def row(pid: int, device: str, reason: UnattributedReason) -> UnattributedProcess:
+        return UnattributedProcess(ProcessRef(pid, pid * 10), device, 2 * GiB, reason, cgroup)
+
+    tracker = OrphanTracker()
+    tracker.observe((), {gone.uid: gone}, healthy=True, now=0.0, grace_s=0.0)  # the pod in the cache
+    absent = (row(20, GPU0.uuid, UnattributedReason.POD_NOT_IN_CACHE),)
+    assert tracker.observe(absent, {}, healthy=True, now=1.0, grace_s=0.0).read_wanted  # the pod deleted
+    tracker.confirm(PodRead(started_at=1.0))  # and the API server does not have it
+    orphaned = (row(20, GPU0.uuid, UnattributedReason.ORPHANED), row(21, GPU0.uuid, UnattributedReason.ORPHANED))
+    builder = SnapshotBuilder(devices=[GPU0, GPU1])
+    snapshot = replace(builder.build(), unattributed=orphaned)
+    orphans = tracker.observe(orphaned, {}, healthy=True, now=2.0, grace_s=0.0)
+    doc = document(replace(report_of(builder), snapshot=snapshot, orphans=orphans))
+    assert [(g["gpu"], g["orphaned_bytes"]) for g in doc["gpus"]] == [("0", 4 * GiB), ("1", 0)]
+    assert [
+        (r["namespace"], r["pod"], r["container"], r["pids"], r["reason"], r["state"]) for r in doc["containers"]
+    ] == [("ml", "trainer", "-", [pid], "orphaned", "unattributed: orphaned: its pod is gone") for pid in (20, 21)]

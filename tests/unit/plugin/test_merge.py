@@ -3,6 +3,7 @@ into `top`'s and `nodes`' rows, filtered and sorted."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from vramguard.plugin.merge import (
     partial,
     sort_rows,
 )
-from vramguard.plugin.render import nodes_table
+from vramguard.plugin.render import Output, nodes_table, render_nodes
 
 from .agents import (
     answer,
@@ -187,3 +188,47 @@ def test_nodes_shows_a_gpu_that_needs_a_reset() -> None:
     assert (reset.needs_reset, reset.held_by_exited_bytes) == (True, 2 * GiB)
     assert (fine.state, fine.level, fine.needs_reset, fine.held_by_exited_bytes) == ("ok", Level.fine, False, None)
     assert "needs a reset: 2.0GiB held by exited processes" in nodes_table([reset, fine])
+
+
+ORPHANED = "orphaned: 3.0GiB of pods that are gone"
+
+
+@pytest.mark.parametrize(
+    ("fields", "scan_age_s", "state", "level", "orphaned"),
+    [
+        pytest.param({"orphaned_bytes": 3 * GiB}, 1.0, ORPHANED, Level.problem, 3 * GiB, id="orphaned"),
+        pytest.param(
+            {"orphaned_bytes": 3 * GiB, "pressure": True}, 1.0, ORPHANED, Level.problem, 3 * GiB, id="over-pressure"
+        ),
+        pytest.param({"orphaned_bytes": 0}, 1.0, "ok", Level.fine, 0, id="none-orphaned"),
+        pytest.param({"orphaned_bytes": 0, "pressure": True}, 1.0, "pressure", Level.over, 0, id="pressure-alone"),
+        pytest.param({}, 1.0, "ok", Level.fine, None, id="an-older-agent-without-the-field"),
+        pytest.param(
+            {"orphaned_bytes": 3 * GiB, "needs_reset": True, "held_by_exited_bytes": GiB},
+            1.0,
+            "needs a reset: 1.0GiB held by exited processes",
+            Level.problem,
+            3 * GiB,
+            id="a-needed-reset-comes-first",
+        ),
+        pytest.param(
+            {"orphaned_bytes": 3 * GiB, "healthy": False, "error": "GPU is lost"},
+            1.0,
+            "unhealthy: GPU is lost",
+            Level.problem,
+            3 * GiB,
+            id="unhealthy-comes-first",
+        ),
+        pytest.param({"orphaned_bytes": 3 * GiB}, 600.0, "stale", Level.problem, 3 * GiB, id="a-stale-scan-first"),
+    ],
+)
+def test_nodes_shows_what_orphans_hold_on_a_gpu(
+    fields: dict[str, Any], scan_age_s: float, state: str, level: Level, orphaned: int | None
+) -> None:
+    """`nodes` says how much the processes of pods that are gone hold on a GPU, as a problem, unless something
+    worse applies to it (a stale scan, an unhealthy GPU, a GPU that needs a reset); the table and JSON carry it."""
+    [g] = merge_nodes([answer("node-o", [gpu_doc("0", **fields)], [], scan_age_s=scan_age_s)])
+    shown = g.state.split(":")[0] if state == "stale" else g.state  # "stale: last scan 600s ago"
+    assert (shown, g.level, g.orphaned_bytes) == (state, level, orphaned)
+    assert g.state in nodes_table([g])
+    assert json.loads(render_nodes([g], Output.json))["items"][0]["orphaned_bytes"] == orphaned
