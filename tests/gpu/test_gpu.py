@@ -139,3 +139,38 @@ def test_a_free_that_hides_a_crossing_is_caught_between_polls(gpu_node: Simulate
     print(
         f"free and crossing on a real GPU: killed {reaction_s * 1000:.0f} ms after the allocation; triggers {reasons}"
     )
+
+
+def test_a_cuda_process_left_in_a_deleted_pods_cgroup_is_reclaimed_and_its_memory_released(
+    gpu_node: SimulatedNode, tmp_path: Path
+) -> None:
+    """A PyTorch process holding 2 GiB in the cgroup of a pod that leaves the pod list is killed once the orphan
+    grace (10 s, the least) has passed, and the driver gives its memory back; a neighbour keeps running."""
+    grace_s = 10.0
+    neighbour = _allocator(gpu_node, "neighbour", "8Gi", 1.0)
+    orphan = _allocator(gpu_node, "leftover", "8Gi", 2.0)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"mode: kill\norphan_grace: {grace_s:g}s\n")
+    gpu_node.start_agent("--policy", str(policy), "--poll-interval", "0.25", stderr=subprocess.DEVNULL)
+    gpu_node.wait_ready()
+    gpu_node.wait_scans(2)
+
+    gpu_node.pods.remove(orphan.pod)  # type: ignore[arg-type]  # spawned in a pod
+    gpu_node.sync()
+    deleted = time.monotonic()
+    wait_until(lambda: not orphan.alive(), grace_s + 15, what="the orphaned CUDA process killed")
+    reclaim_s = time.monotonic() - deleted
+    assert reclaim_s >= grace_s and neighbour.alive()
+
+    def released() -> bool:
+        m = gpu_node.http_get("/metrics")[1]
+        return (
+            metric_value(m, "vramguard_orphaned_gpu_memory_bytes", {"gpu": "0"}) == 0.0
+            and metric_value(m, "vramguard_orphan_reclaims_total", {"result": "ok"}) == 1.0
+            and (metric_value(m, "vramguard_unattributed_gpu_memory_bytes", {"gpu": "0", "reason": "orphaned"}) or 0)
+            == 0.0
+        )
+
+    wait_until(released, 10, what="the orphan's GPU memory released")
+    _report(orphan_grace_s=grace_s, orphan_reclaim_s=reclaim_s)
+    print(f"orphan on a real GPU: killed {reclaim_s:.2f} s after its pod left the list (grace {grace_s:g} s)")

@@ -1,0 +1,92 @@
+"""Orphans end to end: `vramguard run` over the test NVML, real processes in real kubelet-shaped cgroups, a pods file
+as the pod source (the file is then what the API server is elsewhere: its fresh re-read confirms an orphan).
+
+A pod removed from the pods file while its processes hold GPU memory is reclaimed once `orphan_grace` has passed,
+by the real kill path; a static pod's processes (a pod cgroup named by the kubelet's 32-hex hash), a neighbour and
+a host process are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramguard.core.model import GiB
+from vramguard_testbed.simnode import SimulatedNode, metric_value
+from vramguard_testbed.waiting import wait_until
+
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+
+POLL_S = 0.25
+GRACE_S = 10.0  # the policy's least
+STATIC_UID = "7c4e1f0a9b8d6c5e4f3a2b1c0d9e8f7a"  # what the kubelet derives for a static pod: no dashes
+
+
+def logs_of(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    _, err = agent.communicate(timeout=15)
+    out = []
+    for line in err.splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def test_a_deleted_pods_processes_are_reclaimed_after_the_grace_and_nothing_else_is(
+    sim_node: SimulatedNode, tmp_path: Path
+) -> None:
+    trainer = sim_node.add_pod("trainer", "ml", annotations={"vramguard.io/vram-limit": "8Gi"})
+    static = sim_node.add_pod("etcd-gpu-node-1", "kube-system", uid=STATIC_UID)
+    neighbour = sim_node.add_pod("notebook", "ml", annotations={"vramguard.io/vram-limit": "8Gi"})
+    t = sim_node.spawn(trainer, "main", 3 * GiB)
+    s = sim_node.spawn(static, "main", 2 * GiB)
+    n = sim_node.spawn(neighbour, "main", 1 * GiB)
+    h = sim_node.spawn_host(4 * GiB)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"mode: kill\norphan_grace: {GRACE_S:g}s\nexempt_namespaces: []\n")
+    agent = sim_node.start_agent(
+        "--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
+    )
+    sim_node.wait_ready()
+    sim_node.wait_scans(2)
+
+    # The trainer and the static pod leave the pod list; their processes stay, holding 5 GiB.
+    sim_node.pods.remove(trainer)
+    sim_node.pods.remove(static)
+    sim_node.sync()
+    deleted = time.monotonic()
+    wait_until(lambda: not t.alive(), GRACE_S + 10.0, what="the trainer's orphaned process killed")
+    reclaim_s = time.monotonic() - deleted
+    print(f"\ngrace {GRACE_S:g} s, poll {POLL_S} s: deletion to kill {reclaim_s:.2f} s")
+    assert reclaim_s >= GRACE_S, "never before the grace"
+
+    wait_until(
+        lambda: (
+            metric_value(sim_node.http_get("/metrics")[1], "vramguard_orphaned_gpu_memory_bytes", {"gpu": "0"}) == 0.0
+        ),
+        5,
+        what="the reclaimed memory no longer orphaned",
+    )
+    sim_node.wait_scans(8)
+    assert s.alive() and n.alive() and h.alive(), "a static pod, a neighbour and a host process are never orphans"
+    metrics = sim_node.http_get("/metrics")[1]
+    assert metric_value(metrics, "vramguard_orphan_reclaims_total", {"result": "ok"}) == 1.0
+    assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "ok"}) in (None, 0.0)
+    reasons = {
+        r: metric_value(metrics, "vramguard_unattributed_gpu_memory_bytes", {"gpu": "0", "reason": r})
+        for r in ("pod-not-in-cache", "orphaned", "not-in-pod")
+    }
+    assert reasons == {"pod-not-in-cache": 2.0 * GiB, "orphaned": 0.0, "not-in-pod": 4.0 * GiB}
+
+    agent.terminate()
+    logs = logs_of(agent)
+    [reclaimed] = [e for e in logs if e.get("event") == "orphan_reclaimed"]
+    assert (reclaimed["pod"], reclaimed["pids"], reclaimed["result"]) == ("ml/trainer", [t.pid], "ok")
+    [told] = [e for e in logs if e.get("event") == "event" and e.get("reason") == "VRAMOrphanReclaimed"]
+    assert f"pod ml/trainer (UID {trainer.uid}) is gone" in told["message"]
+    assert f"PIDs {t.pid}" in told["message"] and "3.0GiB on GPU 0" in told["message"]
