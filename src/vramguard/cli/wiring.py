@@ -247,9 +247,12 @@ def build_agent(
     policy_digest: str | None = None,
     node_name: str | None = None,
     exited_hold_s: float = EXITED_HOLD_S,
+    confirm_orphans: bool = False,
 ) -> Agent:
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
-    the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on."""
+    the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on.
+    `confirm_orphans`: fresh reads of the pod source confirm orphans (`OrphanReads`, started with the loop by `serve`;
+    `top` makes none, so it never counts memory orphaned)."""
     killer = PidfdKiller(
         proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
     )
@@ -278,7 +281,7 @@ def build_agent(
         reloads=reloads,  # a reloaded policy is in force from the scan after it was read
         policy_digest=policy_digest,
         exited_hold_s=exited_hold_s,
-        orphan_reads=OrphanReads(cluster.pods, clock=clock),  # not started: `serve` starts it with the loop
+        orphan_reads=OrphanReads(cluster.pods, clock=clock) if confirm_orphans else None,
     )
     if limiter is not None:
         limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
@@ -679,6 +682,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             policy_digest=config.policy_digest,
             node_name=config.node_name,
             exited_hold_s=config.exited_hold_s,
+            confirm_orphans=True,
         )
         services.start("evictions", agent.enforcer)
         if agent.orphan_reads is not None:
