@@ -1,9 +1,9 @@
 """The freeze journal: which containers this agent froze for a kill, so that none is ever left frozen.
 
 One file per frozen cgroup in `<state dir>/freezes/`, written before the freeze and removed after the thaw; at
-start the agent thaws what an agent that is gone left frozen. The directory is a hostPath others may write: an
-entry is honoured only when it names a container's cgroup the killer could have frozen, nothing in it is opened
-that could block, and what is refused is reported once (docs/design.md "The freeze journal").
+start (`freeze_journal`) the agent thaws what an agent that is gone left frozen. The directory is a hostPath others
+may write: an entry is honoured only when it names a container's cgroup the killer could have frozen, nothing in it
+is opened that could block, and what is refused is reported once (docs/design.md "The freeze journal").
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import re
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
+
+import structlog
 
 from vramguard.core.text import cut
 from vramguard.node.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path, v2_root
@@ -377,6 +379,33 @@ class FreezeJournal:
         except OSError:
             raise _Refused(Junk.OUTSIDE) from None
         return resolved
+
+
+def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
+    """The journal of this agent's freezes (`<state_dir>/freezes`), after thawing every container an earlier agent
+    left frozen (killed mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the
+    journal's directory (it is a hostPath others may write) is refused and reported in one line."""
+    log = structlog.get_logger(__name__)
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
+    try:
+        journal.ensure()
+        recovery = journal.thaw_abandoned()
+    except OSError as e:
+        log.error(
+            "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
+        )
+        return None
+    if recovery.junk:
+        log.warning("freeze_journal_junk", directory=journal.directory, **recovery.junk.log_fields())
+    forgotten: dict[str, int] = {}
+    for entry, outcome in recovery.outcomes:
+        if outcome in ("not frozen", "gone"):
+            forgotten[outcome] = forgotten.get(outcome, 0) + 1  # nothing changed on the node: no line each
+            continue
+        log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
+    if forgotten:
+        log.info("abandoned_freezes_forgotten", **{k.replace(" ", "_"): n for k, n in sorted(forgotten.items())})
+    return journal
 
 
 def _count(value: object) -> bool:
