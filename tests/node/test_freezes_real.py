@@ -14,7 +14,8 @@ import pytest
 
 from cgroup_fixtures import CgroupsFactory
 from vramguard.node.cgroup import v2_root
-from vramguard.node.freezes import FreezeJournal, Junk, freeze_state, is_frozen
+from vramguard.node.freezer import freeze_state, is_frozen
+from vramguard.node.freezes import FreezeJournal, Junk
 from vramguard_testbed.cgroups import ContainerCgroup, new_container_id, new_pod_uid
 
 

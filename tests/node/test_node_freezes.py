@@ -16,8 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from unit.node.test_freezes import fake_root, freeze_state, frozen_container
-from vramguard.cli.wiring import freeze_journal
-from vramguard.node.freezes import FreezeJournal, Frozen, Junk, JunkReport
+from vramguard.node.freezes import FreezeJournal, Frozen, Junk, JunkReport, freeze_journal
 
 
 def _junk_fifo(directory: Path) -> None:

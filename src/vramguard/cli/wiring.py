@@ -52,7 +52,7 @@ from vramguard.node.cgroup import v2_root
 from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard.node.describe import describer
-from vramguard.node.freezes import FreezeJournal
+from vramguard.node.freezes import FreezeJournal, freeze_journal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits
@@ -564,33 +564,6 @@ def stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
-    """The journal of this agent's freezes, after thawing every container an earlier agent left frozen (killed
-    mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the journal's directory
-    (it is a hostPath others may write) is refused and reported in one line."""
-    log = structlog.get_logger("vramguard")
-    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
-    try:
-        journal.ensure()
-        recovery = journal.thaw_abandoned()
-    except OSError as e:
-        log.error(
-            "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
-        )
-        return None
-    if recovery.junk:
-        log.warning("freeze_journal_junk", directory=journal.directory, **recovery.junk.log_fields())
-    forgotten: dict[str, int] = {}
-    for entry, outcome in recovery.outcomes:
-        if outcome in ("not frozen", "gone"):
-            forgotten[outcome] = forgotten.get(outcome, 0) + 1  # nothing changed on the node: no line each
-            continue
-        log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
-    if forgotten:
-        log.info("abandoned_freezes_forgotten", **{k.replace(" ", "_"): n for k, n in sorted(forgotten.items())})
-    return journal
 
 
 def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK) -> None:

@@ -1,5 +1,6 @@
 """Cgroups of pods and containers: whose a process is, from the text of /proc/<pid>/cgroup (`parse_cgroup`), and
-where their directories are on the cgroup filesystem (`v2_root`, `pod_cgroups`, `locate_cgroups`).
+where their directories are on the cgroup filesystem (`v2_root`, `pod_cgroups`, `locate_cgroups`, and for a kill
+`find_container_cgroup` and `read_members`).
 
 The path alone names the pod (the kubelet's directory) and the container (the runtime's leaf), under the
 cgroupfs and systemd drivers, kind's nesting and a private cgroup namespace alike. The shapes understood and
@@ -13,8 +14,10 @@ import functools
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from vramguard.core.model import CgroupIdentity
+from vramguard.node.procfs import FD_ERRNOS
 
 _HEX = "0-9a-f"
 # Kubernetes pod UIDs are RFC 4122 UUIDs; static (file/HTTP) pods get a 32-hex hash of their manifest instead.
@@ -213,3 +216,83 @@ def locate_cgroups(root: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | 
     for identity, directory in pod_cgroups(root, pod_uids):
         found.setdefault((identity.pod_uid, identity.container_id), directory)
     return found
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A violating container's directory, for the killer
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCgroup:
+    """A violating container's cgroup directory in one hierarchy."""
+
+    container_id: str
+    directory: str  # the container's own directory (its sub-cgroups, if any, are below it)
+    v2: bool  # cgroup2 (cgroup.freeze) or v1's freezer hierarchy (freezer.state)
+
+
+def find_container_cgroup(
+    cgroup_text: str, pid: int, pod_uid: str, container_ids: frozenset[str], cgroup_root: str = "/sys/fs/cgroup"
+) -> ContainerCgroup | None:
+    """The cgroup directory of the container `pid` is in, from its /proc/<pid>/cgroup text; None if not found.
+
+    The v2 hierarchy is tried first (`v2_root`), then v1's freezer (under `cgroup_root`/freezer). In each, the path
+    the process names must be one of `container_ids` of `pod_uid`; that container's directory is then found from
+    the mount's root (`pod_cgroups`) and accepted only if its ``cgroup.procs`` (or that of the sub-cgroup the path
+    continues into) lists `pid`. Raises OSError only when out of fds (to be retried).
+    """
+    v2 = v2_root(cgroup_root)
+    freezer = f"{cgroup_root}/freezer"
+    lines = cgroup_lines(cgroup_text)
+    tries: list[tuple[str, str, bool]] = []
+    if v2 is not None:
+        tries += [(path, v2, True) for hid, controllers, path in lines if hid == "0" and not controllers]
+    if os.path.exists(f"{freezer}/cgroup.procs"):
+        tries += [(path, freezer, False) for _, controllers, path in lines if "freezer" in controllers]
+    for path, mount, is_v2 in tries:
+        identity = parse_cgroup_path(path)
+        if identity is None or identity.pod_uid != pod_uid or identity.container_id not in container_ids:
+            continue
+        own = container_cgroup_path(path, identity.container_id)
+        if own is None:
+            continue
+        below = path[len(own) :]  # the sub-cgroup the process is in, inside the container ("" mostly)
+        # The directory is looked for from the mount's root: the path read may be relative to a private cgroup
+        # namespace ("/../../burstable/pod…"), and a look-alike elsewhere fails the membership check.
+        for found, directory in pod_cgroups(mount, (pod_uid,)):
+            if found.container_id == identity.container_id and pid in _read_procs_or_nothing(f"{directory}{below}"):
+                return ContainerCgroup(identity.container_id, directory, is_v2)
+    return None
+
+
+def read_members(directory: str) -> list[int]:
+    """The processes of a cgroup and of its sub-cgroups. A sub-cgroup removed meanwhile is skipped; a directory
+    that is gone altogether has no processes (the container is gone); any other error raises."""
+    pids: list[int] = []
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            pids.extend(_read_procs(current))
+            with os.scandir(current) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            continue
+    return pids
+
+
+def _read_procs(directory: str) -> list[int]:
+    with open(f"{directory}/cgroup.procs", "rb") as f:
+        return [int(line) for line in f.read().split()]
+
+
+def _read_procs_or_nothing(directory: str) -> list[int]:
+    """cgroup.procs of a directory that may not exist (a guess); raises only when out of fds (to be retried)."""
+    try:
+        return _read_procs(directory)
+    except OSError as e:
+        if e.errno in FD_ERRNOS:  # the killer waits a little and tries again
+            raise
+        return []
+    except ValueError:
+        return []

@@ -1,9 +1,10 @@
 """The freeze journal: which containers this agent froze for a kill, so that none is ever left frozen.
 
 One file per frozen cgroup in `<state dir>/freezes/`, written before the freeze and removed after the thaw; at
-start the agent thaws what an agent that is gone left frozen. The directory is a hostPath others may write: an
-entry is honoured only when it names a container's cgroup the killer could have frozen, nothing in it is opened
-that could block, and what is refused is reported once (docs/design.md "The freeze journal").
+start (`freeze_journal`) the agent thaws, through `freezer`, what an agent that is gone left frozen. The directory
+is a hostPath others may write: an entry is honoured only when it names a container's cgroup the killer could have
+frozen, nothing in it is opened that could block, and what is refused is reported once (docs/design.md "The
+freeze journal").
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field
 
+import structlog
+
 from vramguard.core.text import cut
 from vramguard.node.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path, v2_root
+from vramguard.node.freezer import Control, is_frozen
 from vramguard.node.procfs import read_stat
 
 _MAX_ENTRY_BYTES = 4096  # an entry is a cgroup path and three numbers; anything longer is not ours
@@ -107,43 +111,6 @@ def _own_start_time() -> int:
     state = read_stat(os.getpid())
     assert state is not None, "the agent's own /proc/<pid>/stat is always there"
     return state[1]
-
-
-def _control(v2: bool) -> str:
-    return "cgroup.freeze" if v2 else "freezer.state"
-
-
-def _open_control(cgroup: str, v2: bool, flags: int) -> int:
-    """The cgroup's freeze file, opened without blocking or following a symlink; OSError unless a regular file."""
-    fd = os.open(f"{cgroup}/{_control(v2)}", flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{_control(v2)} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def freeze_state(cgroup: str, v2: bool) -> bytes:
-    """What the kernel says of the cgroup's freeze: b"1"/b"0" (v2) or b"FROZEN"/b"FREEZING"/b"THAWED" (v1)."""
-    fd = _open_control(cgroup, v2, os.O_RDONLY)
-    try:
-        return os.read(fd, 64).strip()
-    finally:
-        os.close(fd)
-
-
-def is_frozen(cgroup: str, v2: bool) -> bool:
-    return freeze_state(cgroup, v2) in (b"1", b"FROZEN", b"FREEZING")
-
-
-def thaw(cgroup: str, v2: bool) -> None:
-    fd = _open_control(cgroup, v2, os.O_WRONLY)
-    try:
-        os.write(fd, b"0" if v2 else b"THAWED")
-    finally:
-        os.close(fd)
 
 
 def _is_container_leaf(relative: str) -> bool:
@@ -251,8 +218,8 @@ class FreezeJournal:
         for entry in _abandoned(entries):
             try:
                 if is_frozen(entry.cgroup, entry.v2):
-                    thaw(entry.cgroup, entry.v2)
-                    outcome = "thawed"
+                    with Control(entry.cgroup, entry.v2) as control:
+                        outcome = "thawed" if control.thaw() else "gone"
                 else:
                     outcome = "not frozen"
             except FileNotFoundError:
@@ -377,6 +344,33 @@ class FreezeJournal:
         except OSError:
             raise _Refused(Junk.OUTSIDE) from None
         return resolved
+
+
+def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
+    """The journal of this agent's freezes (`<state_dir>/freezes`), after thawing every container an earlier agent
+    left frozen (killed mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the
+    journal's directory (it is a hostPath others may write) is refused and reported in one line."""
+    log = structlog.get_logger(__name__)
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
+    try:
+        journal.ensure()
+        recovery = journal.thaw_abandoned()
+    except OSError as e:
+        log.error(
+            "freeze_journal_unavailable", directory=journal.directory, error=e.strerror or repr(e), freezing=False
+        )
+        return None
+    if recovery.junk:
+        log.warning("freeze_journal_junk", directory=journal.directory, **recovery.junk.log_fields())
+    forgotten: dict[str, int] = {}
+    for entry, outcome in recovery.outcomes:
+        if outcome in ("not frozen", "gone"):
+            forgotten[outcome] = forgotten.get(outcome, 0) + 1  # nothing changed on the node: no line each
+            continue
+        log.warning("abandoned_freeze", cgroup=entry.cgroup, frozen_by_pid=entry.pid, outcome=outcome)
+    if forgotten:
+        log.info("abandoned_freezes_forgotten", **{k.replace(" ", "_"): n for k, n in sorted(forgotten.items())})
+    return journal
 
 
 def _count(value: object) -> bool:

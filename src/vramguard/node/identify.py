@@ -20,8 +20,11 @@ from vramguard.node.cgroup import parse_cgroup
 from vramguard.node.procfs import (
     PidCursor,
     boot_ticks,
+    holds_device,
+    list_pids,
     read_cgroup,
     read_pid_cursor,
+    read_stat,
     read_stat_start_token,
     same_pid_namespace,
 )
@@ -240,3 +243,29 @@ class ProcIdentifier:
             self._cache[pid] = _Entry(stat_path, before, identity, same_tick=start_time >= now_ticks)
             return identity
         return None
+
+
+def device_holders(
+    proc_root: str, pod_uid: str, container_ids: AbstractSet[str], device_prefix: str = "/dev/nvidia"
+) -> list[ProcessRef]:
+    """The processes of the pod's `container_ids` holding a GPU device file, by one walk of `proc_root`, in PID
+    order. It only reports (the killer's list of what it left in a /proc of another PID namespace): a process
+    that cannot be read is left out."""
+    found = []
+    try:
+        pids = list_pids(proc_root)
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            text = read_cgroup(pid, proc_root)
+            identity = parse_cgroup(text) if text is not None else None
+            if identity is None or identity.pod_uid != pod_uid or identity.container_id not in container_ids:
+                continue
+            if holds_device(pid, proc_root, device_prefix):
+                state = read_stat(pid, proc_root)
+                if state is not None:
+                    found.append(ProcessRef(pid, state[1]))
+        except OSError:
+            continue
+    return sorted(found)

@@ -1,9 +1,9 @@
 """SIGKILL the GPU processes of a violating container, all of them, without ever hitting a recycled PID.
 
 `PidfdKiller` takes the processes NVML reported and every other process of the container holding a GPU device
-file, freezes the container's cgroup while it lists them, and signals each through a pidfd opened before its
-identity is checked. Requires the host's PID namespace (``hostPID: true``). Why each step: `docs/design.md`
-"Killing a container's GPU processes".
+file, freezes the container's cgroup while it lists them (`freezer.Freezer`), and signals each through a pidfd
+opened before its identity is checked, in rounds until none is left. Requires the host's PID namespace
+(``hostPID: true``). Why each step: `docs/design.md` "Killing a container's GPU processes".
 """
 
 from __future__ import annotations
@@ -11,29 +11,21 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
 from vramguard.core.model import KillTarget, ProcessRef
 from vramguard.core.ports import KillResult
-from vramguard.node.cgroup import (
-    cgroup_lines,
-    container_cgroup_path,
-    parse_cgroup,
-    parse_cgroup_path,
-    pod_cgroups,
-    v2_root,
-)
+from vramguard.node.cgroup import ContainerCgroup, find_container_cgroup, parse_cgroup
+from vramguard.node.freezer import Freezer
 from vramguard.node.freezes import FreezeJournal
+from vramguard.node.identify import device_holders
 from vramguard.node.procfs import (
     EXITED_STATES,
+    FdRetry,
     holds_device,
     list_pids,
     read_cgroup,
-    read_small,
     read_stat,
     same_pid_namespace,
 )
@@ -62,52 +54,6 @@ UNKNOWN_START_TIME = -1
 
 # Total time one kill may spend waiting for fds to free up (EMFILE/ENFILE), across all its retries.
 _FD_WAIT_S = 0.5
-_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
-
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerCgroup:
-    """A violating container's cgroup directory in one hierarchy."""
-
-    container_id: str
-    directory: str  # the container's own directory (its sub-cgroups, if any, are below it)
-    v2: bool  # cgroup2 (cgroup.freeze) or v1's freezer hierarchy (freezer.state)
-
-
-def find_container_cgroup(
-    cgroup_text: str, pid: int, pod_uid: str, container_ids: frozenset[str], cgroup_root: str = "/sys/fs/cgroup"
-) -> ContainerCgroup | None:
-    """The cgroup directory of the container `pid` is in, from its /proc/<pid>/cgroup text; None if not found.
-
-    The v2 hierarchy is tried first (`cgroup.v2_root`), then v1's freezer (under `cgroup_root`/freezer). In each,
-    the path the process names must be one of `container_ids` of `pod_uid`; that container's directory is then
-    found from the mount's root (`cgroup.pod_cgroups`) and accepted only if its ``cgroup.procs`` (or that of the
-    sub-cgroup the path continues into) lists `pid`.
-    """
-    v2 = v2_root(cgroup_root)
-    freezer = f"{cgroup_root}/freezer"
-    lines = cgroup_lines(cgroup_text)
-    tries: list[tuple[str, str, bool]] = []
-    if v2 is not None:
-        tries += [(path, v2, True) for hid, controllers, path in lines if hid == "0" and not controllers]
-    if os.path.exists(f"{freezer}/cgroup.procs"):
-        tries += [(path, freezer, False) for _, controllers, path in lines if "freezer" in controllers]
-    for path, mount, is_v2 in tries:
-        identity = parse_cgroup_path(path)
-        if identity is None or identity.pod_uid != pod_uid or identity.container_id not in container_ids:
-            continue
-        own = container_cgroup_path(path, identity.container_id)
-        if own is None:
-            continue
-        below = path[len(own) :]  # the sub-cgroup the process is in, inside the container ("" mostly)
-        # The directory is looked for from the mount's root: the path read may be relative to a private cgroup
-        # namespace ("/../../burstable/pod…"), and a look-alike elsewhere fails the membership check.
-        for found, directory in pod_cgroups(mount, (pod_uid,)):
-            if found.container_id == identity.container_id and pid in _read_procs_or_nothing(f"{directory}{below}"):
-                return ContainerCgroup(identity.container_id, directory, is_v2)
-    return None
 
 
 @dataclass(slots=True)
@@ -117,8 +63,8 @@ class _Run:
     pod_uid: str
     container_ids: frozenset[str]
     deadline: float
+    io: FdRetry  # every call that opens a file: out of fds, it waits a little (`_FD_WAIT_S` per kill in all)
     every_process: bool = False  # every process of the containers, not only the device holders
-    fd_wait_left_s: float = _FD_WAIT_S
     killed: list[ProcessRef] = field(default_factory=list)  # in signalling order
     last_killed: dict[int, ProcessRef] = field(default_factory=dict)  # by PID: the latest process signalled there
     skipped: dict[ProcessRef, str] = field(default_factory=dict)
@@ -171,9 +117,8 @@ class PidfdKiller:
         self._device_prefix = device_prefix
         self._self_pid = os.getpid() if self_pid is None else self_pid
         self._exit_timeout_s = exit_timeout_s
-        self._freeze_timeout_s = freeze_timeout_s
         self._max_rounds = max(1, max_rounds)
-        self._journal = journal
+        self._freezer = Freezer(journal, self._self_pid, clock, freeze_timeout_s)
 
     def kill(self, target: KillTarget, every_process: bool = False) -> KillResult:
         """SIGKILL the target containers' GPU processes (all their processes, with `every_process`) until none
@@ -187,13 +132,15 @@ class PidfdKiller:
         sampled = _dedupe(target.processes)
         if not same_pid_namespace(self._proc_root):
             sampled_pids = {r.pid for r in sampled}
-            found = [r for r in self._foreign_holders(target) if r.pid not in sampled_pids]
+            holders = device_holders(self._proc_root, target.pod_uid, set(target.container_ids), self._device_prefix)
+            found = [r for r in holders if r.pid not in sampled_pids]
             candidates = sorted([*sampled, *found], key=lambda r: r.pid)
             return KillResult(killed=(), skipped=tuple((r, SKIP_PID_NAMESPACE) for r in candidates), exited=True)
         run = _Run(
             pod_uid=target.pod_uid,
             container_ids=frozenset(target.container_ids),
             deadline=self.clock.now() + self._exit_timeout_s,
+            io=FdRetry(self.clock, _FD_WAIT_S),
             every_process=every_process,
         )
         located: dict[str, ContainerCgroup] = {}
@@ -234,7 +181,7 @@ class PidfdKiller:
         for ref in sampled:
             container_id = None
             try:
-                text = self._io(run, read_cgroup, ref.pid, self._proc_root) if ref.pid > 1 else None
+                text = run.io(read_cgroup, ref.pid, self._proc_root) if ref.pid > 1 else None
             except OSError:
                 text = None  # the check before signalling will say why
             if text is not None and run.belongs(text):
@@ -248,7 +195,7 @@ class PidfdKiller:
 
     def _locate(self, run: _Run, text: str, pid: int, located: dict[str, ContainerCgroup]) -> None:
         try:
-            found = self._io(run, find_container_cgroup, text, pid, run.pod_uid, run.container_ids, self._cgroup_root)
+            found = run.io(find_container_cgroup, text, pid, run.pod_uid, run.container_ids, self._cgroup_root)
         except OSError:
             return
         if found is not None:
@@ -261,7 +208,7 @@ class PidfdKiller:
         signalled, sampled ones first; report the holders left."""
         sweep = _Sweep()
         for container_id, cgroup in sorted(located.items()):
-            with self._maybe_frozen(run, cgroup) as members:
+            with self._freezer.members(cgroup, run.deadline, run.io) as members:
                 for ref in sampled.get(container_id, ()):
                     self._consider(run, sweep, ref, sampled=True, kill=kill)
                 if members is None:
@@ -284,7 +231,7 @@ class PidfdKiller:
     ) -> None:
         """Every process of `container_ids` found by walking /proc; locates their cgroups for the next round."""
         try:
-            pids = self._io(run, list_pids, self._proc_root)
+            pids = run.io(list_pids, self._proc_root)
         except OSError:
             sweep.complete = False
             return
@@ -292,7 +239,7 @@ class PidfdKiller:
         needles = (run.pod_uid, run.pod_uid.replace("-", "_"))
         for pid in pids:
             try:
-                text = self._io(run, read_cgroup, pid, self._proc_root)
+                text = run.io(read_cgroup, pid, self._proc_root)
             except OSError:
                 sweep.complete = False  # it might be one of them
                 continue
@@ -309,8 +256,8 @@ class PidfdKiller:
         """A process listed in a violating container: signal it if it holds the device (or if every process goes)."""
         killed = run.last_killed.get(pid)
         try:
-            holds = run.every_process or self._io(run, holds_device, pid, self._proc_root, self._device_prefix)
-            state = self._io(run, read_stat, pid, self._proc_root) if holds else None
+            holds = run.every_process or run.io(holds_device, pid, self._proc_root, self._device_prefix)
+            state = run.io(read_stat, pid, self._proc_root) if holds else None
         except OSError as e:
             # It may hold the GPU: it counts as left unless it is one already signalled.
             ref = ProcessRef(pid, killed.start_time if killed is not None else UNKNOWN_START_TIME)
@@ -348,107 +295,6 @@ class PidfdKiller:
         if not sampled and reason not in _SETTLED_SKIPS:
             sweep.left[ref.pid] = ref
 
-    def _foreign_holders(self, target: KillTarget) -> list[ProcessRef]:
-        """Device holders of the target, read from a /proc of another namespace (only to report them)."""
-        container_ids = frozenset(target.container_ids)
-        found = []
-        try:
-            pids = list_pids(self._proc_root)
-        except OSError:
-            return []
-        for pid in pids:
-            try:  # this list only reports: an unreadable process is left out of it
-                text = read_cgroup(pid, self._proc_root)
-                identity = parse_cgroup(text) if text is not None else None
-                if identity is None or identity.pod_uid != target.pod_uid:
-                    continue
-                if identity.container_id not in container_ids:
-                    continue
-                if holds_device(pid, self._proc_root, self._device_prefix):
-                    state = read_stat(pid, self._proc_root)
-                    if state is not None:
-                        found.append(ProcessRef(pid, state[1]))
-            except OSError:
-                continue
-        return sorted(found)
-
-    # ------------------------------------------------------------------------------------------------------
-    # Freezing
-
-    @contextmanager
-    def _maybe_frozen(self, run: _Run, cgroup: ContainerCgroup) -> Iterator[list[int] | None]:
-        """Freeze the container if possible, yield its processes (None if they cannot be listed), thaw.
-
-        A container that cannot be frozen (read-only cgroupfs, the agent inside, already frozen by someone
-        else, no journal to record the freeze in) is listed all the same: the rounds make up for a list that is
-        not complete.
-        """
-        try:
-            before = self._io(run, _read_members, cgroup.directory)
-        except OSError:
-            before = None
-        if before is None or {os.getpid(), self._self_pid} & set(before) or self._journal is None:
-            yield before  # never freeze the agent (or what stands for it) with its victims, nor unrecorded
-            return
-        name, frozen_value, thawed_value = (
-            ("cgroup.freeze", b"1", b"0") if cgroup.v2 else ("freezer.state", b"FROZEN", b"THAWED")
-        )
-        control = f"{cgroup.directory}/{name}"
-        try:
-            # Opened first and kept until the thaw, so that thawing cannot fail for want of an fd.
-            fd = self._io(run, os.open, control, os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            yield before
-            return
-        try:
-            try:
-                already = self._io(run, read_small, control).strip() in (frozen_value, b"FREEZING")
-            except OSError:
-                already = True  # unknown: do not touch (and never thaw) what someone else may have frozen
-            wrote = False
-            entry = None
-            if not already:
-                try:
-                    entry = self._journal.record(cgroup.directory, cgroup.v2)  # no record, no freeze
-                    os.write(fd, frozen_value)
-                    wrote = True
-                except (OSError, ValueError):
-                    pass  # ValueError: a cgroup the next agent's journal would refuse to thaw is never frozen
-            try:
-                if wrote:
-                    self._wait_frozen(run, cgroup)
-                try:
-                    members = self._io(run, _read_members, cgroup.directory)
-                except OSError:
-                    members = None
-                yield members
-            finally:
-                if wrote:
-                    _thaw(fd, thawed_value, control)  # raises if it fails: the entry stays for the next start
-                if entry is not None:
-                    self._journal.forget(entry)
-        finally:
-            os.close(fd)
-
-    def _wait_frozen(self, run: _Run, cgroup: ContainerCgroup) -> bool:
-        """Wait (at most `freeze_timeout_s`, never past the kill's deadline) until the kernel reports every task of
-        the cgroup frozen. A task in uninterruptible sleep can hold that up: the list is then taken anyway."""
-        deadline = min(self.clock.now() + self._freeze_timeout_s, run.deadline)
-        delay = 0.0002
-        while True:
-            try:
-                if cgroup.v2:
-                    if b"frozen 1" in self._io(run, read_small, f"{cgroup.directory}/cgroup.events"):
-                        return True
-                elif self._io(run, read_small, f"{cgroup.directory}/freezer.state").strip() == b"FROZEN":
-                    return True
-            except OSError:
-                return False
-            if self.clock.now() >= deadline:
-                return False
-            self.clock.wait(UNINTERRUPTED, delay)
-            delay = min(delay * 2, 0.01)
-
     # ------------------------------------------------------------------------------------------------------
     # Signalling
 
@@ -460,7 +306,7 @@ class PidfdKiller:
         if ref.pid == self._self_pid:
             return SKIP_SELF
         try:
-            pidfd = self._io(run, os.pidfd_open, ref.pid)
+            pidfd = run.io(os.pidfd_open, ref.pid)
         except ProcessLookupError:
             return SKIP_GONE
         except OSError as e:
@@ -484,7 +330,7 @@ class PidfdKiller:
     def _verify(self, run: _Run, ref: ProcessRef) -> str | None:
         """Why the process now at ref.pid must not be signalled, or None. Called with its pidfd open."""
         try:
-            state = self._io(run, read_stat, ref.pid, self._proc_root)
+            state = run.io(read_stat, ref.pid, self._proc_root)
         except OSError as e:
             return f"{SKIP_UNREADABLE}: stat: {e.strerror or e}"
         if state is None:
@@ -496,7 +342,7 @@ class PidfdKiller:
         if letter in EXITED_STATES:
             return SKIP_EXITED
         try:
-            text = self._io(run, read_cgroup, ref.pid, self._proc_root)
+            text = run.io(read_cgroup, ref.pid, self._proc_root)
         except OSError as e:
             return f"{SKIP_UNREADABLE}: cgroup: {e.strerror or e}"
         if text is None:
@@ -526,20 +372,6 @@ class PidfdKiller:
             self.clock.wait(UNINTERRUPTED, delay)
             delay = min(delay * 2, 0.01)
 
-    def _io(self, run: _Run, fn: Callable[..., _T], *args: object) -> _T:
-        """Call `fn`; on EMFILE/ENFILE wait a little and try again, while the kill's fd-wait budget lasts."""
-        delay = 0.001
-        while True:
-            try:
-                return fn(*args)
-            except OSError as e:
-                if e.errno not in _FD_ERRNOS or run.fd_wait_left_s <= 0:
-                    raise
-            pause = min(delay, run.fd_wait_left_s)
-            self.clock.wait(UNINTERRUPTED, pause)
-            run.fd_wait_left_s -= pause
-            delay = min(delay * 2, 0.05)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
@@ -559,51 +391,3 @@ def _may_be_alive(ref: ProcessRef, proc_root: str) -> bool:
     except OSError:
         return True
     return state is not None and state[0] not in EXITED_STATES
-
-
-def _read_procs(directory: str) -> list[int]:
-    with open(f"{directory}/cgroup.procs", "rb") as f:
-        return [int(line) for line in f.read().split()]
-
-
-def _read_procs_or_nothing(directory: str) -> list[int]:
-    """cgroup.procs of a directory that may not exist (a guess); raises only when out of fds (to be retried)."""
-    try:
-        return _read_procs(directory)
-    except OSError as e:
-        if e.errno in _FD_ERRNOS:
-            raise
-        return []
-    except ValueError:
-        return []
-
-
-def _read_members(directory: str) -> list[int]:
-    """The processes of a cgroup and of its sub-cgroups. A sub-cgroup removed meanwhile is skipped; a directory
-    that is gone altogether has no processes (the container is gone); any other error raises."""
-    pids: list[int] = []
-    stack = [directory]
-    while stack:
-        current = stack.pop()
-        try:
-            pids.extend(_read_procs(current))
-            with os.scandir(current) as entries:
-                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
-        except FileNotFoundError:
-            continue
-    return pids
-
-
-def _thaw(fd: int, thawed_value: bytes, control: str) -> None:
-    """Write the thawed state; a cgroup removed meanwhile needs no thaw. Anything else raises: a container left
-    frozen must not go unnoticed."""
-    for attempt in range(3):
-        try:
-            os.write(fd, thawed_value)
-            return
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENODEV):
-                return
-            if attempt == 2:
-                raise RuntimeError(f"could not thaw {control}: {e.strerror}") from e
-            SYSTEM_CLOCK.wait(UNINTERRUPTED, 0.01)  # a pause between writes, not a deadline: real time

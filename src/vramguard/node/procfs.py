@@ -12,14 +12,45 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from vramguard.base.clock import UNINTERRUPTED, Clock
+
+_T = TypeVar("_T")
 
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
+# Out of fds, the process's own (EMFILE) or the system's (ENFILE): an open may succeed once others close theirs.
+FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def is_gone_error(error: OSError) -> bool:
     """True when `error` means the process (or its /proc entry) no longer exists."""
     return error.errno in _GONE_ERRNOS
+
+
+class FdRetry:
+    """Calls that open files, made again after a short pause while the process is out of fds (`FD_ERRNOS`), for
+    at most `budget_s` of pauses in all the calls made through one `FdRetry` (one kill's)."""
+
+    def __init__(self, clock: Clock, budget_s: float) -> None:
+        self._clock = clock
+        self.left_s = budget_s
+
+    def __call__(self, fn: Callable[..., _T], /, *args: object) -> _T:
+        """`fn(*args)`; on EMFILE/ENFILE it is called again while the budget lasts, then the OSError is raised."""
+        delay = 0.001
+        while True:
+            try:
+                return fn(*args)
+            except OSError as e:
+                if e.errno not in FD_ERRNOS or self.left_s <= 0:
+                    raise
+            pause = min(delay, self.left_s)
+            self._clock.wait(UNINTERRUPTED, pause)
+            self.left_s -= pause
+            delay = min(delay * 2, 0.05)
 
 
 # States of a process that has exited: a zombie ("Z") or one being torn down ("X", "x"). It holds no memory any

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.cli.wiring import freeze_journal
-from vramguard.node.freezes import MAX_EXAMINED, FreezeJournal, Junk
+from vramguard.node.freezes import MAX_EXAMINED, FreezeJournal, Junk, freeze_journal
 
 UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
 CID = "ab" * 32

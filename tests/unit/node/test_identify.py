@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vramguard.core.model import CgroupIdentity, ProcessRef
-from vramguard.node.identify import PidWindow, ProcIdentifier, in_pid_window, new_pid_window
+from vramguard.node.identify import PidWindow, ProcIdentifier, device_holders, in_pid_window, new_pid_window
 from vramguard.node.procfs import PidCursor, parse_stat, read_pid_cursor, read_stat
 
 UID_A = "11111111-2222-3333-4444-555555555555"
@@ -451,3 +451,23 @@ def test_read_stat_raises_for_unparsable_contents(tmp_path: Path) -> None:
     (tmp_path / "7" / "stat").write_bytes(b"7 (x) S 1 0\n")
     with pytest.raises(OSError, match="unparsable"):
         read_stat(7, str(tmp_path))
+
+
+def test_device_holders_of_a_pods_containers(proc: FakeProc) -> None:
+    """The processes of the given containers holding the device, in PID order, with their start times; a process
+    holding none, another container's, another pod's, and one whose fds cannot be listed are left out."""
+    for pid, uid, cid, device in [
+        (12, UID_A, CID_A1, "/dev/nvidia0"),
+        (11, UID_A, CID_A1, "/dev/nvidia-uvm"),
+        (13, UID_A, CID_A1, "/dev/null"),
+        (14, UID_A, CID_A2, "/dev/nvidia0"),
+        (15, UID_B, CID_B1, "/dev/nvidia0"),
+    ]:
+        proc.add(pid, 100 + pid, cgroup_text(uid, cid))
+        (proc.root / str(pid) / "fd").mkdir()
+        (proc.root / str(pid) / "fd" / "3").symlink_to(device)
+    proc.add(16, 116, cgroup_text(UID_A, CID_A1))
+    (proc.root / "16" / "fd").write_text("")  # not a directory: its fds cannot be listed
+
+    assert device_holders(str(proc.root), UID_A, {CID_A1}) == [ProcessRef(11, 111), ProcessRef(12, 112)]
+    assert device_holders(str(proc.root / "missing"), UID_A, {CID_A1}) == []

@@ -1,137 +1,63 @@
-"""find_container_cgroup over fake cgroup trees: which directory a kill may trust."""
+"""What the killer refuses before any signal, over fake /proc trees: a /proc of another PID namespace (nothing
+signalled, every candidate reported), PID 0 and 1, the agent itself, and a process that is gone. Against real
+processes in real cgroups: tests/node/test_kill_real.py; where a container's directory is found:
+tests/unit/node/test_cgroup.py; the freeze: tests/unit/node/test_freezer.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
 from pathlib import Path
 
-import pytest
+from unit.node.test_identify import FakeProc, cgroup_text
+from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.core.ports import KillResult
+from vramguard.node.kill import SKIP_GONE, SKIP_INVALID_PID, SKIP_PID_NAMESPACE, SKIP_SELF, PidfdKiller
 
-from vramguard.node.kill import (
-    ContainerCgroup as KillerCgroup,
-)
-from vramguard.node.kill import (
-    find_container_cgroup,
-)
-
-UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
-CID = "ab" * 32
-OTHER_CID = "cd" * 32
-PID = 4242
-REAL = f"kubepods/burstable/pod{UID}/{CID}"
+UID = "11111111-2222-3333-4444-555555555555"
+CID = "a1" * 32
+OTHER_CID = "a2" * 32
+DEAD_PID = (1 << 22) + 1  # above the kernel's highest pid_max: no process ever has it
 
 
-def fake_tree(
-    root: Path, layout: dict[str, list[int]], v2_mounts: Sequence[str] = ("",), freezer: bool = False
-) -> None:
-    """Directories under `root` with a cgroup.procs each (a mount's root gets cgroup.controllers or cgroup.procs)."""
-    for mount in v2_mounts:
-        (root / mount).mkdir(parents=True, exist_ok=True)
-        (root / mount / "cgroup.controllers").write_text("")
-    if freezer:
-        (root / "freezer").mkdir(parents=True, exist_ok=True)
-        (root / "freezer" / "cgroup.procs").write_text("")
-    for directory, pids in layout.items():
-        (root / directory).mkdir(parents=True, exist_ok=True)
-        (root / directory / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+def holding(proc: FakeProc, pid: int, device: str) -> None:
+    """Give the fake process an fd open on `device`."""
+    (proc.root / str(pid) / "fd").mkdir()
+    (proc.root / str(pid) / "fd" / "3").symlink_to(device)
 
 
-FIND_CASES = [
-    pytest.param(f"0::/{REAL}\n", {REAL: [PID]}, ("",), False, REAL, True, id="v2-host-namespace"),
-    pytest.param(f"0::/{REAL}\n", {REAL: [1, 2]}, ("",), False, None, True, id="v2-path-not-listing-the-pid"),
-    pytest.param(
-        f"0::/{REAL}\n",
-        {f"unified/{REAL}": [PID]},
-        ("unified",),
-        False,
-        f"unified/{REAL}",
-        True,
-        id="hybrid-unified-mount",
-    ),
-    pytest.param(
-        f"0::/{REAL}/sub\n",
-        {REAL: [], f"{REAL}/sub": [PID]},
-        ("",),
-        False,
-        REAL,
-        True,
-        id="process-in-a-sub-cgroup-gives-the-container",
-    ),
-    pytest.param(
-        f"0::/../../../burstable/pod{UID}/{CID}\n",
-        {f"kubepods/burstable/pod{UID}/{CID}": [1], f"kubelet/kubepods/burstable/pod{UID}/{CID}": [PID]},
-        ("",),
-        False,
-        f"kubelet/kubepods/burstable/pod{UID}/{CID}",
-        True,
-        id="private-namespace-look-alike-tried-first-is-rejected",
-    ),
-    pytest.param(
-        f"0::/../../../burstable/pod{UID}/{CID}\n",
-        {f"kubepods/burstable/pod{UID}/{CID}": [1]},
-        ("",),
-        False,
-        None,
-        True,
-        id="private-namespace-only-a-look-alike",
-    ),
-    pytest.param(
-        f"0::/../burstable/pod{UID}/{CID}\n",
-        {f"a/b/c/d/e/burstable/pod{UID}/{CID}": [PID]},
-        ("",),
-        False,
-        None,
-        True,
-        id="private-namespace-outside-the-kubelets-directories",
-    ),
-    pytest.param(
-        f"6:freezer:/{REAL}\n0::/\n", {f"freezer/{REAL}": [PID]}, (), True, f"freezer/{REAL}", False, id="v1-freezer"
-    ),
-    pytest.param(
-        f"6:freezer:/{REAL}\n0::/{REAL}\n",
-        {REAL: [PID], f"freezer/{REAL}": [PID]},
-        ("",),
-        True,
-        REAL,
-        True,
-        id="v2-preferred-over-v1",
-    ),
-    pytest.param("6:freezer:/\n0::/\n", {"": [PID]}, ("",), True, None, True, id="root-is-never-a-container"),
-    pytest.param(
-        f"0::/kubepods/burstable/pod{UID}/{OTHER_CID}\n",
-        {f"kubepods/burstable/pod{UID}/{OTHER_CID}": [PID]},
-        ("",),
-        False,
-        None,
-        True,
-        id="another-container-of-the-pod",
-    ),
-    pytest.param(
-        f"0::/kubepods/burstable/pod{UID}\n",
-        {f"kubepods/burstable/pod{UID}": [PID]},
-        ("",),
-        False,
-        None,
-        True,
-        id="pod-cgroup-itself",
-    ),
-]
+def test_a_proc_of_another_pid_namespace_gets_nothing_signalled(tmp_path: Path) -> None:
+    """Where /proc numbers processes as another namespace does, its PIDs are not ours to signal: each sampled
+    process and each device holder found there is reported skipped, once, in PID order."""
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(40, 400, cgroup_text(UID, CID))
+    holding(proc, 40, "/dev/nvidia0")
+    proc.add(41, 410, cgroup_text(UID, CID))
+    holding(proc, 41, "/dev/nvidia1")
+    proc.add(42, 420, cgroup_text(UID, CID))  # holds no device
+    proc.add(43, 430, cgroup_text(UID, OTHER_CID))  # another container of the pod
+    holding(proc, 43, "/dev/nvidia0")
+    target = KillTarget(UID, (CID,), (ProcessRef(40, 400), ProcessRef(7, 70), ProcessRef(40, 400)))
+
+    result = PidfdKiller(str(proc.root)).kill(target)
+
+    refs = [ProcessRef(7, 70), ProcessRef(40, 400), ProcessRef(41, 410)]
+    assert result == KillResult(killed=(), skipped=tuple((r, SKIP_PID_NAMESPACE) for r in refs), exited=True)
 
 
-@pytest.mark.parametrize(("text", "layout", "v2_mounts", "freezer", "expected", "v2"), FIND_CASES)
-def test_find_container_cgroup(
-    tmp_path: Path,
-    text: str,
-    layout: dict[str, list[int]],
-    v2_mounts: Sequence[str],
-    freezer: bool,
-    expected: str | None,
-    v2: bool,
-) -> None:
-    """Only a directory naming the violating container and listing the process is accepted."""
-    fake_tree(tmp_path, layout, v2_mounts, freezer)
-    found = find_container_cgroup(text, PID, UID, frozenset({CID}), str(tmp_path))
-    if expected is None:
-        assert found is None
-    else:
-        assert found == KillerCgroup(CID, str(tmp_path / expected), v2)
+def test_what_is_never_signalled(tmp_path: Path) -> None:
+    """PID 0 and 1 and the agent itself are refused before a pidfd is opened, and a PID that no process holds is
+    gone; none of them is left to report as remaining."""
+    proc = FakeProc(tmp_path / "proc")
+    proc.root.mkdir(parents=True)
+    (proc.root / "self").symlink_to(str(os.getpid()))  # this /proc numbers processes as the agent does
+    sampled = (ProcessRef(0, 1), ProcessRef(1, 1), ProcessRef(os.getpid(), 5), ProcessRef(DEAD_PID, 9))
+
+    result = PidfdKiller(str(proc.root)).kill(KillTarget(UID, (CID,), sampled))
+
+    assert result.killed == () and result.remaining == () and result.exited
+    assert dict(result.skipped) == {
+        ProcessRef(0, 1): SKIP_INVALID_PID,
+        ProcessRef(1, 1): SKIP_INVALID_PID,
+        ProcessRef(os.getpid(), 5): SKIP_SELF,
+        ProcessRef(DEAD_PID, 9): SKIP_GONE,
+    }
