@@ -170,6 +170,11 @@ class ProcessRef:
     start_time: int
 
 
+# The start time of a process whose stat could not be read (gone before it was, or unreadable): no real process
+# has one.
+UNKNOWN_START_TIME = -1
+
+
 @dataclass(frozen=True, slots=True)
 class CgroupIdentity:
     """Where a process lives in the kubelet's cgroup tree."""
