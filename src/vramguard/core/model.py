@@ -488,6 +488,15 @@ class Policy:
             limits.append(int(self.watch_rise_ratio * total_bytes))
         return min(limits) if limits else total_bytes
 
+    def exemption(self, pod_uid: str, namespace: str, agent_pod_uid: str | None = None) -> str | None:
+        """Why the agent never acts on a pod (no kill, eviction, driver limit or orphan reclaim; warnings and
+        notices still reach it), or None when it may: the agent's own pod, or a pod in an exempt namespace."""
+        if agent_pod_uid is not None and pod_uid == agent_pod_uid:
+            return "the agent's own pod"
+        if namespace in self.exempt_namespaces:
+            return f"namespace {namespace} is exempt"
+        return None
+
 
 # --------------------------------------------------------------------------------------------------------------
 # The attributed snapshot the decision core reads
