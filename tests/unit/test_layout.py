@@ -13,15 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "vramguard"
 UNIT = ROOT / "tests" / "unit"
 
-# A package imports only from packages on lower floors (and from itself). `testing` ships the fakes of core's
-# Protocols; the top-level modules are the package's version and `python -m vramguard`.
+# A package imports only from packages on lower floors (and from itself). The top-level modules are the package's
+# version and `python -m vramguard`.
 FLOORS = {
     "core": 1,
     "base": 2,
     "nvml": 3,
     "node": 3,
     "kube": 3,
-    "testing": 3,
     "agent": 4,
     "http": 5,
     "cli": 6,

@@ -17,7 +17,7 @@ from vramguard.core.ports import LIMIT_MAX, DriverLimit
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup_tree import CgroupTree
 from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits, read_held_limits
-from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
+from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)

@@ -36,7 +36,7 @@ from vramguard.node.repeats import (
     parse_kills,
     read_node,
 )
-from vramguard.testing.fakes import (
+from vramguard_testbed.fakes import (
     FakeClock,
     FakeEvictor,
     FakeIdentifier,
