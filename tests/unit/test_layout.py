@@ -1,5 +1,6 @@
-"""The layout is the architecture: packages by floor, imports only downwards, no two modules with one name, unit
-tests that mirror the modules they test, and docs that name modules which exist (README "Layout")."""
+"""The layout is the architecture: packages by floor, imports only downwards, no two modules with one name, a unit
+test file for every module and none for a module that is not there, and docs that name modules which exist (README
+"Layout")."""
 
 from __future__ import annotations
 
@@ -107,6 +108,18 @@ def test_unit_test_files_mirror_modules(test_file: Path) -> None:
     """tests/unit/<package>/test_<module>.py tests src/vramguard/<package>/<module>.py."""
     module = SRC / test_file.parent.name / (test_file.name.removeprefix("test_"))
     assert module.exists(), f"{test_file.relative_to(ROOT)} names no module: {module.relative_to(ROOT)} is missing"
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(p for p in SRC.glob("*/*.py") if not p.stem.startswith("__")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_module_has_a_unit_test_file(module: Path) -> None:
+    """src/vramguard/<package>/<module>.py has tests/unit/<package>/test_<module>.py, for its pure logic at least
+    (what needs the OS or NVML is tested in tests/node as well): no allow-list."""
+    test_file = UNIT / module.parent.name / f"test_{module.name}"
+    assert test_file.exists(), f"{module.relative_to(ROOT)} has no unit test file: {test_file.relative_to(ROOT)}"
 
 
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
