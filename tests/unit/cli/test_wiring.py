@@ -1,7 +1,7 @@
 """The composition root's own decisions, without starting anything: the policy it starts with, the stand-ins
 for an absent API server, and what /status and `vramguard version` say of the agent and the driver.
 
-Starting the real parts (NVML, cgroups, inotify, the HTTP server) is tested in tests/node/test_cli_wiring.py and
+Starting the real parts (NVML, cgroups, inotify, the HTTP server) is tested in tests/node/test_wiring.py and
 tests/node/test_e2e.py."""
 
 from __future__ import annotations

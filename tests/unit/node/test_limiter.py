@@ -1,5 +1,5 @@
 """The driver limiter's decisions over a fake cgroup tree, a fake driver, a FakeClock and an inline worker: no root,
-no cgroupfs (tests/node/test_limits_real.py runs the real cgroupfs path)."""
+no cgroupfs (tests/node/test_limiter.py runs the real cgroupfs path)."""
 
 from __future__ import annotations
 
