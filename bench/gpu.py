@@ -57,9 +57,9 @@ from vramguard.kube.pods_file import FilePodSource
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.nvml import NvmlSampler
-from vramguard.testing.fakes import FakeEvictor, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, MigMode, load_fake_nvml
+from vramguard_testbed.fakes import FakeEvictor, RecordingEventRecorder
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
 

@@ -38,9 +38,9 @@ from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.node.limiter import DriverLimiter
 from vramguard.nvml import NvmlSampler
-from vramguard.testing.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEventRecorder
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.fakenvml import STATE_ENV, load_fake_nvml
+from vramguard_testbed.fakes import FakeEvictor, FakeMemoryLimiter, RecordingEventRecorder
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value
 

@@ -24,7 +24,7 @@ from vramguard.agent.metrics import Metrics
 from vramguard.core.decide import Decision
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB, PodQuota, Quota
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana-dashboard.json"
 PROMETHEUS_VERSION = "3.16.0"  # as scripts/prometheus.sh builds it

@@ -21,7 +21,7 @@ from vramguard.core.decide import Decision
 from vramguard.core.model import DEFAULT_QUOTA_SOURCES, GiB, Mode
 from vramguard.core.policy import parse_policy
 from vramguard.core.quota import BURST_ANNOTATION
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.core.model import CgroupIdentity
 from vramguard.node.cgroup import v2_root
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
-from vramguard.testing.fakes import FakeClock
 from vramguard_testbed.cgroups import KubeletCgroups
+from vramguard_testbed.fakes import FakeClock
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = pytest.mark.cgroups

@@ -51,6 +51,17 @@ def test_wheel_carries_no_bench(wheel: zipfile.ZipFile) -> None:
             assert needle not in data, f"{name} contains {needle!r}"
 
 
+def test_wheel_carries_no_test_doubles(wheel: zipfile.ZipFile) -> None:
+    """The fakes of the agent's Protocols and the builders of test data are the test bench's: no `testing`
+    package and no `fakes` module ships, and no shipped module defines or imports them."""
+    names = wheel.namelist()
+    assert not [n for n in names if n.startswith("vramguard/testing/") or n.rsplit("/", 1)[-1] == "fakes.py"]
+    for name in names:
+        if name.endswith(".py"):
+            data = wheel.read(name)
+            assert b"class FakeClock" not in data and b".fakes import" not in data, name
+
+
 def test_wheel_requires_the_nvidia_ml_py_that_binds_the_driver_limits(wheel: zipfile.ZipFile) -> None:
     """The agent asks for the first nvidia-ml-py with nvmlDeviceSetMemoryLimits_v1, so that an install gets the
     driver's limits where the driver has them; and for nothing it does not import (psutil)."""

@@ -1,9 +1,11 @@
-"""The layout is the architecture: packages by floor, imports only downwards, no two modules with one name, and
-unit tests that mirror the modules they test (README "Layout")."""
+"""The layout is the architecture: packages by floor, imports only downwards, no two modules with one name, a unit
+test file for every module and none for a module that is not there, and docs that name modules which exist (README
+"Layout")."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -13,15 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "vramguard"
 UNIT = ROOT / "tests" / "unit"
 
-# A package imports only from packages on lower floors (and from itself). `testing` ships the fakes of core's
-# Protocols; the top-level modules are the package's version and `python -m vramguard`.
+# A package imports only from packages on lower floors (and from itself). The top-level modules are the package's
+# version and `python -m vramguard`.
 FLOORS = {
     "core": 1,
     "base": 2,
     "nvml": 3,
     "node": 3,
     "kube": 3,
-    "testing": 3,
     "agent": 4,
     "http": 5,
     "cli": 6,
@@ -107,6 +108,72 @@ def test_unit_test_files_mirror_modules(test_file: Path) -> None:
     """tests/unit/<package>/test_<module>.py tests src/vramguard/<package>/<module>.py."""
     module = SRC / test_file.parent.name / (test_file.name.removeprefix("test_"))
     assert module.exists(), f"{test_file.relative_to(ROOT)} names no module: {module.relative_to(ROOT)} is missing"
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(p for p in SRC.glob("*/*.py") if not p.stem.startswith("__")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_module_has_a_unit_test_file(module: Path) -> None:
+    """src/vramguard/<package>/<module>.py has tests/unit/<package>/test_<module>.py, for its pure logic at least
+    (what needs the OS or NVML is tested in tests/node as well): no allow-list."""
+    test_file = UNIT / module.parent.name / f"test_{module.name}"
+    assert test_file.exists(), f"{module.relative_to(ROOT)} has no unit test file: {test_file.relative_to(ROOT)}"
+
+
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+# `vramguard.a.b…` (a module, or a name in one), not a file such as vramguard.yaml nor a resource name such as
+# vramguard.io/vram; `core/quota.py` and `src/vramguard/core/quota.py`.
+DOTTED = re.compile(r"\bvramguard(?:\.[A-Za-z_]\w*)+(?![\w/-])")
+FILE_SUFFIXES = {"yaml", "yml", "json", "md", "toml", "txt", "sh", "log"}
+SLASHED = re.compile(rf"(?<![\w/.-])(?:src/vramguard/)?(?:{'|'.join(FLOORS)})/\w+\.py\b")
+
+
+def named_modules(text: str) -> set[str]:
+    """The package paths `text` names, each as the path it stands for under src/ (`vramguard/core/quota`)."""
+    found = {
+        m.group(0).replace(".", "/") for m in DOTTED.finditer(text) if m.group(0).rsplit(".", 1)[1] not in FILE_SUFFIXES
+    }
+    found |= {
+        "vramguard/" + m.group(0).removeprefix("src/vramguard/").removesuffix(".py") for m in SLASHED.finditer(text)
+    }
+    return found
+
+
+def is_module(path: str) -> bool:
+    """A package or module, or a name defined in one (`vramguard/node/cgroup/v2_root`): each part below a package is
+    a package or module in it, or a name its `__init__` holds; the first part below a module is a name it holds."""
+    where = SRC.parent / "vramguard"
+    for part in path.split("/")[1:]:
+        if (where / part / "__init__.py").exists():
+            where = where / part
+        elif (where / f"{part}.py").exists():
+            where = where / f"{part}.py"
+        else:
+            source = where / "__init__.py" if where.is_dir() else where
+            return re.search(rf"\b{part}\b", source.read_text()) is not None
+    return True
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_docs_name_real_modules(doc: Path) -> None:
+    """Every `vramguard.x.y` and `x/y.py` the README and docs/ name is a module of the package (or a name in one)."""
+    assert sorted(p for p in named_modules(doc.read_text()) if not is_module(p)) == []
+
+
+def test_a_stale_module_name_is_caught() -> None:
+    """The check above sees dotted and slashed names, and lets files and resource names be."""
+    named = named_modules(
+        "`vramguard.dra`, `core/gone.py`, `vramguard.node.cgroup.v2_root`, `vramguard.node.cgroup.no_such_name`, "
+        "vramguard.yaml, vramguard.io/vram, `node/kill.py`, `src/vramguard/core/quota.py`, `vramguard.nvml`"
+    )
+    assert {p for p in named if not is_module(p)} == {
+        "vramguard/dra",
+        "vramguard/core/gone",
+        "vramguard/node/cgroup/no_such_name",
+    }
+    assert "vramguard/core/quota" in named
 
 
 # The one background-loop primitive, and the one thread that must be abandoned rather than joined: a call hung in

@@ -129,7 +129,7 @@ class Enforcer:
         self.events = events
         self.policy = policy
         self.dry_run = dry_run
-        self.log = log if log is not None else structlog.get_logger("vramguard.agent.act")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
         self._runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
         self._pending: dict[str, _Eviction] = {}  # by pod UID

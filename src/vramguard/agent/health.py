@@ -42,7 +42,7 @@ class HealthWriter:
         self.ready = ready
         self.interval_s = interval_s
         self.clock = clock  # CLOCK_MONOTONIC in the agent: the probe compares the file's time with its own
-        self.log = log if log is not None else structlog.get_logger("vramguard.agent.health")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.writes = 0  # for tests: how many documents were written
         self._failures = FailureRun()
         self.loop = BackgroundLoop("vramguard-health", self._step, clock=clock, on_exit=self._remove, log=self.log)

@@ -109,7 +109,7 @@ class Agent:
         if watch is not None:  # said at each scrape, as /readyz says it
             metrics.watch_stuck.set_function(lambda: self.watch_problem() is not None)
         self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
-        self.log = log if log is not None else structlog.get_logger("vramguard")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
         # The agent finds its own pod the way it finds everyone else's: through its cgroup.
         me = self.identifier.identify(self.agent_pid)

@@ -46,7 +46,7 @@ class OrphanReads:
     ) -> None:
         self.lister = lister
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.agent.orphans")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.runner = runner if runner is not None else Worker("vramguard-orphan-reads", max_queue=1, clock=clock)
         self.reads = 0  # reads started, for tests and logs
         self._answers: queue.SimpleQueue[tuple[int, frozenset[str] | Exception]] = queue.SimpleQueue()

@@ -105,7 +105,7 @@ class PolicyReloader:
         self.overrides = overrides
         self.interval_s = interval_s
         self.count = count
-        self.log = log if log is not None else structlog.get_logger("vramguard.agent.reload")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.invalid: str | None = None  # why the file's content is refused now; None while it is good
         self.checks = 0  # looks at the file, for tests
         self._seen = digest  # the content last read, good or not

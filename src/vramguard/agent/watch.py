@@ -237,7 +237,7 @@ class MemoryWatch:
         self.trigger = trigger
         self.interval_s = interval_s
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.agent.watch")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.calls = calls if calls is not None else ScanCalls(trigger.policy, clock)
         self.readings = 0  # for tests and the benchmark: how often the counters were read
         self._failures = FailureRun()

@@ -51,7 +51,7 @@ class BackgroundLoop:
         self._wake = wake
         self._on_exit = on_exit
         self._backoff = backoff if backoff is not None else Backoff(0.1, 5.0)
-        self._log = log if log is not None else structlog.get_logger("vramguard.base.background")
+        self._log = log if log is not None else structlog.get_logger(__name__)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

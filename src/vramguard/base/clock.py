@@ -1,5 +1,5 @@
 """The one clock: every decision, probe, deadline and back-off reads time through a `Clock`, so a test drives time
-instead of waiting for it (`vramguard.testing.fakes.FakeClock`)."""
+instead of waiting for it (`vramguard_testbed.fakes.FakeClock`)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class Services:
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
-        self.log = structlog.get_logger("vramguard.base.lifecycle")
+        self.log = structlog.get_logger(__name__)
         self._started: list[tuple[str, Service]] = []
 
     def start(self, name: str, part: S) -> S:

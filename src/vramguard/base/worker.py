@@ -44,7 +44,7 @@ class Worker:
     ) -> None:
         self.name = name
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.base.worker")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=max_queue)
         self.loop = BackgroundLoop(name, self._step, clock=clock, wake=self._wake, log=self.log)
 

@@ -90,7 +90,7 @@ class LogEventRecorder:
     """Events when there is no API server to write them to (`--pods-file`): they go to the log instead."""
 
     def __init__(self) -> None:
-        self.log = structlog.get_logger("vramguard.events")
+        self.log = structlog.get_logger(__name__)
 
     def record(
         self, pod: EventSubject, reason: str, message: str, warning: bool = True, important: bool = False
@@ -308,7 +308,7 @@ def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Ser
     if limiter is None or root is None:
         return
     watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock)
-    log = structlog.get_logger("vramguard")
+    log = structlog.get_logger(__name__)
     try:
         services.start("cgroup-watch", watcher)
     except InotifyUnavailable as e:
@@ -353,7 +353,7 @@ def open_sampler(
     """NVML, once it loads (from `location`), started in `services`: it may come up after the agent (a driver
     container still installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and
     None once it is up; the log hears once per run of the same failure."""
-    log = structlog.get_logger("vramguard")
+    log = structlog.get_logger(__name__)
     backoff = Backoff(1.0, 60.0)
     failures = FailureRun()
     while not stop.is_set():
@@ -569,7 +569,7 @@ def stop_on_signals() -> Iterator[threading.Event]:
 def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK) -> None:
     """Run the agent until `stop`: start the cluster's parts and the probes and metrics, wait for NVML, start the
     enforcement parts, scan; then stop everything in reverse within `SHUTDOWN_BUDGET_S`."""
-    log = structlog.get_logger("vramguard")
+    log = structlog.get_logger(__name__)
     if config.advertise_capacity and config.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()

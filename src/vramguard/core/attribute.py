@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from vramguard.core.model import (
+    UNKNOWN_START_TIME,
     ContainerUsage,
     GpuSample,
     Identity,
@@ -28,9 +29,6 @@ NOT_IN_POD = UnattributedReason.NOT_IN_POD
 POD_NOT_IN_CACHE = UnattributedReason.POD_NOT_IN_CACHE
 ORPHANED = UnattributedReason.ORPHANED
 PROCESS_GONE = UnattributedReason.PROCESS_EXITED  # NVML lists the PID; /proc has no process of that number
-
-# The start time of a process that was gone before it could be read: no real process has it.
-UNKNOWN_START_TIME = -1
 
 
 def attribute(

@@ -355,12 +355,10 @@ def hold_reason(v: Violation, reason: Reason, policy: Policy, snapshot: Snapshot
     limit or for pressure.
     """
     pod = v.pod
-    if snapshot.agent_pod_uid is not None and pod.uid == snapshot.agent_pod_uid:
-        return "the agent's own pod"
+    if (exempt := policy.exemption(pod.uid, pod.namespace, snapshot.agent_pod_uid)) is not None:
+        return exempt
     if snapshot.agent_pid is not None and any(p.pid == snapshot.agent_pid for p in v.processes):
         return "the agent's own process"
-    if pod.namespace in policy.exempt_namespaces:
-        return f"namespace {pod.namespace} is exempt"
     if pod.terminating and reason is not Reason.HARD_LIMIT:
         return "pod is already terminating"
     if not v.device.healthy:

@@ -143,7 +143,7 @@ def wanted_limits(
     targets: list[LimitTarget] = []
     for uid, pod_quota in quotas.items():
         pod = pods.get(uid)
-        if pod is None or uid == agent_pod_uid or pod.namespace in policy.exempt_namespaces:
+        if pod is None or policy.exemption(uid, pod.namespace, agent_pod_uid) is not None:
             continue
         if policy.mode_for(pod.namespace) is Mode.WARN:
             continue

@@ -170,6 +170,11 @@ class ProcessRef:
     start_time: int
 
 
+# The start time of a process whose stat could not be read (gone before it was, or unreadable): no real process
+# has one.
+UNKNOWN_START_TIME = -1
+
+
 @dataclass(frozen=True, slots=True)
 class CgroupIdentity:
     """Where a process lives in the kubelet's cgroup tree."""
@@ -482,6 +487,15 @@ class Policy:
         if self.watch_rise_ratio is not None:
             limits.append(int(self.watch_rise_ratio * total_bytes))
         return min(limits) if limits else total_bytes
+
+    def exemption(self, pod_uid: str, namespace: str, agent_pod_uid: str | None = None) -> str | None:
+        """Why the agent never acts on a pod (no kill, eviction, driver limit or orphan reclaim; warnings and
+        notices still reach it), or None when it may: the agent's own pod, or a pod in an exempt namespace."""
+        if agent_pod_uid is not None and pod_uid == agent_pod_uid:
+            return "the agent's own pod"
+        if namespace in self.exempt_namespaces:
+            return f"namespace {namespace} is exempt"
+        return None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class Orphan:
     def reclaims(self, policy: Policy) -> bool:
         """Whether the policy has it killed: `orphans` (or the mode) says reclaim, and the namespace it was seen in
         is not exempt (kube-system's leftovers are reported only)."""
-        exempt = self.known is not None and self.known.namespace in policy.exempt_namespaces
+        exempt = self.known is not None and policy.exemption(self.pod_uid, self.known.namespace) is not None
         return policy.reclaims_orphans and not exempt
 
     def due(self, policy: Policy, now: float) -> bool:

@@ -1,7 +1,7 @@
 """The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
 
 Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, the `kube` package,
-`kube/pods_file.py`); honest fakes live in `vramguard.testing.fakes`. The decision core sees none of them.
+`kube/pods_file.py`); honest fakes in the test bench, `vramguard_testbed.fakes`. The decision core sees none of them.
 """
 
 from __future__ import annotations

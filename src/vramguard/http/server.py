@@ -192,7 +192,7 @@ class HealthServer:
         self._max_request_bytes = max_request_bytes
         self._cpu_budget_s = _GATE_SHARE * max_cpu_fraction * _BUDGET_WINDOW_S
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.http")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.host = host
         self.port = port
         self._selector = selectors.PollSelector()  # no fd of its own, unlike epoll; a few dozen fds poll cheaply

@@ -53,7 +53,7 @@ class KubeCapacityPublisher:
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
         self.reserve_bytes = reserve_bytes
-        self.log = log if log is not None else structlog.get_logger("vramguard.capacity")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
         self.runner: Runner = runner if runner is not None else Worker("vramguard-capacity", max_queue=1, clock=clock)
         self._published: int | str | None = _UNKNOWN

@@ -67,7 +67,7 @@ class KubeClaimSource:
         self.pods = pods
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
-        self.log = log if log is not None else structlog.get_logger("vramguard.claims")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
         self._synced = threading.Event()  # set by the claim thread once `synced()` held with the pods synced
         self._gets = TokenBucket(GETS_BURST, gets_per_s * 60.0, clock)

@@ -186,7 +186,7 @@ class KubeEventRecorder:
         """Nothing is written before `start()`: until then, what `record` queues stays queued. `rng` jitters the
         retries' back-off."""
         self.sink = sink
-        self.log = log if log is not None else structlog.get_logger("vramguard.events")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.bucket = bucket if bucket is not None else TokenBucket(EVENT_BURST, EVENT_PER_MINUTE, clock)
         self.correlator = correlator if correlator is not None else EventCorrelator(clock=clock)
         self.clock = clock

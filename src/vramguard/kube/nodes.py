@@ -30,7 +30,7 @@ class NodeSource:
         count: RequestCounter = uncounted,
     ) -> None:
         self.node_name = node_name
-        self.log = log if log is not None else structlog.get_logger("vramguard.node")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self._labels: Mapping[str, str] = {}
         self._found: bool | None = None  # None until listed
         core = client.CoreV1Api(api)

@@ -50,7 +50,7 @@ class KubePodSource:
     ) -> None:
         self.node_name = node_name
         self.on_pods = on_pods
-        self.log = log if log is not None else structlog.get_logger("vramguard.kube.pods_file")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
         self._objects: Mapping[str, PodInfo] = {}  # by metadata.uid
         self._pods: Mapping[str, PodInfo] = {}  # by PodInfo.uid: `index_pods(self._objects.values())`

@@ -177,7 +177,7 @@ class FilePodSource:
         self.check_interval_s = check_interval_s
         self.max_bytes = max_bytes
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.kube.pods_file")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.reads = 0  # versions of the file parsed, good or bad: for tests and logs
         self._published = PodList()  # replaced whole, never mutated: pods and labels from one read
         self._problem: str | None = self._say("not read yet")

@@ -85,7 +85,7 @@ class CgroupWatcher:
         self.tick = tick
         self.tick_s = tick_s
         self.clock = clock
-        self.log = log if log is not None else structlog.get_logger("vramguard.node.cgroupwatch")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self._inotify: _Inotify | None = None
         self._watches: dict[int, str] = {}  # watch descriptor → directory
         self._seen: set[str] = set()  # directories reported or watched, so a rescan reports each once

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
-from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.core.model import UNKNOWN_START_TIME, KillTarget, ProcessRef
 from vramguard.core.ports import KillResult
 from vramguard.node.cgroup import ContainerCgroup, find_container_cgroup, parse_cgroup
 from vramguard.node.freezer import Freezer
@@ -48,9 +48,6 @@ SKIP_UNREADABLE = "cannot read the process"
 _SETTLED_SKIPS = frozenset(
     {SKIP_INVALID_PID, SKIP_GONE, SKIP_EXITED, SKIP_PID_REUSED, SKIP_NOT_IN_CONTAINER, SKIP_NOT_A_PROCESS}
 )
-
-# The start time reported for a process whose stat could not be read.
-UNKNOWN_START_TIME = -1
 
 # Total time one kill may spend waiting for fds to free up (EMFILE/ENFILE), across all its retries.
 _FD_WAIT_S = 0.5

@@ -162,7 +162,7 @@ class DriverLimiter:
         self.clock = clock
         self.plan = plan
         self.watching = False  # set once a `CgroupWatcher` hands over new cgroups
-        self.log = log if log is not None else structlog.get_logger("vramguard.core.limit_plan")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self._lock = threading.Lock()
         self._outcomes: list[LimitOutcome] = []
         self._held: dict[SubjectKey, LimitTarget] = {}

@@ -267,7 +267,7 @@ class KillFile:
         self.path = os.path.join(directory, FILE_NAME)
         self.proc_root = proc_root
         self.now_ticks = now_ticks
-        self.log = log if log is not None else structlog.get_logger("vramguard.node.repeats")
+        self.log = log if log is not None else structlog.get_logger(__name__)
         self.boot_id = _read_boot_id(boot_id_path)
         self._failures = FailureRun()
 

@@ -25,7 +25,7 @@ from vramguard.core.model import (
     Violation,
 )
 from vramguard.core.ports import Evictor, EvictResult
-from vramguard.testing.fakes import (
+from vramguard_testbed.fakes import (
     FakeClock,
     RecordingEventRecorder,
     RecordingKiller,

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from vramguard.agent.health import HealthWriter, write
 from vramguard.base import healthfile
 from vramguard.base.healthfile import HealthDocument
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 def test_the_first_document_is_written_at_start_and_each_round_after(tmp_path: Path) -> None:

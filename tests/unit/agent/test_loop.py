@@ -37,7 +37,7 @@ from vramguard.core.model import (
 )
 from vramguard.core.ports import KillResult
 from vramguard.core.shares import PodShares, Share
-from vramguard.testing.fakes import (
+from vramguard_testbed.fakes import (
     FakeClock,
     FakeEvictor,
     FakeIdentifier,

@@ -15,7 +15,7 @@ from vramguard.core.exited import HeldByExited
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB, GpuDevice, ProcessRef, UnattributedProcess, UnattributedReason
 from vramguard.core.peaks import PeakWindow
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 
 def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_whole() -> None:

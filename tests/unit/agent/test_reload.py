@@ -15,7 +15,7 @@ from vramguard.cli.wiring import Probes
 from vramguard.core.model import DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
 from vramguard.core.policy import Overrides
 from vramguard.http.status import PolicyFacts
-from vramguard.testing.fakes import FakeClock, pod
+from vramguard_testbed.fakes import FakeClock, pod
 
 GiB = 1024**3
 CLAIM = ("claim:gpu.nvidia.com", "resource:vramguard.io/vram")

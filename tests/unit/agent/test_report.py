@@ -19,7 +19,7 @@ from vramguard.core.model import (
 )
 from vramguard.core.orphans import Departed, Orphan, OrphanScan
 from vramguard.node.describe import ProcessDetail
-from vramguard.testing.fakes import gpu
+from vramguard_testbed.fakes import gpu
 
 # A container with two processes; a row whose quota is a DRA share; a row of hostile tenant text in every field.
 TRAINER_ROW = TopRow(

@@ -12,7 +12,7 @@ import pytest
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger, Trigger
 from vramguard.core.attribute import Awaited
 from vramguard.core.model import ContainerInfo, GiB, GpuDevice, GpuMemory, MiB, PodInfo, Policy
-from vramguard.testing.fakes import FakeClock, gpu, pod
+from vramguard_testbed.fakes import FakeClock, gpu, pod
 
 TOTAL = 80 * GiB  # 1 % of it is 819 MiB: the 256 MiB bound is the smaller
 

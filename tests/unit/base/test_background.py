@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 class Script:

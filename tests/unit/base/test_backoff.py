@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vramguard.base.backoff import Backoff, TokenBucket
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 def test_token_bucket_bounds_bursts_and_rate() -> None:

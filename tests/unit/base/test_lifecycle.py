@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from vramguard.base.lifecycle import Services
 from vramguard.base.logs import FailureRun
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from vramguard.base.worker import Inline, Worker
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 def test_tasks_run_in_order_and_a_crash_does_not_stop_the_next() -> None:

@@ -11,12 +11,12 @@ from vramguard.core.attribute import (
     ORPHANED,
     POD_NOT_IN_CACHE,
     PROCESS_GONE,
-    UNKNOWN_START_TIME,
     Awaited,
     attribute,
     awaited,
 )
 from vramguard.core.model import (
+    UNKNOWN_START_TIME,
     CgroupIdentity,
     ContainerInfo,
     ContainerUsage,

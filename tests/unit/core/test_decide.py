@@ -50,7 +50,7 @@ from vramguard.core.model import (
     UnattributedReason,
     Violation,
 )
-from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
 GPU1 = gpu(1, total_bytes=16 * GiB)

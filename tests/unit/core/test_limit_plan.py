@@ -16,7 +16,7 @@ from vramguard.core.limit_plan import (
 )
 from vramguard.core.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
 from vramguard.core.quota import QuotaBook
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)

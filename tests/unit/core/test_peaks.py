@@ -7,7 +7,7 @@ import pytest
 
 from vramguard.core.model import GiB, MiB
 from vramguard.core.peaks import PeakWindow
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 TRAINER = pod("trainer", "ml")
 GPU0 = gpu(0)

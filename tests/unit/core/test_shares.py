@@ -22,7 +22,7 @@ from vramguard.core.shares import (
     pod_shares,
 )
 from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
-from vramguard.testing.fakes import SnapshotBuilder, gpu
+from vramguard_testbed.fakes import SnapshotBuilder, gpu
 
 DRIVER = "gpu.nvidia.com"
 CLASS = "gpu.nvidia.com"

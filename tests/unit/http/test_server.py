@@ -1,6 +1,6 @@
 """The HTTP endpoint's answers: what each request head gets from /metrics, /healthz, /readyz and /status, each
 saying why when it fails. Pure: a server that is never started answers a head as its loop would
-(`_head_of`, `_request`); the sockets, the loop and the attacks are the node tier's (tests/node/test_http_server.py).
+(`_head_of`, `_request`); the sockets, the loop and the attacks are the node tier's (tests/node/test_server.py).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from vramguard.http.status import (
     scan_json,
 )
 from vramguard.node.describe import ProcessDetail
-from vramguard.testing.fakes import FakeClock, SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 FACTS = AgentFacts(version="1.2.3", node="node-a", mode="kill", dry_run=False, poll_interval_s=1.0)
 DRIVER = DriverFacts("13.615.71", True, "615.40.02", "13.615.40.02", True, "")

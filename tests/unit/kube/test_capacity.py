@@ -10,7 +10,7 @@ from vramguard.base.backoff import Backoff
 from vramguard.base.worker import Inline
 from vramguard.core.model import GiB, GpuDevice, GpuSample
 from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 def _device(uuid: str, total_gib: int, parent: str | None = None, healthy: bool = True) -> GpuDevice:

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from vramguard.core.model import ClaimUse, PodInfo
 from vramguard.kube.claims import CYCLE_S, KubeClaimSource
 from vramguard.kube.reflector import Reflector
-from vramguard.testing.fakes import FakeClock, FakePodSource, pod
+from vramguard_testbed.fakes import FakeClock, FakePodSource, pod
 
 
 class SilentWatch:

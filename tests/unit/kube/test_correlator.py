@@ -17,7 +17,7 @@ from vramguard.kube.correlator import (
     EventCorrelator,
     Patch,
 )
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 BURST = 3
 REFILL_S = 300.0

@@ -15,7 +15,7 @@ from vramguard.base.backoff import TokenBucket
 from vramguard.kube.client import FORBIDDEN_GRACE_S, forbidden_for_now
 from vramguard.kube.correlator import REPEAT_WINDOW_S, EventCorrelator
 from vramguard.kube.events import EVENT_DENIED_S, EventRecord, KubeEventRecorder
-from vramguard.testing.fakes import FakeClock, pod
+from vramguard_testbed.fakes import FakeClock, pod
 
 NEVER = threading.Event()
 

@@ -21,7 +21,7 @@ from vramguard.core.documents import YAML_PARSERS
 from vramguard.core.model import MiB
 from vramguard.kube.pod_manifest import PodSourceError
 from vramguard.kube.pods_file import FilePodSource, parse_pod_list
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 NODE: dict[str, Any] = {"kind": "Node", "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.replicas": "4"}}}
 

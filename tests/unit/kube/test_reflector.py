@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from urllib3.exceptions import ReadTimeoutError
 
 from vramguard.kube.reflector import SPREAD_S, WORKING_S, Reflector
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 LOG = structlog.get_logger("test")
 

@@ -1,6 +1,6 @@
 """What a GPU process is, for people (`describe_process`): its user and command line as the kernel holds them, or
 its program's name alone, "(gone)" once it exited, every read bounded. Over a fake /proc; the same rules for real
-processes are in tests/node/test_node_describe.py."""
+processes are in tests/node/test_describe.py."""
 
 from __future__ import annotations
 

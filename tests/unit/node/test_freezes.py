@@ -191,7 +191,8 @@ def _junk_big(directory: Path) -> None:
 )
 def test_what_is_not_a_small_regular_file_is_refused(tmp_path: Path, plant: Callable[[Path], None], kind: Junk) -> None:
     """A directory, a symlink or a big file is never read: the look removes it (a symlink's target stays), and
-    reports it. FIFOs and sockets, which could block a reader, are the node tier's (tests/node/test_node_freezes.py)."""
+    reports it. FIFOs and sockets, which could block a reader, are the node tier's
+    (tests/node/test_freezes_planted.py)."""
     journal = FreezeJournal(str(tmp_path / "freezes"), cgroup_root=str(fake_root(tmp_path)))
     directory = tmp_path / "freezes"
     directory.mkdir()

@@ -1,5 +1,5 @@
 """The identify stage: ProcIdentifier's cache over a fake /proc tree, its PID cursor, and the one /proc/<pid>/stat
-parser it shares with the killer. Over real processes: tests/node/test_identify_real.py."""
+parser it shares with the killer. Over real processes: tests/node/test_identify.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The driver limiter's decisions over a fake cgroup tree, a fake driver, a FakeClock and an inline worker: no root,
-no cgroupfs (tests/node/test_limits_real.py runs the real cgroupfs path)."""
+no cgroupfs (tests/node/test_limiter.py runs the real cgroupfs path)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from vramguard.core.ports import LIMIT_MAX, DriverLimit
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup_tree import CgroupTree
 from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits, read_held_limits
-from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
+from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)

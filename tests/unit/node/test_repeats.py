@@ -1,5 +1,5 @@
 """The repeat memory in the state directory: what a restarted agent reads back, what it checks against the node's
-processes (a fake /proc here; real processes in tests/node/test_node_repeats.py), and what it refuses."""
+processes (a fake /proc here; real processes in tests/node/test_repeats.py), and what it refuses."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from vramguard.node.repeats import (
     parse_kills,
     read_node,
 )
-from vramguard.testing.fakes import (
+from vramguard_testbed.fakes import (
     FakeClock,
     FakeEvictor,
     FakeIdentifier,
@@ -367,7 +367,7 @@ def _plant(path: Path, kind: str) -> None:
 )
 def test_a_hostile_file_is_refused_in_one_line(tmp_path: Path, kind: str, problem: str) -> None:
     """Whatever sits at kills.json, load returns at once with nothing, and says why in one log line. A FIFO, which
-    could block a reader, is the node tier's (tests/node/test_node_repeats.py)."""
+    could block a reader, is the node tier's (tests/node/test_repeats.py)."""
     memory = _file(tmp_path)
     _plant(Path(memory.path), kind)
     with capture_logs() as logs:

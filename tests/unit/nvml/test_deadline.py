@@ -1,5 +1,5 @@
 """The deadline runner without NVML: a job's result or error handed back, and a closed runner refusing work. A hung
-call abandoned in real time is tested in tests/node/test_nvml_deadline.py."""
+call abandoned in real time is tested in tests/node/test_deadline.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vramguard.core.model import GiB
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched, Row
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 
 def gpu_doc(

@@ -15,7 +15,7 @@ from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
 from vramguard.plugin.merge import Failure, Fetched
 from vramguard.plugin.prometheus import PEAK_METRIC, SLICES
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 from .agents import FakeCore, FakeResponse, answer, core_for, fleet, gpu_doc, ref, status_exception
 from .objects import by_kind, template, workload

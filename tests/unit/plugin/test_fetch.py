@@ -14,7 +14,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutErr
 from vramguard.plugin import fetch
 from vramguard.plugin.fetch import AgentPod, agent_from_pod, find_agents, read_all, read_status
 from vramguard.plugin.merge import Answer, Failure, merge_rows
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 from .agents import (
     FakeCore,

@@ -26,7 +26,7 @@ from vramguard.plugin.recommend import (
     spell,
 )
 from vramguard.plugin.workloads import Owners, WorkloadRef
-from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 from .objects import by_kind, template, workload
 

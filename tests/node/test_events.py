@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from vramguard.base.backoff import TokenBucket
 from vramguard.kube.events import EventRecord, KubeEventRecorder
-from vramguard.testing.fakes import SteppedClock, pod
+from vramguard_testbed.fakes import SteppedClock, pod
 from vramguard_testbed.waiting import wait_until
 
 

@@ -2,7 +2,8 @@
 
 Fakes record what they were asked to do and can be told to fail (`inject_error`); they never pretend to do
 more than they do. Use them for unit tests of the loop and the decision core; the end-to-end tests use the real
-implementations over the test NVML library and real cgroups instead.
+implementations over the test NVML library and real cgroups instead. Only vramguard's own tests and bench use
+them (nothing outside the agent implements its Protocols), so they live here, out of the agent's wheel.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from unit.http.test_server import HEALTHZ, REQUEST_LINES, idle_server, parse_res
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.http.server import HealthServer
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.waiting import wait_until
 

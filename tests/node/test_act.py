@@ -14,7 +14,7 @@ from vramguard.agent.act import Enforcer, Outcome
 from vramguard.base.worker import Worker
 from vramguard.core.model import EvictionRefused, PodInfo, Policy
 from vramguard.core.ports import EvictResult
-from vramguard.testing.fakes import FakeClock, GatedEvictor, RecordingEventRecorder, RecordingKiller
+from vramguard_testbed.fakes import FakeClock, GatedEvictor, RecordingEventRecorder, RecordingKiller
 
 
 def _drain(worker: Worker) -> None:

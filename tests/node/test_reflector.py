@@ -14,7 +14,7 @@ from unit.kube.test_reflector import Names
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.reflector import Reflector
-from vramguard.testing.fakes import FakePodSource
+from vramguard_testbed.fakes import FakePodSource
 
 
 class Server:

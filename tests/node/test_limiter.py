@@ -17,8 +17,8 @@ from vramguard.core.ports import LIMIT_MAX
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup import locate_cgroups, v2_root
 from vramguard.node.limiter import DriverLimiter
-from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
 from vramguard_testbed.cgroups import KubeletCgroups
+from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)
