@@ -109,8 +109,8 @@ class KubePodSource:
 
     def present(self) -> frozenset[str]:
         """A consistent LIST of this node's pods, one request: with no resourceVersion the API server answers as of
-        now (from etcd, or from a watch cache it first brought up to date), never from a watch that lags. The UIDs
-        the kubelet runs them under: each pod's own, and a mirror pod's `kubernetes.io/config.mirror`."""
+        now (from its storage, or from a watch cache it first brought up to date), never from a watch that lags. The
+        UIDs the kubelet runs them under: each pod's own, and a mirror pod's `kubernetes.io/config.mirror`."""
         self._count("pods", "LIST")
         resp = self._list(_preload_content=False, _request_timeout=TIMEOUT_LIST)
         body = json.loads(resp.data)

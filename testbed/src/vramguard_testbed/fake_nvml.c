@@ -4,7 +4,7 @@
  * Compiled against NVIDIA's own nvml.h (PyPI package nvidia-nvml-dev) so every prototype and struct layout is
  * checked by the compiler, and loaded by nvidia-ml-py (pynvml) through its real ctypes code path. The node it
  * describes lives in a text file named by $VRAMGUARD_FAKE_NVML_STATE; tests change the node by replacing that
- * file (write a temporary file, then rename it over the old one). vramguard.testing.fakenvml writes it.
+ * file (write a temporary file, then rename it over the old one). vramguard_testbed.fakenvml writes it.
  *
  * The file is consulted on every call: a stat() each time, and a re-parse whenever the file's identity (device,
  * inode, size, mtime, ctime) changed. A rename always brings a new inode, so a replaced file is never missed,

@@ -20,7 +20,7 @@ from vramguard.node import freezer
 from vramguard.node.cgroup import ContainerCgroup, read_members
 from vramguard.node.freezer import Control, Freezer, freeze_state, is_frozen
 from vramguard.node.procfs import FdRetry
-from vramguard.testing.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock
 
 DEADLINE = 1e9  # far ahead: the tests that wait say how long
 
