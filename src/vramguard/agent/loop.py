@@ -42,9 +42,16 @@ from vramguard.core.model import (
 )
 from vramguard.core.orphans import OrphanScan, OrphanTracker
 from vramguard.core.peaks import Peak, PeakWindow
-from vramguard.core.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
+from vramguard.core.ports import (
+    CapacityPublisher,
+    ClaimSource,
+    GpuSampler,
+    KillMemory,
+    LimitProgrammer,
+    PodSource,
+    ProcessIdentifier,
+)
 from vramguard.core.quota import QuotaBook
-from vramguard.node.limiter import DriverLimiter
 
 
 def settle_heap() -> None:
@@ -72,7 +79,7 @@ class Agent:
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
         capacity: CapacityPublisher | None = None,
-        limiter: DriverLimiter | None = None,
+        limiter: LimitProgrammer | None = None,
         planner: LimitPlanner | None = None,
         claims: ClaimSource | None = None,
         kill_memory: KillMemory | None = None,

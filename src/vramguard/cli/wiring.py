@@ -37,7 +37,15 @@ from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter, whole_gpus
 from vramguard.core.model import DriverLimits, EventSubject, GpuDevice, PodInfo, Policy
 from vramguard.core.policy import Overrides, PolicyError, read_policy
-from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, MemoryLimiter, PodSource
+from vramguard.core.ports import (
+    EventRecorder,
+    Evictor,
+    EvictResult,
+    KillMemory,
+    LimitsSupport,
+    MemoryLimiter,
+    PodSource,
+)
 from vramguard.core.quota import reads_claims
 from vramguard.http.server import BindError, HealthServer
 from vramguard.http.status import AgentFacts, DriverFacts, PolicyFacts, StatusPage
@@ -55,7 +63,7 @@ from vramguard.node.describe import describer
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
-from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits
+from vramguard.node.limiter import DriverLimiter, probe_limits
 from vramguard.node.repeats import KillFile
 from vramguard.nvml import (
     LOADER_SEARCH,
@@ -670,6 +678,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         probes.driver = nvidia_side(sampler)
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
         planner = LimitPlanner(cluster.pods, cluster.claims, config.policy, dry_run=config.dry_run)
+        limiter = driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock)
         agent = build_agent(
             sampler=sampler,
             cluster=cluster,
@@ -680,7 +689,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             cgroup_root=config.cgroup_root,
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
-            limiter=driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock),
+            limiter=limiter,
             planner=planner,
             journal=journal,
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
@@ -696,9 +705,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("orphan-reads", agent.orphan_reads)
         if agent.watch is not None:
             services.start("watch", agent.watch)
-        if agent.limiter is not None:
-            services.start("driver-limits", agent.limiter)
-            watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+        if limiter is not None:
+            services.start("driver-limits", limiter)
+            watch_cgroups(limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         probes.agent = agent

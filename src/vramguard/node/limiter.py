@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -20,7 +20,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
 from vramguard.core.limit_plan import LimitOutcome, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
-from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
+from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
 
 
@@ -62,36 +62,6 @@ def read_held_limits(
             if found is not None and found.hard_bytes != LIMIT_MAX:
                 held[SubjectKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
     return held
-
-
-@dataclass(frozen=True, slots=True)
-class LimitsSupport:
-    """Whether the driver can hold per-cgroup limits here, as it answered for the cgroup v2 root on each of `gpus`
-    (`probe_limits`), or as the limiter has found out since (`DriverLimiter.support`)."""
-
-    gpus: tuple[int, ...]  # the whole GPUs asked about
-    unavailable: str | None = None  # why the node cannot hold limits at all (no cgroup v2, no bindings, old driver)
-    unsupported: Mapping[int, str] = field(default_factory=dict)  # GPUs that answered NOT_SUPPORTED, with why
-    unanswered: Mapping[int, str] = field(default_factory=dict)  # GPUs whose answer was an error, not a no
-
-    @property
-    def possible(self) -> bool | None:
-        """True where at least one GPU can hold limits; None where no GPU said no and some could not answer."""
-        if self.unavailable is not None or not self.gpus:
-            return False
-        if any(g not in self.unsupported and g not in self.unanswered for g in self.gpus):
-            return True
-        return None if self.unanswered else False
-
-    @property
-    def reason(self) -> str:
-        """Why not, or on which GPUs not; "" where every GPU can."""
-        if self.unavailable is not None:
-            return self.unavailable
-        if not self.gpus:
-            return "no whole, healthy GPU to hold a limit (MIG instances cannot)"
-        said = [*(self.unsupported[g] for g in sorted(self.unsupported)), *self.unanswered.values()]
-        return "; ".join(dict.fromkeys(said))  # each answer once: one error for every GPU reads as one
 
 
 def probe_limits(memory: MemoryLimiter, tree: CgroupTree, gpus: Iterable[int]) -> LimitsSupport:

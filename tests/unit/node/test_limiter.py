@@ -13,10 +13,10 @@ import pytest
 from vramguard.base.worker import Inline, Runner
 from vramguard.core.limit_plan import LimitTarget, wanted_limits
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GiB, GpuDevice, Mode, PodInfo, Policy, SubjectKey
-from vramguard.core.ports import LIMIT_MAX, DriverLimit
+from vramguard.core.ports import LIMIT_MAX, DriverLimit, LimitsSupport
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup_tree import CgroupTree
-from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits, read_held_limits
+from vramguard.node.limiter import DriverLimiter, probe_limits, read_held_limits
 from vramguard.testing.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
 
 QUOTA = "vramguard.io/vram"
