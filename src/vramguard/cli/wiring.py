@@ -320,7 +320,7 @@ def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Ser
     except InotifyUnavailable as e:
         log.warning("cgroup_watch_unavailable", reason=str(e), fallback="reconcile")
         return
-    limiter.watching = True
+    limiter.watched()
     log.info("cgroup_watch", root=root)
 
 
