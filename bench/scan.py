@@ -82,6 +82,8 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
     pods.start()
     assert pods.wait_synced(30), pods.problem()
 
+    driver = FakeMemoryLimiter()
+
     def fresh_agent() -> tuple[Agent, NvmlSampler]:
         sampler = NvmlSampler()
         sampler.start()
@@ -92,7 +94,7 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
             policy=policy,
             enforcer=Enforcer(killer=PidfdKiller(), evictor=FakeEvictor(), events=events, policy=policy),
             metrics=Metrics(),
-            limiter=DriverLimiter(FakeMemoryLimiter(), runner=Inline()) if driver_limits else None,
+            limiter=DriverLimiter(driver, runner=Inline()) if driver_limits else None,
         )
         return agent, sampler
 
@@ -100,10 +102,9 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
     c0, w0 = time.process_time(), time.perf_counter()
     report = agent.scan()
     cold_cpu, cold_wall = time.process_time() - c0, time.perf_counter() - w0
-    if agent.limiter is not None:  # the in-memory driver counts what NVML's rows say: no disagreement to report
-        driver = agent.limiter.memory
+    if driver_limits:  # the in-memory driver counts what NVML's rows say: no disagreement to report
         # A limit on each container's cgroup and on each pod's, on every GPU.
-        assert isinstance(driver, FakeMemoryLimiter) and len(driver.limits) >= len(report.snapshot.containers)
+        assert len(driver.limits) >= len(report.snapshot.containers)
         for key in driver.limits:
             driver.used[key] = 64 * MiB
     settle_heap()  # as Agent.run does after its first scan

@@ -154,7 +154,7 @@ def test_a_cgroup_that_is_not_there_yet_is_retried(node: Node, v2: KubeletCgroup
 def test_with_the_watcher_a_missing_cgroup_is_not_looked_for_again(node: Node, v2: KubeletCgroups) -> None:
     """A container's cgroup that is gone for good (an init container that completed) costs nothing: the watcher
     reports a new cgroup when it comes."""
-    node.limiter.watching = True
+    node.limiter.watched()
     late = pod("late", "ml", containers={"main": {QUOTA: "2Gi"}})
     node.update(node.targets(late), now=0)
     calls = len(node.driver.calls)

@@ -27,19 +27,9 @@ from vramguard.base.logs import FailureRun
 from vramguard.core.attribute import attribute, awaited
 from vramguard.core.decide import Decision, DecisionState, decide, record_evictions, record_kills
 from vramguard.core.exited import EXITED_HOLD_S, ExitedScan, ExitedTracker
-from vramguard.core.limit_plan import (
-    LimitOutcome,
-    LimitTarget,
-    UsageDisagreement,
-    WantedLimits,
-    uses_limiter,
-    wanted_limits,
-    whole_gpus,
-    with_driver_usage,
-)
+from vramguard.core.limit_plan import LimitOutcome, LimitPlanner, LimitTarget, UsageDisagreement, with_driver_usage
 from vramguard.core.model import (
     Action,
-    GpuDevice,
     GpuSample,
     Mode,
     OnRepeat,
@@ -52,10 +42,16 @@ from vramguard.core.model import (
 )
 from vramguard.core.orphans import OrphanScan, OrphanTracker
 from vramguard.core.peaks import Peak, PeakWindow
-from vramguard.core.ports import CapacityPublisher, ClaimSource, GpuSampler, KillMemory, PodSource, ProcessIdentifier
-from vramguard.core.quota import QuotaBook, resolve_pod_quota
-from vramguard.core.shares import PodShares
-from vramguard.node.limiter import DriverLimiter
+from vramguard.core.ports import (
+    CapacityPublisher,
+    ClaimSource,
+    GpuSampler,
+    KillMemory,
+    LimitProgrammer,
+    PodSource,
+    ProcessIdentifier,
+)
+from vramguard.core.quota import QuotaBook
 
 
 def settle_heap() -> None:
@@ -83,7 +79,8 @@ class Agent:
         log: structlog.typing.FilteringBoundLogger | None = None,
         agent_pid: int | None = None,
         capacity: CapacityPublisher | None = None,
-        limiter: DriverLimiter | None = None,
+        limiter: LimitProgrammer | None = None,
+        planner: LimitPlanner | None = None,
         claims: ClaimSource | None = None,
         kill_memory: KillMemory | None = None,
         watch: MemoryWatch | None = None,
@@ -100,6 +97,8 @@ class Agent:
         self.metrics = metrics
         self.capacity = capacity
         self.limiter = limiter  # None: no driver limits (warn-only policy, --dry-run, driver_limits: off)
+        # The driver limits the quotas call for; the limiter is handed the same planner, for the cgroups that appear.
+        self.planner = planner if planner is not None else LimitPlanner(pods, claims, policy, dry_run=enforcer.dry_run)
         self.claims = claims  # None: no claim quota source in the policy
         self.watch = watch  # None: no watch between scans (scans on the poll alone)
         self.reloads = reloads  # None: the policy is the one given here for the agent's life
@@ -129,8 +128,6 @@ class Agent:
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._watch_stuck = FailureRun()  # the watch stuck in the driver, to log transitions once
         self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
-        self._limit_gpus: list[GpuDevice] | None = None  # the GPUs limits go on, as of the last scan
-        self._limits_memo: WantedLimits | None = None
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
@@ -174,7 +171,8 @@ class Agent:
         # 4b. Driver limits (R615+): hand the limits the quotas call for to the limiter's worker, which programs
         #     them into the driver; the decision below enforces every quota either way.
         if self.limiter is not None:
-            self.limiter.update(*self._wanted_limits(pods, labels, shares, quotas, sample), now)
+            wanted = self.planner.wanted(pods, labels, shares, quotas, sample.devices, self.agent_pod_uid)
+            self.limiter.update(*wanted, now)
         # 5. Decide, purely.
         decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
@@ -276,7 +274,7 @@ class Agent:
         policy, restart = fit(loaded.policy, self.built, self.policy)
         self.policy = policy
         self.quotas = QuotaBook(policy)
-        self._limits_memo = None
+        self.planner.use(policy)
         self.enforcer.policy = policy
         if self.watch is not None:
             self.watch.retune(policy)
@@ -359,46 +357,6 @@ class Agent:
                 self.log.warning("evidence_changed", pod=v.pod.key, pid=ref.pid, action=action.kind.value)
                 return False
         return True
-
-    def _wanted_limits(
-        self,
-        pods: Mapping[str, PodInfo],
-        labels: Mapping[str, str],
-        shares: Mapping[str, PodShares] | None,
-        quotas: Mapping[str, PodQuota],
-        sample: GpuSample,
-    ) -> tuple[tuple[LimitTarget, ...], list[int]]:
-        """The driver limits the quotas call for, and the GPUs that can hold them; recomputed only when the pods,
-        the node's labels, the DRA shares or the GPUs change (`limit_plan.WantedLimits`)."""
-        gpus = whole_gpus(sample.devices)
-        self._limit_gpus = gpus
-        memo = self._limits_memo
-        if memo is None or not memo.computed_from(pods, labels, shares, gpus):
-            targets = self._limits_for(pods, quotas, gpus)
-            memo = self._limits_memo = WantedLimits.of(pods, labels, shares, gpus, targets)
-        return memo.targets, [d.index for d in gpus]
-
-    def plan_limits(self, pod_uid: str) -> tuple[LimitTarget, ...] | None:
-        """The limits one pod calls for now, read fresh from the sources (the limiter's `plan`, for a cgroup the
-        moment it appears); None when the pod is not known yet, or no scan has seen the GPUs. Runs on the
-        limiter's worker: it reads only what the sources replace whole, never the scan's caches."""
-        gpus = self._limit_gpus
-        pod = self.pods.pods().get(pod_uid)
-        if pod is None or gpus is None:
-            return None
-        shares = self.claims.shares() if self.claims is not None else None
-        held = shares.get(pod_uid) if shares is not None else None
-        quota = resolve_pod_quota(pod, self.policy, self.pods.node_labels(), held)
-        return self._limits_for({pod_uid: pod}, {pod_uid: quota}, gpus)
-
-    def _limits_for(
-        self, pods: Mapping[str, PodInfo], quotas: Mapping[str, PodQuota], gpus: list[GpuDevice]
-    ) -> tuple[LimitTarget, ...]:
-        """The limits the policy in force wants; none once a reload turned them off (the limiter clears its own)."""
-        policy = self.policy
-        if not uses_limiter(policy, self.built.dry_run):
-            return ()
-        return wanted_limits(pods, quotas, gpus, policy, agent_pod_uid=self.agent_pod_uid)
 
     def _log_disagreements(self, disagreements: tuple[UsageDisagreement, ...]) -> None:
         """Once per container and GPU, when the driver's count of its memory starts to differ from its rows."""

@@ -34,10 +34,18 @@ from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
 from vramguard.core.exited import EXITED_HOLD_S
-from vramguard.core.limit_plan import uses_limiter, whole_gpus
+from vramguard.core.limit_plan import LimitPlanner, uses_limiter, whole_gpus
 from vramguard.core.model import DriverLimits, EventSubject, GpuDevice, PodInfo, Policy
 from vramguard.core.policy import Overrides, PolicyError, read_policy
-from vramguard.core.ports import EventRecorder, Evictor, EvictResult, KillMemory, MemoryLimiter, PodSource
+from vramguard.core.ports import (
+    EventRecorder,
+    Evictor,
+    EvictResult,
+    KillMemory,
+    LimitsSupport,
+    MemoryLimiter,
+    PodSource,
+)
 from vramguard.core.quota import reads_claims
 from vramguard.http.server import BindError, HealthServer
 from vramguard.http.status import AgentFacts, DriverFacts, PolicyFacts, StatusPage
@@ -55,7 +63,7 @@ from vramguard.node.describe import describer
 from vramguard.node.freezes import FreezeJournal, freeze_journal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
-from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits
+from vramguard.node.limiter import DriverLimiter, probe_limits
 from vramguard.node.repeats import KillFile
 from vramguard.nvml import (
     LOADER_SEARCH,
@@ -240,6 +248,7 @@ def build_agent(
     device_prefix: str = "/dev/nvidia",
     capacity: KubeCapacityPublisher | None = None,
     limiter: DriverLimiter | None = None,
+    planner: LimitPlanner | None = None,
     journal: FreezeJournal | None = None,
     kill_memory: KillMemory | None = None,
     clock: Clock = SYSTEM_CLOCK,
@@ -252,7 +261,8 @@ def build_agent(
     """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
     the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on.
     `confirm_orphans`: fresh reads of the pod source confirm orphans (`OrphanReads`, started with the loop by `serve`;
-    `top` makes none, so it never counts memory orphaned)."""
+    `top` makes none, so it never counts memory orphaned). `planner`: the one `limiter` plans with (`driver_limiter`),
+    where there is a limiter."""
     killer = PidfdKiller(
         proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
     )
@@ -274,6 +284,7 @@ def build_agent(
         metrics=metrics,
         capacity=capacity,  # None in dry-run: capacity_publisher makes none
         limiter=limiter,  # None in dry-run: driver_limiter makes none
+        planner=planner,
         claims=cluster.claims,
         kill_memory=kill_memory,
         watch=memory_watch(sampler, policy, metrics, clock, cluster.scan_calls),
@@ -283,8 +294,6 @@ def build_agent(
         exited_hold_s=exited_hold_s,
         orphan_reads=OrphanReads(cluster.pods, clock=clock) if confirm_orphans else None,
     )
-    if limiter is not None:
-        limiter.plan = agent.plan_limits  # a cgroup that appears is programmed from the sources, not the last scan
     return agent
 
 
@@ -314,19 +323,26 @@ def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Ser
     except InotifyUnavailable as e:
         log.warning("cgroup_watch_unavailable", reason=str(e), fallback="reconcile")
         return
-    limiter.watching = True
+    limiter.watched()
     log.info("cgroup_watch", root=root)
 
 
 def driver_limiter(
-    policy: Policy, dry_run: bool, cgroup_root: str, services: Services, clock: Clock = SYSTEM_CLOCK
+    planner: LimitPlanner,
+    policy: Policy,
+    dry_run: bool,
+    cgroup_root: str,
+    services: Services,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> DriverLimiter | None:
     """The driver-limits programmer (not started), where the policy enforces anywhere (evict or kill) and allows
-    them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. Its NVML initialisation is
-    started in `services`: call once NVML is up."""
+    them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. A cgroup that appears is
+    programmed from `planner`, the agent's, which reads the sources fresh. Its NVML initialisation is started in
+    `services`: call once NVML is up."""
     if not uses_limiter(policy, dry_run):
         return None
-    return DriverLimiter(services.start("nvml-limits", NvmlMemoryLimiter()), cgroup_root, clock=clock)
+    memory = services.start("nvml-limits", NvmlMemoryLimiter())
+    return DriverLimiter(memory, cgroup_root, clock=clock, plan=planner.plan)
 
 
 def capacity_publisher(
@@ -636,6 +652,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         if sampler is None:
             return
         probes.driver = nvidia_side(sampler)
+        # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
+        planner = LimitPlanner(cluster.pods, cluster.claims, config.policy, dry_run=config.dry_run)
+        limiter = driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock)
         agent = build_agent(
             sampler=sampler,
             cluster=cluster,
@@ -646,7 +665,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             cgroup_root=config.cgroup_root,
             device_prefix=config.device_prefix,
             capacity=capacity if config.advertise_capacity else None,
-            limiter=driver_limiter(config.policy, config.dry_run, config.cgroup_root, services, clock),
+            limiter=limiter,
+            planner=planner,
             journal=journal,
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
             kill_memory=None if config.dry_run else KillFile(config.state_dir, proc_root=config.proc_root),
@@ -662,9 +682,9 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("orphan-reads", agent.orphan_reads)
         if agent.watch is not None:
             services.start("watch", agent.watch)
-        if agent.limiter is not None:
-            services.start("driver-limits", agent.limiter)
-            watch_cgroups(agent.limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+        if limiter is not None:
+            services.start("driver-limits", limiter)
+            watch_cgroups(limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         probes.agent = agent

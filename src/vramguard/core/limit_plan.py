@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from vramguard.core.model import (
     ContainerUsage,
@@ -22,8 +23,12 @@ from vramguard.core.model import (
     Snapshot,
     SubjectKey,
 )
+from vramguard.core.quota import resolve_pod_quota
 from vramguard.core.shares import PodShares
 from vramguard.core.text import format_bytes
+
+if TYPE_CHECKING:  # for the planner's types only: `ports` names the limiter's port in this module's terms
+    from vramguard.core.ports import ClaimSource, PodSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,82 @@ class WantedLimits:
 
 def _shape(gpus: Iterable[GpuDevice]) -> tuple[tuple[str, int, int], ...]:
     return tuple((d.uuid, d.index, d.total_bytes) for d in gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What the last scan saw that the limits depend on: the GPUs a limit can go on, and the agent's own pod."""
+
+    gpus: tuple[GpuDevice, ...]
+    agent_pod_uid: str | None
+
+
+class LimitPlanner:
+    """The limits the quotas call for: for the scan, every pod's (`wanted`, computed again only when its inputs
+    change), and for one pod at a time on the driver limiter's worker (`plan`, the moment a cgroup of it appears).
+    Built before the Agent and the limiter and handed to each.
+
+    The scan's thread writes, the worker reads: the policy in force (`use`, at each reload) and what the last
+    scan saw (`wanted`) are each published as one reference, replaced whole and never mutated, and the sources
+    hand out mappings they replace whole too (`ports.PodSource`), so `plan` needs no lock. The memo is the scan's
+    alone."""
+
+    def __init__(self, pods: PodSource, claims: ClaimSource | None, policy: Policy, *, dry_run: bool = False) -> None:
+        self.pods = pods
+        self.claims = claims  # None: no claim quota source in the policy
+        self.dry_run = dry_run
+        self._policy = policy
+        self._seen: _Seen | None = None  # None until a scan saw the GPUs
+        self._memo: WantedLimits | None = None
+
+    def use(self, policy: Policy) -> None:
+        """Plan with a reloaded policy from now on (the scan's thread): every limit is computed afresh."""
+        self._policy = policy
+        self._memo = None
+
+    def wanted(
+        self,
+        pods: Mapping[str, PodInfo],
+        labels: Mapping[str, str],
+        shares: Mapping[str, PodShares] | None,
+        quotas: Mapping[str, PodQuota],
+        devices: Iterable[GpuDevice],
+        agent_pod_uid: str | None,
+    ) -> tuple[tuple[LimitTarget, ...], list[int]]:
+        """The limits the scan's quotas call for, and the GPUs that can hold them (the scan's thread); computed
+        again only when the pods, the node's labels, the DRA shares or the GPUs change (`WantedLimits`)."""
+        gpus = whole_gpus(devices)
+        self._seen = _Seen(tuple(gpus), agent_pod_uid)
+        memo = self._memo
+        if memo is None or not memo.computed_from(pods, labels, shares, gpus):
+            targets = self._limits(pods, quotas, gpus, self._policy, agent_pod_uid)
+            memo = self._memo = WantedLimits.of(pods, labels, shares, gpus, targets)
+        return memo.targets, [d.index for d in gpus]
+
+    def plan(self, pod_uid: str) -> tuple[LimitTarget, ...] | None:
+        """The limits one pod calls for now, read fresh from the sources (any thread); None when the pod is not
+        known yet, or no scan has seen the GPUs."""
+        policy, seen = self._policy, self._seen
+        pod = self.pods.pods().get(pod_uid)
+        if pod is None or seen is None:
+            return None
+        shares = self.claims.shares() if self.claims is not None else None
+        held = shares.get(pod_uid) if shares is not None else None
+        quota = resolve_pod_quota(pod, policy, self.pods.node_labels(), held)
+        return self._limits({pod_uid: pod}, {pod_uid: quota}, list(seen.gpus), policy, seen.agent_pod_uid)
+
+    def _limits(
+        self,
+        pods: Mapping[str, PodInfo],
+        quotas: Mapping[str, PodQuota],
+        gpus: list[GpuDevice],
+        policy: Policy,
+        agent_pod_uid: str | None,
+    ) -> tuple[LimitTarget, ...]:
+        """The limits `policy` wants; none once a reload turned them off (the limiter clears its own)."""
+        if not uses_limiter(policy, self.dry_run):
+            return ()
+        return wanted_limits(pods, quotas, gpus, policy, agent_pod_uid=agent_pod_uid)
 
 
 def wanted_limits(

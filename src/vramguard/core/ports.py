@@ -1,15 +1,17 @@
 """The seams: one narrow Protocol per side effect, injected into the agent through its constructor.
 
-Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, the `kube` package,
-`kube/pods_file.py`); honest fakes in the test bench, `vramguard_testbed.fakes`. The decision core sees none of them.
+Real implementations live next to the thing they wrap (`nvml`, `identify.py`, `kill.py`, `limiter.py`, the `kube`
+package, `kube/pods_file.py`); honest fakes in the test bench, `vramguard_testbed.fakes`. The decision core sees none
+of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from vramguard.core.limit_plan import LimitOutcome, LimitTarget
 from vramguard.core.model import (
     EventSubject,
     GpuMemory,
@@ -19,6 +21,7 @@ from vramguard.core.model import (
     KillTarget,
     PodInfo,
     ProcessRef,
+    SubjectKey,
 )
 from vramguard.core.shares import PodShares
 
@@ -214,3 +217,78 @@ class MemoryLimiter(Protocol):
 
 
 LIMIT_MAX = 0xFFFFFFFFFFFFFFFF  # NVML_DEVICE_MEMORY_LIMIT_MAX: "no hard limit"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSupport:
+    """Whether the driver can hold per-cgroup limits here, as it answered for the cgroup v2 root on each of `gpus`
+    (`limiter.probe_limits`), or as the limiter has found out since (`LimitProgrammer.support`)."""
+
+    gpus: tuple[int, ...]  # the whole GPUs asked about
+    unavailable: str | None = None  # why the node cannot hold limits at all (no cgroup v2, no bindings, old driver)
+    unsupported: Mapping[int, str] = field(default_factory=dict)  # GPUs that answered NOT_SUPPORTED, with why
+    unanswered: Mapping[int, str] = field(default_factory=dict)  # GPUs whose answer was an error, not a no
+
+    @property
+    def possible(self) -> bool | None:
+        """True where at least one GPU can hold limits; None where no GPU said no and some could not answer."""
+        if self.unavailable is not None or not self.gpus:
+            return False
+        if any(g not in self.unsupported and g not in self.unanswered for g in self.gpus):
+            return True
+        return None if self.unanswered else False
+
+    @property
+    def reason(self) -> str:
+        """Why not, or on which GPUs not; "" where every GPU can."""
+        if self.unavailable is not None:
+            return self.unavailable
+        if not self.gpus:
+            return "no whole, healthy GPU to hold a limit (MIG instances cannot)"
+        said = [*(self.unsupported[g] for g in sorted(self.unsupported)), *self.unanswered.values()]
+        return "; ".join(dict.fromkeys(said))  # each answer once: one error for every GPU reads as one
+
+
+class LimitProgrammer(Protocol):
+    """Programs the driver limits the scan wants (`limit_plan.LimitTarget`s) on a worker of its own, and reports
+    what came of them: `limiter.DriverLimiter`. A `lifecycle.Service`. Nothing here blocks on NVML or the file
+    system: the scan calls it."""
+
+    def update(self, targets: tuple[LimitTarget, ...], gpus: Iterable[int], now: float) -> None:
+        """The limits wanted now (computed at `now`, on the scan's clock) and the whole GPUs: handed over, never
+        waited for."""
+        ...
+
+    def collect(self) -> list[LimitOutcome]:
+        """The outcomes since the last call (for Events, metrics, the log)."""
+        ...
+
+    def held(self) -> Mapping[SubjectKey, LimitTarget]:
+        """The limits the driver holds, as far as the programmer knows."""
+        ...
+
+    def fresh_usage(self) -> Mapping[SubjectKey, int]:
+        """Each limited container's memory per GPU as the driver counts it, read since the previous `update`; empty
+        when none was, so a scan never takes an old figure."""
+        ...
+
+    def failing(self) -> int:
+        """How many (cgroup, GPU) limits are failing now."""
+        ...
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why this node cannot hold driver limits at all, or None (as far as found out)."""
+        ...
+
+    def unsupported_gpus(self) -> Mapping[int, str]:
+        """The GPUs that cannot hold limits, with why."""
+        ...
+
+    def support(self) -> LimitsSupport | None:
+        """Whether the driver can hold limits here, None before it was asked."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self, deadline: float) -> None: ...

@@ -1,26 +1,29 @@
 """Programs the driver's per-cgroup memory limits (`limit_plan.LimitTarget`s) on a worker thread.
 
 The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them (`collect`);
-the cgroup watcher hands over each new pod and container cgroup (`appeared`). Everything that touches the file
-system (through one `cgroup_tree.CgroupTree`) or NVML runs on the worker, started by `start()` and ended by
-`stop(deadline)`. See docs/design.md "Driver limits: the limiter" for how it stays idempotent, retries and gives up.
+the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put (cgroup, GPU) places on one
+reconcile queue (`workqueue.WorkQueue`: de-duplicated, each failing place on its own back-off), which the worker
+takes in passes. Everything that touches the file system (through one `cgroup_tree.CgroupTree`) or NVML runs on
+the worker, started by `start()` and ended by `stop(deadline)`. See docs/design.md "Driver limits: the limiter"
+for how it stays idempotent, retries and gives up.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import structlog
 
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
+from vramguard.base.workqueue import WorkQueue
 from vramguard.core.limit_plan import LimitOutcome, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
-from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
+from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
 
 
@@ -64,36 +67,6 @@ def read_held_limits(
     return held
 
 
-@dataclass(frozen=True, slots=True)
-class LimitsSupport:
-    """Whether the driver can hold per-cgroup limits here, as it answered for the cgroup v2 root on each of `gpus`
-    (`probe_limits`), or as the limiter has found out since (`DriverLimiter.support`)."""
-
-    gpus: tuple[int, ...]  # the whole GPUs asked about
-    unavailable: str | None = None  # why the node cannot hold limits at all (no cgroup v2, no bindings, old driver)
-    unsupported: Mapping[int, str] = field(default_factory=dict)  # GPUs that answered NOT_SUPPORTED, with why
-    unanswered: Mapping[int, str] = field(default_factory=dict)  # GPUs whose answer was an error, not a no
-
-    @property
-    def possible(self) -> bool | None:
-        """True where at least one GPU can hold limits; None where no GPU said no and some could not answer."""
-        if self.unavailable is not None or not self.gpus:
-            return False
-        if any(g not in self.unsupported and g not in self.unanswered for g in self.gpus):
-            return True
-        return None if self.unanswered else False
-
-    @property
-    def reason(self) -> str:
-        """Why not, or on which GPUs not; "" where every GPU can."""
-        if self.unavailable is not None:
-            return self.unavailable
-        if not self.gpus:
-            return "no whole, healthy GPU to hold a limit (MIG instances cannot)"
-        said = [*(self.unsupported[g] for g in sorted(self.unsupported)), *self.unanswered.values()]
-        return "; ".join(dict.fromkeys(said))  # each answer once: one error for every GPU reads as one
-
-
 def probe_limits(memory: MemoryLimiter, tree: CgroupTree, gpus: Iterable[int]) -> LimitsSupport:
     """Ask the driver for the limits of the cgroup v2 root on each GPU: it holds none there, so a driver that can
     answers NOT_FOUND (None). Blocks on NVML: the limiter's worker and the commands (`vramguard version`) call it."""
@@ -119,24 +92,46 @@ def _no_v2(tree: CgroupTree) -> str:
     return f"no cgroup v2 hierarchy under {tree.root} (the driver's limits need cgroup v2)"
 
 
-@dataclass
-class _Failing:
-    """A (cgroup, GPU) whose limit calls fail: when to try again, and how many attempts failed in this run."""
+Planner = Callable[[str], "tuple[LimitTarget, ...] | None"]
+"""The limits one pod calls for now, by pod UID, read fresh from the agent's sources (`LimitPlanner.plan`); None
+when the pod is not known (yet). Called on the limiter's worker."""
+
+Place = tuple[str, int]
+"""Where one limit goes: a cgroup directory (its full path) on a whole GPU (its index)."""
+
+Key = tuple[str, "int | None"]
+"""What the limiter's queue holds: a `Place`, a new cgroup whose limits are not looked up yet (no GPU), or `_PLAN`."""
+
+_PLAN: Key = ("", None)  # no cgroup: the scan's targets as a whole, each located and compared
+
+
+@dataclass(frozen=True, slots=True)
+class _Want:
+    """The limit a place is to hold, wanted since `at`: by the scan's targets (computed then), or by a cgroup's
+    lookup as it appeared. `provisional`: on a container cgroup not identified yet (its pod's not-started
+    containers all call for the same limit; the sandbox's cgroup may get it too, harmlessly: it never allocates)."""
 
     target: LimitTarget
     provisional: bool
-    backoff: Backoff
-    due_at: float
-    failures: int = 0
+    at: float
 
 
-Planner = Callable[[str], "tuple[LimitTarget, ...] | None"]
-"""The limits one pod calls for now, by pod UID, read fresh from the agent's sources; None when the pod is not
-known (yet). Called on the limiter's worker."""
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The scan's latest hand-over: the targets, computed at `computed_at`, and the whole GPUs (for the probe)."""
+
+    targets: tuple[LimitTarget, ...]
+    gpus: tuple[int, ...]
+    computed_at: float
 
 
 class DriverLimiter:
-    """`cgroup_root`: where the cgroups are found (cgroupfs), unless a `tree` stands in for them."""
+    """A reconcile queue (`workqueue.WorkQueue`) of (cgroup, GPU) places, driven in passes by one worker: the scan's
+    targets (`update`) and each cgroup that appears (`appeared`) put the places they concern on it, and
+    `_reconcile_place` compares what one place should hold with what the driver holds, and sets or clears it; a
+    failing call is retried on the place's own back-off. `cgroup_root`: where the cgroups are found (cgroupfs),
+    unless a `tree` stands in for them. `plan`: a pod's limits read fresh, for a cgroup the moment it appears
+    (without it, the pod's targets as the scan last handed them over)."""
 
     def __init__(
         self,
@@ -157,67 +152,58 @@ class DriverLimiter:
         self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1, clock=clock)
         self.resync_s = resync_s
         self.retry_s = retry_s
-        self.max_retry_s = max_retry_s
-        # The scan's clock: a limit set after the targets were computed (`update`'s `now`) is newer than them.
+        # The scan's clock: a limit wanted after the targets were computed (`update`'s `now`) is newer than them.
         self.clock = clock
         self.plan = plan
-        self.watching = False  # set once a `CgroupWatcher` hands over new cgroups
         self.log = log if log is not None else structlog.get_logger(__name__)
+        self.queue: WorkQueue[Key] = WorkQueue(lambda: Backoff(retry_s, max_retry_s), clock)
+        self._watched = False  # a `CgroupWatcher` hands over new cgroups (`watched`)
         self._lock = threading.Lock()
+        # Under _lock: the scan's latest targets; the cgroups handed over and not looked up yet, with when they
+        # appeared; those seen created (a process in one when its limit goes on started with it: not "late").
+        self._plan: _Plan | None = None
+        self._new: dict[str, tuple[CgroupIdentity, float]] = {}
+        self._fresh: set[str] = set()
+        # Under _lock, for the scan: what came of the limits, what the driver holds, the usage read back and by
+        # which hand-over, the GPUs that said they cannot (the worker, their one writer, reads them unlocked).
         self._outcomes: list[LimitOutcome] = []
         self._held: dict[SubjectKey, LimitTarget] = {}
         self._usage: dict[SubjectKey, int] = {}
-        # Each task handed to the worker gets a ticket; usage counts as fresh only when read by the latest one.
-        self._ticket = 0
         self._usage_ticket = -1
-        self._unavailable: str | None = None
         self._unsupported_gpus: dict[int, str] = {}
-        self._first_answer: LimitsSupport | None = None  # the first probe's, once it came (under _lock)
-        # New cgroups from the watcher, waiting for the worker, and those it saw created (under _lock).
-        self._appeared: list[tuple[str, CgroupIdentity]] = []
-        self._fresh: set[str] = set()
-        self._waiting = 0  # appeared cgroups not programmed yet: handed over, or parked
-        # Worker-only: what this agent knows the driver holds, by (cgroup directory, GPU index), and when it set
-        # it; which of those went on a container cgroup not yet identified (its pod's not-started containers all
-        # call for the same limit; the sandbox's cgroup may get it too, harmlessly: it never allocates); the
-        # targets failing with back-off; each pod's targets as last handed over; new cgroups whose pod is unknown.
-        self._programmed: dict[tuple[str, int], LimitTarget] = {}
-        self._programmed_at: dict[tuple[str, int], float] = {}
-        self._provisional: set[tuple[str, int]] = set()
-        self._failing: dict[tuple[str, int], _Failing] = {}
-        self._latest: dict[str, tuple[LimitTarget, ...]] = {}
-        self._parked: dict[str, tuple[CgroupIdentity, float]] = {}
-        self._read: dict[SubjectKey, int] = {}  # the usage the current reconcile read back
-        self._probed = False
-        # Written by the worker, read by the loop: when to look for cgroups that were not there yet.
-        self._relocate_at = math.inf
-        # Loop-only: the targets last handed to the worker, and when.
+        self._first_answer: LimitsSupport | None = None  # the first probe's, once it came
+        self._unavailable: str | None = None  # written once, by the worker, as it gives up
+        # The scan's only: the targets last handed over, and the hand-over's ticket (usage counts as fresh only when
+        # read by the pass the latest hand-over started).
         self._submitted: tuple[LimitTarget, ...] | None = None
-        self._submitted_at = -math.inf
+        self._ticket = 0
+        # The worker's only: what each place should hold, and what this agent knows the driver holds there; each
+        # pod's targets as last handed over; whether the driver was asked yet; the places compared in this pass,
+        # and the usage their calls read back.
+        self._wanted: dict[Place, _Want] = {}
+        self._holds: dict[Place, _Want] = {}
+        self._latest: dict[str, tuple[LimitTarget, ...]] = {}
+        self._probed = False
+        self._compared: set[Place] = set()
+        self._read: dict[SubjectKey, int] = {}
 
     # -- the loop's side ---------------------------------------------------------------------------------------
 
     def update(self, targets: tuple[LimitTarget, ...], gpus: Iterable[int], now: float) -> None:
-        """Hand the limits wanted now to the worker: when they changed, when a retry is due, or for the periodic
-        resync (and in every other scan just a refresh of the limited cgroups' usage). The first call also asks
-        the driver whether it can hold limits on `gpus` at all, so `unavailable` is known before any pod has a
-        quota. Never blocks."""
+        """Hand the limits wanted now to the worker: a change puts the whole plan on the queue (so does the resync,
+        every `resync_s`); every call starts a pass, which retries the failing limits that are due and reads back
+        the limited cgroups' usage. The first pass also asks the driver whether it can hold limits on `gpus` at all,
+        so `unavailable` is known before any pod has a quota. Never blocks."""
         if self._unavailable is not None:
             return
-        if not self._probed:
-            gpu_list = tuple(gpus)
-            self._probed = self.runner.submit(lambda: self._probe(gpu_list))
+        with self._lock:
+            self._plan = _Plan(targets, tuple(gpus), now)
+        if targets != self._submitted:
+            self._submitted = targets
+            self.queue.add(_PLAN)
         ticket = self._ticket + 1
-        due = now >= self._relocate_at or now - self._submitted_at >= self.resync_s
-        if targets == self._submitted and not due:  # failing limits are retried there, each when its back-off ends
-            if self.runner.submit(lambda: self._refresh_usage(ticket)):
-                self._ticket = ticket  # else the worker is still busy: the next scan asks again
-            return
-        relocate_at, self._relocate_at = self._relocate_at, math.inf  # the reconcile sets it again if need be
-        if self.runner.submit(lambda: self._reconcile(targets, ticket, now)):
-            self._submitted, self._submitted_at, self._ticket = targets, now, ticket
-        else:
-            self._relocate_at = relocate_at
+        if self.runner.submit(lambda: self._pass(ticket)):
+            self._ticket = ticket  # else the worker is busy: its queued pass takes the plan, the next scan asks again
 
     def collect(self) -> list[LimitOutcome]:
         """The outcomes since the last call (for Events, metrics, the log)."""
@@ -226,19 +212,19 @@ class DriverLimiter:
         return outcomes
 
     def held(self) -> Mapping[SubjectKey, LimitTarget]:
-        """The limits the driver holds, as of the last reconcile."""
+        """The limits the driver holds, as of the last pass."""
         with self._lock:
             return dict(self._held)
 
     def fresh_usage(self) -> Mapping[SubjectKey, int]:
-        """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (by
-        the task it handed over); empty when that task has not finished, so a scan never takes an old figure."""
+        """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (by the
+        pass it started); empty when that pass has not finished, so a scan never takes an old figure."""
         with self._lock:
             return dict(self._usage) if self._usage_ticket == self._ticket else {}
 
     def failing(self) -> int:
         """How many (cgroup, GPU) limits are failing now, each retried on its own back-off."""
-        return len(self._failing)
+        return self.queue.failing()
 
     @property
     def unavailable(self) -> str | None:
@@ -268,34 +254,78 @@ class DriverLimiter:
 
     # -- the watcher's side ------------------------------------------------------------------------------------
 
+    def watched(self) -> None:
+        """A `CgroupWatcher` hands over each new cgroup from now on: a target whose cgroup is not there yet is
+        programmed when it appears, not looked for again every `retry_s` (only at the resync)."""
+        self._watched = True
+
     def appeared(self, path: str, identity: CgroupIdentity, fresh: bool = True) -> None:
         """A pod's or a container's cgroup (`cgroupwatch.CgroupWatcher`): program its limits now, before anything
         runs in it. `fresh`: created while watched (not found already there at start), so a process in it when
         its limit goes on is one that started with the cgroup, not one found running without its limit. Never
-        blocks: the worker takes it as its next task, or as the first thing of the task already queued."""
+        blocks: the worker takes it ahead of every other key, in the pass under way or the next."""
         if self._unavailable is not None:
             return
         with self._lock:
-            self._appeared.append((path, identity))
-            self._waiting += 1
+            self._new.setdefault(path, (identity, self.clock.now()))
             if fresh:
                 self._fresh.add(path)
-        self.runner.submit(self._drain)
+        self.queue.add((path, None), first=True)
+        self.runner.submit(lambda: self._pass(None))
 
     def retry_parked(self) -> bool:
-        """Try again the new cgroups whose pod was not known yet; whether any are still waiting (handed over and
-        not programmed yet, or parked), so the watcher knows to call again."""
+        """Start a pass for the new cgroups not looked up yet (whose pod was not known at the last look); whether
+        any still wait, so the watcher knows to call again."""
         with self._lock:
-            waiting = self._waiting
+            waiting = bool(self._new)
         if waiting:
-            self.runner.submit(self._drain)
+            self.runner.submit(lambda: self._pass(None))
         with self._lock:
-            return self._waiting > 0
+            return bool(self._new)
 
     # -- the worker's side -------------------------------------------------------------------------------------
 
-    def _probe(self, gpus: tuple[int, ...]) -> None:
-        support = probe_limits(self.memory, self.tree, gpus)
+    def _pass(self, ticket: int | None) -> None:
+        """One pass over the queue: every key that is ready, the new cgroups first; then, for a scan's hand-over
+        (`ticket`), the usage of the limited cgroups not compared in this pass."""
+        if self._unavailable is not None:
+            return
+        outcomes: list[LimitOutcome] = []
+        self._compared, self._read = set(), {}
+        try:
+            self._probe_once()
+            self.queue.release_due()
+            self._work(outcomes)
+            usage = self._read_usage(outcomes) if ticket is not None else None
+        except _GiveUp:
+            return
+        self._publish(outcomes, (ticket, usage) if ticket is not None and usage is not None else None)
+
+    def _work(self, outcomes: list[LimitOutcome]) -> None:
+        while (key := self.queue.get()) is not None:
+            try:
+                self._reconcile(key, outcomes)
+            finally:
+                self.queue.done(key)
+
+    def _reconcile(self, key: Key, outcomes: list[LimitOutcome]) -> None:
+        path, gpu = key
+        if key == _PLAN:
+            self._replan()
+        elif gpu is None:
+            self._look_up(path)
+        else:
+            self._reconcile_place((path, gpu), outcomes)
+
+    def _probe_once(self) -> None:
+        if self._probed:
+            return
+        with self._lock:
+            plan = self._plan
+        if plan is None:
+            return  # no scan has handed over the GPUs yet
+        self._probed = True
+        support = probe_limits(self.memory, self.tree, plan.gpus)
         for gpu, reason in support.unsupported.items():
             self.log.warning("driver_limits_unsupported", gpu=gpu, reason=reason, fallback="reactive enforcement")
         with self._lock:
@@ -304,138 +334,124 @@ class DriverLimiter:
         if support.unavailable is not None:
             self._give_up(support.unavailable)
 
-    def _drain(self) -> None:
-        outcomes: list[LimitOutcome] = []
-        try:
-            self._program_appeared(outcomes)
-        except _GiveUp:
+    def _replan(self) -> None:
+        """The scan's targets, located: each place they want is compared with the driver, each place no longer
+        wanted cleared. A place wanted since the targets were computed (a cgroup that appeared since, looked up
+        from fresher knowledge) stays wanted."""
+        with self._lock:
+            plan = self._plan
+        if plan is None:
             return
-        self._publish(outcomes)
-
-    def _is_fresh(self, path: str) -> bool:
-        with self._lock:
-            return path in self._fresh
-
-    def _take_appeared(self, outcomes: list[LimitOutcome]) -> None:
-        """Between two calls of a long task: a cgroup that just appeared goes first, before its process starts."""
-        if self._appeared:
-            self._program_appeared(outcomes)
-
-    def _program_appeared(self, outcomes: list[LimitOutcome]) -> None:
-        """Program the cgroups that appeared since the last task, and those parked until their pod is known."""
-        with self._lock:
-            appeared, self._appeared = self._appeared, []
-        now = self.clock.now()
-        parked, self._parked = self._parked, {}
-        for path, (identity, since) in parked.items():
-            if now - since < _PARK_S:  # later, the reconcile's walk finds it once its pod has a quota
-                appeared.append((path, identity))
-        for path, identity in appeared:
-            targets = self.plan(identity.pod_uid) if self.plan is not None else None
-            if targets is None:
-                targets = self._latest.get(identity.pod_uid)
-            if targets is None:
-                self._parked[path] = (identity, parked[path][1] if path in parked else now)
+        root = self.tree.v2_root()
+        if root is None:
+            self._give_up(_no_v2(self.tree))
+        by_pod: dict[str, list[LimitTarget]] = {}
+        for t in plan.targets:
+            by_pod.setdefault(t.pod.uid, []).append(t)
+        self._latest = {uid: tuple(ts) for uid, ts in by_pod.items()}
+        located = self.tree.locate(root, by_pod)
+        wanted: dict[Place, _Want] = {}
+        missing = False
+        for t in plan.targets:
+            if t.pending:
                 continue
-            provisional = False
-            if identity.container_id is None:
-                chosen = [t for t in targets if t.container is None]
-            else:
-                chosen = [t for t in targets if t.container_id == identity.container_id and t.container is not None]
-                if not chosen:
-                    chosen, provisional = _unambiguous(targets, self.tree.sibling_container_ids(path)), True
-            for t in chosen:
-                if t.gpu_index not in self._unsupported_gpus:
-                    self._try(path, t, now, outcomes, provisional=provisional)
+            path = located.get((t.pod.uid, t.container_id))
+            if path is None:
+                missing = True  # the cgroup is not there yet (or is gone): look again soon
+                continue
+            wanted[(path, t.gpu_index)] = _Want(t, False, plan.computed_at)
+        # Container cgroups the pod's status does not name yet: the not-started containers' limit, if theirs.
+        living: dict[str, set[str]] = {}
+        for uid, container_id in located:
+            if container_id is not None:
+                living.setdefault(uid, set()).add(container_id)
+        for (uid, container_id), path in located.items():
+            pod_targets = self._latest[uid]
+            if container_id is None or pod_targets[0].pod.container_by_id(container_id) is not None:
+                continue
+            for t in _unambiguous(pod_targets, living[uid]):
+                wanted.setdefault((path, t.gpu_index), _Want(t, True, plan.computed_at))
+        for place, want in self._wanted.items():
+            if place not in wanted and want.at > plan.computed_at:
+                wanted[place] = want
+        before, self._wanted = self._wanted, wanted
+        for place in dict.fromkeys([*wanted, *before, *self._holds]):
+            if place not in wanted or not self.queue.failures(place):  # a failing one waits for its back-off
+                self.queue.add(place)
+        with self._lock:  # forget the cgroups that are gone
+            fresh = list(self._fresh)
+        gone = {p for p in fresh if not self.tree.exists(p)}
         with self._lock:
-            self._waiting = len(self._appeared) + len(self._parked)
+            self._fresh -= gone
+        self.queue.add_after(_PLAN, self.resync_s)
+        if missing and not self._watched:  # with the watcher, a cgroup that appears is looked up then
+            self.queue.add_after(_PLAN, self.retry_s)
 
-    def _reconcile(self, targets: tuple[LimitTarget, ...], ticket: int, computed_at: float) -> None:
-        outcomes: list[LimitOutcome] = []
-        self._read = {}
-        try:
-            self._program_appeared(outcomes)
-            root = self.tree.v2_root()
-            if root is None:
-                self._give_up(_no_v2(self.tree))
-                return
-            by_pod: dict[str, list[LimitTarget]] = {}
-            for t in targets:
-                by_pod.setdefault(t.pod.uid, []).append(t)
-            self._latest = {uid: tuple(ts) for uid, ts in by_pod.items()}
-            located = self.tree.locate(root, by_pod)
-            wanted: dict[tuple[str, int], tuple[LimitTarget, bool]] = {}
-            missing = False
-            for t in targets:
-                if t.pending:
-                    continue
-                path = located.get((t.pod.uid, t.container_id))
-                if path is None:
-                    missing = True  # the cgroup is not there yet (or is gone): try again soon
-                    continue
-                wanted[(path, t.gpu_index)] = (t, False)
-            # Container cgroups the pod's status does not name yet: the not-started containers' limit, if theirs.
-            living: dict[str, set[str]] = {}
-            for uid, container_id in located:
-                if container_id is not None:
-                    living.setdefault(uid, set()).add(container_id)
-            for (uid, container_id), path in located.items():
-                pod_targets = self._latest[uid]
-                if container_id is None or pod_targets[0].pod.container_by_id(container_id) is not None:
-                    continue
-                for t in _unambiguous(pod_targets, living[uid]):
-                    wanted.setdefault((path, t.gpu_index), (t, True))
-            now = self.clock.now()
-            for (path, gpu), (t, provisional) in wanted.items():
-                self._take_appeared(outcomes)
-                if gpu not in self._unsupported_gpus:
-                    self._try(path, t, now, outcomes, provisional=provisional)
-            outcomes += self._clear_unwanted(wanted, computed_at)
-            with self._lock:  # forget the cgroups that are gone
-                fresh = list(self._fresh)
-            gone = {p for p in fresh if not self.tree.exists(p)}
-            with self._lock:
-                self._fresh -= gone
-        except _GiveUp:
+    def _look_up(self, path: str) -> None:
+        """A new cgroup's limits, from what the sources know of its pod now: each place wanted, ahead of the queue.
+        One whose pod is not known yet is looked up again at the next pass (the pod source may lag the kubelet by
+        a moment) for `_PARK_S`; after that, the plan's walk finds it once its pod has a quota."""
+        with self._lock:
+            found = self._new.get(path)
+        if found is None:
             return
-        if missing and not self.watching:  # with the watcher, a cgroup that appears is programmed then
-            self._relocate_at = now + self.retry_s
-        self._publish(outcomes, (ticket, self._read))
+        identity, since = found
+        targets = self.plan(identity.pod_uid) if self.plan is not None else None
+        if targets is None:
+            targets = self._latest.get(identity.pod_uid)
+        now = self.clock.now()
+        if targets is None and now - since < _PARK_S:
+            self.queue.add_after((path, None), 0.0)  # the watcher's tick starts the next pass
+            return
+        with self._lock:
+            del self._new[path]
+        if targets is None:
+            return
+        provisional = False
+        if identity.container_id is None:
+            chosen = [t for t in targets if t.container is None]
+        else:
+            chosen = [t for t in targets if t.container_id == identity.container_id and t.container is not None]
+            if not chosen:
+                chosen, provisional = _unambiguous(targets, self.tree.sibling_container_ids(path)), True
+        for t in chosen:
+            place = (path, t.gpu_index)
+            self._wanted[place] = _Want(t, provisional, now)
+            if not self.queue.failures(place):  # a failing one is retried with what is wanted now, when due
+                self.queue.add(place, first=True)
 
-    def _try(self, path: str, t: LimitTarget, now: float, outcomes: list[LimitOutcome], *, provisional: bool) -> None:
-        """Program one limit, unless its back-off says not yet; failures are reported once per run of them."""
-        key = (path, t.gpu_index)
-        failing = self._failing.get(key)
-        if failing is not None and now < failing.due_at:
-            failing.target, failing.provisional = t, provisional  # its retry sets what is wanted now
+    def _reconcile_place(self, place: Place, outcomes: list[LimitOutcome]) -> None:
+        """Make the driver hold what `place` should hold: set it where it differs, clear it where nothing is
+        wanted any more. A failure is reported when its run starts and retried on the place's back-off."""
+        want = self._wanted.get(place)
+        if want is None:
+            self.queue.forget(place)
+            self._clear(place, outcomes)
             return
+        path, gpu = place
+        if gpu in self._unsupported_gpus:
+            return
+        t = want.target
+        failures = self.queue.failures(place)
         try:
-            outcome = self._program(path, t, provisional=provisional)
+            outcome = self._program(path, t, provisional=want.provisional)
         except LimitsUnavailable as e:
             if e.whole_driver:
                 self._give_up(str(e))
-                raise _GiveUp from e
             with self._lock:
-                self._unsupported_gpus[t.gpu_index] = str(e)
+                self._unsupported_gpus[gpu] = str(e)
             outcomes.append(LimitOutcome(t, "unsupported", str(e)))
             return
         except LimitFailed as e:
-            if failing is None:
-                backoff = Backoff(self.retry_s, self.max_retry_s)
-                failing = self._failing[key] = _Failing(t, provisional, backoff, now)
+            if not failures:
                 outcomes.append(LimitOutcome(t, "failed", str(e)))
-            failing.failures += 1
-            failing.due_at = now + failing.backoff.next()
+            self.queue.add_rate_limited(place)
             return
-        self._programmed_at[key] = now
-        if provisional:
-            self._provisional.add(key)
-        else:
-            self._provisional.discard(key)
-        if failing is not None:
-            del self._failing[key]
-            if outcome is not None:
-                outcome = replace(outcome, detail=f"{outcome.detail} (after {failing.failures} failed attempts)")
+        self._holds[place] = want
+        self._compared.add(place)
+        self.queue.forget(place)
+        if outcome is not None and failures:
+            outcome = replace(outcome, detail=f"{outcome.detail} (after {failures} failed attempts)")
         if outcome is not None:
             outcomes.append(outcome)
 
@@ -443,96 +459,80 @@ class DriverLimiter:
         """Make the driver hold `t` on `path`; the outcome to report, or None when nothing new happened."""
         gpu = t.gpu_index
         current = self.memory.get(gpu, path)
-        known = self._programmed.get((path, gpu))
+        known = self._holds.get((path, gpu))
         if current is not None and not t.pending:
             self._read[t.key] = current.used_bytes
         if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
-            self._programmed[(path, gpu)] = t
             return None if known is not None else LimitOutcome(t, "unchanged", "the driver already held it")
         self.memory.set(gpu, path, 0, t.hard_bytes)
         # One report per limit: a not-yet-identified container cgroup that takes a limit someone already
         # announced (the sandbox's, next to the container's own) says nothing again.
-        announced = provisional and any(o.key == t.key for o in self._programmed.values())
-        self._programmed[(path, gpu)] = t
-        if announced:
+        if provisional and any(h.target.key == t.key for h in self._holds.values()):
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
         if t.container is not None and not provisional and not self._is_fresh(path) and self.tree.populated(path):
             return LimitOutcome(t, "late", f"{t.describe()}{was}: the container was already running")
         return LimitOutcome(t, "applied", f"{t.describe()}{was}")
 
-    def _clear_unwanted(self, wanted: Mapping[tuple[str, int], object], computed_at: float) -> list[LimitOutcome]:
-        """Clear the limits no target asks for any more. One set after the targets were computed (a cgroup that
-        appeared since, programmed from fresher knowledge) stays; a provisional one is forgotten, not cleared
-        (it was the sandbox's, or its container has its own target now)."""
-        outcomes = []
-        for key, old in list(self._programmed.items()):
-            if key in wanted or self._programmed_at.get(key, -math.inf) > computed_at:
-                continue
-            self._forget(key)
-            path, gpu = key
-            if key in self._provisional or not self.tree.exists(path):
-                self._provisional.discard(key)
-                continue  # or removed with its cgroup, and its limits with it
-            try:
-                self.memory.set(gpu, path, 0, LIMIT_MAX)
-            except (LimitsUnavailable, LimitFailed) as e:
-                outcomes.append(LimitOutcome(old, "failed", f"clearing: {e}"))
-                continue
-            outcomes.append(LimitOutcome(old, "cleared"))
-        for key in [k for k in self._failing if k not in wanted]:
-            del self._failing[key]
-        return outcomes
-
-    def _forget(self, key: tuple[str, int]) -> None:
-        self._programmed.pop(key, None)
-        self._programmed_at.pop(key, None)
-
-    def _refresh_usage(self, ticket: int) -> None:
-        outcomes: list[LimitOutcome] = []
-        try:
-            self._program_appeared(outcomes)
-            now = self.clock.now()
-            for (path, _), f in list(self._failing.items()):
-                if now >= f.due_at:
-                    self._try(path, f.target, now, outcomes, provisional=f.provisional)
-            usage: dict[SubjectKey, int] = {}
-            for (path, gpu), t in list(self._programmed.items()):
-                if t.pending or t.container is None:
-                    continue  # a pod's own cgroup: its containers' rows carry the usage
-                self._take_appeared(outcomes)
-                try:
-                    current = self.memory.get(gpu, path)
-                except (LimitsUnavailable, LimitFailed):
-                    continue  # the next reconcile reports it
-                if current is not None:
-                    usage[t.key] = current.used_bytes
-        except _GiveUp:
+    def _clear(self, place: Place, outcomes: list[LimitOutcome]) -> None:
+        """Clear a limit no longer wanted. A provisional one is forgotten, not cleared (it was the sandbox's, or its
+        container has its own target now), and so is one whose cgroup is gone (its limits went with it)."""
+        held = self._holds.pop(place, None)
+        path, gpu = place
+        if held is None or held.provisional or not self.tree.exists(path):
             return
-        self._publish(outcomes, (ticket, usage))
+        try:
+            self.memory.set(gpu, path, 0, LIMIT_MAX)
+        except (LimitsUnavailable, LimitFailed) as e:
+            outcomes.append(LimitOutcome(held.target, "failed", f"clearing: {e}"))
+            return
+        outcomes.append(LimitOutcome(held.target, "cleared"))
 
-    def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[SubjectKey, int]] | None = None) -> None:
+    def _is_fresh(self, path: str) -> bool:
+        with self._lock:
+            return path in self._fresh
+
+    def _read_usage(self, outcomes: list[LimitOutcome]) -> dict[SubjectKey, int]:
+        """The usage this pass read back, and each other limited container cgroup's, read now; a cgroup that
+        appears meanwhile goes first."""
+        usage = dict(self._read)
+        for place, held in list(self._holds.items()):
+            t = held.target
+            if t.pending or t.container is None or place in self._compared:
+                continue  # a pod's own cgroup: its containers' rows carry the usage
+            self._work(outcomes)
+            try:
+                current = self.memory.get(place[1], place[0])
+            except (LimitsUnavailable, LimitFailed):
+                continue  # the next compare reports it
+            if current is not None:
+                usage[t.key] = current.used_bytes
+        return usage
+
+    def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[SubjectKey, int]] | None) -> None:
         with self._lock:
             self._outcomes += outcomes
-            self._held = {t.key: t for t in self._programmed.values()}
+            self._held = {h.target.key: h.target for h in self._holds.values()}
             if usage is not None:
                 self._usage_ticket, self._usage = usage
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str) -> NoReturn:
+        """The whole driver cannot hold limits: say so once, hold nothing, and end the pass."""
         if self._unavailable is None:
             self.log.warning("driver_limits_unavailable", reason=reason, fallback="reactive enforcement")
         self._unavailable = reason
         with self._lock:
             self._held = {}
             self._usage = {}
+        raise _GiveUp
 
 
 class _GiveUp(Exception):
-    """The whole driver cannot hold limits: the task stops where it is."""
+    """The whole driver cannot hold limits: the pass stops where it is."""
 
 
-# How long a new cgroup whose pod is not known waits to be tried again (the pod source may lag the kubelet by a
-# moment); after that, the reconcile's walk finds it once its pod has a quota.
+# How long a new cgroup whose pod is not known is looked up again at each pass (the pod source may lag the kubelet
+# by a moment); after that, the plan's walk finds it once its pod has a quota.
 _PARK_S = 30.0
 
 

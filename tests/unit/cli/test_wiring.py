@@ -25,8 +25,8 @@ from vramguard.cli.wiring import (
 )
 from vramguard.core.model import Mode, NodeRef, Policy
 from vramguard.core.policy import Overrides
+from vramguard.core.ports import LimitsSupport
 from vramguard.http.status import AgentFacts, DriverFacts
-from vramguard.node.limiter import LimitsSupport
 from vramguard_testbed.fakes import pod
 
 AGENT_NS = Overrides(agent_namespace="vramguard-system")

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 
 from vramguard.core.limit_plan import (
+    LimitPlanner,
+    LimitTarget,
     WantedLimits,
     limits_enabled,
     uses_limiter,
@@ -16,7 +18,7 @@ from vramguard.core.limit_plan import (
 )
 from vramguard.core.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
 from vramguard.core.quota import QuotaBook
-from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.fakes import FakePodSource, SnapshotBuilder, gpu, pod
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)
@@ -140,6 +142,49 @@ def test_wanted_limits_are_kept_while_the_sources_hand_out_the_same_inputs() -> 
     assert not memo.computed_from(pods, labels, {}, [gpu0]), "DRA shares appeared"
     assert not memo.computed_from(pods, labels, None, [replace(gpu0, total_bytes=48 * GiB)]), "another size"
     assert not memo.computed_from(pods, labels, None, []), "the GPU left"
+
+
+def scan(
+    planner: LimitPlanner, source: FakePodSource, devices: list[GpuDevice], agent_pod_uid: str | None = None
+) -> tuple[tuple[LimitTarget, ...], list[int]]:
+    """What the scan hands the limiter: the planner's targets for the source's pods (their quotas resolved in kill
+    mode), and the GPUs."""
+    pods = source.pods()
+    quotas, _ = QuotaBook(KILL).resolve(pods, {})
+    return planner.wanted(pods, {}, None, quotas, devices, agent_pod_uid)
+
+
+def test_the_planner_keeps_the_scans_targets_while_nothing_changes() -> None:
+    """The scan's targets are the same tuple while the sources hand out the same mappings; a reload computes them
+    afresh, with the reloaded policy."""
+    source = FakePodSource([TRAINER])
+    planner = LimitPlanner(source, None, KILL)
+    devices = [gpu(0, 24 * GiB), MIG_PARENT, MIG_SLICE]
+    targets, gpus = scan(planner, source, devices)
+    assert gpus == [0] and [(t.container, t.hard_bytes) for t in targets] == [("main", 8 * GiB)]
+    assert scan(planner, source, devices)[0] is targets
+    planner.use(Policy(mode=Mode.WARN))
+    assert scan(planner, source, devices)[0] == ()
+
+
+def test_the_planner_plans_one_pod_from_the_sources_and_the_last_scan() -> None:
+    """`plan` reads the pod fresh from its source, with the GPUs and the agent's pod the last scan saw and the
+    policy in force: nothing before a scan saw the GPUs, nothing for a pod the source does not know yet, nothing
+    for the agent's own pod, nothing once a reload turned limits off."""
+    source = FakePodSource()
+    planner = LimitPlanner(source, None, KILL)
+    assert planner.plan(TRAINER.uid) is None, "no scan yet"
+    scan(planner, source, [gpu(0, 24 * GiB), gpu(1, 24 * GiB)], agent_pod_uid=PAIR.uid)
+    assert planner.plan(TRAINER.uid) is None, "not known yet"
+    source.set_pods([TRAINER, PAIR])
+    found = planner.plan(TRAINER.uid)
+    assert found is not None and [(t.container, t.gpu_index) for t in found] == [("main", 0), ("main", 1)]
+    assert planner.plan(PAIR.uid) == (), "the agent's own pod"
+    planner.use(replace(KILL, driver_limits=DriverLimits.OFF))
+    assert planner.plan(TRAINER.uid) == ()
+    dry = LimitPlanner(source, None, KILL, dry_run=True)
+    scan(dry, source, [gpu(0, 24 * GiB)])
+    assert dry.plan(TRAINER.uid) == ()
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import pytest
 from vramguard.base.worker import Inline, Runner
 from vramguard.core.limit_plan import LimitTarget, wanted_limits
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GiB, GpuDevice, Mode, PodInfo, Policy, SubjectKey
-from vramguard.core.ports import LIMIT_MAX, DriverLimit
+from vramguard.core.ports import LIMIT_MAX, DriverLimit, LimitsSupport
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup_tree import CgroupTree
-from vramguard.node.limiter import DriverLimiter, LimitsSupport, probe_limits, read_held_limits
+from vramguard.node.limiter import DriverLimiter, probe_limits, read_held_limits
 from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
 
 QUOTA = "vramguard.io/vram"
@@ -297,7 +297,8 @@ def test_a_pod_gone_is_forgotten_without_clearing(bench: Bench) -> None:
 def test_a_cgroup_that_is_not_there_yet(bench: Bench, watching: bool, found_at: float) -> None:
     """A target whose cgroup is missing is looked for again soon, unless the watcher will report it (then a
     cgroup gone for good, an init container that completed, costs nothing until the resync)."""
-    bench.limiter.watching = watching
+    if watching:
+        bench.limiter.watched()
     targets = bench.targets(TRAINER)
     assert bench.update(targets, now=0) == []
     bench.start(TRAINER)
@@ -627,6 +628,23 @@ def test_failures_back_off_per_target_and_are_reported_once_per_run(bench: Bench
     assert all(o.detail.endswith("failed attempts)") for o in outcomes)
     bench.driver.failing = {ctr}
     assert ("failed", "main", 0) in bench.update(bench.targets(with_quota(TRAINER, "9Gi")), now=now + 1), "a new run"
+
+
+def test_a_new_plan_waits_for_a_failing_limits_back_off_and_retries_what_is_wanted_then(bench: Bench) -> None:
+    """A changed quota does not retry a failing limit before its back-off ends; the retry sets the limit wanted by
+    then, and reports it with the failed attempts."""
+    pod_dir = bench.start(TRAINER)
+    ctr = ctr_dir(pod_dir, TRAINER)
+    bench.driver.failing = {ctr}
+    bench.update(bench.targets(TRAINER), now=0)
+    calls = len([c for c in bench.driver.calls if c[2] == ctr])
+    bigger = bench.targets(with_quota(TRAINER, "10Gi"))
+    assert bench.update(bigger, now=1) == each("applied", None)
+    assert len([c for c in bench.driver.calls if c[2] == ctr]) == calls, "not retried before its back-off"
+    bench.driver.failing = set()
+    outcomes = bench.update(bigger, now=4)  # the first back-off is 2 to 3 s
+    assert outcomes == each("applied", "main") and bench.held(ctr) == [10 * GiB, 10 * GiB]
+    assert bench.limiter.failing() == 0
 
 
 def test_a_failing_limit_no_longer_wanted_stops_being_retried(bench: Bench) -> None:
