@@ -13,41 +13,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vramguard.agent.reload import RESTART_FIELDS
+from vramguard.agent.act import ActionResult, OrphanResult
+from vramguard.agent.reload import RESTART_FIELDS, ReloadResult
 from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import Mode, PodQuota, Reason, Snapshot, UnattributedReason
+from vramguard.core.limit_plan import LimitResult, LimitTarget
+from vramguard.core.model import ActionKind, PodQuota, Reason, Snapshot, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
+from vramguard.kube.events import EventResult
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-# Every label value the agent counts under, exported at 0 from the start: a series born with its first count is no
-# increase to Prometheus, and the alerts on failures read increase().
-# The (action, result) pairs agent/act.py reports (its `Outcome`); an eviction refused or failed may end in a kill.
-ACTION_RESULTS: Mapping[Mode, tuple[str, ...]] = {
-    Mode.WARN: ("ok", "dry-run", "failed"),
-    Mode.KILL: ("ok", "dry-run", "failed", "nothing-to-kill", "memory-not-freed"),
-    Mode.EVICT: (
-        "ok",
-        "dry-run",
-        "failed",
-        "gone",
-        "refused",
-        "refused-then-killed",
-        "failed-then-killed",
-        "nothing-to-kill",
-        "memory-not-freed",
-    ),
-}
-# What kube/events.py's recorder counts each Event as.
-EVENT_RESULTS = ("written", "patched", "aggregated", "dropped", "failed")
-# What node/limiter.py reports for each driver limit (its `LimitOutcome`).
-DRIVER_LIMIT_OUTCOMES = ("applied", "late", "unchanged", "cleared", "unsupported", "failed")
-POLICY_RELOAD_RESULTS = ("applied", "invalid")
-# What the agent counts each orphan it acts on as (`core/orphans.py`): a reclaim's kill outcomes, `reported` where the
-# policy only reports (`orphans: report`, warn mode, an exempt namespace), `dry-run` under --dry-run.
-ORPHAN_RECLAIM_RESULTS = ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")
+# Every label value the agent counts under is exported at 0 from the start, read from the enum its producer owns: a
+# series born with its first count is no increase to Prometheus, and the alerts on failures read increase().
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +201,10 @@ class Metrics:
             ["action", "result"],
             registry=self.registry,
         )
-        for mode, results in ACTION_RESULTS.items():
-            for result in results:
-                self.actions.labels(action=mode.value, result=result)
+        for kind in ActionKind:  # each action with every result it can end in (`ActionResult.ends`)
+            for result in ActionResult:
+                if result.ends(kind):
+                    self.actions.labels(action=kind.value, result=result.value)
         self.escalations = Counter(
             "vramguard_escalations_total",
             "Repeats acted on one step further (counted when the action's outcome is known): a container killed "
@@ -280,8 +259,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in EVENT_RESULTS:
-            self.events.labels(result=result)
+        for event in EventResult:
+            self.events.labels(result=event.value)
         self.events_queued = Gauge(
             "vramguard_events_queued",
             "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
@@ -302,8 +281,8 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        for outcome in DRIVER_LIMIT_OUTCOMES:
-            self.driver_limit_results.labels(outcome=outcome)
+        for limit in LimitResult:
+            self.driver_limit_results.labels(outcome=limit.value)
         self.driver_limits_failing = Gauge(
             "vramguard_driver_limits_failing",
             "Driver memory limits (per cgroup and GPU) whose calls are failing now, each retried with back-off.",
@@ -323,8 +302,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in POLICY_RELOAD_RESULTS:
-            self.policy_reloads.labels(result=result)
+        for reload in ReloadResult:
+            self.policy_reloads.labels(result=reload.value)
         self.policy_invalid = Gauge(
             "vramguard_policy_invalid",
             "1 while the policy file's content is invalid or unreadable (the last good policy is in force; /status "
@@ -348,8 +327,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in ORPHAN_RECLAIM_RESULTS:
-            self.orphan_reclaims.labels(result=result)
+        for orphan in OrphanResult:
+            self.orphan_reclaims.labels(result=orphan.value)
 
     def observe_scan(
         self,
@@ -369,7 +348,7 @@ class Metrics:
         )
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
-            if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
+            if a.kind is ActionKind.WARN and a.reason is Reason.OVER_QUOTA:
                 severity = "hard" if a.violation.hard else "soft"
                 self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
 

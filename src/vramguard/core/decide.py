@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from vramguard.core.model import (
     Action,
+    ActionKind,
     ContainerUsage,
     Escalation,
     GpuDevice,
@@ -372,7 +373,7 @@ def hold_reason(v: Violation, reason: Reason, policy: Policy, snapshot: Snapshot
 
 def spacing_hold(
     v: Violation,
-    kind: Mode,
+    kind: ActionKind,
     policy: Policy,
     state: DecisionState,
     now: float,
@@ -388,7 +389,7 @@ def spacing_hold(
     was acted on; a subject of no container instance (processes of the pod's own cgroup) is spaced per pod
     (`action_targets`).
     """
-    if kind is Mode.EVICT and v.pod.uid in state.evicted:
+    if kind is ActionKind.EVICT and v.pod.uid in state.evicted:
         waited = format_duration(float(policy.eviction_timeout_s))
         since = now - state.evicted[v.pod.uid]
         return f"evicted {since:.1f}s ago: waiting for its deletion (eviction_timeout {waited})"
@@ -402,26 +403,23 @@ def spacing_hold(
     return None
 
 
-def action_targets(v: Violation, kind: Mode) -> tuple[str, ...]:
+def action_targets(v: Violation, kind: ActionKind) -> tuple[str, ...]:
     """What an action of `kind` on `v` acts on, as the cooldown counts it: the container instances a kill reaches,
     else the pod."""
-    return v.container_ids if kind is Mode.KILL and v.container_ids else (v.pod.uid,)
+    return v.container_ids if kind is ActionKind.KILL and v.container_ids else (v.pod.uid,)
 
 
-def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> Mode:
-    """The namespace's mode (or the escalation's step), except that a terminating pod is killed where it would be
-    evicted.
+def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> ActionKind:
+    """The namespace's mode's action (or the escalation's), except that a terminating pod is killed where it would
+    be evicted.
 
     Evicting a pod that is already being deleted does nothing: it would keep its memory for the rest of its
     grace period, which its owner chose. (Warn mode never gets here: `hold_reason` holds it.)
     """
-    if escalation is not None:
-        mode = Mode.EVICT if escalation.step is OnRepeat.EVICT else Mode.KILL
-    else:
-        mode = policy.mode_for(v.pod.namespace)
-    if mode is Mode.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
-        return Mode.KILL
-    return mode
+    kind = escalation.kind if escalation is not None else policy.mode_for(v.pod.namespace).action
+    if kind is ActionKind.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
+        return ActionKind.KILL
+    return kind
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -470,7 +468,7 @@ def decide(
         ep = episodes[v.key]
         if ep.warned or v.pod.uid == snapshot.agent_pod_uid:
             continue
-        actions.append(Action(kind=Mode.WARN, reason=Reason.OVER_QUOTA, violation=v))
+        actions.append(Action(kind=ActionKind.WARN, reason=Reason.OVER_QUOTA, violation=v))
         episodes[v.key] = replace(ep, warned=True)
 
     # 4.

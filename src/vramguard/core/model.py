@@ -28,11 +28,27 @@ def _frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
 
 
 class Mode(str, enum.Enum):
-    """What the agent does to an offender. Also the kind of an `Action`."""
+    """The policy's mode: what the agent does to an offender (`action`), and whether it enforces at all."""
 
     WARN = "warn"
     EVICT = "evict"
     KILL = "kill"
+
+    @property
+    def action(self) -> ActionKind:
+        """The action an offender gets in this mode (a repeat's may go further: `Escalation.kind`)."""
+        return _MODE_ACTION[self]
+
+
+class ActionKind(str, enum.Enum):
+    """What an `Action` does: the `action` label of vramguard_actions_total and of the `action` log line."""
+
+    WARN = "warn"  # a Warning Event on the pod
+    EVICT = "evict"  # an Eviction through the API server
+    KILL = "kill"  # SIGKILL of the container's GPU processes (of all its processes, for a repeat)
+
+
+_MODE_ACTION = {Mode.WARN: ActionKind.WARN, Mode.EVICT: ActionKind.EVICT, Mode.KILL: ActionKind.KILL}
 
 
 class ProcessKind(str, enum.Enum):
@@ -657,6 +673,11 @@ class Escalation:
     restored: bool = False  # the kill it rests on was recorded by an earlier agent (`KillRecord.restored`)
 
     @property
+    def kind(self) -> ActionKind:
+        """The action its step calls for."""
+        return ActionKind.EVICT if self.step is OnRepeat.EVICT else ActionKind.KILL
+
+    @property
     def came_back(self) -> str:
         said = f"GPU processes came back within {self.since_kill_s:.1f} s of the last kill"
         return said + (" (a kill recorded by an earlier agent, restored from kills.json)" if self.restored else "")
@@ -666,7 +687,7 @@ class Escalation:
 class Action:
     """One thing to do to a pod. Carries its violation so every side effect can say exactly why."""
 
-    kind: Mode
+    kind: ActionKind
     reason: Reason
     violation: Violation
     escalation: Escalation | None = None  # set on a repeat: a kill takes every process of the container
@@ -674,6 +695,14 @@ class Action:
     @property
     def pod(self) -> PodInfo:
         return self.violation.pod
+
+    @property
+    def repeat_step(self) -> OnRepeat | None:
+        """The step a repeat is taken as, by what the action does (a terminating pod is killed whole where it would
+        be evicted): the `step` label of vramguard_escalations_total. None for a first offence."""
+        if self.escalation is None:
+            return None
+        return OnRepeat.KILL_CONTAINER if self.kind is ActionKind.KILL else OnRepeat.EVICT
 
     @property
     def message(self) -> str:

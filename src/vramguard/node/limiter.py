@@ -18,7 +18,7 @@ import structlog
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
-from vramguard.core.limit_plan import LimitOutcome, LimitTarget
+from vramguard.core.limit_plan import LimitOutcome, LimitResult, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
 from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsUnavailable, MemoryLimiter
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
@@ -417,13 +417,13 @@ class DriverLimiter:
                 raise _GiveUp from e
             with self._lock:
                 self._unsupported_gpus[t.gpu_index] = str(e)
-            outcomes.append(LimitOutcome(t, "unsupported", str(e)))
+            outcomes.append(LimitOutcome(t, LimitResult.UNSUPPORTED, str(e)))
             return
         except LimitFailed as e:
             if failing is None:
                 backoff = Backoff(self.retry_s, self.max_retry_s)
                 failing = self._failing[key] = _Failing(t, provisional, backoff, now)
-                outcomes.append(LimitOutcome(t, "failed", str(e)))
+                outcomes.append(LimitOutcome(t, LimitResult.FAILED, str(e)))
             failing.failures += 1
             failing.due_at = now + failing.backoff.next()
             return
@@ -448,7 +448,7 @@ class DriverLimiter:
             self._read[t.key] = current.used_bytes
         if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
             self._programmed[(path, gpu)] = t
-            return None if known is not None else LimitOutcome(t, "unchanged", "the driver already held it")
+            return None if known is not None else LimitOutcome(t, LimitResult.UNCHANGED, "the driver already held it")
         self.memory.set(gpu, path, 0, t.hard_bytes)
         # One report per limit: a not-yet-identified container cgroup that takes a limit someone already
         # announced (the sandbox's, next to the container's own) says nothing again.
@@ -458,8 +458,8 @@ class DriverLimiter:
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
         if t.container is not None and not provisional and not self._is_fresh(path) and self.tree.populated(path):
-            return LimitOutcome(t, "late", f"{t.describe()}{was}: the container was already running")
-        return LimitOutcome(t, "applied", f"{t.describe()}{was}")
+            return LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
+        return LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
 
     def _clear_unwanted(self, wanted: Mapping[tuple[str, int], object], computed_at: float) -> list[LimitOutcome]:
         """Clear the limits no target asks for any more. One set after the targets were computed (a cgroup that
@@ -477,9 +477,9 @@ class DriverLimiter:
             try:
                 self.memory.set(gpu, path, 0, LIMIT_MAX)
             except (LimitsUnavailable, LimitFailed) as e:
-                outcomes.append(LimitOutcome(old, "failed", f"clearing: {e}"))
+                outcomes.append(LimitOutcome(old, LimitResult.FAILED, f"clearing: {e}"))
                 continue
-            outcomes.append(LimitOutcome(old, "cleared"))
+            outcomes.append(LimitOutcome(old, LimitResult.CLEARED))
         for key in [k for k in self._failing if k not in wanted]:
             del self._failing[key]
         return outcomes

@@ -8,13 +8,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.agent.metrics import ACTION_RESULTS, DRIVER_LIMIT_OUTCOMES, EVENT_RESULTS, Metrics
+from vramguard.agent.act import ActionResult, OrphanResult
+from vramguard.agent.metrics import Metrics
+from vramguard.agent.reload import ReloadResult
 from vramguard.agent.watch import Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import GiB, GpuDevice, ProcessRef, UnattributedProcess, UnattributedReason
+from vramguard.core.limit_plan import LimitResult, LimitTarget
+from vramguard.core.model import ActionKind, GiB, GpuDevice, ProcessRef, UnattributedProcess, UnattributedReason
 from vramguard.core.peaks import PeakWindow
+from vramguard.kube.events import EventResult
 from vramguard.testing.fakes import SnapshotBuilder, gpu, pod
 
 
@@ -47,20 +50,21 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
     [
         pytest.param(
             "vramguard_actions_total",
-            {("action", m.value, "result", r) for m, rs in ACTION_RESULTS.items() for r in rs},
+            {("action", k.value, "result", r.value) for k in ActionKind for r in ActionResult if r.ends(k)},
             id="every-action-with-every-result-it-can-end-in",
         ),
-        pytest.param("vramguard_events_total", {("result", r) for r in EVENT_RESULTS}, id="every-event-result"),
+        pytest.param("vramguard_events_total", {("result", r.value) for r in EventResult}, id="every-event-result"),
         pytest.param(
-            "vramguard_driver_limits_total", {("outcome", o) for o in DRIVER_LIMIT_OUTCOMES}, id="every-limit-outcome"
+            "vramguard_driver_limits_total", {("outcome", o.value) for o in LimitResult}, id="every-limit-outcome"
         ),
         pytest.param(
             "vramguard_triggered_scans_total", {("reason", t.value) for t in Trigger}, id="every-trigger-reason"
         ),
         pytest.param(
-            "vramguard_orphan_reclaims_total",
-            {("result", r) for r in ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")},
-            id="every-orphan-reclaim-result",
+            "vramguard_orphan_reclaims_total", {("result", r.value) for r in OrphanResult}, id="every-orphan-result"
+        ),
+        pytest.param(
+            "vramguard_policy_reloads_total", {("result", r.value) for r in ReloadResult}, id="every-reload-result"
         ),
     ],
 )

@@ -29,6 +29,7 @@ from vramguard.core.decide import (
 )
 from vramguard.core.model import (
     Action,
+    ActionKind,
     ContainerInfo,
     Escalation,
     EvictionRefused,
@@ -373,8 +374,8 @@ def test_scenarios(policy: Policy, steps: list[Step]) -> None:
 @pytest.mark.parametrize(
     ("mode", "used_gib", "policy_kw", "expected", "held_why"),
     [
-        pytest.param(Mode.KILL, 9, {}, Mode.KILL, None, id="kill-mode-hard-limit-kills"),
-        pytest.param(Mode.EVICT, 9, {}, Mode.KILL, None, id="evict-mode-hard-limit-kills-not-evicts"),
+        pytest.param(Mode.KILL, 9, {}, ActionKind.KILL, None, id="kill-mode-hard-limit-kills"),
+        pytest.param(Mode.EVICT, 9, {}, ActionKind.KILL, None, id="evict-mode-hard-limit-kills-not-evicts"),
         pytest.param(Mode.WARN, 9, {}, None, "mode is warn", id="warn-mode-hard-limit-only-warns"),
         pytest.param(Mode.KILL, 6, {"soft_grace_s": 0}, None, "already terminating", id="kill-mode-soft-held"),
         pytest.param(Mode.EVICT, 6, {"soft_grace_s": 0}, None, "already terminating", id="evict-mode-soft-held"),
@@ -391,7 +392,7 @@ def test_scenarios(policy: Policy, steps: list[Step]) -> None:
     ],
 )
 def test_terminating_pod_is_acted_on_only_over_its_hard_limit(
-    mode: Mode, used_gib: float, policy_kw: dict[str, object], expected: Mode | None, held_why: str | None
+    mode: Mode, used_gib: float, policy_kw: dict[str, object], expected: ActionKind | None, held_why: str | None
 ) -> None:
     """A pod in deletion over its hard limit is killed (in evict mode too); soft limit and pressure are held."""
     policy = _policy(**{"mode": mode, "soft_grace_s": 600.0, **policy_kw})
@@ -399,7 +400,7 @@ def test_terminating_pod_is_acted_on_only_over_its_hard_limit(
     decision, _ = decide(snapshot, QUOTAS, policy, DecisionState(), 0.0)
     enforced = [(a.kind, a.reason) for a in decision.actions if a.reason is not Reason.OVER_QUOTA]
     assert enforced == ([(expected, Reason.HARD_LIMIT)] if expected is not None else [])
-    assert [a.kind for a in decision.actions if a.reason is Reason.OVER_QUOTA] == [Mode.WARN]
+    assert [a.kind for a in decision.actions if a.reason is Reason.OVER_QUOTA] == [ActionKind.WARN]
     if held_why is None:
         assert decision.held == ()
     else:
@@ -411,7 +412,7 @@ def test_one_action_per_pod_per_scan() -> None:
     """A pod violating on two GPUs is acted on once per scan, not once per GPU."""
     b = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 9 * GiB, pid=1).use(NOTEBOOK, "main", GPU1, 9 * GiB, pid=2)
     decision, _ = decide(b.build(), QUOTAS, _policy(max_actions_per_scan=5), DecisionState(), 0.0)
-    assert [a.kind for a in decision.actions].count(Mode.KILL) == 1
+    assert [a.kind for a in decision.actions].count(ActionKind.KILL) == 1
     assert any("already acted on" in h.why for h in decision.held)
 
 
@@ -736,7 +737,7 @@ def test_repeats(policy: Policy, scans: list[Scan]) -> None:
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
         # Each kill (and an evict mode's refused-then-killed) is recorded, with the processes it killed.
-        killed = [a for a in decision.actions if a.kind is not Mode.WARN]
+        killed = [a for a in decision.actions if a.kind is not ActionKind.WARN]
         return record_kills(state, _killed_in(killed), now)
 
     _play(policy, scans, outcomes)
@@ -803,9 +804,9 @@ def test_one_eviction_per_pod_until_it_is_seen_going(policy: Policy, accepted: b
     gone, or eviction_timeout has passed."""
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
-        state = record_kills(state, _killed_in(a for a in decision.actions if a.kind is Mode.KILL), now)
+        state = record_kills(state, _killed_in(a for a in decision.actions if a.kind is ActionKind.KILL), now)
         if accepted:
-            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), now)
+            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is ActionKind.EVICT), now)
         return state
 
     _play(policy, scans, outcomes)
@@ -849,7 +850,7 @@ def test_repeat_message_says_how_soon_the_processes_came_back(restored: bool, me
     state = DecisionState(kills=MappingProxyType({SUPERVISED_ID: KillRecord(100.0, killed, restored=restored)}))
     over = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 2 * GiB, pid=101).build()
     decision, _ = decide(over, REPEAT_QUOTAS, policy, state, 100.4)
-    assert [a.kind for a in decision.actions] == [Mode.WARN, Mode.KILL]
+    assert [a.kind for a in decision.actions] == [ActionKind.WARN, ActionKind.KILL]
     escalation = decision.actions[1].escalation
     assert escalation is not None and escalation.restored is restored
     assert escalation.came_back == message
