@@ -25,7 +25,7 @@ from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.attribute import attribute, awaited
-from vramguard.core.decide import Decision, DecisionState, decide, record_evictions, record_kills
+from vramguard.core.decide import Decision, DecisionState, decide, record_outcomes
 from vramguard.core.exited import EXITED_HOLD_S, ExitedScan, ExitedTracker
 from vramguard.core.limit_plan import (
     LimitOutcome,
@@ -184,23 +184,17 @@ class Agent:
         outcomes += tuple(self.enforcer.collect())
         if any(o.kill_finished for o in outcomes):  # a kill is `ok` once NVML, sampled again, agrees
             outcomes = confirm_freed(outcomes, self._sample(), self._belongs_to)
-        if any(o.kill is not None and o.kill.killed for o in outcomes):
-            # A container killed in is watched for a repeat (a supervisor respawning its GPU workers): what was
-            # killed there is the evidence a later process is measured against.
-            killed_in = (
-                (c, o.kill.killed)
-                for o in outcomes
-                if o.kill is not None and o.kill.killed
-                for c in o.action.violation.container_ids
-            )
-            self.state = record_kills(self.state, killed_in, now)
-            if self.kill_memory is not None:
-                self.kill_memory.save(self.state.kills)
-        # An accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
-        evicted = (
+        # What was done goes into the decision's state: a container killed in is watched for a repeat (a supervisor
+        # respawning its GPU workers), what was killed there being the evidence a later process is measured against;
+        # an accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
+        killed = [(o.action, o.kill.killed) for o in outcomes if o.kill is not None and o.kill.killed]
+        killed_in = [(c, refs) for action, refs in killed for c in action.violation.container_ids]
+        evicted = [
             o.action.pod.uid for o in outcomes if o.action.kind is ActionKind.EVICT and o.result is ActionResult.OK
-        )
-        self.state = record_evictions(self.state, evicted, now)
+        ]
+        self.state = record_outcomes(self.state, now, killed_in=killed_in, evicted=evicted)
+        if killed and self.kill_memory is not None:
+            self.kill_memory.save(self.state.kills)
         # 6b. The processes of pods that are gone: reclaimed or reported once confirmed (`core/orphans.py`).
         orphans, orphan_outcomes = self._orphans(snapshot, pods, pods_synced and self.pods.problem() is None, now)
         # 7. Report.
@@ -448,7 +442,6 @@ class Agent:
         claims_up = self.claims.problem() is None if self.claims is not None else None
         self.metrics.observe_scan(
             snapshot,
-            quotas,
             decision,
             held.values(),
             claims_up,

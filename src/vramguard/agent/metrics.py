@@ -19,7 +19,7 @@ from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
 from vramguard.core.limit_plan import LimitResult, LimitTarget
-from vramguard.core.model import ActionKind, PodQuota, Reason, Snapshot, UnattributedReason
+from vramguard.core.model import ActionKind, OwnedRow, Reason, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
 from vramguard.kube.events import EventResult
 
@@ -33,7 +33,7 @@ class ScanView:
     """What one scan publishes: replaced whole after each scan, so a scrape never mixes two scans."""
 
     snapshot: Snapshot
-    quotas: Mapping[str, PodQuota]
+    rows: tuple[OwnedRow, ...]  # each row with its subject and quota (`Decision.rows`)
     driver_limits: tuple[LimitTarget, ...] = ()
     claim_source_up: bool | None = None  # None: no claim quota source
     peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
@@ -75,25 +75,23 @@ class _ScanCollector(Collector):
             labels=[*labels, "claim"],
         )
         devices = {d.uuid: d for d in snap.devices}
-        quota_seen: set[tuple[str, ...]] = set()
         for u in snap.containers:
             device = devices.get(u.device_uuid)
-            if device is None:
+            if device is not None:
+                used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
+        # One quota series per quota a container holds as its own, and one per pod-wide quota (container "").
+        quota_seen: set[SubjectKey] = set()
+        for u, owner in view.rows:
+            device = devices.get(u.device_uuid)
+            if device is None or owner is None or (key := owner.limit_key) in quota_seen:
                 continue
-            used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
-            pq = view.quotas.get(u.pod.uid)
-            if pq is None:
-                continue
-            own = pq.own(u.container, u.device_uuid) if u.container else None
-            q, who = (own, u.container) if own is not None else (pq.pod, "")
-            key = (u.pod.uid, who, device.uuid)
-            if q is not None and key not in quota_seen:
-                quota_seen.add(key)
-                values = [u.pod.namespace, u.pod.name, who, device.label, device.uuid]
-                limit = q.limit_for(device.total_bytes)
-                quota.add_metric(values, limit)
-                if q.claim is not None:
-                    share.add_metric([*values, q.claim], limit)
+            quota_seen.add(key)
+            q = owner.quota
+            values = [u.pod.namespace, u.pod.name, owner.holder or "", device.label, device.uuid]
+            limit = q.limit_for(device.total_bytes)
+            quota.add_metric(values, limit)
+            if q.claim is not None:
+                share.add_metric([*values, q.claim], limit)
         for p in view.peaks:
             peak.add_metric([p.pod.namespace, p.pod.name, p.container, p.gpu, p.device_uuid], p.peak_bytes)
         yield used
@@ -333,7 +331,6 @@ class Metrics:
     def observe_scan(
         self,
         snapshot: Snapshot,
-        quotas: Mapping[str, PodQuota],
         decision: Decision,
         driver_limits: Iterable[LimitTarget] = (),
         claim_source_up: bool | None = None,
@@ -344,7 +341,7 @@ class Metrics:
     ) -> None:
         """Publish one scan. `orphaned`: the bytes of confirmed orphans by GPU UUID (`OrphanScan.bytes_by_gpu`)."""
         self._scan.view = ScanView(
-            snapshot, quotas, tuple(driver_limits), claim_source_up, peaks, exited or {}, orphaned or {}
+            snapshot, decision.rows, tuple(driver_limits), claim_source_up, peaks, exited or {}, orphaned or {}
         )
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from structlog.testing import capture_logs
 
 from vramguard.agent.act import ActionResult, Enforcer, Outcome, confirm_freed
 from vramguard.base.worker import Task
-from vramguard.core.decide import find_violations
+from vramguard.core.decide import find_violations, owners
 from vramguard.core.exited import HeldByExited
 from vramguard.core.model import (
     Action,
@@ -26,6 +26,7 @@ from vramguard.core.model import (
     ProcessRef,
     Quota,
     Reason,
+    Snapshot,
     Violation,
 )
 from vramguard.core.ports import Evictor, EvictResult, KillResult
@@ -41,6 +42,11 @@ from vramguard.testing.fakes import (
 GPU0 = gpu(0, total_bytes=16 * GiB)
 
 
+def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+    """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
+    return find_violations(snapshot, owners(snapshot, quotas))
+
+
 def over_quota_action(
     kind: ActionKind = ActionKind.EVICT, name: str = "victim", *, mirror_uid: str | None = None
 ) -> Action:
@@ -48,7 +54,7 @@ def over_quota_action(
     quota."""
     p = pod(name, "ml", mirror_uid=mirror_uid)
     quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+    (violation,) = violations_under(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
     return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
 
 
@@ -355,7 +361,7 @@ def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
     for k in range(6):
         p = pod(f"{k}" + "x" * 252, "ml")
         quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-        offenders += find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+        offenders += violations_under(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
     victim = pod("victim", "ml")
     notice = PressureNotice(pod=victim, device=offenders[0].device, offenders=tuple(offenders))
     events = RecordingEventRecorder()
