@@ -82,7 +82,7 @@ class ActionResult(str, enum.Enum):
     GONE = "gone"  # the pod to evict no longer exists
     REFUSED = "refused"  # an eviction refused (a PodDisruptionBudget, a static pod); on_eviction_refused: wait
     REFUSED_THEN_KILLED = "refused-then-killed"  # on_eviction_refused: kill
-    FAILED_THEN_KILLED = "failed-then-killed"
+    FAILED_THEN_KILLED = "failed-then-killed"  # an eviction failed (no answer, an error); on_eviction_refused: kill
 
     def ends(self, kind: ActionKind) -> bool:
         """Whether an action of `kind` can end in this result: a warning is written or not; a kill may find

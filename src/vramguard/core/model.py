@@ -355,7 +355,7 @@ class QuotaError:
 
 
 class QuotaScope(str, enum.Enum):
-    """Whose quota holds a row of usage (`PodQuota.governing`), and so which rows are judged together against it."""
+    """Whose quota holds a row of usage (`PodQuota.owner`), and so which rows are judged together against it."""
 
     CONTAINER = "container"  # the container's own quota (`NO_SHARE` included): its row alone, per GPU
     POD = "pod"  # the pod-wide quota (an annotation): the rows of the containers it covers on a GPU, summed
@@ -378,6 +378,7 @@ class PodQuota:
     # memory the pod was given, so memory on a GPU it was not allocated is over its quota.
     shares: Mapping[str, Mapping[str, Quota]] = field(default_factory=lambda: MappingProxyType({}))
     # `owner`'s answers by (pod UID, container, GPU UUID): at most one per container and GPU, the pod's own cgroup too.
+    # Filled on first asking; two threads asking at once both store the same answer.
     _owners: dict[tuple[str, str, str], RowOwner | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
