@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helm_fixtures import one, render
 from real_parts import need
 from vramguard.agent.metrics import Metrics
-from vramguard.core.decide import Decision
+from vramguard.core.decide import Decision, owners
 from vramguard.core.limit_plan import LimitTarget
 from vramguard.core.model import GiB, PodQuota, Quota
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
@@ -262,7 +262,8 @@ def agent_series() -> dict[str, frozenset[str]]:
     share = Quota(limit_bytes=2 * GiB, source="claim", share="uid/0", claim="gpu")
     quotas = {p.uid: PodQuota(shares={"main": {device.uuid: share}})}
     limit = LimitTarget(p, "main", "c1", 0, device.uuid, 2 * GiB, "claim")
-    metrics.observe_scan(snapshot, quotas, Decision(actions=(), violations=()), [limit], claim_source_up=True)
+    decision = Decision(actions=(), violations=(), rows=owners(snapshot, quotas))
+    metrics.observe_scan(snapshot, decision, [limit], claim_source_up=True)
     for wrapper in vars(metrics).values():
         # client_python keeps a wrapper's label names only on this attribute; a child makes the family's series.
         labelnames = getattr(wrapper, "_labelnames", ())

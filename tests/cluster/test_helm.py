@@ -334,7 +334,7 @@ def _exported_metric_names() -> set[str]:
     metrics = Metrics()
     p = pod("trainer", "ml")
     snapshot = SnapshotBuilder().use(p, "main", gpu(0), GiB).build()
-    metrics.observe_scan(snapshot, {}, Decision(actions=(), violations=()), claim_source_up=True)
+    metrics.observe_scan(snapshot, Decision(actions=(), violations=()), claim_source_up=True)
     names = set()
     for family in metrics.registry.collect():
         names.add(family.name)

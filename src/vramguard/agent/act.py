@@ -13,10 +13,11 @@ holds the pod's next eviction (`decide.spacing_hold`).
 
 from __future__ import annotations
 
+import enum
 import itertools
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -24,18 +25,20 @@ import structlog
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitOutcome
+from vramguard.core.limit_plan import LimitOutcome, LimitResult
 from vramguard.core.model import (
     Action,
+    ActionKind,
     EventSubject,
     EvictionRefused,
     GpuDevice,
-    Mode,
+    GpuSample,
     NodeRef,
     PodInfo,
     Policy,
     PressureNotice,
     QuotaError,
+    Violation,
 )
 from vramguard.core.orphans import Orphan
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
@@ -67,35 +70,70 @@ ENFORCEMENT_EVENTS = frozenset(
 )
 
 
+class ActionResult(str, enum.Enum):
+    """What one action came to (`Outcome.result`): the `result` label of vramguard_actions_total. The Enforcer
+    produces every one; metrics iterate them (`ends`), so a result added here is exported at 0 with no second list."""
+
+    OK = "ok"
+    DRY_RUN = "dry-run"
+    FAILED = "failed"  # a seam raised, an eviction had no answer or an error, or killed processes did not exit
+    NOTHING_TO_KILL = "nothing-to-kill"  # the killer found no process it may signal
+    MEMORY_NOT_FREED = "memory-not-freed"  # killed, and yet /proc or NVML shows the container's processes there
+    GONE = "gone"  # the pod to evict no longer exists
+    REFUSED = "refused"  # an eviction refused (a PodDisruptionBudget, a static pod); on_eviction_refused: wait
+    REFUSED_THEN_KILLED = "refused-then-killed"  # on_eviction_refused: kill
+    FAILED_THEN_KILLED = "failed-then-killed"  # an eviction failed (no answer, an error); on_eviction_refused: kill
+
+    def ends(self, kind: ActionKind) -> bool:
+        """Whether an action of `kind` can end in this result: a warning is written or not; a kill may find
+        nothing to kill or leave memory behind; an eviction may end in any result, a kill's included."""
+        if self in (ActionResult.OK, ActionResult.DRY_RUN, ActionResult.FAILED):
+            return True
+        if self in (ActionResult.NOTHING_TO_KILL, ActionResult.MEMORY_NOT_FREED):
+            return kind is not ActionKind.WARN
+        return kind is ActionKind.EVICT
+
+
+class OrphanResult(str, enum.Enum):
+    """What acting on one orphan came to (`OrphanOutcome.result`): the `result` label of
+    vramguard_orphan_reclaims_total, each exported at 0 from the start."""
+
+    OK = "ok"
+    FAILED = "failed"
+    NOTHING_TO_KILL = "nothing-to-kill"
+    MEMORY_NOT_FREED = "memory-not-freed"
+    REPORTED = "reported"  # the policy reports orphans (orphans: report, warn mode, an exempt namespace)
+    DRY_RUN = "dry-run"
+
+
 @dataclass(frozen=True, slots=True)
 class OrphanOutcome:
-    """What happened to one orphan. `result` is the `result` label of vramguard_orphan_reclaims_total:
-
-    ok | failed | nothing-to-kill | memory-not-freed | reported (the policy reports orphans) | dry-run
-    """
+    """What happened to one orphan."""
 
     orphan: Orphan
-    result: str
+    result: OrphanResult
     detail: str = ""
     kill: KillResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one action. `result` is the `result` label of vramguard_actions_total:
-
-    ok | dry-run | failed | nothing-to-kill | memory-not-freed | gone (the pod to evict no longer exists) |
-    refused, failed (an eviction that could not happen) | refused-then-killed, failed-then-killed
-    """
+    """What happened to one action."""
 
     action: Action
-    result: str
+    result: ActionResult
     detail: str = ""
     kill: KillResult | None = None
 
     @property
     def action_name(self) -> str:
         return self.action.kind.value
+
+    @property
+    def kill_finished(self) -> bool:
+        """A kill that signalled processes and saw them exit, and after which /proc shows none of the container's
+        processes holding the GPU: whether NVML agrees is what `confirm_freed` checks."""
+        return self.kill is not None and self.kill.ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +179,17 @@ class Enforcer:
     def execute(self, action: Action) -> Outcome | None:
         """Carry out `action`; its outcome, or None for an eviction now in flight (see `collect`)."""
         if self.dry_run:
-            return Outcome(action, "dry-run", f"would {action.kind.value}: {action.message}")
+            return Outcome(action, ActionResult.DRY_RUN, f"would {action.kind.value}: {action.message}")
         try:
-            if action.kind is Mode.WARN:
+            if action.kind is ActionKind.WARN:
                 self._event(action, EVENT_EXCEEDED, action.message)
-                return Outcome(action, "ok")
-            if action.kind is Mode.EVICT:
+                return Outcome(action, ActionResult.OK)
+            if action.kind is ActionKind.EVICT:
                 return self._start_eviction(action)
             return self._kill(action)
         except Exception as e:  # a seam failed: report it and keep the loop alive
             self.log.error("action_failed", action=action.kind.value, pod=action.pod.key, error=repr(e))
-            return Outcome(action, "failed", repr(e))
+            return Outcome(action, ActionResult.FAILED, repr(e))
 
     def report_invalid(self, pod: PodInfo, error: QuotaError) -> None:
         """An invalid quota value: a log line and a VRAMQuotaInvalid Event naming the field, the value (bounded)
@@ -198,29 +236,29 @@ class Enforcer:
             how = "would kill them (--dry-run)" if reclaim else "reported, not killed (orphans: report)"
             message = f"{orphan.subject} is gone; its processes (PIDs {pids}) still hold {where}: {how}"
             self._record_node(EVENT_ORPHAN_FOUND, message)
-            return OrphanOutcome(orphan, "dry-run" if reclaim else "reported", message)
+            return OrphanOutcome(orphan, OrphanResult.DRY_RUN if reclaim else OrphanResult.REPORTED, message)
         target = orphan.target
         if not target.processes:
             why = "its processes are in the pod's own cgroup, in no container: nothing the killer may signal"
             self._record_node(EVENT_ORPHAN_FOUND, f"{orphan.subject} is gone; PIDs {pids} still hold {where}: {why}")
-            return OrphanOutcome(orphan, "nothing-to-kill", why)
+            return OrphanOutcome(orphan, OrphanResult.NOTHING_TO_KILL, why)
         try:
             kill = self.killer.kill(target)
         except Exception as e:  # a seam failed: report it and keep the loop alive
             self.log.error("orphan_reclaim_failed", pod_uid=orphan.pod_uid, error=repr(e))
-            return OrphanOutcome(orphan, "failed", repr(e))
+            return OrphanOutcome(orphan, OrphanResult.FAILED, repr(e))
         if not kill.killed:
             why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
-            return OrphanOutcome(orphan, "nothing-to-kill", why, kill)
+            return OrphanOutcome(orphan, OrphanResult.NOTHING_TO_KILL, why, kill)
         killed = _pids(tuple(ref.pid for ref in kill.killed))
         message = f"{orphan.subject} is gone; killed the processes it left holding {where}: PIDs {killed}"
         self._record_node(EVENT_ORPHAN_RECLAIMED, message)
         if kill.remaining:
             left = _pids(tuple(sorted(ref.pid for ref in kill.remaining)))
-            return OrphanOutcome(orphan, "memory-not-freed", f"PIDs {left} still hold the GPU", kill)
+            return OrphanOutcome(orphan, OrphanResult.MEMORY_NOT_FREED, f"PIDs {left} still hold the GPU", kill)
         if not kill.exited:
-            return OrphanOutcome(orphan, "failed", "processes did not exit before the deadline", kill)
-        return OrphanOutcome(orphan, "ok", "", kill)
+            return OrphanOutcome(orphan, OrphanResult.FAILED, "processes did not exit before the deadline", kill)
+        return OrphanOutcome(orphan, OrphanResult.OK, "", kill)
 
     def _record_node(self, reason: str, message: str) -> None:
         if self.node is None:
@@ -322,9 +360,9 @@ class Enforcer:
         if result.evicted:
             came_back = f"{action.escalation.came_back}: " if action.escalation is not None else ""
             self._event(action, EVENT_EVICTED, f"{came_back}evicted: {action.message}")
-            return Outcome(action, "ok", result.message)
+            return Outcome(action, ActionResult.OK, result.message)
         if result.gone:
-            return Outcome(action, "gone", result.message)
+            return Outcome(action, ActionResult.GONE, result.message)
         refused = result.refused
         then_kill = self.policy.on_eviction_refused is EvictionRefused.KILL
         what = "eviction refused" if refused else "eviction failed"
@@ -334,18 +372,18 @@ class Enforcer:
             EVENT_EVICTION_REFUSED if refused else EVENT_EVICTION_FAILED,
             f"{what}: {result.message}; {next_step}: {action.message}",
         )
-        label = "refused" if refused else "failed"
         if not then_kill:
-            return Outcome(action, label, result.message)
+            return Outcome(action, ActionResult.REFUSED if refused else ActionResult.FAILED, result.message)
+        killed = ActionResult.REFUSED_THEN_KILLED if refused else ActionResult.FAILED_THEN_KILLED
         try:
-            return self._kill(action, after=f"{what}: {result.message}", label=f"{label}-then-killed")
+            return self._kill(action, after=f"{what}: {result.message}", result=killed)
         except Exception as e:
             self.log.error("action_failed", action="kill", pod=action.pod.key, error=repr(e))
-            return Outcome(action, "failed", repr(e))
+            return Outcome(action, ActionResult.FAILED, repr(e))
 
     # -- killing ---------------------------------------------------------------------------------------------
 
-    def _kill(self, action: Action, *, after: str = "", label: str = "ok") -> Outcome:
+    def _kill(self, action: Action, *, after: str = "", result: ActionResult = ActionResult.OK) -> Outcome:
         # A repeat takes every process of the container, so that its supervisor cannot respawn GPU workers again.
         whole = action.escalation is not None
         kill = self.killer.kill(action.violation.target, every_process=whole)
@@ -353,7 +391,7 @@ class Enforcer:
             why = "; ".join(f"{ref.pid}: {reason}" for ref, reason in kill.skipped[:10]) or "no GPU process found"
             if len(kill.skipped) > 10:
                 why += f"; and {len(kill.skipped) - 10} more"
-            return Outcome(action, "nothing-to-kill", why, kill)
+            return Outcome(action, ActionResult.NOTHING_TO_KILL, why, kill)
         pids = ", ".join(str(ref.pid) for ref in kill.killed[:20])
         if len(kill.killed) > 20:
             pids += f" and {len(kill.killed) - 20} more"
@@ -363,12 +401,11 @@ class Enforcer:
             prefix += f"{action.escalation.came_back}: stopped the whole container; "
         self._event(action, EVENT_KILLED, f"{prefix}killed PIDs {pids}: {action.message}")
         if kill.remaining:
-            left = sorted(ref.pid for ref in kill.remaining)
-            shown = ", ".join(map(str, left[:20])) + (f" and {len(left) - 20} more" if len(left) > 20 else "")
-            return Outcome(action, "memory-not-freed", f"PIDs {shown} of the container still hold the GPU", kill)
+            left = _pids(tuple(sorted(ref.pid for ref in kill.remaining)))
+            return _memory_not_freed(action, kill, f"PIDs {left} of the container still hold the GPU")
         if not kill.exited:
-            return Outcome(action, "failed", "processes did not exit before the deadline", kill)
-        return Outcome(action, label, after, kill)
+            return Outcome(action, ActionResult.FAILED, "processes did not exit before the deadline", kill)
+        return Outcome(action, result, after, kill)
 
     def _event(self, action: Action, reason: str, message: str) -> None:
         self._record(action.pod, reason, message)
@@ -376,20 +413,20 @@ class Enforcer:
     def report_limits(self, outcomes: Iterable[LimitOutcome]) -> None:
         """One Event per container (or pod-wide quota) for the driver limits just applied, and a Warning for
         those that failed, naming the GPUs."""
-        grouped: dict[tuple[str, str | None, str], list[LimitOutcome]] = {}
+        grouped: dict[tuple[str, str | None, LimitResult], list[LimitOutcome]] = {}
         for o in outcomes:
-            if o.result in ("applied", "late", "failed"):
+            if o.result in (LimitResult.APPLIED, LimitResult.LATE, LimitResult.FAILED):
                 grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
         for (_, _, result), group in grouped.items():
             t = group[0].target
             gpus = ", ".join(str(o.target.gpu_index) for o in group)
-            if result == "applied":
+            if result is LimitResult.APPLIED:
                 message = (
                     f"the driver now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
                     f"an allocation beyond it fails in this {'container' if t.container is not None else 'pod'} only"
                 )
                 self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
-            elif result == "late":
+            elif result is LimitResult.LATE:
                 message = (
                     f"{t.subject} was running before the driver held its limit; the driver now holds it to "
                     f"{format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}). Whether a limit set late binds memory "
@@ -412,6 +449,37 @@ class Enforcer:
             self.events.record(pod, reason, message, warning=warning, important=reason in ENFORCEMENT_EVENTS)
         except Exception as e:  # an Event is a report; failing to queue it must not undo the action
             self.log.warning("event_failed", pod=pod.key, reason=reason, error=repr(e))
+
+
+def confirm_freed(
+    outcomes: tuple[Outcome, ...], after: GpuSample, belongs: Callable[[int, Violation], bool]
+) -> tuple[Outcome, ...]:
+    """The outcomes, each finished kill (`Outcome.kill_finished`) checked against `after`, an NVML sample taken
+    since: a kill frees the memory only when NVML lists neither a killed process nor any other process of the
+    violation's containers (`belongs`) on that GPU (a forked child the kill did not reach, a zombie the driver has
+    not released). What /proc shows the killer reported already (`KillResult.remaining`)."""
+    confirmed = []
+    for o in outcomes:
+        if o.kill is not None and o.kill_finished:
+            v = o.action.violation
+            killed = {r.pid for r in o.kill.killed}
+            lingering = [
+                p.pid
+                for p in after.processes
+                if p.device_uuid == v.device.uuid and (p.pid in killed or belongs(p.pid, v))
+            ]
+            if lingering:
+                o = _memory_not_freed(
+                    o.action, o.kill, f"PIDs {sorted(lingering)} still hold memory on {v.device.uuid}"
+                )
+        confirmed.append(o)
+    return tuple(confirmed)
+
+
+def _memory_not_freed(action: Action, kill: KillResult, detail: str) -> Outcome:
+    """A kill after which the container's processes still hold GPU memory, as /proc (`KillResult.remaining`) or a
+    fresh NVML sample (`confirm_freed`) shows them."""
+    return Outcome(action, ActionResult.MEMORY_NOT_FREED, detail, kill)
 
 
 def _pids(pids: tuple[int, ...]) -> str:

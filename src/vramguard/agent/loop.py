@@ -16,23 +16,22 @@ from types import MappingProxyType
 
 import structlog
 
-from vramguard.agent.act import Enforcer, OrphanOutcome, Outcome
+from vramguard.agent.act import ActionResult, Enforcer, OrphanOutcome, Outcome, confirm_freed
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
-from vramguard.agent.reload import RESTART_FIELDS, Built, Loaded, PolicyReloader, fit
+from vramguard.agent.reload import RESTART_FIELDS, Built, Loaded, PolicyReloader, ReloadResult, fit
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.attribute import attribute, awaited
-from vramguard.core.decide import Decision, DecisionState, decide, record_evictions, record_kills
+from vramguard.core.decide import Decision, DecisionState, decide, record_outcomes
 from vramguard.core.exited import EXITED_HOLD_S, ExitedScan, ExitedTracker
 from vramguard.core.limit_plan import LimitOutcome, LimitPlanner, LimitTarget, UsageDisagreement, with_driver_usage
 from vramguard.core.model import (
     Action,
+    ActionKind,
     GpuSample,
-    Mode,
-    OnRepeat,
     PodInfo,
     PodQuota,
     Policy,
@@ -178,25 +177,22 @@ class Agent:
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
         #    processes let go of their memory. The pods on a GPU that entered pressure are told who holds it.
         self.enforcer.report_pressure(decision.notices)
-        actions = [a for a in decision.actions if a.kind is Mode.WARN or self._evidence_holds(a)]
+        actions = [a for a in decision.actions if a.kind is ActionKind.WARN or self._evidence_holds(a)]
         outcomes = tuple(o for a in actions if (o := self.enforcer.execute(a)) is not None)
         outcomes += tuple(self.enforcer.collect())
-        if any(o.kill is not None and o.kill.killed for o in outcomes):
-            outcomes = self._confirm_freed(outcomes)
-            # A container killed in is watched for a repeat (a supervisor respawning its GPU workers): what was
-            # killed there is the evidence a later process is measured against.
-            killed_in = (
-                (c, o.kill.killed)
-                for o in outcomes
-                if o.kill is not None and o.kill.killed
-                for c in o.action.violation.container_ids
-            )
-            self.state = record_kills(self.state, killed_in, now)
-            if self.kill_memory is not None:
-                self.kill_memory.save(self.state.kills)
-        # An accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
-        evicted = (o.action.pod.uid for o in outcomes if o.action.kind is Mode.EVICT and o.result == "ok")
-        self.state = record_evictions(self.state, evicted, now)
+        if any(o.kill_finished for o in outcomes):  # a kill is `ok` once NVML, sampled again, agrees
+            outcomes = confirm_freed(outcomes, self._sample(), self._belongs_to)
+        # What was done goes into the decision's state: a container killed in is watched for a repeat (a supervisor
+        # respawning its GPU workers), what was killed there being the evidence a later process is measured against;
+        # an accepted eviction holds the pod's next one until the pod is seen going (`decide.spacing_hold`).
+        killed = [(o.action, o.kill.killed) for o in outcomes if o.kill is not None and o.kill.killed]
+        killed_in = [(c, refs) for action, refs in killed for c in action.violation.container_ids]
+        evicted = [
+            o.action.pod.uid for o in outcomes if o.action.kind is ActionKind.EVICT and o.result is ActionResult.OK
+        ]
+        self.state = record_outcomes(self.state, now, killed_in=killed_in, evicted=evicted)
+        if killed and self.kill_memory is not None:
+            self.kill_memory.save(self.state.kills)
         # 6b. The processes of pods that are gone: reclaimed or reported once confirmed (`core/orphans.py`).
         orphans, orphan_outcomes = self._orphans(snapshot, pods, pods_synced and self.pods.problem() is None, now)
         # 7. Report.
@@ -253,11 +249,11 @@ class Agent:
 
     def _report_orphans(self, outcomes: tuple[OrphanOutcome, ...]) -> None:
         for o in outcomes:
-            self.metrics.orphan_reclaims.labels(result=o.result).inc()
+            self.metrics.orphan_reclaims.labels(result=o.result.value).inc()
             orphan = o.orphan
             self.log.warning(
                 "orphan_reclaimed" if o.kill is not None and o.kill.killed else "orphan_found",
-                result=o.result,
+                result=o.result.value,
                 pod_uid=orphan.pod_uid,
                 pod=orphan.known.key if orphan.known is not None else None,
                 held_bytes=orphan.used_bytes,
@@ -280,7 +276,7 @@ class Agent:
             self.watch.retune(policy)
         self.policy_digest = loaded.digest
         self.restart_needed = restart
-        self.metrics.policy_reloads.labels(result="applied").inc()
+        self.metrics.policy_reloads.labels(result=ReloadResult.APPLIED.value).inc()
         for field in RESTART_FIELDS:
             self.metrics.policy_restart_needed.labels(field=field).set(1 if field in restart else 0)
         self.log.info(
@@ -313,30 +309,6 @@ class Agent:
         except Exception as e:  # degrade, don't die: the next scan may well succeed
             self.metrics.scans_failed.inc()
             self.log.exception("scan_failed", error=repr(e))
-
-    def _confirm_freed(self, outcomes: tuple[Outcome, ...]) -> tuple[Outcome, ...]:
-        """Re-sample once: a kill is `ok` only when NVML and /proc agree the memory is released. NVML must list
-        neither a killed process nor any other process of the violating containers on that GPU (a forked child
-        the kill did not reach, a zombie the driver has not released); the killer already reported the
-        container's processes that /proc still shows holding the device (`KillResult.remaining`)."""
-        if not any(o.kill is not None and o.kill.killed and not o.kill.remaining for o in outcomes):
-            return outcomes
-        after = self._sample()
-        confirmed = []
-        for o in outcomes:
-            if o.kill is not None and o.kill.killed and not o.kill.remaining and o.result.endswith(("ok", "killed")):
-                v = o.action.violation
-                killed = {r.pid for r in o.kill.killed}
-                lingering = [
-                    p.pid
-                    for p in after.processes
-                    if p.device_uuid == v.device.uuid and (p.pid in killed or self._belongs_to(p.pid, v))
-                ]
-                if lingering:
-                    detail = f"PIDs {sorted(lingering)} still hold memory on {v.device.uuid}"
-                    o = Outcome(o.action, "memory-not-freed", detail, o.kill)
-            confirmed.append(o)
-        return tuple(confirmed)
 
     def _sample(self) -> GpuSample:
         sample = self.sampler.sample()
@@ -377,12 +349,12 @@ class Agent:
     def _report_limits(self, outcomes: list[LimitOutcome]) -> None:
         self.enforcer.report_limits(outcomes)
         for o in outcomes:
-            self.metrics.driver_limit_results.labels(outcome=o.result).inc()
+            self.metrics.driver_limit_results.labels(outcome=o.result.value).inc()
             t = o.target
-            log = self.log.warning if o.result in ("failed", "late") else self.log.info
+            log = self.log.warning if o.result.warns else self.log.info
             log(
                 "driver_limit",
-                result=o.result,
+                result=o.result.value,
                 pod=t.pod.key,
                 container=t.container,
                 gpu=t.gpu_index,
@@ -428,7 +400,6 @@ class Agent:
         claims_up = self.claims.problem() is None if self.claims is not None else None
         self.metrics.observe_scan(
             snapshot,
-            quotas,
             decision,
             held.values(),
             claims_up,
@@ -443,16 +414,16 @@ class Agent:
             self._report_limits(self.limiter.collect())
             self.metrics.driver_limits_failing.set(self.limiter.failing())
         for o in outcomes:
-            self.metrics.actions.labels(action=o.action_name, result=o.result).inc()
-            if o.action.escalation is not None:  # by what was done: an evicted pod still over is killed whole
-                step = OnRepeat.KILL_CONTAINER if o.action.kind is Mode.KILL else OnRepeat.EVICT
+            self.metrics.actions.labels(action=o.action_name, result=o.result.value).inc()
+            step = o.action.repeat_step
+            if step is not None:
                 self.metrics.escalations.labels(namespace=o.action.pod.namespace, step=step.value).inc()
             v = o.action.violation
             self.log.warning(
                 "action",
                 action=o.action_name,
                 reason=o.action.reason.value,
-                result=o.result,
+                result=o.result.value,
                 pod=v.pod.key,
                 container=v.container,
                 gpu=v.device.label,

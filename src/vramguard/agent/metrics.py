@@ -13,41 +13,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vramguard.agent.reload import RESTART_FIELDS
+from vramguard.agent.act import ActionResult, OrphanResult
+from vramguard.agent.reload import RESTART_FIELDS, ReloadResult
 from vramguard.agent.watch import WATCH_STUCK_S, Trigger
 from vramguard.core.decide import Decision
 from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import Mode, PodQuota, Reason, Snapshot, UnattributedReason
+from vramguard.core.limit_plan import LimitResult, LimitTarget
+from vramguard.core.model import ActionKind, OwnedRow, Reason, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
+from vramguard.kube.events import EventResult
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-# Every label value the agent counts under, exported at 0 from the start: a series born with its first count is no
-# increase to Prometheus, and the alerts on failures read increase().
-# The (action, result) pairs agent/act.py reports (its `Outcome`); an eviction refused or failed may end in a kill.
-ACTION_RESULTS: Mapping[Mode, tuple[str, ...]] = {
-    Mode.WARN: ("ok", "dry-run", "failed"),
-    Mode.KILL: ("ok", "dry-run", "failed", "nothing-to-kill", "memory-not-freed"),
-    Mode.EVICT: (
-        "ok",
-        "dry-run",
-        "failed",
-        "gone",
-        "refused",
-        "refused-then-killed",
-        "failed-then-killed",
-        "nothing-to-kill",
-        "memory-not-freed",
-    ),
-}
-# What kube/events.py's recorder counts each Event as.
-EVENT_RESULTS = ("written", "patched", "aggregated", "dropped", "failed")
-# What node/limiter.py reports for each driver limit (its `LimitOutcome`).
-DRIVER_LIMIT_OUTCOMES = ("applied", "late", "unchanged", "cleared", "unsupported", "failed")
-POLICY_RELOAD_RESULTS = ("applied", "invalid")
-# What the agent counts each orphan it acts on as (`core/orphans.py`): a reclaim's kill outcomes, `reported` where the
-# policy only reports (`orphans: report`, warn mode, an exempt namespace), `dry-run` under --dry-run.
-ORPHAN_RECLAIM_RESULTS = ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")
+# Every label value the agent counts under is exported at 0 from the start, read from the enum its producer owns: a
+# series born with its first count is no increase to Prometheus, and the alerts on failures read increase().
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +33,7 @@ class ScanView:
     """What one scan publishes: replaced whole after each scan, so a scrape never mixes two scans."""
 
     snapshot: Snapshot
-    quotas: Mapping[str, PodQuota]
+    rows: tuple[OwnedRow, ...]  # each row with its subject and quota (`Decision.rows`)
     driver_limits: tuple[LimitTarget, ...] = ()
     claim_source_up: bool | None = None  # None: no claim quota source
     peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
@@ -97,25 +75,23 @@ class _ScanCollector(Collector):
             labels=[*labels, "claim"],
         )
         devices = {d.uuid: d for d in snap.devices}
-        quota_seen: set[tuple[str, ...]] = set()
         for u in snap.containers:
             device = devices.get(u.device_uuid)
-            if device is None:
+            if device is not None:
+                used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
+        # One quota series per quota a container holds as its own, and one per pod-wide quota (container "").
+        quota_seen: set[SubjectKey] = set()
+        for u, owner in view.rows:
+            device = devices.get(u.device_uuid)
+            if device is None or owner is None or (key := owner.limit_key) in quota_seen:
                 continue
-            used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
-            pq = view.quotas.get(u.pod.uid)
-            if pq is None:
-                continue
-            own = pq.own(u.container, u.device_uuid) if u.container else None
-            q, who = (own, u.container) if own is not None else (pq.pod, "")
-            key = (u.pod.uid, who, device.uuid)
-            if q is not None and key not in quota_seen:
-                quota_seen.add(key)
-                values = [u.pod.namespace, u.pod.name, who, device.label, device.uuid]
-                limit = q.limit_for(device.total_bytes)
-                quota.add_metric(values, limit)
-                if q.claim is not None:
-                    share.add_metric([*values, q.claim], limit)
+            quota_seen.add(key)
+            q = owner.quota
+            values = [u.pod.namespace, u.pod.name, owner.holder or "", device.label, device.uuid]
+            limit = q.limit_for(device.total_bytes)
+            quota.add_metric(values, limit)
+            if q.claim is not None:
+                share.add_metric([*values, q.claim], limit)
         for p in view.peaks:
             peak.add_metric([p.pod.namespace, p.pod.name, p.container, p.gpu, p.device_uuid], p.peak_bytes)
         yield used
@@ -223,9 +199,10 @@ class Metrics:
             ["action", "result"],
             registry=self.registry,
         )
-        for mode, results in ACTION_RESULTS.items():
-            for result in results:
-                self.actions.labels(action=mode.value, result=result)
+        for kind in ActionKind:  # each action with every result it can end in (`ActionResult.ends`)
+            for result in ActionResult:
+                if result.ends(kind):
+                    self.actions.labels(action=kind.value, result=result.value)
         self.escalations = Counter(
             "vramguard_escalations_total",
             "Repeats acted on one step further (counted when the action's outcome is known): a container killed "
@@ -280,8 +257,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in EVENT_RESULTS:
-            self.events.labels(result=result)
+        for event in EventResult:
+            self.events.labels(result=event.value)
         self.events_queued = Gauge(
             "vramguard_events_queued",
             "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
@@ -302,8 +279,8 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        for outcome in DRIVER_LIMIT_OUTCOMES:
-            self.driver_limit_results.labels(outcome=outcome)
+        for limit in LimitResult:
+            self.driver_limit_results.labels(outcome=limit.value)
         self.driver_limits_failing = Gauge(
             "vramguard_driver_limits_failing",
             "Driver memory limits (per cgroup and GPU) whose calls are failing now, each retried with back-off.",
@@ -323,8 +300,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in POLICY_RELOAD_RESULTS:
-            self.policy_reloads.labels(result=result)
+        for reload in ReloadResult:
+            self.policy_reloads.labels(result=reload.value)
         self.policy_invalid = Gauge(
             "vramguard_policy_invalid",
             "1 while the policy file's content is invalid or unreadable (the last good policy is in force; /status "
@@ -348,13 +325,12 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
-        for result in ORPHAN_RECLAIM_RESULTS:
-            self.orphan_reclaims.labels(result=result)
+        for orphan in OrphanResult:
+            self.orphan_reclaims.labels(result=orphan.value)
 
     def observe_scan(
         self,
         snapshot: Snapshot,
-        quotas: Mapping[str, PodQuota],
         decision: Decision,
         driver_limits: Iterable[LimitTarget] = (),
         claim_source_up: bool | None = None,
@@ -365,11 +341,11 @@ class Metrics:
     ) -> None:
         """Publish one scan. `orphaned`: the bytes of confirmed orphans by GPU UUID (`OrphanScan.bytes_by_gpu`)."""
         self._scan.view = ScanView(
-            snapshot, quotas, tuple(driver_limits), claim_source_up, peaks, exited or {}, orphaned or {}
+            snapshot, decision.rows, tuple(driver_limits), claim_source_up, peaks, exited or {}, orphaned or {}
         )
         for a in decision.actions:
             # One OVER_QUOTA warning is decided per episode, so counting them counts episodes.
-            if a.kind is Mode.WARN and a.reason is Reason.OVER_QUOTA:
+            if a.kind is ActionKind.WARN and a.reason is Reason.OVER_QUOTA:
                 severity = "hard" if a.violation.hard else "soft"
                 self.violations.labels(namespace=a.pod.namespace, severity=severity).inc()
 

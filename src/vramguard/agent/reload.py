@@ -18,6 +18,7 @@ agent says so; everything else is in force from the next scan.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import threading
 from collections.abc import Callable
@@ -42,6 +43,14 @@ CHECK_INTERVAL_S = 2.0
 UNREADABLE_AFTER = 3
 # The fields whose change needs a part built at start (`fit`), as the metric's `field` label names them.
 RESTART_FIELDS = ("quota_sources", "driver_limits", "watch_interval")
+
+
+class ReloadResult(str, enum.Enum):
+    """What a change of the policy file came to: the `result` label of vramguard_policy_reloads_total, each exported
+    at 0 from the start."""
+
+    APPLIED = "applied"  # in force from the next scan (counted by the loop, which applies it)
+    INVALID = "invalid"  # refused, once per distinct content: the last good policy stays in force
 
 
 def digest_of(text: bytes) -> str:
@@ -98,7 +107,7 @@ class PolicyReloader:
         *,
         interval_s: float = CHECK_INTERVAL_S,
         clock: Clock = SYSTEM_CLOCK,
-        count: Callable[[str], None] = lambda result: None,
+        count: Callable[[ReloadResult], None] = lambda result: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.path = str(path)
@@ -157,13 +166,13 @@ class PolicyReloader:
 
     def _refuse(self, digest: str, errors: list[str]) -> None:
         self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
-        self.count("invalid")
+        self.count(ReloadResult.INVALID)
         self.log.error("policy_invalid", path=self.path, digest=digest[:12], errors=errors, keeping="last good policy")
 
     def _failed(self, why: str) -> float:
         self._failures += 1
         if self._failures >= UNREADABLE_AFTER and self._unreadable.failed(why):
             self.invalid = f"{self.path}: {why}"
-            self.count("invalid")
+            self.count(ReloadResult.INVALID)
             self.log.error("policy_unreadable", path=self.path, error=why, keeping="last good policy")
         return self._retry.next()

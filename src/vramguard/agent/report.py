@@ -13,7 +13,7 @@ from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
 from vramguard.core.exited import NOTHING_HELD, ExitedScan
 from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import PodQuota, Snapshot, SubjectKey, UnattributedReason, Violation
+from vramguard.core.model import PodQuota, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.orphans import NO_ORPHANS, OrphanScan
 from vramguard.core.peaks import Highest
 from vramguard.node.describe import ProcessDetail, describe_process
@@ -75,34 +75,25 @@ def rows_from_report(
     describe: Callable[[int], ProcessDetail] = describe_process,
     driver_limits: Mapping[SubjectKey, object] | None = None,
 ) -> list[TopRow]:
-    """The rows of one scan; `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`)
-    says which quotas the driver holds."""
-    snap, quotas = report.snapshot, report.quotas
+    """The rows of one scan, each with the subject and quota the decision found for it (`Decision.rows`);
+    `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`) says which quotas the driver
+    holds."""
+    snap = report.snapshot
     held = driver_limits or {}
-    # A container's violation: its own, its pod's (pod-wide quota), or its share's (containers holding one DRA
-    # share are one subject).
-    violated: dict[tuple[str, str | None, str], Violation] = {v.key: v for v in report.decision.violations}
-    violated |= {(v.pod.uid, cid, v.device.uuid): v for v in report.decision.violations for cid in v.container_ids}
+    violated = {v.key: v for v in report.decision.violations}
     rows: list[TopRow] = []
-    for u in snap.containers:
+    for u, owner in report.decision.rows:
         device = snap.device(u.device_uuid)
         if device is None:
             continue
-        pq = quotas.get(u.pod.uid)
-        own = pq.own(u.container, u.device_uuid) if pq is not None and u.container else None
-        quota = own if own is not None else (pq.pod if pq is not None else None)
-        v = violated.get((u.pod.uid, u.container if own is not None else None, u.device_uuid))
-        if v is None and u.container_id is not None:
-            v = violated.get((u.pod.uid, u.container_id, u.device_uuid))
-        if quota is None:
-            state = "unmanaged"
-        elif v is None:
-            state = "ok"
+        quota = owner.quota if owner is not None else None
+        v = violated.get(owner.subject) if owner is not None else None
+        if owner is None:
+            state, held_by = "unmanaged", "-"
         else:
-            state = "over-hard" if v.hard else "over-soft"
-        key = SubjectKey(u.pod.uid, u.container if own is not None else None, u.device_uuid)
-        pod_key = SubjectKey(u.pod.uid, None, u.device_uuid)
-        held_by = "-" if quota is None else "driver" if key in held else "driver:pod" if pod_key in held else "agent"
+            state = "ok" if v is None else "over-hard" if v.hard else "over-soft"
+            pod_key = SubjectKey(u.pod.uid, None, u.device_uuid)
+            held_by = "driver" if owner.limit_key in held else "driver:pod" if pod_key in held else "agent"
         rows.append(
             TopRow(
                 gpu=device.label,

@@ -154,7 +154,7 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
         config.overrides.apply,
         config.policy_digest,
         clock=clock,
-        count=lambda result: metrics.policy_reloads.labels(result=result).inc(),
+        count=lambda result: metrics.policy_reloads.labels(result=result.value).inc(),
     )
     metrics.policy_invalid.set_function(lambda: reloader.invalid is not None)
     return reloader
@@ -188,7 +188,9 @@ def connect(
         where = kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
     events = KubeEventRecorder(
-        KubeEventSink(api, node_name), count=lambda result: metrics.events.labels(result=result).inc(), clock=clock
+        KubeEventSink(api, node_name),
+        count=lambda result: metrics.events.labels(result=result.value).inc(),
+        clock=clock,
     )
     metrics.events_queued.set_function(events.queued)
 

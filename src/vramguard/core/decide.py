@@ -16,20 +16,23 @@ from typing import TypeVar
 
 from vramguard.core.model import (
     Action,
+    ActionKind,
     ContainerUsage,
     Escalation,
     GpuDevice,
     KillRecord,
     Mode,
     OnRepeat,
+    OwnedRow,
     PodQuota,
     Policy,
     PressureNotice,
     ProcessRef,
     Quota,
+    QuotaScope,
     Reason,
     Snapshot,
-    SubjectKey,
+    Subject,
     Violation,
 )
 from vramguard.core.quantity import format_duration
@@ -46,7 +49,7 @@ class Episode:
 class DecisionState:
     """Everything `decide` remembers between scans."""
 
-    episodes: Mapping[SubjectKey, Episode] = field(default_factory=lambda: MappingProxyType({}))
+    episodes: Mapping[Subject, Episode] = field(default_factory=lambda: MappingProxyType({}))
     # When each target was last acted on, what the cooldown spaces: a container instance (runtime ID) for a kill, a
     # pod (UID) for an eviction or a kill of processes in no container. The two kinds of key cannot collide.
     last_action_at: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
@@ -60,26 +63,28 @@ class DecisionState:
     evicted: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def record_kills(
-    state: DecisionState, killed_in: Iterable[tuple[str, Iterable[ProcessRef]]], now: float
+def record_outcomes(
+    state: DecisionState,
+    now: float,
+    *,
+    killed_in: Iterable[tuple[str, Iterable[ProcessRef]]] = (),
+    evicted: Iterable[str] = (),
 ) -> DecisionState:
-    """`state` knowing that these processes were just killed in these container instances (the enforcer's outcomes
-    say so): each instance's record becomes this kill's, with every process it killed there."""
+    """`state` knowing what the enforcer just did, as its outcomes say: which processes it killed in which container
+    instances (each instance's record becomes this kill's, with every process it killed there), and which pods'
+    evictions the API server accepted (by UID). Unchanged when it did neither."""
     killed: dict[str, set[ProcessRef]] = {}
     for container_id, refs in killed_in:
         killed.setdefault(container_id, set()).update(refs)
-    if not killed:
+    uids = tuple(evicted)
+    if not killed and not uids:
         return state
     records = {c: KillRecord(at=now, killed=tuple(sorted(refs))) for c, refs in killed.items()}
-    return replace(state, kills=MappingProxyType({**state.kills, **records}))
-
-
-def record_evictions(state: DecisionState, pod_uids: Iterable[str], now: float) -> DecisionState:
-    """`state` knowing that the API server just accepted evictions of these pods (the enforcer's outcomes say so)."""
-    uids = tuple(pod_uids)
-    if not uids:
-        return state
-    return replace(state, evicted=MappingProxyType({**state.evicted, **dict.fromkeys(uids, now)}))
+    return replace(
+        state,
+        kills=MappingProxyType({**state.kills, **records}) if records else state.kills,
+        evicted=MappingProxyType({**state.evicted, **dict.fromkeys(uids, now)}) if uids else state.evicted,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,7 @@ class Decision:
     actions: tuple[Action, ...]
     violations: tuple[Violation, ...]
     held: tuple[Held, ...] = ()
+    rows: tuple[OwnedRow, ...] = ()  # the snapshot's rows, in its order, each with its subject and quota (`owners`)
     pressured_devices: tuple[str, ...] = ()  # UUIDs of the devices under memory pressure
     notices: tuple[PressureNotice, ...] = ()  # for the pods on each GPU that entered pressure this scan
 
@@ -104,44 +110,54 @@ class Decision:
 # Step 1: subjects and violations
 
 
-def find_violations(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+def owners(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[OwnedRow, ...]:
+    """Each row of the snapshot, in its order, with its owner (`PodQuota.owner`): a container with its own quota is
+    a subject alone; the rows a pod-wide quota covers on a GPU are one subject, and so are the rows of the pod's
+    containers holding one DRA share. A row of a pod without a quota there is unmanaged (None)."""
+    rows: list[OwnedRow] = []
+    for usage in snapshot.containers:  # once per row per scan: each owner was found once, its pod's quota keeps it
+        uid = usage.pod.uid
+        pod_quota = quotas.get(uid)
+        owner = None if pod_quota is None else pod_quota.owner(uid, usage.container, usage.device_uuid)
+        rows.append((usage, owner))
+    return tuple(rows)
+
+
+def find_violations(snapshot: Snapshot, rows: Iterable[OwnedRow]) -> tuple[Violation, ...]:
     """Every subject above its limit on a healthy device, in a deterministic order.
 
-    Containers with their own quota are checked alone, on each GPU against their quota there (a DRA share is
-    per GPU); containers covered by a pod-wide quota are summed per device first, and so are the containers of
-    a pod that hold the same DRA share. Containers with neither are unmanaged and never violate.
+    A container with its own quota is checked alone, on each GPU against its quota there (a DRA share is per
+    GPU); the rows of a subject of several containers (a pod-wide quota, a DRA share) are summed first. Unmanaged
+    rows never violate.
     """
-    # Subjects of several containers accumulate before they can be judged: (pod UID, device, share or None for
-    # the pod-wide quota) → the quota and the rows.
-    together: dict[tuple[str, str, str | None], tuple[Quota, list[ContainerUsage]]] = {}
+    # Subjects of several containers accumulate before they can be judged.
+    together: dict[Subject, tuple[Quota, list[ContainerUsage]]] = {}
     violations: list[Violation] = []
-    for usage in snapshot.containers:
-        pod_quota = quotas.get(usage.pod.uid)
-        if pod_quota is None:
+    for usage, owner in rows:
+        if owner is None:
             continue
-        own = pod_quota.own(usage.container, usage.device_uuid) if usage.container else None
-        if own is not None and own.share is None:
+        subject, quota = owner.subject, owner.quota
+        if subject.scope is QuotaScope.CONTAINER:
             # Most rows are within quota: rule them out before building anything (this loop runs per row).
             device = snapshot.device(usage.device_uuid)
-            if device is None or usage.used_bytes <= own.limit_for(device.total_bytes):
+            if device is None or usage.used_bytes <= quota.limit_for(device.total_bytes):
                 continue
-            v = _judge(snapshot, [usage], own, usage.container)
+            v = _judge(snapshot, [usage], quota, subject, usage.container)
             if v is not None:
                 violations.append(v)
-        elif own is not None or pod_quota.pod is not None:
-            quota = own if own is not None else pod_quota.pod
-            assert quota is not None
-            group = together.setdefault((usage.pod.uid, usage.device_uuid, quota.share), (quota, []))
-            group[1].append(usage)
-    for (_, _, share), (quota, usages) in together.items():
-        subject = None if share is None else ", ".join(sorted({u.container for u in usages}))
-        v = _judge(snapshot, usages, quota, subject)
+        else:
+            together.setdefault(subject, (quota, []))[1].append(usage)
+    for subject, (quota, usages) in together.items():
+        shown = ", ".join(sorted({u.container for u in usages})) if subject.scope is QuotaScope.SHARE else None
+        v = _judge(snapshot, usages, quota, subject, shown)
         if v is not None:
             violations.append(v)
     return tuple(sorted(violations, key=lambda v: (v.pod.namespace, v.pod.name, v.container or "", v.device.uuid)))
 
 
-def _judge(snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, container: str | None) -> Violation | None:
+def _judge(
+    snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, subject: Subject, container: str | None
+) -> Violation | None:
     device = snapshot.device(usages[0].device_uuid)
     if device is None or not device.healthy:
         return None
@@ -159,6 +175,7 @@ def _judge(snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, conta
         quota_source=quota.source,
         processes=tuple(sorted({p for u in usages for p in u.processes})),
         container_ids=tuple(sorted({u.container_id for u in usages if u.container_id})),
+        key=subject,
     )
 
 
@@ -167,10 +184,10 @@ def _judge(snapshot: Snapshot, usages: list[ContainerUsage], quota: Quota, conta
 
 
 def track_episodes(
-    violations: Iterable[Violation], previous: Mapping[SubjectKey, Episode], now: float
-) -> dict[SubjectKey, Episode]:
+    violations: Iterable[Violation], previous: Mapping[Subject, Episode], now: float
+) -> dict[Subject, Episode]:
     """Carry each ongoing episode forward; start new ones; drop the ones whose subject is back under its limit."""
-    episodes: dict[SubjectKey, Episode] = {}
+    episodes: dict[Subject, Episode] = {}
     for v in violations:
         prev = previous.get(v.key)
         if prev is None:
@@ -299,7 +316,7 @@ def track_pressure(
 
 def pressure_notices(
     snapshot: Snapshot,
-    quotas: Mapping[str, PodQuota],
+    rows: Iterable[OwnedRow],
     violations: Iterable[Violation],
     entered: Iterable[str],
 ) -> tuple[PressureNotice, ...]:
@@ -314,24 +331,23 @@ def pressure_notices(
     for v in violations:
         if v.device.uuid in entered:
             over.setdefault(v.device.uuid, []).append(v)
+    on: dict[str, list[OwnedRow]] = {}
+    for usage, owner in rows:
+        if usage.device_uuid in entered:
+            on.setdefault(usage.device_uuid, []).append((usage, owner))
     notices: list[PressureNotice] = []
     for device in snapshot.devices:
         if device.uuid not in entered:
             continue
-        rows = [u for u in snapshot.containers if u.device_uuid == device.uuid]
-        within = unmanaged = 0
-        for u in rows:
-            pod_quota = quotas.get(u.pod.uid)
-            if pod_quota is not None and pod_quota.on(u.container, device.uuid) is not None:
-                within += u.used_bytes
-            else:
-                unmanaged += u.used_bytes
+        there = on.get(device.uuid, [])
+        within = sum(u.used_bytes for u, owner in there if owner is not None)
+        unmanaged = sum(u.used_bytes for u, owner in there if owner is None)
         offenders = tuple(sorted(over.get(device.uuid, ()), key=lambda v: -v.overage_bytes))
         if offenders:
             within = unmanaged = outside = 0  # the message names the offenders instead
         else:
             outside = sum(p.used_bytes for p in snapshot.unattributed if p.device_uuid == device.uuid)
-        recipients = {u.pod.uid: u.pod for u in rows if u.pod.uid != snapshot.agent_pod_uid}
+        recipients = {u.pod.uid: u.pod for u, _ in there if u.pod.uid != snapshot.agent_pod_uid}
         for recipient in sorted(recipients.values(), key=lambda p: (p.namespace, p.name, p.uid)):
             notices.append(
                 PressureNotice(
@@ -370,7 +386,7 @@ def hold_reason(v: Violation, reason: Reason, policy: Policy, snapshot: Snapshot
 
 def spacing_hold(
     v: Violation,
-    kind: Mode,
+    kind: ActionKind,
     policy: Policy,
     state: DecisionState,
     now: float,
@@ -386,7 +402,7 @@ def spacing_hold(
     was acted on; a subject of no container instance (processes of the pod's own cgroup) is spaced per pod
     (`action_targets`).
     """
-    if kind is Mode.EVICT and v.pod.uid in state.evicted:
+    if kind is ActionKind.EVICT and v.pod.uid in state.evicted:
         waited = format_duration(float(policy.eviction_timeout_s))
         since = now - state.evicted[v.pod.uid]
         return f"evicted {since:.1f}s ago: waiting for its deletion (eviction_timeout {waited})"
@@ -400,26 +416,23 @@ def spacing_hold(
     return None
 
 
-def action_targets(v: Violation, kind: Mode) -> tuple[str, ...]:
+def action_targets(v: Violation, kind: ActionKind) -> tuple[str, ...]:
     """What an action of `kind` on `v` acts on, as the cooldown counts it: the container instances a kill reaches,
     else the pod."""
-    return v.container_ids if kind is Mode.KILL and v.container_ids else (v.pod.uid,)
+    return v.container_ids if kind is ActionKind.KILL and v.container_ids else (v.pod.uid,)
 
 
-def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> Mode:
-    """The namespace's mode (or the escalation's step), except that a terminating pod is killed where it would be
-    evicted.
+def action_kind(v: Violation, reason: Reason, policy: Policy, escalation: Escalation | None = None) -> ActionKind:
+    """The namespace's mode's action (or the escalation's), except that a terminating pod is killed where it would
+    be evicted.
 
     Evicting a pod that is already being deleted does nothing: it would keep its memory for the rest of its
     grace period, which its owner chose. (Warn mode never gets here: `hold_reason` holds it.)
     """
-    if escalation is not None:
-        mode = Mode.EVICT if escalation.step is OnRepeat.EVICT else Mode.KILL
-    else:
-        mode = policy.mode_for(v.pod.namespace)
-    if mode is Mode.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
-        return Mode.KILL
-    return mode
+    kind = escalation.kind if escalation is not None else policy.mode_for(v.pod.namespace).action
+    if kind is ActionKind.EVICT and v.pod.terminating and reason is Reason.HARD_LIMIT:
+        return ActionKind.KILL
+    return kind
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -435,7 +448,8 @@ def decide(
 ) -> tuple[Decision, DecisionState]:
     """One scan's decision. Steps, in order:
 
-    1. Find violations: subjects above their limit on healthy devices.
+    1. Find each row's subject and quota (`owners`), and the violations: subjects above their limit on healthy
+       devices.
     2. Track episodes (first observed, above the hard limit since, warned) and GPU pressure (entered at once, left
        after the transition period).
     3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
@@ -457,7 +471,8 @@ def decide(
     Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
     """
     # 1.
-    violations = find_violations(snapshot, quotas)
+    rows = owners(snapshot, quotas)
+    violations = find_violations(snapshot, rows)
     # 2.
     episodes = track_episodes(violations, state.episodes, now)
     pressure = track_pressure(snapshot.devices, policy, state.pressure, now)
@@ -468,13 +483,13 @@ def decide(
         ep = episodes[v.key]
         if ep.warned or v.pod.uid == snapshot.agent_pod_uid:
             continue
-        actions.append(Action(kind=Mode.WARN, reason=Reason.OVER_QUOTA, violation=v))
+        actions.append(Action(kind=ActionKind.WARN, reason=Reason.OVER_QUOTA, violation=v))
         episodes[v.key] = replace(ep, warned=True)
 
     # 4.
     kills = {cid: r for cid, r in state.kills.items() if now - r.at < policy.repeat_window_s}
     repeats = {v.key: e for v in violations if (e := repeat_of(v, policy, kills, now)) is not None}
-    due: dict[SubjectKey, tuple[Violation, Reason]] = {}
+    due: dict[Subject, tuple[Violation, Reason]] = {}
     for v in violations:
         reason = due_reason(v, episodes[v.key], policy, now, repeat=v.key in repeats)
         if reason is not None:
@@ -521,8 +536,9 @@ def decide(
         actions=tuple(actions),
         violations=violations,
         held=tuple(held),
+        rows=rows,
         pressured_devices=pressured_devices,
-        notices=pressure_notices(snapshot, quotas, violations, entered),
+        notices=pressure_notices(snapshot, rows, violations, entered),
     )
     return decision, DecisionState(
         episodes=MappingProxyType(episodes),

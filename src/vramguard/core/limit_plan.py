@@ -8,6 +8,7 @@ instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/d
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -62,15 +63,29 @@ class LimitTarget:
         return f"hard limit {format_bytes(self.hard_bytes)} on GPU {self.gpu_index} ({self.gpu_uuid}) ({self.source})"
 
 
+class LimitResult(str, enum.Enum):
+    """What programming one limit came to (`LimitOutcome.result`): the `outcome` label of
+    vramguard_driver_limits_total, each exported at 0 from the start."""
+
+    APPLIED = "applied"  # set now
+    LATE = "late"  # set now, but the container was already running: found without its limit
+    UNCHANGED = "unchanged"  # the driver already held it: an agent restart
+    CLEARED = "cleared"  # no longer wanted
+    UNSUPPORTED = "unsupported"  # this driver or GPU cannot: the reactive modes hold the quota
+    FAILED = "failed"  # an error; retried with back-off, reported once per run of failures
+
+    @property
+    def warns(self) -> bool:
+        """Whether it is said as a warning (log line, Event): the quota is not held as it should be."""
+        return self in (LimitResult.LATE, LimitResult.FAILED)
+
+
 @dataclass(frozen=True, slots=True)
 class LimitOutcome:
-    """What programming one limit came to. `result`: applied (set now), late (set now, but the container was
-    already running: found without its limit), unchanged (the driver already held it: an agent restart), cleared
-    (no longer wanted), unsupported (this driver or GPU cannot: the reactive modes hold the quota), failed (an
-    error; retried with back-off, reported once per run of failures)."""
+    """What programming one limit came to."""
 
     target: LimitTarget
-    result: str
+    result: LimitResult
     detail: str = ""
 
 

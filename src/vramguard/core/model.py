@@ -28,11 +28,27 @@ def _frozen_map(m: Mapping[str, str] | None = None) -> Mapping[str, str]:
 
 
 class Mode(str, enum.Enum):
-    """What the agent does to an offender. Also the kind of an `Action`."""
+    """The policy's mode: what the agent does to an offender (`action`), and whether it enforces at all."""
 
     WARN = "warn"
     EVICT = "evict"
     KILL = "kill"
+
+    @property
+    def action(self) -> ActionKind:
+        """The action an offender gets in this mode (a repeat's may go further: `Escalation.kind`)."""
+        return _MODE_ACTION[self]
+
+
+class ActionKind(str, enum.Enum):
+    """What an `Action` does: the `action` label of vramguard_actions_total and of the `action` log line."""
+
+    WARN = "warn"  # a Warning Event on the pod
+    EVICT = "evict"  # an Eviction through the API server
+    KILL = "kill"  # SIGKILL of the container's GPU processes (of all its processes, for a repeat)
+
+
+_MODE_ACTION = {Mode.WARN: ActionKind.WARN, Mode.EVICT: ActionKind.EVICT, Mode.KILL: ActionKind.KILL}
 
 
 class ProcessKind(str, enum.Enum):
@@ -343,6 +359,14 @@ class QuotaError:
                 object.__setattr__(self, name, cut(text, self.MAX_CHARS))
 
 
+class QuotaScope(str, enum.Enum):
+    """Whose quota holds a row of usage (`PodQuota.owner`), and so which rows are judged together against it."""
+
+    CONTAINER = "container"  # the container's own quota (`NO_SHARE` included): its row alone, per GPU
+    POD = "pod"  # the pod-wide quota (an annotation): the rows of the containers it covers on a GPU, summed
+    SHARE = "share"  # a DRA share: the rows of the pod's containers holding that share on its GPU, summed
+
+
 @dataclass(frozen=True, slots=True)
 class PodQuota:
     """The quotas that apply to one pod.
@@ -358,6 +382,11 @@ class PodQuota:
     # its share on each GPU where it holds one and to nothing (NO_SHARE) on any other: a claim is all the GPU
     # memory the pod was given, so memory on a GPU it was not allocated is over its quota.
     shares: Mapping[str, Mapping[str, Quota]] = field(default_factory=lambda: MappingProxyType({}))
+    # `owner`'s answers by (pod UID, container, GPU UUID): at most one per container and GPU, the pod's own cgroup too.
+    # Filled on first asking; two threads asking at once both store the same answer.
+    _owners: dict[tuple[str, str, str], RowOwner | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def own(self, container: str, device_uuid: str) -> Quota | None:
         """The container's own quota on one GPU (its share there, or its quota on every GPU), or None when it
@@ -367,10 +396,27 @@ class PodQuota:
             return shares.get(device_uuid, NO_SHARE)
         return self.containers.get(container)
 
-    def on(self, container: str, device_uuid: str) -> Quota | None:
-        """Whichever quota holds the container on that GPU: its own, else the pod-wide one, else None."""
+    def owner(self, pod_uid: str, container: str, device_uuid: str) -> RowOwner | None:
+        """Who owns the pod's row of a container on one GPU: the container alone under its own quota (a DRA share,
+        where it holds one there: the share's subject), else the pod-wide quota's subject; None: unmanaged there. A
+        row of no known container ("": the pod's own cgroup, or one its status does not list yet) has no quota of
+        its own. Worked out once per container and GPU: a PodQuota lives as long as its pod is unchanged (`QuotaBook`),
+        and every scan asks for each of its rows."""
+        key = (pod_uid, container, device_uuid)
+        try:
+            return self._owners[key]
+        except KeyError:  # not asked yet: once per container and GPU
+            pass
         own = self.own(container, device_uuid) if container else None
-        return own if own is not None else self.pod
+        found: RowOwner | None = None
+        if own is not None and own.share is None:
+            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.CONTAINER, container), own, container)
+        elif own is not None:
+            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.SHARE, own.share), own, container)
+        elif self.pod is not None:
+            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.POD, None), self.pod, None)
+        self._owners[key] = found
+        return found
 
 
 NO_SHARE = Quota(limit_bytes=0, source="no DRA claim share on this GPU")
@@ -595,9 +641,41 @@ class Snapshot:
 # What the decision core outputs
 
 
+class Subject(NamedTuple):
+    """What is judged against one quota on one device (or MIG instance): a container with its own quota, the
+    containers a pod-wide quota covers, or those holding one DRA share. The key of a violation and its episode."""
+
+    pod_uid: str
+    gpu_uuid: str
+    scope: QuotaScope
+    name: str | None  # the container (CONTAINER), the share's allocation (`Quota.share`: SHARE), None (POD)
+
+
+class RowOwner(NamedTuple):
+    """Who owns a row of usage: the subject it is judged in and the quota that holds it (`PodQuota.owner`)."""
+
+    subject: Subject
+    quota: Quota
+    # The container whose own quota holds the row (its quota, or a DRA share), None under the pod-wide quota: the
+    # `container` of the quota's metric series, and the cgroup whose driver limit holds the row.
+    holder: str | None
+
+    @property
+    def limit_key(self) -> SubjectKey:
+        """The key of the driver limit that holds the row's quota, where the driver holds one (`holder`'s cgroup)."""
+        return SubjectKey(self.subject.pod_uid, self.holder, self.subject.gpu_uuid)
+
+
+OwnedRow = tuple[ContainerUsage, RowOwner | None]
+"""One row of usage and its owner (None: unmanaged), found once per scan (`decide.owners`) and read by all that
+judges or shows a row: the violations, the pressure notices, /status and `vramguard top`, the quota metrics. A plain
+pair, read by unpacking (`for usage, owner in rows`): one is built per row per scan, at a quarter of a NamedTuple's
+cost."""
+
+
 class SubjectKey(NamedTuple):
-    """Whose memory on which device: a container, or a pod as a whole, on one GPU (or MIG instance). The key of a
-    violation's episode, of a driver limit and of the usage the driver counts for it."""
+    """A cgroup on one GPU: a container's, or the pod's own. The key of a driver limit and of the usage the driver
+    counts for it."""
 
     pod_uid: str
     container: str | None  # the container's name; None for the pod as a whole (a pod-wide quota, its own cgroup)
@@ -616,10 +694,12 @@ class KillTarget:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """A subject (a container, or a whole pod with a pod-wide quota) above its limit on one device."""
+    """A subject (`Subject`) above its limit on one device."""
 
     pod: PodInfo
-    container: str | None  # None for a pod-wide quota
+    # As messages name the subject: the container, the containers holding a DRA share ("a, b"); None for a
+    # pod-wide quota.
+    container: str | None
     device: GpuDevice
     used_bytes: int
     limit_bytes: int
@@ -627,6 +707,7 @@ class Violation:
     quota_source: str
     processes: tuple[ProcessRef, ...]
     container_ids: tuple[str, ...]  # the runtime IDs of the containers involved
+    key: Subject
 
     @property
     def target(self) -> KillTarget:
@@ -644,10 +725,6 @@ class Violation:
     @property
     def subject(self) -> str:
         return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
-
-    @property
-    def key(self) -> SubjectKey:
-        return SubjectKey(self.pod.uid, self.container, self.device.uuid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -671,6 +748,11 @@ class Escalation:
     restored: bool = False  # the kill it rests on was recorded by an earlier agent (`KillRecord.restored`)
 
     @property
+    def kind(self) -> ActionKind:
+        """The action its step calls for."""
+        return ActionKind.EVICT if self.step is OnRepeat.EVICT else ActionKind.KILL
+
+    @property
     def came_back(self) -> str:
         said = f"GPU processes came back within {self.since_kill_s:.1f} s of the last kill"
         return said + (" (a kill recorded by an earlier agent, restored from kills.json)" if self.restored else "")
@@ -680,7 +762,7 @@ class Escalation:
 class Action:
     """One thing to do to a pod. Carries its violation so every side effect can say exactly why."""
 
-    kind: Mode
+    kind: ActionKind
     reason: Reason
     violation: Violation
     escalation: Escalation | None = None  # set on a repeat: a kill takes every process of the container
@@ -688,6 +770,14 @@ class Action:
     @property
     def pod(self) -> PodInfo:
         return self.violation.pod
+
+    @property
+    def repeat_step(self) -> OnRepeat | None:
+        """The step a repeat is taken as, by what the action does (a terminating pod is killed whole where it would
+        be evicted): the `step` label of vramguard_escalations_total. None for a first offence."""
+        if self.escalation is None:
+            return None
+        return OnRepeat.KILL_CONTAINER if self.kind is ActionKind.KILL else OnRepeat.EVICT
 
     @property
     def message(self) -> str:

@@ -6,6 +6,7 @@ docs/design.md "Writing Events".
 
 from __future__ import annotations
 
+import enum
 import random
 import threading
 import time
@@ -48,6 +49,17 @@ EVENT_DENIED_NAMESPACES: Final = 256  # namespaces remembered so, the oldest for
 EVENT_MESSAGE_CHARS: Final = MAX_TEXT_CHARS
 
 Log = structlog.typing.FilteringBoundLogger
+
+
+class EventResult(str, enum.Enum):
+    """What became of one Event recorded (`KubeEventRecorder`'s `count`): the `result` label of
+    vramguard_events_total, each exported at 0 from the start."""
+
+    WRITTEN = "written"
+    PATCHED = "patched"  # a repeat of a written one: its count bumped
+    AGGREGATED = "aggregated"  # a repeat of a queued one: written once, counted in it
+    DROPPED = "dropped"  # over a bound: the correlator's spam filter, the queue, or queued at stop
+    FAILED = "failed"  # refused, or unanswered for EVENT_MAX_AGE_S
 
 
 def _now() -> datetime:
@@ -161,7 +173,7 @@ class KubeEventRecorder:
     recorded, so a create retried after a timeout never writes it twice. Enforcement Events (`important`) take the
     next write before any other, and a full queue drops its oldest other Event to make room for one. Messages are
     shown to people by `kubectl describe`: their control and bidi characters are escaped (`text.printable`).
-    Results are counted through `count` (written, patched, aggregated, dropped, failed).
+    Results are counted through `count` (`EventResult`).
 
     A failed write is retried in place with `retry_backoff`: the writer holds the Event, since what failed it (an
     API server away, or restarting) fails the next one too. No answer, a 429 or a 5xx: until `EVENT_MAX_AGE_S`. A
@@ -175,7 +187,7 @@ class KubeEventRecorder:
         self,
         sink: EventSink,
         *,
-        count: Callable[[str], None] | None = None,
+        count: Callable[[EventResult], None] | None = None,
         max_queue: int = EVENT_QUEUE,
         bucket: TokenBucket | None = None,
         correlator: EventCorrelator | None = None,
@@ -220,14 +232,14 @@ class KubeEventRecorder:
             pending = queue.get(event.key)
             answer = self.correlator.correlate(event, owed=pending is not None)
             if isinstance(answer, Drop):
-                self._count("dropped")
+                self._count(EventResult.DROPPED)
                 return
             if pending is not None:  # said again before it was even written: one write, counted twice
                 pending.write, pending.times, pending.last = answer, pending.times + 1, stamp
-                self._count("aggregated")
+                self._count(EventResult.AGGREGATED)
                 return
             if not self._room(important):
-                self._count("dropped")
+                self._count(EventResult.DROPPED)
                 return
             queue[event.key] = _Pending(
                 pod, reason, message, warning, event.name, answer, 1, stamp, stamp, self.clock.now()
@@ -242,7 +254,7 @@ class KubeEventRecorder:
         if not important or not self._queue:
             return False
         self._queue.popitem(last=False)
-        self._count("dropped")
+        self._count(EventResult.DROPPED)
         return True
 
     def queued(self) -> int:
@@ -259,7 +271,7 @@ class KubeEventRecorder:
             self._queue.clear()
             self._urgent.clear()
         for _ in range(left):
-            self._count("dropped")
+            self._count(EventResult.DROPPED)
         self.loop.stop(deadline)
 
     def flush(self, timeout_s: float) -> bool:
@@ -314,7 +326,7 @@ class KubeEventRecorder:
     def _attempt(self, item: _Pending) -> float | None:
         """One attempt at writing `item`; the seconds until it is tried again, or None: done with it."""
         if self.clock.now() - item.queued_at > EVENT_MAX_AGE_S:
-            self._count("failed")
+            self._count(EventResult.FAILED)
             self.log.warning("event_expired", pod=item.pod.key, reason=item.reason, age_s=EVENT_MAX_AGE_S)
             return None
         try:
@@ -325,7 +337,7 @@ class KubeEventRecorder:
                 self.log.warning("event_failed", pod=item.pod.key, reason=item.reason, error=error)
             delay = self._retry_in(item.pod.namespace, e, self._backoff)
             if delay is None:
-                self._count("failed")
+                self._count(EventResult.FAILED)
             return delay
         self._count(result)
         after = self._failures.error
@@ -366,12 +378,12 @@ class KubeEventRecorder:
             )
         return None
 
-    def _write(self, item: _Pending) -> str:
+    def _write(self, item: _Pending) -> EventResult:
         """Carry out the correlator's answer for `item`; the result to count."""
         write = item.write
         if isinstance(write, Patch):
             if self.sink.bump(write.namespace, write.name, write.count, item.last):
-                return "patched"
+                return EventResult.PATCHED
             # Gone (expired or deleted): said afresh, as a new Event of the repeats this write carries.
             item.write = write = Create(item.pod.namespace, item.name, item.times)
             with self._cond:
@@ -382,7 +394,7 @@ class KubeEventRecorder:
         # False: an earlier attempt whose answer was lost (a timeout) did write it; writing it again under another
         # name would be the duplicate the fixed name exists to prevent.
         self.sink.create(record)
-        return "written"
+        return EventResult.WRITTEN
 
 
 def _event_name(pod_name: str) -> str:

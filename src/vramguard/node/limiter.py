@@ -21,7 +21,7 @@ from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner, Worker
 from vramguard.base.workqueue import WorkQueue
-from vramguard.core.limit_plan import LimitOutcome, LimitTarget
+from vramguard.core.limit_plan import LimitOutcome, LimitResult, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
 from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
@@ -440,11 +440,11 @@ class DriverLimiter:
                 self._give_up(str(e))
             with self._lock:
                 self._unsupported_gpus[gpu] = str(e)
-            outcomes.append(LimitOutcome(t, "unsupported", str(e)))
+            outcomes.append(LimitOutcome(t, LimitResult.UNSUPPORTED, str(e)))
             return
         except LimitFailed as e:
             if not failures:
-                outcomes.append(LimitOutcome(t, "failed", str(e)))
+                outcomes.append(LimitOutcome(t, LimitResult.FAILED, str(e)))
             self.queue.add_rate_limited(place)
             return
         self._holds[place] = want
@@ -463,7 +463,7 @@ class DriverLimiter:
         if current is not None and not t.pending:
             self._read[t.key] = current.used_bytes
         if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
-            return None if known is not None else LimitOutcome(t, "unchanged", "the driver already held it")
+            return None if known is not None else LimitOutcome(t, LimitResult.UNCHANGED, "the driver already held it")
         self.memory.set(gpu, path, 0, t.hard_bytes)
         # One report per limit: a not-yet-identified container cgroup that takes a limit someone already
         # announced (the sandbox's, next to the container's own) says nothing again.
@@ -471,8 +471,8 @@ class DriverLimiter:
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
         if t.container is not None and not provisional and not self._is_fresh(path) and self.tree.populated(path):
-            return LimitOutcome(t, "late", f"{t.describe()}{was}: the container was already running")
-        return LimitOutcome(t, "applied", f"{t.describe()}{was}")
+            return LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
+        return LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
 
     def _clear(self, place: Place, outcomes: list[LimitOutcome]) -> None:
         """Clear a limit no longer wanted. A provisional one is forgotten, not cleared (it was the sandbox's, or its
@@ -484,9 +484,9 @@ class DriverLimiter:
         try:
             self.memory.set(gpu, path, 0, LIMIT_MAX)
         except (LimitsUnavailable, LimitFailed) as e:
-            outcomes.append(LimitOutcome(held.target, "failed", f"clearing: {e}"))
+            outcomes.append(LimitOutcome(held.target, LimitResult.FAILED, f"clearing: {e}"))
             return
-        outcomes.append(LimitOutcome(held.target, "cleared"))
+        outcomes.append(LimitOutcome(held.target, LimitResult.CLEARED))
 
     def _is_fresh(self, path: str) -> bool:
         with self._lock:

@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.agent.act import Enforcer, Outcome
+from vramguard.agent.act import ActionResult, Enforcer, Outcome, confirm_freed
 from vramguard.base.worker import Task
-from vramguard.core.decide import find_violations
+from vramguard.core.decide import find_violations, owners
 from vramguard.core.exited import HeldByExited
 from vramguard.core.model import (
     Action,
+    ActionKind,
     EvictionRefused,
     GiB,
-    Mode,
+    GpuDevice,
+    GpuProcess,
+    GpuSample,
     PodInfo,
     PodQuota,
     Policy,
     PressureNotice,
+    ProcessRef,
     Quota,
     Reason,
+    Snapshot,
     Violation,
 )
-from vramguard.core.ports import Evictor, EvictResult
+from vramguard.core.ports import Evictor, EvictResult, KillResult
 from vramguard_testbed.fakes import (
     FakeClock,
     RecordingEventRecorder,
@@ -37,13 +42,98 @@ from vramguard_testbed.fakes import (
 GPU0 = gpu(0, total_bytes=16 * GiB)
 
 
-def over_quota_action(kind: Mode = Mode.EVICT, name: str = "victim", *, mirror_uid: str | None = None) -> Action:
+def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+    """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
+    return find_violations(snapshot, owners(snapshot, quotas))
+
+
+def over_quota_action(
+    kind: ActionKind = ActionKind.EVICT, name: str = "victim", *, mirror_uid: str | None = None
+) -> Action:
     """An action of `kind` on pod `ml/<name>` (static, with `mirror_uid`), whose container uses 2 GiB of its 1 GiB
     quota."""
     p = pod(name, "ml", mirror_uid=mirror_uid)
     quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-    (violation,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+    (violation,) = violations_under(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
     return Action(kind=kind, reason=Reason.HARD_LIMIT, violation=violation)
+
+
+@pytest.mark.parametrize(
+    ("kind", "results"),
+    [
+        pytest.param(ActionKind.WARN, {"ok", "dry-run", "failed"}, id="a-warning-is-written-or-not"),
+        pytest.param(
+            ActionKind.KILL,
+            {"ok", "dry-run", "failed", "nothing-to-kill", "memory-not-freed"},
+            id="a-kill-may-find-nothing-or-leave-memory-behind",
+        ),
+        pytest.param(
+            ActionKind.EVICT,
+            {
+                *("ok", "dry-run", "failed", "nothing-to-kill", "memory-not-freed", "gone", "refused"),
+                *("refused-then-killed", "failed-then-killed"),
+            },
+            id="an-eviction-may-end-in-anything-a-kill-included",
+        ),
+    ],
+)
+def test_the_results_each_kind_of_action_can_end_in(kind: ActionKind, results: set[str]) -> None:
+    """Each kind of action ends in its own results, each a `result` of vramguard_actions_total from the start."""
+    assert {r.value for r in ActionResult if r.ends(kind)} == results
+
+
+KILLED = (ProcessRef(7, 70),)
+OTHER_GPU = gpu(1, total_bytes=16 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("kind", "result", "kill", "after", "expected"),
+    [
+        pytest.param(
+            ActionKind.KILL, ActionResult.OK, KillResult(KILLED, (), exited=True), [], ActionResult.OK,
+            id="nvml-lists-nothing-of-it-the-kill-stands",
+        ),
+        pytest.param(
+            ActionKind.KILL, ActionResult.OK, KillResult(KILLED, (), exited=True), [(7, GPU0)],
+            ActionResult.MEMORY_NOT_FREED, id="nvml-still-lists-the-killed-process",
+        ),
+        pytest.param(
+            ActionKind.KILL, ActionResult.OK, KillResult(KILLED, (), exited=True), [(8, GPU0)],
+            ActionResult.MEMORY_NOT_FREED, id="nvml-lists-another-process-of-the-container",
+        ),
+        pytest.param(
+            ActionKind.KILL, ActionResult.OK, KillResult(KILLED, (), exited=True), [(7, OTHER_GPU), (9, GPU0)],
+            ActionResult.OK, id="on-another-gpu-or-someone-elses-the-kill-stands",
+        ),
+        pytest.param(
+            ActionKind.EVICT, ActionResult.REFUSED_THEN_KILLED, KillResult(KILLED, (), exited=True), [(7, GPU0)],
+            ActionResult.MEMORY_NOT_FREED, id="a-kill-after-a-refused-eviction-is-checked-too",
+        ),
+        pytest.param(
+            ActionKind.KILL, ActionResult.FAILED, KillResult(KILLED, (), exited=False), [(7, GPU0)],
+            ActionResult.FAILED, id="a-kill-whose-processes-did-not-exit-stays-failed",
+        ),
+        pytest.param(
+            ActionKind.EVICT, ActionResult.OK, None, [(7, GPU0)], ActionResult.OK, id="an-eviction-is-not-a-kill",
+        ),
+    ],
+)  # fmt: skip
+def test_a_finished_kill_is_confirmed_by_a_fresh_sample(
+    kind: ActionKind,
+    result: ActionResult,
+    kill: KillResult | None,
+    after: list[tuple[int, GpuDevice]],
+    expected: ActionResult,
+) -> None:
+    """A kill the killer saw through is `memory-not-freed` when NVML, sampled again, still lists a killed process or
+    another of the container's on that GPU; any other outcome is left as it is."""
+    outcome = Outcome(over_quota_action(kind), result, "", kill)
+    sample = GpuSample((GPU0, OTHER_GPU), tuple(GpuProcess(pid, d.uuid, GiB) for pid, d in after))
+    (confirmed,) = confirm_freed((outcome,), sample, lambda pid, v: pid in (7, 8))
+    assert confirmed.result is expected
+    assert confirmed.kill is kill
+    if expected is ActionResult.MEMORY_NOT_FREED:
+        assert confirmed.detail.endswith(f"still hold memory on {GPU0.uuid}")
 
 
 class HeldRunner:
@@ -271,7 +361,7 @@ def test_a_pressure_notice_is_a_bounded_warning_and_never_raises() -> None:
     for k in range(6):
         p = pod(f"{k}" + "x" * 252, "ml")
         quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=1 * GiB)})}
-        offenders += find_violations(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
+        offenders += violations_under(SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build(), quotas)
     victim = pod("victim", "ml")
     notice = PressureNotice(pod=victim, device=offenders[0].device, offenders=tuple(offenders))
     events = RecordingEventRecorder()

@@ -21,6 +21,7 @@ from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
 from vramguard.cli.wiring import Probes
 from vramguard.core.model import (
+    ActionKind,
     EvictionRefused,
     GiB,
     GpuMemory,
@@ -136,7 +137,7 @@ def test_scan_kills_the_offender_and_reports_it() -> None:
     n = Node(Policy(mode=Mode.KILL))
     trainer = n.trainer_over_quota()
     report = n.agent.scan()
-    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(ActionKind.WARN, "ok"), (ActionKind.KILL, "ok")]
     assert [t.pod_uid for t in n.killer.killed] == [trainer.uid]
     assert n.events.reasons() == ["VRAMQuotaExceeded", "VRAMKilled"]
     assert n.events.important == ["VRAMKilled"], "what was done goes ahead of warnings"
@@ -168,7 +169,7 @@ def test_respawned_gpu_workers_get_the_whole_container_killed() -> None:
     with capture_logs() as logs:
         report = n.agent.scan()
     assert n.killer.whole == [False, True]
-    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.KILL, "ok")]
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(ActionKind.KILL, "ok")]
     _, reason, message, *_ = n.events.events[-1]
     assert reason == "VRAMKilled"
     assert message.startswith(
@@ -191,7 +192,7 @@ def test_a_kill_is_remembered_with_what_it_killed() -> None:
     n.ids.add(99, p.uid, container_id)  # started before the killed worker (the fake's start time is pid * 10)
     n.run_gpu((99, 5 * GiB))
     report = n.agent.scan()
-    assert [(o.action.kind, o.action.escalation) for o in report.outcomes] == [(Mode.KILL, None)]
+    assert [(o.action.kind, o.action.escalation) for o in report.outcomes] == [(ActionKind.KILL, None)]
     assert n.killer.whole == [False, False]
 
 
@@ -204,7 +205,7 @@ def test_a_repeat_may_evict_instead() -> None:
     n.ids.add(101, p.uid, p.containers[0].container_id)
     n.run_gpu((101, 5 * GiB))
     report = n.agent.scan()
-    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.EVICT, "ok")]
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(ActionKind.EVICT, "ok")]
     assert n.evictor.evicted == [p.key]
     assert n.events.events[-1][2].startswith("GPU processes came back within 1.0 s of the last kill: evicted")
     assert n.metric("vramguard_escalations_total", namespace="ml", step="evict") == 1.0
@@ -233,7 +234,7 @@ def test_evidence_is_checked_again_before_a_kill(now: str, kills: int) -> None:
     }[now]
     report = n.agent.scan()
     assert len(n.killer.killed) == kills
-    assert [o.action.kind for o in report.outcomes] == [Mode.WARN] + [Mode.KILL] * kills
+    assert [o.action.kind for o in report.outcomes] == [ActionKind.WARN] + [ActionKind.KILL] * kills
     assert p.uid in {v.pod.uid for v in report.decision.violations}, "the violation is still seen and warned"
 
 
@@ -246,7 +247,7 @@ def test_kill_whose_memory_stays_is_reported() -> None:
     n.killer.sampler = None  # NVML keeps reporting PID 7 after the "kill"
     n.run_gpu((7, 2 * GiB))
     report = n.agent.scan()
-    assert [o.result for o in report.outcomes if o.action.kind is Mode.KILL] == ["memory-not-freed"]
+    assert [o.result for o in report.outcomes if o.action.kind is ActionKind.KILL] == ["memory-not-freed"]
     assert n.sampler.calls == 2, "one re-sample confirms the kill"
 
 
@@ -405,23 +406,29 @@ class ExplodingKiller:
 @pytest.mark.parametrize(
     ("kind", "refuse", "on_refused", "dry_run", "result", "events", "killed"),
     [
-        pytest.param(Mode.WARN, False, WAIT, False, "ok", ["VRAMQuotaExceeded"], 0, id="warn-records-an-event"),
-        pytest.param(Mode.EVICT, False, WAIT, False, "ok", ["VRAMEvicted"], 0, id="evict-evicts"),
+        pytest.param(ActionKind.WARN, False, WAIT, False, "ok", ["VRAMQuotaExceeded"], 0, id="warn-records-an-event"),
+        pytest.param(ActionKind.EVICT, False, WAIT, False, "ok", ["VRAMEvicted"], 0, id="evict-evicts"),
         pytest.param(
-            Mode.EVICT, True, WAIT, False, "refused", ["VRAMEvictionRefused"], 0,
+            ActionKind.EVICT, True, WAIT, False, "refused", ["VRAMEvictionRefused"], 0,
             id="evict-refused-waits-and-says-so-on-the-pod",
         ),
         pytest.param(
-            Mode.EVICT, True, EvictionRefused.KILL, False, "refused-then-killed",
+            ActionKind.EVICT, True, EvictionRefused.KILL, False, "refused-then-killed",
             ["VRAMEvictionRefused", "VRAMKilled"], 1, id="evict-refused-falls-back-to-kill",
         ),
-        pytest.param(Mode.KILL, False, WAIT, False, "ok", ["VRAMKilled"], 1, id="kill-kills"),
-        pytest.param(Mode.KILL, False, WAIT, True, "dry-run", [], 0, id="dry-run-changes-nothing"),
-        pytest.param(Mode.EVICT, False, WAIT, True, "dry-run", [], 0, id="dry-run-evicts-nothing"),
+        pytest.param(ActionKind.KILL, False, WAIT, False, "ok", ["VRAMKilled"], 1, id="kill-kills"),
+        pytest.param(ActionKind.KILL, False, WAIT, True, "dry-run", [], 0, id="dry-run-changes-nothing"),
+        pytest.param(ActionKind.EVICT, False, WAIT, True, "dry-run", [], 0, id="dry-run-evicts-nothing"),
     ],
 )  # fmt: skip
 def test_enforcer_outcomes(
-    kind: Mode, refuse: bool, on_refused: EvictionRefused, dry_run: bool, result: str, events: list[str], killed: int
+    kind: ActionKind,
+    refuse: bool,
+    on_refused: EvictionRefused,
+    dry_run: bool,
+    result: str,
+    events: list[str],
+    killed: int,
 ) -> None:
     """Each mode does what the policy says, and dry-run only reports."""
     recorder, killer, evictor = RecordingEventRecorder(), RecordingKiller(), FakeEvictor(refuse=refuse)
@@ -448,13 +455,13 @@ def test_enforcer_survives_failing_seams() -> None:
     """A killer that raises is a failed result; an Event that cannot be written does not undo a kill."""
     recorder = RecordingEventRecorder()
     failed = Enforcer(killer=ExplodingKiller(), evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
-        over_quota_action(Mode.KILL)
+        over_quota_action(ActionKind.KILL)
     )
     assert failed is not None and failed.result == "failed"
     recorder.inject_error(ConnectionError("apiserver down"))
     killer = RecordingKiller()
     outcome = Enforcer(killer=killer, evictor=FakeEvictor(), events=recorder, policy=Policy()).execute(
-        over_quota_action(Mode.KILL)
+        over_quota_action(ActionKind.KILL)
     )
     assert outcome is not None and outcome.result == "ok" and len(killer.killed) == 1
 
@@ -508,7 +515,7 @@ def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
                     gpu_uuid=GPU0.uuid, claim="trainer-gpu-x7k2") == 6 * GiB  # fmt: skip
     claims.published = share(3)
     report = n.agent.scan()
-    assert [(o.action.kind, o.result) for o in report.outcomes] == [(Mode.WARN, "ok"), (Mode.KILL, "ok")]
+    assert [(o.action.kind, o.result) for o in report.outcomes] == [(ActionKind.WARN, "ok"), (ActionKind.KILL, "ok")]
     killed = next(e for e in n.events.events if e[1] == "VRAMKilled")
     assert (
         "on GPU 0 (GPU-" in killed[2]

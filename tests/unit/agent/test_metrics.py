@@ -8,13 +8,25 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.agent.metrics import ACTION_RESULTS, DRIVER_LIMIT_OUTCOMES, EVENT_RESULTS, Metrics
+from vramguard.agent.act import ActionResult, OrphanResult
+from vramguard.agent.metrics import Metrics
+from vramguard.agent.reload import ReloadResult
 from vramguard.agent.watch import Trigger
-from vramguard.core.decide import Decision
+from vramguard.core.decide import Decision, owners
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import GiB, GpuDevice, ProcessRef, UnattributedProcess, UnattributedReason
+from vramguard.core.limit_plan import LimitResult, LimitTarget
+from vramguard.core.model import (
+    ActionKind,
+    GiB,
+    GpuDevice,
+    PodQuota,
+    ProcessRef,
+    Quota,
+    UnattributedProcess,
+    UnattributedReason,
+)
 from vramguard.core.peaks import PeakWindow
+from vramguard.kube.events import EventResult
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 
@@ -27,11 +39,11 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
     second = SnapshotBuilder().use(notebook, "main", gpu(1), 3 * GiB).build()
     nothing = Decision(actions=(), violations=())
     limit = LimitTarget(trainer, "main", "cid", 0, gpu(0).uuid, 4 * GiB, "test")
-    metrics.observe_scan(first, {}, nothing, driver_limits=[limit], claim_source_up=True)
+    metrics.observe_scan(first, nothing, driver_limits=[limit], claim_source_up=True)
 
     scrape = registry.collect()  # a generator: the families are computed as the scrape reads them
     head = next(f for f in scrape if f.name == "vramguard_container_gpu_memory_used_bytes")
-    metrics.observe_scan(second, {}, nothing, driver_limits=[], claim_source_up=False)  # publishes mid-scrape
+    metrics.observe_scan(second, nothing, driver_limits=[], claim_source_up=False)  # publishes mid-scrape
     rest = {f.name: f for f in scrape}
 
     assert [(s.labels["pod"], s.value) for s in head.samples] == [("trainer", 2 * GiB)]
@@ -47,20 +59,21 @@ def test_a_scrape_that_started_before_a_scan_published_shows_the_earlier_scan_wh
     [
         pytest.param(
             "vramguard_actions_total",
-            {("action", m.value, "result", r) for m, rs in ACTION_RESULTS.items() for r in rs},
+            {("action", k.value, "result", r.value) for k in ActionKind for r in ActionResult if r.ends(k)},
             id="every-action-with-every-result-it-can-end-in",
         ),
-        pytest.param("vramguard_events_total", {("result", r) for r in EVENT_RESULTS}, id="every-event-result"),
+        pytest.param("vramguard_events_total", {("result", r.value) for r in EventResult}, id="every-event-result"),
         pytest.param(
-            "vramguard_driver_limits_total", {("outcome", o) for o in DRIVER_LIMIT_OUTCOMES}, id="every-limit-outcome"
+            "vramguard_driver_limits_total", {("outcome", o.value) for o in LimitResult}, id="every-limit-outcome"
         ),
         pytest.param(
             "vramguard_triggered_scans_total", {("reason", t.value) for t in Trigger}, id="every-trigger-reason"
         ),
         pytest.param(
-            "vramguard_orphan_reclaims_total",
-            {("result", r) for r in ("ok", "failed", "nothing-to-kill", "memory-not-freed", "reported", "dry-run")},
-            id="every-orphan-reclaim-result",
+            "vramguard_orphan_reclaims_total", {("result", r.value) for r in OrphanResult}, id="every-orphan-result"
+        ),
+        pytest.param(
+            "vramguard_policy_reloads_total", {("result", r.value) for r in ReloadResult}, id="every-reload-result"
         ),
     ],
 )
@@ -86,7 +99,7 @@ def test_the_peak_is_exported_beside_the_usage_it_shadows() -> None:
         (0.0, SnapshotBuilder().use(trainer, "main", gpu(0), 9 * GiB).use(notebook, "main", gpu(0), GiB).build()),
         (1.0, SnapshotBuilder().use(notebook, "main", gpu(0), 2 * GiB).build()),
     ]:
-        metrics.observe_scan(snapshot, {}, nothing, peaks=window.observe(snapshot.containers, devices, at))
+        metrics.observe_scan(snapshot, nothing, peaks=window.observe(snapshot.containers, devices, at))
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
     peaks = {
         s.labels["pod"]: (s.labels, s.value) for s in families["vramguard_container_gpu_memory_peak_bytes"].samples
@@ -112,7 +125,7 @@ def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -
     )
     held = {device.uuid: HeldByExited(device.uuid, 3 * GiB, (9,), 0.0)}
     nothing = Decision(actions=(), violations=())
-    metrics.observe_scan(snapshot, {}, nothing, exited=held, orphaned={device.uuid: 4 * GiB})
+    metrics.observe_scan(snapshot, nothing, exited=held, orphaned={device.uuid: 4 * GiB})
 
     def value(name: str, d: GpuDevice, **labels: str) -> float | None:
         return metrics.registry.get_sample_value(name, {"gpu": d.label, "gpu_uuid": d.uuid, **labels})
@@ -129,5 +142,48 @@ def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -
     assert (value(held_name, device), value(held_name, other)) == (3 * GiB, 0)
     orphaned = "vramguard_orphaned_gpu_memory_bytes"
     assert (value(orphaned, device), value(orphaned, other)) == (4 * GiB, 0)
-    metrics.observe_scan(snapshot, {}, nothing)  # a scan without orphans: every GPU back at 0
+    metrics.observe_scan(snapshot, nothing)  # a scan without orphans: every GPU back at 0
     assert (value(orphaned, device), value(orphaned, other)) == (0, 0)
+
+
+GPU0 = gpu(0, total_bytes=16 * GiB)
+OWN_4G = Quota(limit_bytes=4 * GiB, source="limits[vramguard.io/vram]")
+SHARE_6G = Quota(limit_bytes=6 * GiB, source="claim ml/gpu", share="claim-uid/0", claim="gpu")
+
+
+@pytest.mark.parametrize(
+    ("pod_quota", "quotas", "shares"),
+    [
+        pytest.param(
+            PodQuota(containers={"main": OWN_4G, "side": OWN_4G}), {("main", 4), ("side", 4)}, set(),
+            id="one-series-per-container-with-its-own",
+        ),
+        pytest.param(
+            PodQuota(pod=Quota(limit_bytes=8 * GiB)), {("", 8)}, set(), id="one-series-for-a-pod-wide-quota",
+        ),
+        pytest.param(
+            PodQuota(containers={"main": OWN_4G}, pod=Quota(limit_bytes=8 * GiB)), {("main", 4), ("", 8)}, set(),
+            id="own-and-pod-wide-side-by-side",
+        ),
+        pytest.param(
+            PodQuota(shares={"main": {GPU0.uuid: SHARE_6G}, "side": {GPU0.uuid: SHARE_6G}}),
+            {("main", 6), ("side", 6)}, {("main", "gpu", 6), ("side", "gpu", 6)},
+            id="a-dra-share-per-container-that-holds-it-with-its-claim",
+        ),
+        pytest.param(PodQuota(), set(), set(), id="unmanaged-no-series"),
+    ],
+)  # fmt: skip
+def test_the_quota_series_follow_each_rows_owner(
+    pod_quota: PodQuota, quotas: set[tuple[str, int]], shares: set[tuple[str, str, int]]
+) -> None:
+    """The quota gauge has one series per quota a container holds as its own (container named) and one per pod-wide
+    quota (container ""), as the decision found them; a DRA share's also shows on the claim share gauge."""
+    metrics = Metrics(CollectorRegistry())
+    p = pod("trainer", "ml", containers={"main": {}, "side": {}})
+    snapshot = SnapshotBuilder().use(p, "main", GPU0, GiB, pid=10).use(p, "side", GPU0, GiB, pid=11).build()
+    metrics.observe_scan(snapshot, Decision(actions=(), violations=(), rows=owners(snapshot, {p.uid: pod_quota})))
+    families = {f.name: f for f in metrics.registry.collect()}
+    quota = families["vramguard_container_gpu_memory_quota_bytes"].samples
+    share = families["vramguard_claim_share_bytes"].samples
+    assert {(s.labels["container"], int(s.value) // GiB) for s in quota} == quotas
+    assert {(s.labels["container"], s.labels["claim"], int(s.value) // GiB) for s in share} == shares

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from unit.agent.test_loop import FakeClaimSource, Node
 from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
 from vramguard.cli.wiring import Probes
-from vramguard.core.model import DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
+from vramguard.core.model import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
 from vramguard.core.policy import Overrides
 from vramguard.http.status import PolicyFacts
 from vramguard_testbed.fakes import FakeClock, pod
@@ -230,12 +230,12 @@ def test_the_next_scan_enforces_the_reloaded_policy(tmp_path: Path) -> None:
     n = Node(Policy(mode=Mode.WARN, driver_limits=DriverLimits.OFF))
     n.agent.reloads = r.reloader
     n.trainer_over_quota()
-    assert [o.action.kind for o in n.agent.scan().outcomes] == [Mode.WARN]
+    assert [o.action.kind for o in n.agent.scan().outcomes] == [ActionKind.WARN]
     content = "mode: kill\ndriver_limits: 'off'\neviction_timeout: 42s\n" + UNWATCHED
     r.volume.update(content)
     r.check()
     report = n.agent.scan()
-    assert [o.action.kind for o in report.outcomes] == [Mode.KILL], "killed at the scan after the change"
+    assert [o.action.kind for o in report.outcomes] == [ActionKind.KILL], "killed at the scan after the change"
     assert n.agent.enforcer.policy.eviction_timeout_s == 42.0
     assert n.agent.policy_digest == digest_of(content.encode())
     assert n.metric("vramguard_policy_reloads_total", result="applied") == 1.0

@@ -8,18 +8,22 @@ import pytest
 
 from unit.node.test_describe import HOSTILE
 from vramguard.agent.report import ScanReport, TopRow, row_dict, rows_from_report
-from vramguard.core.decide import Decision
+from vramguard.core.decide import Decision, DecisionState, decide
 from vramguard.core.model import (
     CgroupIdentity,
     GiB,
+    PodQuota,
+    Policy,
     ProcessRef,
+    Quota,
     Snapshot,
+    SubjectKey,
     UnattributedProcess,
     UnattributedReason,
 )
 from vramguard.core.orphans import Departed, Orphan, OrphanScan
 from vramguard.node.describe import ProcessDetail
-from vramguard_testbed.fakes import gpu
+from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 # A container with two processes; a row whose quota is a DRA share; a row of hostile tenant text in every field.
 TRAINER_ROW = TopRow(
@@ -128,3 +132,50 @@ def test_an_unattributed_row_names_the_pod_of_an_orphan_only(
         (row.process.pid,),
         None,
     )
+
+
+GPU = gpu(0, total_bytes=16 * GiB)
+OWN_4G = Quota(limit_bytes=4 * GiB, source="limits[vramguard.io/vram]")
+WHOLE_POD_8G = Quota(limit_bytes=8 * GiB, source="annotation vramguard.io/vram-limit")
+SHARE_6G = Quota(limit_bytes=6 * GiB, source="claim ml/gpu", share="claim-uid/0", claim="gpu")
+HELD_MAIN, HELD_POD = "main", None  # the driver holds a limit on the container's cgroup, on the pod's
+
+
+@pytest.mark.parametrize(
+    ("pod_quota", "held", "expected"),
+    [
+        pytest.param(
+            PodQuota(containers={"main": OWN_4G, "side": OWN_4G}), [HELD_MAIN],
+            [("main", 4, "over-hard", "driver", ""), ("side", 4, "ok", "agent", "")],
+            id="own-quotas-each-judged-alone",
+        ),
+        pytest.param(
+            PodQuota(pod=WHOLE_POD_8G), [HELD_POD],
+            [("main", 8, "over-hard", "driver", ""), ("side", 8, "over-hard", "driver", "")],
+            id="a-pod-wide-quota-over-on-the-sum-every-row-over",
+        ),
+        pytest.param(
+            PodQuota(shares={"main": {GPU.uuid: SHARE_6G}, "side": {GPU.uuid: SHARE_6G}}), [HELD_MAIN, HELD_POD],
+            [("main", 6, "over-hard", "driver", "gpu"), ("side", 6, "over-hard", "driver:pod", "gpu")],
+            id="one-dra-share-over-on-the-sum-every-holder-over",
+        ),
+        pytest.param(PodQuota(), [], [("main", None, "unmanaged", "-", ""), ("side", None, "unmanaged", "-", "")],
+                     id="no-quota-unmanaged"),
+    ],
+)  # fmt: skip
+def test_a_rows_state_is_its_subjects(
+    pod_quota: PodQuota, held: list[str | None], expected: list[tuple[str, int | None, str, str, str]]
+) -> None:
+    """Each container's row shows the quota that holds it and the state of the subject it belongs to, as the
+    decision found them: a pod-wide quota or a DRA share is over on its rows' sum, and then every row of it is."""
+    p = pod("trainer", "ml", containers={"main": {}, "side": {}})
+    snapshot = SnapshotBuilder().use(p, "main", GPU, 5 * GiB, pid=10).use(p, "side", GPU, 4 * GiB, pid=11).build()
+    decision, _ = decide(snapshot, {p.uid: pod_quota}, Policy(), DecisionState(), 0.0)
+    report = ScanReport(snapshot, {p.uid: pod_quota}, decision, (), 0.0)
+    limits = {SubjectKey(p.uid, c, GPU.uuid): 1 for c in held}
+    shown = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "u", "python"), driver_limits=limits)
+    got = [
+        (r.container, r.quota_bytes // GiB if r.quota_bytes is not None else None, r.state, r.held_by, r.claim)
+        for r in shown
+    ]
+    assert got == expected

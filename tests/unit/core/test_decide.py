@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from unittest.mock import ANY
@@ -21,14 +21,16 @@ from vramguard.core.decide import (
     decide,
     find_violations,
     ordered_by,
+    owners,
     rank,
-    record_evictions,
-    record_kills,
+    record_outcomes,
     repeat_of,
     track_pressure,
 )
 from vramguard.core.model import (
+    NO_SHARE,
     Action,
+    ActionKind,
     ContainerInfo,
     Escalation,
     EvictionRefused,
@@ -44,8 +46,12 @@ from vramguard.core.model import (
     Policy,
     ProcessRef,
     Quota,
+    QuotaScope,
     Reason,
+    RowOwner,
     Snapshot,
+    Subject,
+    SubjectKey,
     UnattributedProcess,
     UnattributedReason,
     Violation,
@@ -65,6 +71,11 @@ LEAVING = pod("leaving", "ml", terminating=True)
 GOING = pod("going", "ml", terminating=True)  # quota 4Gi, burst 8Gi
 TEAM_KILL = pod("strict", "team-kill")
 OTHER = pod("other", "ml")  # no quota: unmanaged, but its memory counts toward the GPU's pressure
+
+
+def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+    """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
+    return find_violations(snapshot, owners(snapshot, quotas))
 
 
 def q(gib: float, burst_gib: float | None = None) -> PodQuota:
@@ -373,8 +384,8 @@ def test_scenarios(policy: Policy, steps: list[Step]) -> None:
 @pytest.mark.parametrize(
     ("mode", "used_gib", "policy_kw", "expected", "held_why"),
     [
-        pytest.param(Mode.KILL, 9, {}, Mode.KILL, None, id="kill-mode-hard-limit-kills"),
-        pytest.param(Mode.EVICT, 9, {}, Mode.KILL, None, id="evict-mode-hard-limit-kills-not-evicts"),
+        pytest.param(Mode.KILL, 9, {}, ActionKind.KILL, None, id="kill-mode-hard-limit-kills"),
+        pytest.param(Mode.EVICT, 9, {}, ActionKind.KILL, None, id="evict-mode-hard-limit-kills-not-evicts"),
         pytest.param(Mode.WARN, 9, {}, None, "mode is warn", id="warn-mode-hard-limit-only-warns"),
         pytest.param(Mode.KILL, 6, {"soft_grace_s": 0}, None, "already terminating", id="kill-mode-soft-held"),
         pytest.param(Mode.EVICT, 6, {"soft_grace_s": 0}, None, "already terminating", id="evict-mode-soft-held"),
@@ -391,7 +402,7 @@ def test_scenarios(policy: Policy, steps: list[Step]) -> None:
     ],
 )
 def test_terminating_pod_is_acted_on_only_over_its_hard_limit(
-    mode: Mode, used_gib: float, policy_kw: dict[str, object], expected: Mode | None, held_why: str | None
+    mode: Mode, used_gib: float, policy_kw: dict[str, object], expected: ActionKind | None, held_why: str | None
 ) -> None:
     """A pod in deletion over its hard limit is killed (in evict mode too); soft limit and pressure are held."""
     policy = _policy(**{"mode": mode, "soft_grace_s": 600.0, **policy_kw})
@@ -399,7 +410,7 @@ def test_terminating_pod_is_acted_on_only_over_its_hard_limit(
     decision, _ = decide(snapshot, QUOTAS, policy, DecisionState(), 0.0)
     enforced = [(a.kind, a.reason) for a in decision.actions if a.reason is not Reason.OVER_QUOTA]
     assert enforced == ([(expected, Reason.HARD_LIMIT)] if expected is not None else [])
-    assert [a.kind for a in decision.actions if a.reason is Reason.OVER_QUOTA] == [Mode.WARN]
+    assert [a.kind for a in decision.actions if a.reason is Reason.OVER_QUOTA] == [ActionKind.WARN]
     if held_why is None:
         assert decision.held == ()
     else:
@@ -411,8 +422,62 @@ def test_one_action_per_pod_per_scan() -> None:
     """A pod violating on two GPUs is acted on once per scan, not once per GPU."""
     b = SnapshotBuilder().use(NOTEBOOK, "main", GPU0, 9 * GiB, pid=1).use(NOTEBOOK, "main", GPU1, 9 * GiB, pid=2)
     decision, _ = decide(b.build(), QUOTAS, _policy(max_actions_per_scan=5), DecisionState(), 0.0)
-    assert [a.kind for a in decision.actions].count(Mode.KILL) == 1
+    assert [a.kind for a in decision.actions].count(ActionKind.KILL) == 1
     assert any("already acted on" in h.why for h in decision.held)
+
+
+OWN = Quota(limit_bytes=4 * GiB, source="limits[vramguard.io/vram]")
+POD_WIDE = Quota(limit_bytes=8 * GiB, source="annotation vramguard.io/vram-limit")
+SHARE = Quota(limit_bytes=6 * GiB, source="claim ml/gpu", share="claim-uid/0", claim="gpu")
+CONTAINER, POD, SHARED = QuotaScope.CONTAINER, QuotaScope.POD, QuotaScope.SHARE
+
+
+@pytest.mark.parametrize(
+    ("pod_quota", "container", "device", "owner"),
+    [
+        pytest.param(PodQuota(containers={"main": OWN}), "main", GPU0, (CONTAINER, "main", OWN, "main"), id="own"),
+        pytest.param(PodQuota(pod=POD_WIDE), "main", GPU0, (POD, None, POD_WIDE, None), id="pod-wide"),
+        pytest.param(
+            PodQuota(containers={"main": OWN}, pod=POD_WIDE), "side", GPU0, (POD, None, POD_WIDE, None),
+            id="a-container-without-its-own-under-the-pod-wide-quota",
+        ),
+        pytest.param(
+            PodQuota(containers={"main": OWN}, pod=POD_WIDE), "", GPU0, (POD, None, POD_WIDE, None),
+            id="the-pods-own-cgroup-under-the-pod-wide-quota",
+        ),
+        pytest.param(PodQuota(containers={"main": OWN}), "", GPU0, None, id="the-pods-own-cgroup-unmanaged"),
+        pytest.param(
+            PodQuota(shares={"main": {GPU0.uuid: SHARE}}), "main", GPU0, (SHARED, "claim-uid/0", SHARE, "main"),
+            id="a-dra-share-is-its-allocations-subject",
+        ),
+        pytest.param(
+            PodQuota(shares={"main": {GPU0.uuid: SHARE}}), "main", GPU1, (CONTAINER, "main", NO_SHARE, "main"),
+            id="no-share-on-another-gpu-is-its-own-zero-quota",
+        ),
+        pytest.param(PodQuota(), "main", GPU0, None, id="no-quota-unmanaged"),
+        pytest.param(None, "main", GPU0, None, id="no-quotas-resolved-unmanaged"),
+    ],
+)  # fmt: skip
+def test_each_rows_owner_is_found_once(
+    pod_quota: PodQuota | None,
+    container: str,
+    device: GpuDevice,
+    owner: tuple[QuotaScope, str | None, Quota, str | None] | None,
+) -> None:
+    """Each row gets its subject (whose quota, and which container or share) and the quota that holds it, and
+    the container whose own quota it is (the quota metric's and the driver limit's container)."""
+    p = pod("trainer", "ml", containers={"main": {}, "side": {}})
+    snapshot = SnapshotBuilder().use(p, container, device, GiB).build()
+    quotas = {p.uid: pod_quota} if pod_quota is not None else {}
+    ((usage, found),) = owners(snapshot, quotas)
+    assert usage == snapshot.containers[0]
+    if owner is None:
+        assert found is None
+        return
+    scope, name, quota, holder = owner
+    assert found == RowOwner(Subject(p.uid, device.uuid, scope, name), quota, holder)
+    assert found.limit_key == SubjectKey(p.uid, holder, device.uuid)
+    assert owners(snapshot, quotas)[0][1] is found, "found once: the pod's quota keeps it for the next scans"
 
 
 def test_fair_share_quota_divides_the_device() -> None:
@@ -421,15 +486,15 @@ def test_fair_share_quota_divides_the_device() -> None:
     quotas = {p.uid: PodQuota(containers=MappingProxyType({"main": Quota(share_divisor=4, source="fair-share")}))}
     under = SnapshotBuilder().use(p, "main", GPU0, 4 * GiB).build()
     over = SnapshotBuilder().use(p, "main", GPU0, 4 * GiB + 1).build()
-    assert find_violations(under, quotas) == ()
-    (v,) = find_violations(over, quotas)
+    assert violations_under(under, quotas) == ()
+    (v,) = violations_under(over, quotas)
     assert v.limit_bytes == 4 * GiB
 
 
 def test_violation_carries_processes_and_container_ids() -> None:
     """A pod-wide violation names every process and runtime container ID involved, for the killer."""
     b = SnapshotBuilder().use(TRAINER, "main", GPU0, 5 * GiB, pid=10).use(TRAINER, "sidecar", GPU0, 5 * GiB, pid=11)
-    (v,) = find_violations(b.build(), QUOTAS)
+    (v,) = violations_under(b.build(), QUOTAS)
     assert [p.pid for p in v.processes] == [10, 11]
     assert set(v.container_ids) == {c.container_id for c in TRAINER.containers}
     assert v.container is None and v.subject == "pod trainer"
@@ -452,7 +517,7 @@ def test_victim_order_prefers_overage_then_low_priority_then_usage() -> None:
         .use(BATCH, "main", GPU0, 6 * GiB, pid=2)  # overage 2, priority 0
         .use(TEAM_KILL, "main", GPU0, 4 * GiB, pid=3)  # overage 3
     )
-    ranked = rank(find_violations(b.build(), QUOTAS))
+    ranked = rank(violations_under(b.build(), QUOTAS))
     assert [v.pod.name for v in ranked] == ["strict", "batch", "notebook"]
 
 
@@ -462,7 +527,7 @@ Spec = tuple[float, float, int, str]  # (quota GiB, used GiB, pod priority, pod 
 def _violation(name: str, spec: Spec) -> Violation:
     quota_gib, used_gib, priority, uid = spec
     p = pod(name, "ml", priority=priority, uid=uid)
-    (v,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, int(used_gib * GiB)).build(), {p.uid: q(quota_gib)})
+    (v,) = violations_under(SnapshotBuilder().use(p, "main", GPU0, int(used_gib * GiB)).build(), {p.uid: q(quota_gib)})
     return v
 
 
@@ -561,7 +626,7 @@ def test_capped_fair_share_is_bounded_on_a_large_gpu() -> None:
     p = pod("shared")
     quota = Quota(share_divisor=2, cap_bytes=6 * GiB, source="fair-share capped")
     quotas = {p.uid: PodQuota(containers=MappingProxyType({"main": quota}))}
-    (v,) = find_violations(SnapshotBuilder().use(p, "main", GPU0, 7 * GiB).build(), quotas)
+    (v,) = violations_under(SnapshotBuilder().use(p, "main", GPU0, 7 * GiB).build(), quotas)
     assert v.limit_bytes == 6 * GiB  # not 16Gi / 2 = 8Gi
 
 
@@ -736,8 +801,8 @@ def test_repeats(policy: Policy, scans: list[Scan]) -> None:
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
         # Each kill (and an evict mode's refused-then-killed) is recorded, with the processes it killed.
-        killed = [a for a in decision.actions if a.kind is not Mode.WARN]
-        return record_kills(state, _killed_in(killed), now)
+        killed = [a for a in decision.actions if a.kind is not ActionKind.WARN]
+        return record_outcomes(state, now, killed_in=_killed_in(killed))
 
     _play(policy, scans, outcomes)
 
@@ -803,17 +868,16 @@ def test_one_eviction_per_pod_until_it_is_seen_going(policy: Policy, accepted: b
     gone, or eviction_timeout has passed."""
 
     def outcomes(state: DecisionState, decision: Decision, now: float) -> DecisionState:
-        state = record_kills(state, _killed_in(a for a in decision.actions if a.kind is Mode.KILL), now)
-        if accepted:
-            state = record_evictions(state, (a.pod.uid for a in decision.actions if a.kind is Mode.EVICT), now)
-        return state
+        killed_in = _killed_in(a for a in decision.actions if a.kind is ActionKind.KILL)
+        evicted = [a.pod.uid for a in decision.actions if a.kind is ActionKind.EVICT and accepted]
+        return record_outcomes(state, now, killed_in=killed_in, evicted=evicted)
 
     _play(policy, scans, outcomes)
 
 
 def test_an_accepted_eviction_is_forgotten_once_the_pod_is_gone() -> None:
     """The record of accepted evictions is bounded: a pod that left the pod cache leaves it."""
-    state = record_evictions(DecisionState(), [EVICTING_NS.uid], 0.0)
+    state = record_outcomes(DecisionState(), 0.0, evicted=[EVICTING_NS.uid])
     idle = SnapshotBuilder().build()
     _, state = decide(idle, REPEAT_QUOTAS, _repeat_policy(), state, 1.0)
     assert dict(state.evicted) == {EVICTING_NS.uid: 0.0}
@@ -849,7 +913,7 @@ def test_repeat_message_says_how_soon_the_processes_came_back(restored: bool, me
     state = DecisionState(kills=MappingProxyType({SUPERVISED_ID: KillRecord(100.0, killed, restored=restored)}))
     over = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 2 * GiB, pid=101).build()
     decision, _ = decide(over, REPEAT_QUOTAS, policy, state, 100.4)
-    assert [a.kind for a in decision.actions] == [Mode.WARN, Mode.KILL]
+    assert [a.kind for a in decision.actions] == [ActionKind.WARN, ActionKind.KILL]
     escalation = decision.actions[1].escalation
     assert escalation is not None and escalation.restored is restored
     assert escalation.came_back == message
@@ -867,6 +931,7 @@ def _over(*processes: tuple[int, int], container_ids: tuple[str, ...] = (SUPERVI
         quota_source="test",
         processes=tuple(ProcessRef(pid, start) for pid, start in processes),
         container_ids=container_ids,
+        key=Subject(SUPERVISED.uid, GPU0.uuid, QuotaScope.CONTAINER, "main"),
     )
 
 
@@ -933,13 +998,50 @@ def test_on_repeat_wait_makes_no_repeat_whatever_the_evidence() -> None:
     assert repeat_of(_over((7, 500)), _repeat_policy(on_repeat=OnRepeat.WAIT), kills, 99.0) is None
 
 
-def test_record_kills_keeps_what_each_kill_killed() -> None:
+def test_a_recorded_kill_keeps_what_it_killed() -> None:
     """A kill's record replaces the last one of its container instance, with every process killed there; a record
     this agent makes is never restored, whatever the one it replaces was."""
     state = DecisionState(kills=MappingProxyType({SUPERVISED_ID: _kill(1.0, (5, 400), restored=True)}))
-    state = record_kills(state, [(SUPERVISED_ID, [ProcessRef(9, 900)]), (SUPERVISED_ID, [ProcessRef(8, 800)])], 2.0)
-    state = record_kills(state, [(OTHER_ID, [ProcessRef(3, 30)])], 3.0)
+    killed_in = [(SUPERVISED_ID, [ProcessRef(9, 900)]), (SUPERVISED_ID, [ProcessRef(8, 800)])]
+    state = record_outcomes(state, 2.0, killed_in=killed_in)
+    state = record_outcomes(state, 3.0, killed_in=[(OTHER_ID, [ProcessRef(3, 30)])])
     assert dict(state.kills) == {SUPERVISED_ID: _kill(2.0, (8, 800), (9, 900)), OTHER_ID: _kill(3.0, (3, 30))}
+
+
+@pytest.mark.parametrize(
+    ("killed_in", "evicted", "kills", "evictions"),
+    [
+        pytest.param([], [], {OTHER_ID: 1.0}, {"evicted-before": 1.0}, id="nothing-done-the-state-is-kept-as-it-is"),
+        pytest.param(
+            [(SUPERVISED_ID, [ProcessRef(9, 900)])], [], {OTHER_ID: 1.0, SUPERVISED_ID: 2.0},
+            {"evicted-before": 1.0}, id="a-kill-is-remembered-the-evictions-kept",
+        ),
+        pytest.param(
+            [], ["pod-uid"], {OTHER_ID: 1.0}, {"evicted-before": 1.0, "pod-uid": 2.0},
+            id="an-accepted-eviction-is-remembered-the-kills-kept",
+        ),
+        pytest.param(
+            [(SUPERVISED_ID, [ProcessRef(9, 900)])], ["pod-uid"], {OTHER_ID: 1.0, SUPERVISED_ID: 2.0},
+            {"evicted-before": 1.0, "pod-uid": 2.0}, id="both-in-one-scan",
+        ),
+    ],
+)  # fmt: skip
+def test_outcomes_are_folded_into_the_state_once(
+    killed_in: list[tuple[str, list[ProcessRef]]],
+    evicted: list[str],
+    kills: dict[str, float],
+    evictions: dict[str, float],
+) -> None:
+    """What the enforcer did in a scan (kills, accepted evictions) is folded into the decision's state in one step;
+    a scan that did neither keeps the very state `decide` returned."""
+    before = DecisionState(
+        kills=MappingProxyType({OTHER_ID: _kill(1.0, (3, 30))}),
+        evicted=MappingProxyType({"evicted-before": 1.0}),
+    )
+    after = record_outcomes(before, 2.0, killed_in=killed_in, evicted=evicted)
+    assert {c: r.at for c, r in after.kills.items()} == kills
+    assert dict(after.evicted) == evictions
+    assert (after is before) == (not killed_in and not evicted)
 
 
 @pytest.mark.parametrize(
@@ -970,7 +1072,7 @@ def test_on_repeat_for(namespace: str, policy: Policy, expected: OnRepeat) -> No
 def test_kills_are_forgotten_after_the_repeat_window(cooldown_s: float, kept_until_s: float) -> None:
     """The record of kills is bounded by the repeat window (default 5m), whatever the cooldown."""
     policy = _repeat_policy(cooldown_s=cooldown_s)
-    state = record_kills(DecisionState(), [("a" * 64, [ProcessRef(5, 50)])], 0.0)
+    state = record_outcomes(DecisionState(), 0.0, killed_in=[("a" * 64, [ProcessRef(5, 50)])])
     idle = SnapshotBuilder().use(SUPERVISED, "main", GPU0, 0).build()
     _, state = decide(idle, REPEAT_QUOTAS, policy, state, kept_until_s - 0.1)
     assert dict(state.kills) == {"a" * 64: _kill(0.0, (5, 50))}

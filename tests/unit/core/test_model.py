@@ -129,7 +129,8 @@ def test_which_quota_holds_a_container_on_a_gpu(
 ) -> None:
     """A container's own quota (or DRA share) first, then the pod-wide one."""
     assert POD_QUOTA.own(container, device_uuid) == own
-    assert POD_QUOTA.on(container, device_uuid) == on
+    owner = POD_QUOTA.owner("pod-uid", container, device_uuid)
+    assert (owner.quota if owner is not None else None) == on
 
 
 def test_a_quota_error_is_stored_cut() -> None:

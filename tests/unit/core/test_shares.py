@@ -9,9 +9,21 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.decide import find_violations
+from vramguard.core.decide import find_violations, owners
 from vramguard.core.limit_plan import wanted_limits
-from vramguard.core.model import NO_SHARE, ClaimUse, ContainerInfo, GiB, Mode, NamespacePolicy, PodInfo, Policy
+from vramguard.core.model import (
+    NO_SHARE,
+    ClaimUse,
+    ContainerInfo,
+    GiB,
+    Mode,
+    NamespacePolicy,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Snapshot,
+    Violation,
+)
 from vramguard.core.quota import QuotaBook, resolve_pod_quota
 from vramguard.core.shares import (
     Claim,
@@ -28,6 +40,11 @@ DRIVER = "gpu.nvidia.com"
 CLASS = "gpu.nvidia.com"
 SHARE_CLASS = "vram-share.example.com"
 GPU_UUID = [gpu(i, 24 * GiB).uuid for i in range(4)]
+
+
+def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
+    """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
+    return find_violations(snapshot, owners(snapshot, quotas))
 
 
 def device(name: str, uuid: str | None, memory: str | None = "24Gi", qualified: bool = False) -> dict[str, Any]:
@@ -298,7 +315,7 @@ def test_a_container_with_shares_on_two_gpus_is_judged_per_gpu(
     snap = SnapshotBuilder(devices)
     for index, gib in usage.items():
         snap.use(pod, "main", devices[index], gib * GiB, pid=100 + index)
-    found = find_violations(snap.build(), quotas)
+    found = violations_under(snap.build(), quotas)
     assert [(v.device.index, v.used_bytes // GiB, v.limit_bytes // GiB) for v in found] == violations
     for v in found:
         if v.limit_bytes:
@@ -313,7 +330,7 @@ def test_containers_holding_one_share_are_judged_together() -> None:
     snap = (
         SnapshotBuilder(devices).use(pod, "main", devices[2], 6 * GiB, 101).use(pod, "side", devices[2], 6 * GiB, 102)
     )
-    (v,) = find_violations(snap.build(), quotas)
+    (v,) = violations_under(snap.build(), quotas)
     assert (v.container, v.used_bytes, v.limit_bytes) == ("main, side", 12 * GiB, 10 * GiB)
     assert len(v.container_ids) == 2
 

@@ -15,7 +15,7 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.base.worker import Inline
-from vramguard.core.model import GiB, GpuProcess, GpuSample, KillRecord, Mode, Policy, ProcessRef
+from vramguard.core.model import ActionKind, GiB, GpuProcess, GpuSample, KillRecord, Mode, Policy, ProcessRef
 from vramguard.node.repeats import (
     GONE,
     MAX_CONTAINERS_SHOWN,
@@ -453,14 +453,14 @@ def test_a_restarted_agent_still_knows_a_repeat_and_says_it_is_restored(tmp_path
 
     worker(100)
     first = _agent(_file(tmp_path, proc), clock, sampler, ids, pods)
-    (kill,) = [o for o in first.scan().outcomes if o.action.kind is Mode.KILL]
+    (kill,) = [o for o in first.scan().outcomes if o.action.kind is ActionKind.KILL]
     assert kill.action.escalation is None
 
     clock.step(30.0)  # the agent restarted; the supervisor respawned its worker
     worker(101)
     second = _agent(_file(tmp_path, proc), clock, sampler, ids, pods)
     assert second.state.kills[container_id or ""] == KillRecord(1000.0, (ProcessRef(100, 1000),), restored=True)
-    (kill,) = [o for o in second.scan().outcomes if o.action.kind is Mode.KILL]
+    (kill,) = [o for o in second.scan().outcomes if o.action.kind is ActionKind.KILL]
     assert kill.action.escalation is not None
     assert kill.action.escalation.came_back.startswith(RESTORED)
     assert second.state.kills[container_id or ""] == KillRecord(1030.0, (ProcessRef(101, 1010),), restored=False)
@@ -486,5 +486,5 @@ def test_a_forged_entry_is_not_a_repeat(tmp_path: Path) -> None:
     assert [(e["event"], e["containers"], e["problems"]) for e in logs] == [
         ("kill_memory_refused", [container_id[:12]], (STILL_RUNNING,))
     ]
-    (kill,) = [o for o in agent.scan().outcomes if o.action.kind is Mode.KILL]
+    (kill,) = [o for o in agent.scan().outcomes if o.action.kind is ActionKind.KILL]
     assert kill.action.escalation is None
