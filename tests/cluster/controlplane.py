@@ -733,6 +733,16 @@ class ControlPlane:
         return self._keys.ca_cert
 
     @property
+    def serving_cert_path(self) -> Path:
+        """The apiserver's serving certificate (for 127.0.0.1 and localhost), for a proxy that stands in for it."""
+        return self._keys.serving_cert
+
+    @property
+    def serving_key_path(self) -> Path:
+        """The key of `serving_cert_path`."""
+        return self._keys.serving_key
+
+    @property
     def kubeconfig_path(self) -> Path:
         """An admin kubeconfig (client certificate in group system:masters), written on first use."""
         path = self._dir / "kubeconfigs" / "admin.yaml"

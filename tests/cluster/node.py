@@ -26,8 +26,9 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -325,6 +326,81 @@ class RealNode:
             if task == wanted and status == "RUNNING":
                 return int(pid)
         raise LookupError(f"no running task {wanted} in the node's containerd")
+
+    @property
+    def pod_logs(self) -> Path:
+        """The kubelet's podLogsDir: ``<namespace>_<pod>_<uid>/<container>/<restart>.log``, written by containerd."""
+        return self.workdir / "pod-logs"
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """Everything a pod's container wrote, every run of it in turn, from the files containerd writes for the
+        kubelet (CRI lines: time, stream, tag, text): readable with the kubelet stopped and after the pod is gone,
+        until the kubelet removes them."""
+        runs = sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log"), key=lambda p: int(p.stem))
+        return "".join(run.read_text(errors="replace") for run in runs)
+
+    # -- the kubelet away ----------------------------------------------------------------------------------------
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM), as a crash or an upgrade does: containerd keeps the node's containers
+        running, and nothing restarts, tears down or reports them until `start_kubelet`."""
+        if self.kubelet is None:
+            raise ControlPlaneError("the kubelet never started")
+        self.kubelet.stop()
+
+    def start_kubelet(self) -> None:
+        """Start the stopped kubelet again, and wait until it has renewed the node's Lease and the Node is Ready and
+        untainted. A no-op when it runs."""
+        if self.kubelet is None:
+            raise ControlPlaneError("the kubelet never started")
+        if self.kubelet.running():
+            return
+        started = datetime.now(timezone.utc)
+        self.kubelet.start()
+        self.kubelet.wait_until(lambda: self._ready_since(started), self.ready_timeout_s, "Ready again")
+
+    @contextlib.contextmanager
+    def kubelet_stopped(self) -> Iterator[None]:
+        """The kubelet stopped for the block, started again (and Ready) after it, whatever happens inside."""
+        self.stop_kubelet()
+        try:
+            yield
+        finally:
+            self.start_kubelet()
+
+    def _ready_since(self, started: datetime) -> bool:
+        """Ready and untainted, with the node's Lease renewed after `started`: by a kubelet started since (the
+        Node's own heartbeat has whole seconds only, and a kubelet rewrites it only every 5 minutes when nothing
+        changed)."""
+        if not self._ready():
+            return False
+        with self.plane.api_client() as api:
+            lease = raw(api, client.CoordinationV1Api(api).read_namespaced_lease(self.name, "kube-node-lease"))
+        renewed = lease["spec"].get("renewTime")
+        return renewed is not None and datetime.fromisoformat(renewed) > started  # as `raw` writes it
+
+    # -- containers by hand --------------------------------------------------------------------------------------
+
+    def kill_task(self, container_id: str, timeout_s: float = 30.0) -> None:
+        """SIGKILL a container's process (`container_id` with or without ``containerd://``), as a crash would, wait
+        until containerd has it stopped, and delete the stopped task (the CRI deletes its own, not one that
+        `start_task` started, and a container with a task left cannot be removed)."""
+        wanted = container_id.removeprefix("containerd://")
+        self.containerd.ctr_status("task", "kill", "--signal", "SIGKILL", wanted)
+        wait_until(
+            lambda: wanted not in self._running_tasks(), timeout_s, what=f"task {wanted} stopped", interval_s=0.1
+        )
+        self.containerd.ctr_status("task", "delete", wanted)
+
+    def start_task(self, container_id: str, log_path: Path) -> int:
+        """Start a container's process again, from the container containerd keeps (same spec: command, cgroup,
+        namespaces, mounts) and without the kubelet: the restart the kubelet would make, for a node whose kubelet
+        is stopped. Its output goes to `log_path` (the kubelet's log files are the CRI's, which this bypasses);
+        returns its host PID. The CRI does not know of the task: kill it (`kill_task`) before the kubelet is back."""
+        wanted = container_id.removeprefix("containerd://")
+        self.containerd.ctr_status("task", "delete", wanted)  # the stopped task, where the CRI has not removed it
+        self.containerd.ctr("task", "start", "--detach", f"--log-uri=file://{log_path}", wanted)
+        return self.container_pid(wanted)
 
 
 def raw(api: client.ApiClient, obj: object) -> dict[str, Any]:

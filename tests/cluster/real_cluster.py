@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,34 @@ class Cluster:
     def reasons(self, namespace: str, name: str) -> list[str]:
         events = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
         return sorted({e["reason"] for e in raw(self.api, events)["items"]})
+
+    def metrics(self) -> str:
+        """The agent's /metrics (Prometheus text), from its port on the node's network."""
+        port = self.values["metrics"]["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text: str = response.read().decode()
+        return text
+
+    def node_events(self, reason: str) -> list[dict[str, Any]]:
+        """The Events with `reason` about this node's Node object (which live in the "default" namespace)."""
+        selector = f"involvedObject.kind=Node,involvedObject.name={self.node.name},reason={reason}"
+        found: list[dict[str, Any]] = raw(
+            self.api, self.core.list_namespaced_event("default", field_selector=selector)
+        )["items"]
+        return found
+
+    def agent_log(self) -> str:
+        """Everything every agent pod's container wrote, from containerd's files on the node (readable with the
+        kubelet stopped)."""
+        return self.node.container_log(AGENT_NS, "vramguard-*", "vramguard")
+
+    def api_values(self, port: int) -> dict[str, Any]:
+        """Chart values (for `helm_install`'s `chart_values`) that point the agent at 127.0.0.1:`port` instead of
+        the API server: a proxy in front of it (tests/cluster/delaying_proxy.py)."""
+        env = [
+            {**e, "value": str(port)} if e["name"] == "KUBERNETES_SERVICE_PORT" else e for e in self.values["extraEnv"]
+        ]
+        return {"extraEnv": env}
 
     def namespace(self, name: str) -> str:
         self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
