@@ -21,13 +21,14 @@ from kubernetes.client import ApiClient
 
 from vramguard import __version__
 from vramguard.agent.act import Enforcer
-from vramguard.agent.health import HealthWriter
+from vramguard.agent.health import Checks, HealthWriter
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.reload import PolicyReloader, digest_of
 from vramguard.agent.report import LastScan
 from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
+from vramguard.base import healthfile
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
@@ -437,60 +438,113 @@ def ask_driver(proc_root: str, cgroup_root: str, location: NvmlLocation = LOADER
         services.stop(SHUTDOWN_BUDGET_S)
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The parts that exist only once NVML is up: the agent, and the NVIDIA side as NVML told it at its start."""
+
+    agent: Agent
+    driver: DriverFacts
+
+
+class Started:
+    """Where `serve` publishes the `Running` parts once NVML is up, made before the parts that read them (the
+    probes, and through them /status): one reference, set once on the main thread and read on the others'."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Running | None = None
+
+    def publish(self, running: Running) -> None:
+        with self._lock:
+            self._running = running
+
+    def running(self) -> Running | None:
+        """The running parts, None before NVML is up and the agent built."""
+        with self._lock:
+            return self._running
+
+
+def _problem(problem: str | None) -> healthfile.Check:
+    """A check that fails saying `problem`, where there is one."""
+    return not problem, problem or ""
+
+
 class Probes:
-    """Live: the scan loop and the HTTP server's thread go round. Ready: NVML is up, the pod list is current and a
-    scan completed. What the health file (the kubelet's exec probes) and /healthz and /readyz (people) say."""
+    """Liveness and readiness, each a set of named checks (`health.Checks`): what the health file (the kubelet's
+    exec probes) and /healthz and /readyz (people; `?verbose` lists the checks) say.
+
+    Live (`healthz`): the HTTP server's thread goes round, then the scan loop does. Ready (`readyz`): NVML is up,
+    the pod list is current, the driver holds the limits `driver_limits: require` asks for and the watch between
+    scans is not stuck; then, a scan with the pod list completed. What exists only once NVML is up is read from
+    `started`; `reloader` is the policy file's watch, whose refusal /status shows."""
 
     def __init__(
         self,
         pods: PodSource,
         poll_interval_s: float,
         *,
+        started: Started,
+        reloader: PolicyReloader | None = None,
         clock: Clock = SYSTEM_CLOCK,
         http: Heartbeat | None = None,
     ) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
+        self.started = started
+        self.reloader = reloader
         self.clock = clock  # the agent's: `last_scan_at` is on its scale
         self.http = http  # the HTTP server's rounds
-        self.agent: Agent | None = None
-        self.reloader: PolicyReloader | None = None  # the policy file's watch, whose refusal /status shows
         self.nvml_problem: str | None = "NVML not initialised yet"
-        self.driver = nvidia_side(None)  # with the driver's versions once NVML is up (`serve`)
+        self.healthz = Checks("healthz", [[("http", self._http_rounds)], [("scan-loop", self._scans)]])
+        self.readyz = Checks(
+            "readyz",
+            [
+                [
+                    ("nvml", lambda: _problem(self.nvml_problem)),
+                    ("pods", lambda: _problem(self.pods.problem())),
+                    ("driver-limits", lambda: _problem(self.limits_problem())),
+                    ("memory-watch", self._watch),
+                ],
+                [("scan", self._scanned)],
+            ],
+            passed="ready",
+        )
 
-    def healthz(self) -> tuple[bool, str]:
-        now = self.clock.now()
-        stuck_after_s = max(PART_STUCK_S, 10 * self.poll_interval_s)
-        http_age = self.http.age(now) if self.http is not None else None
-        if http_age is not None and http_age >= PART_STUCK_S:
-            return False, f"HTTP server's last round {http_age:.1f}s ago: stuck"
-        if self.agent is None or self.agent.last_scan_at is None:
+    def _agent(self) -> Agent | None:
+        running = self.started.running()
+        return running.agent if running is not None else None
+
+    def _http_rounds(self) -> healthfile.Check:
+        age = self.http.age(self.clock.now()) if self.http is not None else None
+        if age is not None and age >= PART_STUCK_S:
+            return False, f"HTTP server's last round {age:.1f}s ago: stuck"
+        return True, ""
+
+    def _scans(self) -> healthfile.Check:
+        agent = self._agent()
+        if agent is None or agent.last_scan_at is None:
             return True, "starting"
-        age = now - self.agent.last_scan_at
-        if age >= stuck_after_s:
+        age = self.clock.now() - agent.last_scan_at
+        if age >= max(PART_STUCK_S, 10 * self.poll_interval_s):
             return False, f"last scan {age:.1f}s ago: the scan loop is stuck"
         return True, f"last scan {age:.1f}s ago"
 
-    def readyz(self) -> tuple[bool, str]:
-        problems = [
-            p
-            for p in (
-                self.nvml_problem,
-                self.pods.problem(),
-                self.limits_problem(),
-                self.agent.watch_problem() if self.agent is not None else None,
-            )
-            if p
-        ]
-        if not problems and (self.agent is None or self.agent.last_scan_at is None):
-            problems.append("no scan completed yet")
-        elif not problems and self.agent is not None and self.agent.last_synced_scan_at is None:
-            problems.append("no scan with the pod list yet")  # the scans so far attributed nothing
-        return (not problems), "; ".join(problems) or "ready"
+    def _watch(self) -> healthfile.Check:
+        agent = self._agent()
+        return _problem(agent.watch_problem() if agent is not None else None)
+
+    def _scanned(self) -> healthfile.Check:
+        agent = self._agent()
+        if agent is None or agent.last_scan_at is None:
+            return False, "no scan completed yet"
+        if agent.last_synced_scan_at is None:
+            return False, "no scan with the pod list yet"  # the scans so far attributed nothing
+        return True, ""
 
     def last_scan(self) -> LastScan | None:
         """The agent's last completed scan (for /status), None before it has one."""
-        return self.agent.last_scan if self.agent is not None else None
+        agent = self._agent()
+        return agent.last_scan if agent is not None else None
 
     def nvml(self, problem: str | None) -> None:
         """Why NVML is not up (`open_sampler`), or None once it is."""
@@ -498,7 +552,7 @@ class Probes:
 
     def policy_facts(self) -> PolicyFacts | None:
         """The policy in force for /status, None before the agent is built (its start policy is in the facts)."""
-        agent = self.agent
+        agent = self._agent()
         if agent is None:
             return None
         invalid = self.reloader.invalid if self.reloader is not None else None
@@ -507,20 +561,21 @@ class Probes:
     def driver_facts(self) -> DriverFacts:
         """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the
         driver can hold limits is what the limiter's probe found, where the agent uses them."""
-        agent = self.agent
-        if agent is None:
-            return with_limits(self.driver, None, "not known yet: the agent is starting")
-        if agent.limiter is None:
-            return with_limits(self.driver, None, LIMITS_UNASKED)
-        return with_limits(self.driver, agent.limiter.support(), "not known yet: asked at the first scan")
+        running = self.started.running()
+        if running is None:
+            return with_limits(nvidia_side(None), None, "not known yet: the agent is starting")
+        if running.agent.limiter is None:
+            return with_limits(running.driver, None, LIMITS_UNASKED)
+        return with_limits(running.driver, running.agent.limiter.support(), "not known yet: asked at the first scan")
 
     def limits_problem(self) -> str | None:
         """With `driver_limits: require` (in the policy in force), why the driver cannot hold this node's quotas, or
         None."""
-        if self.agent is None or self.agent.policy.driver_limits is not DriverLimits.REQUIRE:
+        agent = self._agent()
+        if agent is None or agent.policy.driver_limits is not DriverLimits.REQUIRE:
             return None
-        limiter = self.agent.limiter
-        if limiter is None and "driver_limits" in self.agent.restart_needed:
+        limiter = agent.limiter
+        if limiter is None and "driver_limits" in agent.restart_needed:
             return "driver limits required by the reloaded policy: they apply after a restart of the agent"
         if limiter is None:
             return "driver limits required, but never applied in warn mode or with --dry-run"
@@ -598,9 +653,13 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
     )
     http_rounds = Heartbeat()
+    reloader = policy_reloader(config, metrics, clock)
+    started = Started()  # the agent and the driver's facts, once NVML is up
     probes = Probes(
         cluster.pods,
         config.poll_interval_s,
+        started=started,
+        reloader=reloader,
         clock=clock,
         http=http_rounds,
     )
@@ -614,8 +673,6 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         driver=probes.driver_facts,
         policy=probes.policy_facts,
     )
-    reloader = policy_reloader(config, metrics, clock)
-    probes.reloader = reloader
     server = HealthServer(
         config.metrics_port,
         metrics.registry,
@@ -626,7 +683,6 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         progress=http_rounds,
         clock=clock,
     )
-    status.notify = server.wake
     services = Services(clock)
     try:
         cluster.start(services)
@@ -653,7 +709,6 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml, config.nvml_location)
         if sampler is None:
             return
-        probes.driver = nvidia_side(sampler)
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
         planner = LimitPlanner(cluster.pods, cluster.claims, config.policy, dry_run=config.dry_run)
         limiter = driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock)
@@ -689,7 +744,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             watch_cgroups(limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
-        probes.agent = agent
+        started.publish(Running(agent, nvidia_side(sampler)))
         agent.run(config.poll_interval_s, stop)
     finally:
         services.stop(SHUTDOWN_BUDGET_S)
