@@ -114,6 +114,23 @@ class NoApiEvictor:
         return EvictResult(evicted=False, refused=False, message="no API server: eviction needs the Kubernetes API")
 
 
+@dataclass(frozen=True)
+class ScanSetup:
+    """What the scanning parts are built from (`connect`, `open_nvml`, `build_agent`): `vramguard run`'s agent and
+    `vramguard top`'s own (dry run) alike."""
+
+    node_name: str | None
+    policy: Policy
+    dry_run: bool
+    proc_root: str
+    cgroup_root: str
+    pods_file: Path | None
+    kubeconfig: str | None
+    device_prefix: str = "/dev/nvidia"
+    nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
+    exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
+
+
 @dataclass
 class Cluster:
     """Where pods come from and where Events and evictions go: the API server, or a pods file and the log.
@@ -161,19 +178,13 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
     return reloader
 
 
-def connect(
-    pods_file: Path | None,
-    kubeconfig: str | None,
-    node_name: str | None,
-    metrics: Metrics,
-    policy: Policy | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-) -> Cluster:
+def connect(setup: ScanSetup, metrics: Metrics, clock: Clock = SYSTEM_CLOCK) -> Cluster:
     """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
-    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
+    where the policy reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
     started: `Cluster.start`."""
-    claim_sources = policy is not None and reads_claims(policy.quota_sources)
-    calls = scan_calls(policy, metrics, clock) if policy is not None else None
+    policy, pods_file, node_name = setup.policy, setup.pods_file, setup.node_name
+    claim_sources = reads_claims(policy.quota_sources)
+    calls = scan_calls(policy, metrics, clock)
     on_pods = calls.pods_updated if calls is not None else None
     if pods_file is not None:
         from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods)
@@ -184,9 +195,9 @@ def connect(
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
-        api = load_api_client(kubeconfig, node_name)
+        api = load_api_client(setup.kubeconfig, node_name)
     except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
-        where = kubeconfig or "the in-cluster ServiceAccount"
+        where = setup.kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
     events = KubeEventRecorder(
         KubeEventSink(api, node_name),
@@ -239,65 +250,74 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, target
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What the agent `serve` runs adds to the scanning parts. `top` has none of it: no driver limits programmed,
+    no capacity published, no freeze journalled or kill remembered, no policy reloads, and no fresh reads of the pod
+    source to confirm orphans (so it never counts memory orphaned)."""
+
+    planner: LimitPlanner | None = None  # the one the limiter plans with too (`driver_limiter`)
+    limiter: DriverLimiter | None = None  # None in dry-run: driver_limiter makes none
+    capacity: KubeCapacityPublisher | None = None  # None in dry-run: capacity_publisher makes none
+    journal: FreezeJournal | None = None
+    kill_memory: KillMemory | None = None
+    reloads: PolicyReloader | None = None  # a reloaded policy is in force from the scan after it was read
+    policy_digest: str | None = None
+
+
+def open_nvml(setup: ScanSetup, services: Services) -> NvmlSampler:
+    """NVML started in `services`, or NvmlUnavailable saying why not."""
+    return services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+
+
 def build_agent(
-    *,
+    setup: ScanSetup,
     sampler: NvmlSampler,
     cluster: Cluster,
-    policy: Policy,
-    dry_run: bool,
-    proc_root: str,
     metrics: Metrics,
-    cgroup_root: str = "/sys/fs/cgroup",
-    device_prefix: str = "/dev/nvidia",
-    capacity: KubeCapacityPublisher | None = None,
-    limiter: DriverLimiter | None = None,
-    planner: LimitPlanner | None = None,
-    journal: FreezeJournal | None = None,
-    kill_memory: KillMemory | None = None,
     clock: Clock = SYSTEM_CLOCK,
-    reloads: PolicyReloader | None = None,
-    policy_digest: str | None = None,
-    node_name: str | None = None,
-    exited_hold_s: float = EXITED_HOLD_S,
-    confirm_orphans: bool = False,
+    serving: Serving | None = None,
 ) -> Agent:
-    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
-    the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on.
-    `confirm_orphans`: fresh reads of the pod source confirm orphans (`OrphanReads`, started with the loop by `serve`;
-    `top` makes none, so it never counts memory orphaned). `planner`: the one `limiter` plans with (`driver_limiter`),
-    where there is a limiter."""
+    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`; with `serving`,
+    the orphans' fresh reads: `Agent.orphan_reads`). Dry-run is the Enforcer's business alone (its Events go to the
+    log). GPU faults are told on the Node `setup` names."""
+    serves = serving if serving is not None else Serving()
     killer = PidfdKiller(
-        proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
+        proc_root=setup.proc_root,
+        cgroup_root=setup.cgroup_root,
+        device_prefix=setup.device_prefix,
+        journal=serves.journal,
+        clock=clock,
     )
     enforcer = Enforcer(
         killer=killer,
         evictor=cluster.evictor,
         events=cluster.events,
-        policy=policy,
-        dry_run=dry_run,
+        policy=setup.policy,
+        dry_run=setup.dry_run,
         clock=clock,
-        node_name=node_name,
+        node_name=setup.node_name,
     )
-    agent = Agent(
+    return Agent(
         sampler=sampler,
-        identifier=ProcIdentifier(proc_root=proc_root),
+        identifier=ProcIdentifier(proc_root=setup.proc_root),
         pods=cluster.pods,
-        policy=policy,
+        policy=setup.policy,
         enforcer=enforcer,
         metrics=metrics,
-        capacity=capacity,  # None in dry-run: capacity_publisher makes none
-        limiter=limiter,  # None in dry-run: driver_limiter makes none
-        planner=planner,
+        capacity=serves.capacity,
+        limiter=serves.limiter,
+        planner=serves.planner,
         claims=cluster.claims,
-        kill_memory=kill_memory,
-        watch=memory_watch(sampler, policy, metrics, clock, cluster.scan_calls),
+        kill_memory=serves.kill_memory,
+        watch=memory_watch(sampler, setup.policy, metrics, clock, cluster.scan_calls),
         clock=clock,
-        reloads=reloads,  # a reloaded policy is in force from the scan after it was read
-        policy_digest=policy_digest,
-        exited_hold_s=exited_hold_s,
-        orphan_reads=OrphanReads(cluster.pods, clock=clock) if confirm_orphans else None,
+        reloads=serves.reloads,
+        policy_digest=serves.policy_digest,
+        exited_hold_s=setup.exited_hold_s,
+        # Only the agent that runs confirms orphans: `top` never counts memory orphaned.
+        orphan_reads=OrphanReads(cluster.pods, clock=clock) if serving is not None else None,
     )
-    return agent
 
 
 def memory_watch(
@@ -362,22 +382,21 @@ def capacity_publisher(
 
 
 def open_sampler(
-    proc_root: str,
+    setup: ScanSetup,
     services: Services,
     stop: threading.Event,
     clock: Clock,
     problem: Callable[[str | None], None],
-    location: NvmlLocation = LOADER_SEARCH,
 ) -> NvmlSampler | None:
-    """NVML, once it loads (from `location`), started in `services`: it may come up after the agent (a driver
-    container still installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and
-    None once it is up; the log hears once per run of the same failure."""
+    """NVML, once it loads (`open_nvml`): it may come up after the agent (a driver container still installing), so
+    retry with back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears
+    once per run of the same failure."""
     log = structlog.get_logger(__name__)
     backoff = Backoff(1.0, 60.0)
     failures = FailureRun()
     while not stop.is_set():
         try:
-            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root, location=location))
+            sampler = open_nvml(setup, services)
         except NvmlUnavailable as e:
             if failures.failed(str(e)):
                 log.error("nvml_unavailable", error=str(e))
@@ -589,39 +608,30 @@ class Probes:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """`vramguard run`'s flags, checked."""
+    """`vramguard run`'s flags, checked: the scanning parts' (`scan`) and the serving ones'."""
 
-    node_name: str | None
-    policy: Policy
-    dry_run: bool
+    scan: ScanSetup
     poll_interval_s: float
     metrics_port: int
     health_file: str  # where the kubelet's exec probes read liveness and readiness; "" writes none
     metrics_bind_address: str
-    proc_root: str
-    cgroup_root: str
-    pods_file: Path | None
-    kubeconfig: str | None
     advertise_capacity: bool
     capacity_reserve_bytes: int
-    device_prefix: str
     state_dir: str
     status_command_lines: bool = False  # /status shows whole command lines (else the program's name)
-    nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
-    # The policy file, watched for changes (`reload.py`): each goes through the same overrides as `policy` did.
+    # The policy file, watched for changes (`reload.py`): each goes through the same overrides as `scan.policy` did.
     policy_path: Path | None = None
     overrides: Overrides = field(default_factory=Overrides)
-    policy_digest: str | None = None  # the hash of the content `policy` was read from
-    exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
+    policy_digest: str | None = None  # the hash of the content `scan.policy` was read from
 
 
 def agent_facts(config: RunConfig) -> AgentFacts:
     """What /status says of the agent itself."""
     return AgentFacts(
         version=__version__,
-        node=config.node_name or "",
-        mode=config.policy.mode.value,
-        dry_run=config.dry_run,
+        node=config.scan.node_name or "",
+        mode=config.scan.policy.mode.value,
+        dry_run=config.scan.dry_run,
         poll_interval_s=config.poll_interval_s,
     )
 
@@ -643,14 +653,15 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     """Run the agent until `stop`: start the cluster's parts and the probes and metrics, wait for NVML, start the
     enforcement parts, scan; then stop everything in reverse within `SHUTDOWN_BUDGET_S`."""
     log = structlog.get_logger(__name__)
-    if config.advertise_capacity and config.pods_file is not None:
+    setup = config.scan
+    if config.advertise_capacity and setup.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
-    journal = None if config.dry_run else freeze_journal(config.state_dir, config.cgroup_root)
+    journal = None if setup.dry_run else freeze_journal(config.state_dir, setup.cgroup_root)
     metrics = Metrics()
-    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy, clock)
+    cluster = connect(setup, metrics, clock)
     capacity = capacity_publisher(
-        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
+        cluster, setup.node_name, config.capacity_reserve_bytes, config.advertise_capacity, setup.dry_run, clock
     )
     http_rounds = Heartbeat()
     reloader = policy_reloader(config, metrics, clock)
@@ -664,7 +675,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         http=http_rounds,
     )
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
-    describe = describer(config.proc_root, config.status_command_lines)
+    describe = describer(setup.proc_root, config.status_command_lines)
     status = StatusPage(
         agent_facts(config),
         probes.last_scan,
@@ -699,41 +710,30 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         log.info(
             "starting",
             version=__version__,
-            node=config.node_name,
-            mode=config.policy.mode.value,
-            dry_run=config.dry_run,
+            node=setup.node_name,
+            mode=setup.policy.mode.value,
+            dry_run=setup.dry_run,
             address=f"{config.metrics_bind_address or '*'}:{server.port}",
             health_file=config.health_file or None,
             open_file_limit=open_files[1],
         )
-        sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml, config.nvml_location)
+        sampler = open_sampler(setup, services, stop, clock, probes.nvml)
         if sampler is None:
             return
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
-        planner = LimitPlanner(cluster.pods, cluster.claims, config.policy, dry_run=config.dry_run)
-        limiter = driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock)
-        agent = build_agent(
-            sampler=sampler,
-            cluster=cluster,
-            policy=config.policy,
-            dry_run=config.dry_run,
-            proc_root=config.proc_root,
-            metrics=metrics,
-            cgroup_root=config.cgroup_root,
-            device_prefix=config.device_prefix,
-            capacity=capacity if config.advertise_capacity else None,
-            limiter=limiter,
-            planner=planner,
-            journal=journal,
+        planner = LimitPlanner(cluster.pods, cluster.claims, setup.policy, dry_run=setup.dry_run)
+        limiter = driver_limiter(planner, setup.policy, setup.dry_run, setup.cgroup_root, services, clock)
+        serving = Serving(
+            planner,
+            limiter,
+            capacity if config.advertise_capacity else None,
+            journal,
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
-            kill_memory=None if config.dry_run else KillFile(config.state_dir, proc_root=config.proc_root),
-            clock=clock,
-            reloads=reloader,
-            policy_digest=config.policy_digest,
-            node_name=config.node_name,
-            exited_hold_s=config.exited_hold_s,
-            confirm_orphans=True,
+            None if setup.dry_run else KillFile(config.state_dir, proc_root=setup.proc_root),
+            reloader,
+            config.policy_digest,
         )
+        agent = build_agent(setup, sampler, cluster, metrics, clock, serving)
         services.start("evictions", agent.enforcer)
         if agent.orphan_reads is not None:
             services.start("orphan-reads", agent.orphan_reads)
@@ -741,7 +741,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("watch", agent.watch)
         if limiter is not None:
             services.start("driver-limits", limiter)
-            watch_cgroups(limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+            watch_cgroups(limiter, setup.cgroup_root, services, clock)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         started.publish(Running(agent, nvidia_side(sampler)))
