@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from unit.http.test_server import HEALTHZ, REQUEST_LINES, idle_server, parse_response
+from vramguard.agent.health import Checks
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.http.server import HealthServer
@@ -46,13 +47,19 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
     ready = {"ok": False}
     with _serving(
         registry,
-        healthz=lambda: (True, "last scan 0.1s ago"),
-        readyz=lambda: (ready["ok"], "ready" if ready["ok"] else "pod cache not synced"),
+        healthz=Checks("healthz", [[("scan-loop", lambda: (True, "last scan 0.1s ago"))]]),
+        readyz=Checks(
+            "readyz", [[("pods", lambda: (ready["ok"], "" if ready["ok"] else "pod cache not synced"))]], "ready"
+        ),
     ) as server:
         status, body = _get(server.port, "/metrics")
         assert status == 200 and "vramguard_test_total 3.0" in body
         assert _get(server.port, "/healthz") == (200, "last scan 0.1s ago\n")
         assert _get(server.port, "/readyz") == (503, "pod cache not synced\n")
+        assert _get(server.port, "/readyz?verbose") == (
+            503,
+            "[-]pods failed: pod cache not synced\nreadyz check failed\n",
+        )
         ready["ok"] = True
         assert _get(server.port, "/readyz") == (200, "ready\n")
         assert _get(server.port, "/nope")[0] == 404
@@ -62,7 +69,7 @@ def test_a_status_being_built_waits_while_the_probes_answer() -> None:
     """/status whose body is being built elsewhere waits for it (the build never runs on the server's thread);
     meanwhile /healthz answers; once woken, the waiting client gets the body."""
     built: list[bytes] = []
-    with _serving(status=lambda: lambda: built[0] if built else None) as server, ExitStack() as stack:
+    with _serving(status=lambda wake: lambda: built[0] if built else None) as server, ExitStack() as stack:
         (waiting,) = _connect_many(stack, server.port, 1, first=b"GET /status HTTP/1.1\r\n\r\n")
         assert _timed_healthz(server.port) < 1.0
         assert select.select([waiting], [], [], 0.2)[0] == [], "no answer before the body is built"
@@ -75,7 +82,7 @@ def test_a_status_being_built_waits_while_the_probes_answer() -> None:
 def test_a_status_not_built_in_time_is_a_503() -> None:
     """A client does not wait for a build forever: 2 s on the server's clock, then 503 saying so."""
     clock = FakeClock()
-    with _serving(status=lambda: lambda: None, clock=clock) as server, ExitStack() as stack:
+    with _serving(status=lambda wake: lambda: None, clock=clock) as server, ExitStack() as stack:
         (waiting,) = _connect_many(stack, server.port, 1, first=b"GET /status HTTP/1.1\r\n\r\n")
         assert _timed_healthz(server.port) < 1.0  # the waiting request has been read by now
         clock.step(1.9)
@@ -311,7 +318,7 @@ def test_a_port_that_takes_no_one_still_goes_round(
     clock = FakeClock()  # no connection expires, and no /status gives up waiting
     progress = Heartbeat()
     with (
-        _serving(status=lambda: lambda: None, clock=clock, progress=progress, **options) as server,
+        _serving(status=lambda wake: lambda: None, clock=clock, progress=progress, **options) as server,
         ExitStack() as stack,
     ):
         fill_port(stack, server.port)

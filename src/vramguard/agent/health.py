@@ -1,11 +1,12 @@
-"""The agent's side of the health file: its liveness and readiness written every second for the kubelet's exec
-probe (`base/healthfile.py` holds the format and the probe's reading of it)."""
+"""The agent's health: its liveness and readiness as sets of named checks (`Checks`), and the health file they are
+written to every second for the kubelet's exec probe (`base/healthfile.py` holds the format and the probe's reading
+of it)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -18,9 +19,48 @@ Check = Callable[[], healthfile.Check]
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+class Checks:
+    """Named checks, as controller-runtime's healthz registers them (`AddReadyzCheck(name, fn)`), in stages: each
+    check says whether it passes and why (what it found, where it passes: "" for nothing to say). A set of checks is
+    a check itself.
+
+    Its answer (`checks()`: the health file's, and /healthz's and /readyz's) speaks of the first stage with a check
+    failing, its failing checks' reasons joined: a later stage's failure is most often a consequence of an earlier
+    one's (no scan completes while NVML is down), and the first reason is the one to act on. Where every check
+    passes, what they found, or `passed` where none says anything. `listing()` is every check on a line of its own,
+    as the kube-apiserver's `/readyz?verbose` lists them (`[+]ping ok`, `[-]etcd failed: why`), and a last line
+    naming the set.
+    """
+
+    def __init__(self, name: str, stages: Sequence[Sequence[tuple[str, Check]]], passed: str = "ok") -> None:
+        self.name = name
+        self.stages = stages
+        self.passed = passed
+
+    def __call__(self) -> healthfile.Check:
+        found = [[(name, *check()) for name, check in stage] for stage in self.stages]
+        for stage in found:
+            failing = [why or f"{name} failed" for name, ok, why in stage if not ok]
+            if failing:
+                return False, "; ".join(failing)
+        return True, "; ".join(why for stage in found for _, _, why in stage if why) or self.passed
+
+    def listing(self) -> healthfile.Check:
+        """Every check, passing or not, with why: (whether all pass, one line each and a last line for the set)."""
+        lines: list[str] = []
+        passes = True
+        for stage in self.stages:
+            for name, check in stage:
+                ok, why = check()
+                passes = passes and ok
+                lines.append(f"[+]{name} ok" + (f": {why}" if why else "") if ok else f"[-]{name} failed: {why}")
+        lines.append(f"{self.name} check {'passed' if passes else 'failed'}")
+        return passes, "\n".join(lines)
+
+
 class HealthWriter:
-    """Writes `live()` and `ready()` to `path` at `start()` and every `interval_s` until `stop(deadline)`, then
-    removes the file: an agent that stopped is not live.
+    """Writes `live()` and `ready()` (each a `Checks` in the agent) to `path` at `start()` and every `interval_s`
+    until `stop(deadline)`, then removes the file: an agent that stopped is not live.
 
     Its thread does nothing else, so the file's age is the probe's measure of this process making progress; what
     the checks say is the measure of the scan loop and the parts. A write that fails (the directory missing or

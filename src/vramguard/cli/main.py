@@ -22,12 +22,14 @@ from vramguard.cli.top import render_table
 from vramguard.cli.wiring import (
     SHUTDOWN_BUDGET_S,
     RunConfig,
+    ScanSetup,
     WiringError,
     ask_driver,
     ask_limits,
     build_agent,
     connect,
     nvidia_side,
+    open_nvml,
     policy_file,
     serve,
     stop_on_signals,
@@ -41,7 +43,7 @@ from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json
 from vramguard.node.describe import describer
 from vramguard.node.limiter import read_held_limits
-from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
+from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlMemoryLimiter, NvmlUnavailable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
@@ -220,27 +222,29 @@ def run(
     overrides = Overrides(mode, driver_limits, watch_interval_s, agent_namespace)
     policy, policy_digest = _or_exit(lambda: policy_file(policy_path, overrides))
     config = RunConfig(
-        node_name=node_name,
-        policy=policy,
+        scan=ScanSetup(
+            node_name=node_name,
+            policy=policy,
+            dry_run=dry_run,
+            proc_root=proc_root,
+            cgroup_root=cgroup_root,
+            pods_file=pods_file,
+            kubeconfig=kubeconfig,
+            device_prefix=device_prefix,
+            nvml_location=NvmlLocation(driver_root, nvml_library),
+            exited_hold_s=exited_hold,
+        ),
         policy_path=policy_path,
         overrides=overrides,
         policy_digest=policy_digest,
-        dry_run=dry_run,
         poll_interval_s=poll_interval,
         metrics_port=metrics_port,
         health_file=health_file,
         metrics_bind_address=metrics_bind_address,
-        proc_root=proc_root,
-        cgroup_root=cgroup_root,
-        pods_file=pods_file,
-        kubeconfig=kubeconfig,
         advertise_capacity=advertise_capacity,
         capacity_reserve_bytes=reserve_bytes,
-        device_prefix=device_prefix,
         state_dir=state_dir,
         status_command_lines=status_command_lines,
-        nvml_location=NvmlLocation(driver_root, nvml_library),
-        exited_hold_s=exited_hold,
     )
     with stop_on_signals() as stop:
         _or_exit(lambda: serve(config, stop))
@@ -267,8 +271,11 @@ def top(
     configure_logging("console", level="error")
     describe = describer(proc_root, command_lines=True)
     policy = _or_exit(lambda: policy_file(policy_path, Overrides())[0])
+    # The agent here is this command's own: dry run, scanning every refresh, with none of `serve`'s parts.
+    setup = ScanSetup(node_name, policy, True, proc_root, cgroup_root, pods_file, kubeconfig,
+                      nvml_location=NvmlLocation(driver_root, nvml_library))  # fmt: skip
     metrics = Metrics()
-    cluster = _or_exit(lambda: connect(pods_file, kubeconfig, node_name, metrics, policy))
+    cluster = _or_exit(lambda: connect(setup, metrics))
     services = Services()
     try:
         cluster.start(services)
@@ -277,16 +284,11 @@ def top(
         if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
             _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
         try:
-            sampler = services.start(
-                "nvml", NvmlSampler(proc_root=proc_root, location=NvmlLocation(driver_root, nvml_library))
-            )
+            sampler = open_nvml(setup, services)
         except NvmlUnavailable as e:
             _fail(str(e), 1)
-        agent = build_agent(
-            sampler=sampler, cluster=cluster, policy=policy, dry_run=True, proc_root=proc_root, metrics=metrics
-        )
+        agent = build_agent(setup, sampler, cluster, metrics)
         memory = services.start("nvml-limits", NvmlMemoryLimiter())
-        # The agent here is this command's own: dry run, scanning every refresh.
         facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
         driver: DriverFacts | None = None  # asked once, at the first scan's GPUs
         with stop_on_signals() as stop:

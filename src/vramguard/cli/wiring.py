@@ -21,13 +21,14 @@ from kubernetes.client import ApiClient
 
 from vramguard import __version__
 from vramguard.agent.act import Enforcer
-from vramguard.agent.health import HealthWriter
+from vramguard.agent.health import Checks, HealthWriter
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.reload import PolicyReloader, digest_of
 from vramguard.agent.report import LastScan
 from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
+from vramguard.base import healthfile
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
@@ -113,6 +114,23 @@ class NoApiEvictor:
         return EvictResult(evicted=False, refused=False, message="no API server: eviction needs the Kubernetes API")
 
 
+@dataclass(frozen=True)
+class ScanSetup:
+    """What the scanning parts are built from (`connect`, `open_nvml`, `build_agent`): `vramguard run`'s agent and
+    `vramguard top`'s own (dry run) alike."""
+
+    node_name: str | None
+    policy: Policy
+    dry_run: bool
+    proc_root: str
+    cgroup_root: str
+    pods_file: Path | None
+    kubeconfig: str | None
+    device_prefix: str = "/dev/nvidia"
+    nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
+    exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
+
+
 @dataclass
 class Cluster:
     """Where pods come from and where Events and evictions go: the API server, or a pods file and the log.
@@ -160,19 +178,13 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
     return reloader
 
 
-def connect(
-    pods_file: Path | None,
-    kubeconfig: str | None,
-    node_name: str | None,
-    metrics: Metrics,
-    policy: Policy | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-) -> Cluster:
+def connect(setup: ScanSetup, metrics: Metrics, clock: Clock = SYSTEM_CLOCK) -> Cluster:
     """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
-    where `policy` reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
+    where the policy reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
     started: `Cluster.start`."""
-    claim_sources = policy is not None and reads_claims(policy.quota_sources)
-    calls = scan_calls(policy, metrics, clock) if policy is not None else None
+    policy, pods_file, node_name = setup.policy, setup.pods_file, setup.node_name
+    claim_sources = reads_claims(policy.quota_sources)
+    calls = scan_calls(policy, metrics, clock)
     on_pods = calls.pods_updated if calls is not None else None
     if pods_file is not None:
         from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods)
@@ -183,9 +195,9 @@ def connect(
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
-        api = load_api_client(kubeconfig, node_name)
+        api = load_api_client(setup.kubeconfig, node_name)
     except Exception as e:  # the client raises several unrelated types for a bad or missing configuration
-        where = kubeconfig or "the in-cluster ServiceAccount"
+        where = setup.kubeconfig or "the in-cluster ServiceAccount"
         raise WiringError(f"cannot load the Kubernetes configuration from {where}: {e}") from None
     events = KubeEventRecorder(
         KubeEventSink(api, node_name),
@@ -238,65 +250,74 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, target
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What the agent `serve` runs adds to the scanning parts. `top` has none of it: no driver limits programmed,
+    no capacity published, no freeze journalled or kill remembered, no policy reloads, and no fresh reads of the pod
+    source to confirm orphans (so it never counts memory orphaned)."""
+
+    planner: LimitPlanner | None = None  # the one the limiter plans with too (`driver_limiter`)
+    limiter: DriverLimiter | None = None  # None in dry-run: driver_limiter makes none
+    capacity: KubeCapacityPublisher | None = None  # None in dry-run: capacity_publisher makes none
+    journal: FreezeJournal | None = None
+    kill_memory: KillMemory | None = None
+    reloads: PolicyReloader | None = None  # a reloaded policy is in force from the scan after it was read
+    policy_digest: str | None = None
+
+
+def open_nvml(setup: ScanSetup, services: Services) -> NvmlSampler:
+    """NVML started in `services`, or NvmlUnavailable saying why not."""
+    return services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+
+
 def build_agent(
-    *,
+    setup: ScanSetup,
     sampler: NvmlSampler,
     cluster: Cluster,
-    policy: Policy,
-    dry_run: bool,
-    proc_root: str,
     metrics: Metrics,
-    cgroup_root: str = "/sys/fs/cgroup",
-    device_prefix: str = "/dev/nvidia",
-    capacity: KubeCapacityPublisher | None = None,
-    limiter: DriverLimiter | None = None,
-    planner: LimitPlanner | None = None,
-    journal: FreezeJournal | None = None,
-    kill_memory: KillMemory | None = None,
     clock: Clock = SYSTEM_CLOCK,
-    reloads: PolicyReloader | None = None,
-    policy_digest: str | None = None,
-    node_name: str | None = None,
-    exited_hold_s: float = EXITED_HOLD_S,
-    confirm_orphans: bool = False,
+    serving: Serving | None = None,
 ) -> Agent:
-    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`). Dry-run is
-    the Enforcer's business alone (its Events go to the log). `node_name`: the Node that GPU faults are told on.
-    `confirm_orphans`: fresh reads of the pod source confirm orphans (`OrphanReads`, started with the loop by `serve`;
-    `top` makes none, so it never counts memory orphaned). `planner`: the one `limiter` plans with (`driver_limiter`),
-    where there is a limiter."""
+    """The loop with its real parts, none started (the Enforcer's eviction worker: `Enforcer.start`; with `serving`,
+    the orphans' fresh reads: `Agent.orphan_reads`). Dry-run is the Enforcer's business alone (its Events go to the
+    log). GPU faults are told on the Node `setup` names."""
+    serves = serving if serving is not None else Serving()
     killer = PidfdKiller(
-        proc_root=proc_root, cgroup_root=cgroup_root, device_prefix=device_prefix, journal=journal, clock=clock
+        proc_root=setup.proc_root,
+        cgroup_root=setup.cgroup_root,
+        device_prefix=setup.device_prefix,
+        journal=serves.journal,
+        clock=clock,
     )
     enforcer = Enforcer(
         killer=killer,
         evictor=cluster.evictor,
         events=cluster.events,
-        policy=policy,
-        dry_run=dry_run,
+        policy=setup.policy,
+        dry_run=setup.dry_run,
         clock=clock,
-        node_name=node_name,
+        node_name=setup.node_name,
     )
-    agent = Agent(
+    return Agent(
         sampler=sampler,
-        identifier=ProcIdentifier(proc_root=proc_root),
+        identifier=ProcIdentifier(proc_root=setup.proc_root),
         pods=cluster.pods,
-        policy=policy,
+        policy=setup.policy,
         enforcer=enforcer,
         metrics=metrics,
-        capacity=capacity,  # None in dry-run: capacity_publisher makes none
-        limiter=limiter,  # None in dry-run: driver_limiter makes none
-        planner=planner,
+        capacity=serves.capacity,
+        limiter=serves.limiter,
+        planner=serves.planner,
         claims=cluster.claims,
-        kill_memory=kill_memory,
-        watch=memory_watch(sampler, policy, metrics, clock, cluster.scan_calls),
+        kill_memory=serves.kill_memory,
+        watch=memory_watch(sampler, setup.policy, metrics, clock, cluster.scan_calls),
         clock=clock,
-        reloads=reloads,  # a reloaded policy is in force from the scan after it was read
-        policy_digest=policy_digest,
-        exited_hold_s=exited_hold_s,
-        orphan_reads=OrphanReads(cluster.pods, clock=clock) if confirm_orphans else None,
+        reloads=serves.reloads,
+        policy_digest=serves.policy_digest,
+        exited_hold_s=setup.exited_hold_s,
+        # Only the agent that runs confirms orphans: `top` never counts memory orphaned.
+        orphan_reads=OrphanReads(cluster.pods, clock=clock) if serving is not None else None,
     )
-    return agent
 
 
 def memory_watch(
@@ -361,22 +382,21 @@ def capacity_publisher(
 
 
 def open_sampler(
-    proc_root: str,
+    setup: ScanSetup,
     services: Services,
     stop: threading.Event,
     clock: Clock,
     problem: Callable[[str | None], None],
-    location: NvmlLocation = LOADER_SEARCH,
 ) -> NvmlSampler | None:
-    """NVML, once it loads (from `location`), started in `services`: it may come up after the agent (a driver
-    container still installing), so retry with back-off on `clock` until `stop`. `problem` hears why it failed, and
-    None once it is up; the log hears once per run of the same failure."""
+    """NVML, once it loads (`open_nvml`): it may come up after the agent (a driver container still installing), so
+    retry with back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears
+    once per run of the same failure."""
     log = structlog.get_logger(__name__)
     backoff = Backoff(1.0, 60.0)
     failures = FailureRun()
     while not stop.is_set():
         try:
-            sampler = services.start("nvml", NvmlSampler(proc_root=proc_root, location=location))
+            sampler = open_nvml(setup, services)
         except NvmlUnavailable as e:
             if failures.failed(str(e)):
                 log.error("nvml_unavailable", error=str(e))
@@ -437,60 +457,113 @@ def ask_driver(proc_root: str, cgroup_root: str, location: NvmlLocation = LOADER
         services.stop(SHUTDOWN_BUDGET_S)
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The parts that exist only once NVML is up: the agent, and the NVIDIA side as NVML told it at its start."""
+
+    agent: Agent
+    driver: DriverFacts
+
+
+class Started:
+    """Where `serve` publishes the `Running` parts once NVML is up, made before the parts that read them (the
+    probes, and through them /status): one reference, set once on the main thread and read on the others'."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Running | None = None
+
+    def publish(self, running: Running) -> None:
+        with self._lock:
+            self._running = running
+
+    def running(self) -> Running | None:
+        """The running parts, None before NVML is up and the agent built."""
+        with self._lock:
+            return self._running
+
+
+def _problem(problem: str | None) -> healthfile.Check:
+    """A check that fails saying `problem`, where there is one."""
+    return not problem, problem or ""
+
+
 class Probes:
-    """Live: the scan loop and the HTTP server's thread go round. Ready: NVML is up, the pod list is current and a
-    scan completed. What the health file (the kubelet's exec probes) and /healthz and /readyz (people) say."""
+    """Liveness and readiness, each a set of named checks (`health.Checks`): what the health file (the kubelet's
+    exec probes) and /healthz and /readyz (people; `?verbose` lists the checks) say.
+
+    Live (`healthz`): the HTTP server's thread goes round, then the scan loop does. Ready (`readyz`): NVML is up,
+    the pod list is current, the driver holds the limits `driver_limits: require` asks for and the watch between
+    scans is not stuck; then, a scan with the pod list completed. What exists only once NVML is up is read from
+    `started`; `reloader` is the policy file's watch, whose refusal /status shows."""
 
     def __init__(
         self,
         pods: PodSource,
         poll_interval_s: float,
         *,
+        started: Started,
+        reloader: PolicyReloader | None = None,
         clock: Clock = SYSTEM_CLOCK,
         http: Heartbeat | None = None,
     ) -> None:
         self.pods = pods
         self.poll_interval_s = poll_interval_s
+        self.started = started
+        self.reloader = reloader
         self.clock = clock  # the agent's: `last_scan_at` is on its scale
         self.http = http  # the HTTP server's rounds
-        self.agent: Agent | None = None
-        self.reloader: PolicyReloader | None = None  # the policy file's watch, whose refusal /status shows
         self.nvml_problem: str | None = "NVML not initialised yet"
-        self.driver = nvidia_side(None)  # with the driver's versions once NVML is up (`serve`)
+        self.healthz = Checks("healthz", [[("http", self._http_rounds)], [("scan-loop", self._scans)]])
+        self.readyz = Checks(
+            "readyz",
+            [
+                [
+                    ("nvml", lambda: _problem(self.nvml_problem)),
+                    ("pods", lambda: _problem(self.pods.problem())),
+                    ("driver-limits", lambda: _problem(self.limits_problem())),
+                    ("memory-watch", self._watch),
+                ],
+                [("scan", self._scanned)],
+            ],
+            passed="ready",
+        )
 
-    def healthz(self) -> tuple[bool, str]:
-        now = self.clock.now()
-        stuck_after_s = max(PART_STUCK_S, 10 * self.poll_interval_s)
-        http_age = self.http.age(now) if self.http is not None else None
-        if http_age is not None and http_age >= PART_STUCK_S:
-            return False, f"HTTP server's last round {http_age:.1f}s ago: stuck"
-        if self.agent is None or self.agent.last_scan_at is None:
+    def _agent(self) -> Agent | None:
+        running = self.started.running()
+        return running.agent if running is not None else None
+
+    def _http_rounds(self) -> healthfile.Check:
+        age = self.http.age(self.clock.now()) if self.http is not None else None
+        if age is not None and age >= PART_STUCK_S:
+            return False, f"HTTP server's last round {age:.1f}s ago: stuck"
+        return True, ""
+
+    def _scans(self) -> healthfile.Check:
+        agent = self._agent()
+        if agent is None or agent.last_scan_at is None:
             return True, "starting"
-        age = now - self.agent.last_scan_at
-        if age >= stuck_after_s:
+        age = self.clock.now() - agent.last_scan_at
+        if age >= max(PART_STUCK_S, 10 * self.poll_interval_s):
             return False, f"last scan {age:.1f}s ago: the scan loop is stuck"
         return True, f"last scan {age:.1f}s ago"
 
-    def readyz(self) -> tuple[bool, str]:
-        problems = [
-            p
-            for p in (
-                self.nvml_problem,
-                self.pods.problem(),
-                self.limits_problem(),
-                self.agent.watch_problem() if self.agent is not None else None,
-            )
-            if p
-        ]
-        if not problems and (self.agent is None or self.agent.last_scan_at is None):
-            problems.append("no scan completed yet")
-        elif not problems and self.agent is not None and self.agent.last_synced_scan_at is None:
-            problems.append("no scan with the pod list yet")  # the scans so far attributed nothing
-        return (not problems), "; ".join(problems) or "ready"
+    def _watch(self) -> healthfile.Check:
+        agent = self._agent()
+        return _problem(agent.watch_problem() if agent is not None else None)
+
+    def _scanned(self) -> healthfile.Check:
+        agent = self._agent()
+        if agent is None or agent.last_scan_at is None:
+            return False, "no scan completed yet"
+        if agent.last_synced_scan_at is None:
+            return False, "no scan with the pod list yet"  # the scans so far attributed nothing
+        return True, ""
 
     def last_scan(self) -> LastScan | None:
         """The agent's last completed scan (for /status), None before it has one."""
-        return self.agent.last_scan if self.agent is not None else None
+        agent = self._agent()
+        return agent.last_scan if agent is not None else None
 
     def nvml(self, problem: str | None) -> None:
         """Why NVML is not up (`open_sampler`), or None once it is."""
@@ -498,7 +571,7 @@ class Probes:
 
     def policy_facts(self) -> PolicyFacts | None:
         """The policy in force for /status, None before the agent is built (its start policy is in the facts)."""
-        agent = self.agent
+        agent = self._agent()
         if agent is None:
             return None
         invalid = self.reloader.invalid if self.reloader is not None else None
@@ -507,20 +580,21 @@ class Probes:
     def driver_facts(self) -> DriverFacts:
         """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the
         driver can hold limits is what the limiter's probe found, where the agent uses them."""
-        agent = self.agent
-        if agent is None:
-            return with_limits(self.driver, None, "not known yet: the agent is starting")
-        if agent.limiter is None:
-            return with_limits(self.driver, None, LIMITS_UNASKED)
-        return with_limits(self.driver, agent.limiter.support(), "not known yet: asked at the first scan")
+        running = self.started.running()
+        if running is None:
+            return with_limits(nvidia_side(None), None, "not known yet: the agent is starting")
+        if running.agent.limiter is None:
+            return with_limits(running.driver, None, LIMITS_UNASKED)
+        return with_limits(running.driver, running.agent.limiter.support(), "not known yet: asked at the first scan")
 
     def limits_problem(self) -> str | None:
         """With `driver_limits: require` (in the policy in force), why the driver cannot hold this node's quotas, or
         None."""
-        if self.agent is None or self.agent.policy.driver_limits is not DriverLimits.REQUIRE:
+        agent = self._agent()
+        if agent is None or agent.policy.driver_limits is not DriverLimits.REQUIRE:
             return None
-        limiter = self.agent.limiter
-        if limiter is None and "driver_limits" in self.agent.restart_needed:
+        limiter = agent.limiter
+        if limiter is None and "driver_limits" in agent.restart_needed:
             return "driver limits required by the reloaded policy: they apply after a restart of the agent"
         if limiter is None:
             return "driver limits required, but never applied in warn mode or with --dry-run"
@@ -534,39 +608,30 @@ class Probes:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """`vramguard run`'s flags, checked."""
+    """`vramguard run`'s flags, checked: the scanning parts' (`scan`) and the serving ones'."""
 
-    node_name: str | None
-    policy: Policy
-    dry_run: bool
+    scan: ScanSetup
     poll_interval_s: float
     metrics_port: int
     health_file: str  # where the kubelet's exec probes read liveness and readiness; "" writes none
     metrics_bind_address: str
-    proc_root: str
-    cgroup_root: str
-    pods_file: Path | None
-    kubeconfig: str | None
     advertise_capacity: bool
     capacity_reserve_bytes: int
-    device_prefix: str
     state_dir: str
     status_command_lines: bool = False  # /status shows whole command lines (else the program's name)
-    nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
-    # The policy file, watched for changes (`reload.py`): each goes through the same overrides as `policy` did.
+    # The policy file, watched for changes (`reload.py`): each goes through the same overrides as `scan.policy` did.
     policy_path: Path | None = None
     overrides: Overrides = field(default_factory=Overrides)
-    policy_digest: str | None = None  # the hash of the content `policy` was read from
-    exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
+    policy_digest: str | None = None  # the hash of the content `scan.policy` was read from
 
 
 def agent_facts(config: RunConfig) -> AgentFacts:
     """What /status says of the agent itself."""
     return AgentFacts(
         version=__version__,
-        node=config.node_name or "",
-        mode=config.policy.mode.value,
-        dry_run=config.dry_run,
+        node=config.scan.node_name or "",
+        mode=config.scan.policy.mode.value,
+        dry_run=config.scan.dry_run,
         poll_interval_s=config.poll_interval_s,
     )
 
@@ -588,24 +653,29 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     """Run the agent until `stop`: start the cluster's parts and the probes and metrics, wait for NVML, start the
     enforcement parts, scan; then stop everything in reverse within `SHUTDOWN_BUDGET_S`."""
     log = structlog.get_logger(__name__)
-    if config.advertise_capacity and config.pods_file is not None:
+    setup = config.scan
+    if config.advertise_capacity and setup.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
-    journal = None if config.dry_run else freeze_journal(config.state_dir, config.cgroup_root)
+    journal = None if setup.dry_run else freeze_journal(config.state_dir, setup.cgroup_root)
     metrics = Metrics()
-    cluster = connect(config.pods_file, config.kubeconfig, config.node_name, metrics, config.policy, clock)
+    cluster = connect(setup, metrics, clock)
     capacity = capacity_publisher(
-        cluster, config.node_name, config.capacity_reserve_bytes, config.advertise_capacity, config.dry_run, clock
+        cluster, setup.node_name, config.capacity_reserve_bytes, config.advertise_capacity, setup.dry_run, clock
     )
     http_rounds = Heartbeat()
+    reloader = policy_reloader(config, metrics, clock)
+    started = Started()  # the agent and the driver's facts, once NVML is up
     probes = Probes(
         cluster.pods,
         config.poll_interval_s,
+        started=started,
+        reloader=reloader,
         clock=clock,
         http=http_rounds,
     )
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
-    describe = describer(config.proc_root, config.status_command_lines)
+    describe = describer(setup.proc_root, config.status_command_lines)
     status = StatusPage(
         agent_facts(config),
         probes.last_scan,
@@ -614,8 +684,6 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         driver=probes.driver_facts,
         policy=probes.policy_facts,
     )
-    reloader = policy_reloader(config, metrics, clock)
-    probes.reloader = reloader
     server = HealthServer(
         config.metrics_port,
         metrics.registry,
@@ -626,7 +694,6 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         progress=http_rounds,
         clock=clock,
     )
-    status.notify = server.wake
     services = Services(clock)
     try:
         cluster.start(services)
@@ -643,42 +710,30 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         log.info(
             "starting",
             version=__version__,
-            node=config.node_name,
-            mode=config.policy.mode.value,
-            dry_run=config.dry_run,
+            node=setup.node_name,
+            mode=setup.policy.mode.value,
+            dry_run=setup.dry_run,
             address=f"{config.metrics_bind_address or '*'}:{server.port}",
             health_file=config.health_file or None,
             open_file_limit=open_files[1],
         )
-        sampler = open_sampler(config.proc_root, services, stop, clock, probes.nvml, config.nvml_location)
+        sampler = open_sampler(setup, services, stop, clock, probes.nvml)
         if sampler is None:
             return
-        probes.driver = nvidia_side(sampler)
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
-        planner = LimitPlanner(cluster.pods, cluster.claims, config.policy, dry_run=config.dry_run)
-        limiter = driver_limiter(planner, config.policy, config.dry_run, config.cgroup_root, services, clock)
-        agent = build_agent(
-            sampler=sampler,
-            cluster=cluster,
-            policy=config.policy,
-            dry_run=config.dry_run,
-            proc_root=config.proc_root,
-            metrics=metrics,
-            cgroup_root=config.cgroup_root,
-            device_prefix=config.device_prefix,
-            capacity=capacity if config.advertise_capacity else None,
-            limiter=limiter,
-            planner=planner,
-            journal=journal,
+        planner = LimitPlanner(cluster.pods, cluster.claims, setup.policy, dry_run=setup.dry_run)
+        limiter = driver_limiter(planner, setup.policy, setup.dry_run, setup.cgroup_root, services, clock)
+        serving = Serving(
+            planner,
+            limiter,
+            capacity if config.advertise_capacity else None,
+            journal,
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
-            kill_memory=None if config.dry_run else KillFile(config.state_dir, proc_root=config.proc_root),
-            clock=clock,
-            reloads=reloader,
-            policy_digest=config.policy_digest,
-            node_name=config.node_name,
-            exited_hold_s=config.exited_hold_s,
-            confirm_orphans=True,
+            None if setup.dry_run else KillFile(config.state_dir, proc_root=setup.proc_root),
+            reloader,
+            config.policy_digest,
         )
+        agent = build_agent(setup, sampler, cluster, metrics, clock, serving)
         services.start("evictions", agent.enforcer)
         if agent.orphan_reads is not None:
             services.start("orphan-reads", agent.orphan_reads)
@@ -686,10 +741,10 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("watch", agent.watch)
         if limiter is not None:
             services.start("driver-limits", limiter)
-            watch_cgroups(limiter, config.cgroup_root, services, clock)  # after the limiter it feeds
+            watch_cgroups(limiter, setup.cgroup_root, services, clock)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
-        probes.agent = agent
+        started.publish(Running(agent, nvidia_side(sampler)))
         agent.run(config.poll_interval_s, stop)
     finally:
         services.stop(SHUTDOWN_BUDGET_S)

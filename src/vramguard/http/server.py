@@ -1,5 +1,5 @@
-"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness, /status for
-people and tools (the status document, `status.py`).
+"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz for liveness, /readyz for readiness (each with
+`?verbose`, every named check listed), /status for people and tools (the status document, `status.py`).
 
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
 the endpoint or starve the agent's loop: its CPU budgeted, bounded connections and fds, the oldest that costs
@@ -35,21 +35,21 @@ from typing import TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from vramguard.agent.health import Checks
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.logs import FailureRun
 
-# Returns (ok, explanation) — the explanation is the response body, so `curl /readyz` says what is missing.
-Probe = Callable[[], tuple[bool, str]]
 _Answer = tuple[int, list[tuple[str, str]], bytes]  # (status, headers, body)
 # An answer being prepared elsewhere: asked again on the server's thread after each `wake()`, until it gives one.
 _Later = Callable[[], "_Answer | None"]
 # (query string, the request headers read) → the answer, or a `_Later` for one that is not ready yet.
 Route = Callable[[str, Mapping[str, str]], "_Answer | _Later"]
-# The /status body (JSON) at once, or a callable that gives it once it is built (None until then). Called on the
-# server's thread: it must never build anything there (`status.StatusPage` builds on a thread of its own).
-StatusBody = Callable[[], "bytes | Callable[[], bytes | None]"]
+# The /status body (JSON) at once, or a callable that gives it once it is built (None until then), given the
+# server's `wake` to call once it is. Called on the server's thread: it must never build anything there
+# (`status.StatusPage` builds on a thread of its own).
+StatusBody = Callable[[Callable[[], None]], "bytes | Callable[[], bytes | None]"]
 
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
@@ -161,8 +161,8 @@ class HealthServer:
         self,
         port: int,
         registry: CollectorRegistry,
-        healthz: Probe,
-        readyz: Probe,
+        healthz: Checks,
+        readyz: Checks,
         host: str = "",
         *,
         status: StatusBody | None = None,
@@ -181,11 +181,11 @@ class HealthServer:
             )
         routes: dict[str, Route] = {
             "/metrics": _wsgi_route(make_wsgi_app(registry)),
-            "/healthz": lambda query, headers: _probe(healthz),
-            "/readyz": lambda query, headers: _probe(readyz),
+            "/healthz": lambda query, headers: _probe(healthz, query),
+            "/readyz": lambda query, headers: _probe(readyz, query),
         }
         if status is not None:
-            routes["/status"] = lambda query, headers: _json_route(status)
+            routes["/status"] = lambda query, headers: _json_route(status, self.wake)
         self._main = _Listener(port, routes, max_connections)
         self._progress = progress
         self._request_timeout_s = request_timeout_s
@@ -590,9 +590,9 @@ def _unsent_bytes(sock: socket.socket) -> int:
         return -1
 
 
-def _json_route(status: StatusBody) -> _Answer | _Later:
-    """/status: the body now, or a `_Later` that gives it once built."""
-    body = status()
+def _json_route(status: StatusBody, wake: Callable[[], None]) -> _Answer | _Later:
+    """/status: the body now, or a `_Later` that gives it once built (`wake` is called then)."""
+    body = status(wake)
     if isinstance(body, bytes):
         return 200, [("Content-Type", _JSON)], body
     later = body
@@ -604,8 +604,11 @@ def _json_route(status: StatusBody) -> _Answer | _Later:
     return when_built
 
 
-def _probe(probe: Probe) -> _Answer:
-    ok, why = probe()
+def _probe(checks: Checks, query: str) -> _Answer:
+    """The checks' answer, which says why where it fails (`curl /readyz` says what is missing); with `?verbose`,
+    every check on a line of its own."""
+    verbose = "verbose" in (field.partition("=")[0] for field in query.split("&"))
+    ok, why = checks.listing() if verbose else checks()
     return (200 if ok else 503), _text(), (why + "\n").encode()
 
 

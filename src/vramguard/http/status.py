@@ -204,10 +204,11 @@ class StatusPage:
     """The agent's /status body, built from its last scan on a thread of its own (`start`/`stop`), only when asked
     and once per scan however many ask.
 
-    `body()` never builds on the caller's thread (the HTTP server's, which must answer probes meanwhile): it gives
-    the document at once when the last scan's is built, else a callable that gives it (None until then) and asks
-    for the build; `notify` is called when a build is done. A reader waits for the scan that was the last when it
-    asked, or a later one: scans faster than builds never starve it.
+    `body(notify)` never builds on the caller's thread (the HTTP server's, which must answer probes meanwhile): it
+    gives the document at once when the last scan's is built, else a callable that gives it (None until then) and
+    asks for the build, calling `notify` (the server's `wake`) once it is done. The page is handed whom to tell with
+    each ask, so it needs no pointer to the server that reads it. A reader waits for the scan that was the last when
+    it asked, or a later one: scans faster than builds never starve it.
     """
 
     def __init__(
@@ -216,7 +217,6 @@ class StatusPage:
         last_scan: Callable[[], LastScan | None],
         clock: Clock,
         describe: Callable[[int], ProcessDetail] = describe_process,
-        notify: Callable[[], None] = lambda: None,
         *,
         driver: Callable[[], DriverFacts],
         policy: Callable[[], PolicyFacts | None] = lambda: None,
@@ -227,11 +227,11 @@ class StatusPage:
         self.driver = driver  # the NVIDIA side as the agent knows it now; asks NVML nothing
         self.clock = clock  # the agent's: `LastScan.finished_at` is on its scale
         self.describe = describe
-        self.notify = notify
         self._cond = threading.Condition()
         self._built_for: LastScan | None = None
         self._scan_part = scan_json(None, {})
         self._wanted = False
+        self._notify: set[Callable[[], None]] = set()  # whom to tell once the build asked for is done
         self._loop = BackgroundLoop("vramguard-status", self._step, clock=clock, wake=self._wake)
         self.builds = 0  # scan parts built, for tests
 
@@ -242,19 +242,21 @@ class StatusPage:
         """Stop building; a build under way (bounded: MAX_DESCRIBED reads) is waited for until `deadline` at most."""
         self._loop.stop(deadline)
 
-    def body(self) -> bytes | Callable[[], bytes | None]:
+    def body(self, notify: Callable[[], None]) -> bytes | Callable[[], bytes | None]:
         scan = self.last_scan()
-        ready = self._ready(scan)
+        ready = self._ready(scan, notify)
         if ready is not None:
             return ready
-        return lambda: self._ready(scan)
+        return lambda: self._ready(scan, notify)
 
-    def _ready(self, scan: LastScan | None) -> bytes | None:
-        """The document of `scan` or a later scan, if built; else None, and its build is asked for."""
+    def _ready(self, scan: LastScan | None, notify: Callable[[], None]) -> bytes | None:
+        """The document of `scan` or a later scan, if built; else None, its build asked for and `notify` told once
+        it is done."""
         with self._cond:
             built = self._built_for
             if scan is not None and scan is not built and (built is None or built.finished_at <= scan.finished_at):
                 self._wanted = True
+                self._notify.add(notify)
                 self._cond.notify()
                 return None
             part = self._scan_part
@@ -276,14 +278,15 @@ class StatusPage:
 
     def build(self) -> None:
         """Where a reader asked for a document not built yet, build the last scan's (it serves every reader waiting
-        for an older scan too) and notify."""
+        for an older scan too) and tell those who asked."""
         with self._cond:
             wanted, self._wanted = self._wanted, False
+            notify, self._notify = self._notify, set()
         scan = self.last_scan()
-        if not wanted or scan is None or scan is self._built_for:
-            return
-        part = scan_json(scan.report, scan.held, self.describe)
-        with self._cond:
-            self._scan_part, self._built_for = part, scan
-            self.builds += 1
-        self.notify()
+        if wanted and scan is not None and scan is not self._built_for:
+            part = scan_json(scan.report, scan.held, self.describe)
+            with self._cond:
+                self._scan_part, self._built_for = part, scan
+                self.builds += 1
+        for told in notify:  # a reader told with nothing new built asks again, and so asks for a build again
+            told()

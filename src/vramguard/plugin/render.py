@@ -1,7 +1,7 @@
 """Rows as text: a table (`wide` adds columns), JSON or YAML. Pure: the caller says whether to colour.
 
-The table is for people: tenant text escaped (`text.printable`), the state coloured only when asked (a terminal);
-JSON and YAML carry the exact text, for programs.
+The table is for people, laid out as `vramguard top` lays out its own (`core/table.py`): tenant text escaped, the
+state coloured only when asked (a terminal); JSON and YAML carry the exact text, for programs.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from typing import Any
 import yaml
 
 from vramguard.core.quantity import format_quantity
-from vramguard.core.text import cut, format_bytes, printable
+from vramguard.core.table import CONTAINER_COLUMNS, bytes_cell, command_cell, layout, percent_cell
+from vramguard.core.text import printable
 from vramguard.plugin.merge import GpuRow, Level, Row
 from vramguard.plugin.recommend import POD_WIDE, Patch, Recommendation, Verdict
-
-TABLE_COMMAND_CHARS = 60
 
 
 class Output(str, enum.Enum):
@@ -30,16 +29,7 @@ class Output(str, enum.Enum):
 
 # ANSI SGR: over quota red, near it yellow, fine green, no answer or a stale scan magenta.
 _COLOURS = {Level.over: "\x1b[1;31m", Level.near: "\x1b[33m", Level.fine: "\x1b[32m", Level.problem: "\x1b[35m"}
-_RESET = "\x1b[0m"
 PRESSURE_MARK = " (GPU under pressure)"
-
-
-def _bytes(n: int | None) -> str:
-    return format_bytes(n) if n is not None else "-"
-
-
-def _percent(p: float | None) -> str:
-    return f"{p:.0f}" if p is not None else "-"
 
 
 def _state(r: Row) -> str:
@@ -59,20 +49,11 @@ def _table(
     colour: bool,
     coloured: str = "STATE",
 ) -> str:
-    """Columns padded to their widths; with `colour`, the `coloured` column coloured by each line's level."""
-    cells = [[printable(c) for c in header], *([printable(c) for c in line] for line in lines)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    at = list(header).index(coloured)
-    out: list[str] = []
-    for n, line in enumerate(cells):
-        padded = [c.ljust(w) for c, w in zip(line, widths, strict=True)]
-        if colour and n > 0:
-            padded[at] = f"{_COLOURS[levels[n - 1]]}{line[at]}{_RESET}" + " " * (widths[at] - len(line[at]))
-        out.append("  ".join(padded).rstrip())
-    return "\n".join(out)
+    """The shared layout; with `colour`, the `coloured` column coloured by each line's level."""
+    return layout(header, lines, [_COLOURS[level] for level in levels] if colour else (), coloured)
 
 
-TOP_HEADER = ("NODE", "GPU", "NAMESPACE", "POD", "CONTAINER", "USED", "QUOTA", "%", "STATE", "HELD-BY")
+TOP_HEADER = ("NODE", *CONTAINER_COLUMNS)
 TOP_WIDE = ("QUOTA-SOURCE", "CLAIM", "PIDS", "AGENT", "VERSION", "COMMAND")
 
 
@@ -86,9 +67,9 @@ def top_table(rows: Sequence[Row], wide: bool = False, colour: bool = False) -> 
             r.namespace,
             r.pod,
             r.container,
-            _bytes(r.used_bytes),
-            _bytes(r.quota_bytes),
-            _percent(r.percent),
+            bytes_cell(r.used_bytes),
+            bytes_cell(r.quota_bytes),
+            percent_cell(r.percent),
             _state(r),
             r.held_by,
         )
@@ -100,7 +81,7 @@ def top_table(rows: Sequence[Row], wide: bool = False, colour: bool = False) -> 
                 pids or "-",
                 r.agent or "-",
                 r.agent_version or "-",
-                cut(printable(r.command), TABLE_COMMAND_CHARS) or "-",
+                command_cell(r.command) or "-",
             )
         lines.append(line)
     if not rows:
@@ -119,11 +100,11 @@ def nodes_table(rows: Sequence[GpuRow], wide: bool = False, colour: bool = False
             g.node,
             g.gpu,
             g.name or "-",
-            _bytes(g.total_bytes),
-            _bytes(g.used_bytes),
-            _bytes(g.under_quota_bytes),
-            _bytes(g.unattributed_bytes),
-            _bytes(g.free_bytes),
+            bytes_cell(g.total_bytes),
+            bytes_cell(g.used_bytes),
+            bytes_cell(g.under_quota_bytes),
+            bytes_cell(g.unattributed_bytes),
+            bytes_cell(g.free_bytes),
             g.limits,
             _gpu_state(g),
         )
@@ -245,7 +226,7 @@ def recommend_table(rows: Sequence[Recommendation], wide: bool = False, colour: 
             _container(r),
             str(r.pods),
             str(r.gpus),
-            _bytes(r.peak_bytes),
+            bytes_cell(r.peak_bytes),
             format_quantity(r.recommended_bytes),  # exact, as it would be written
             format_quantity(r.quota_bytes) if r.quota_bytes is not None else "-",
             r.quota_source or "-",

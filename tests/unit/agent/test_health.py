@@ -1,5 +1,6 @@
-"""The health writer: the checks written whole every interval, the first at once, removed at the stop, and a
-directory it cannot write logged once per run of failures."""
+"""The named checks: one answer from the first stage that fails, every check listed for `?verbose`. The health
+writer: the checks written whole every interval, the first at once, removed at the stop, and a directory it cannot
+write logged once per run of failures."""
 
 from __future__ import annotations
 
@@ -7,12 +8,70 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
-from vramguard.agent.health import HealthWriter, write
+from vramguard.agent.health import Checks, HealthWriter, write
 from vramguard.base import healthfile
 from vramguard.base.healthfile import HealthDocument
 from vramguard_testbed.fakes import FakeClock
+
+
+def passes(note: str = "") -> tuple[bool, str]:
+    return True, note
+
+
+def fails(why: str) -> tuple[bool, str]:
+    return False, why
+
+
+@pytest.mark.parametrize(
+    ("stages", "answer"),
+    [
+        pytest.param([[("a", passes)], [("b", passes)]], (True, "ready"), id="all-pass-nothing-noted"),
+        pytest.param(
+            [[("http", passes)], [("scan-loop", lambda: passes("last scan 0.4s ago"))]],
+            (True, "last scan 0.4s ago"),
+            id="all-pass-saying-what-they-found",
+        ),
+        pytest.param(
+            [[("nvml", lambda: fails("NVML down")), ("pods", lambda: fails("pods not listed yet"))], [("b", passes)]],
+            (False, "NVML down; pods not listed yet"),
+            id="a-stages-failing-reasons-joined",
+        ),
+        pytest.param(
+            [[("nvml", lambda: fails("NVML down"))], [("scan", lambda: fails("no scan completed yet"))]],
+            (False, "NVML down"),
+            id="a-later-stage-is-not-named-while-an-earlier-fails",
+        ),
+        pytest.param(
+            [[("nvml", passes)], [("scan", lambda: fails("no scan completed yet"))]],
+            (False, "no scan completed yet"),
+            id="the-later-stage-once-the-earlier-pass",
+        ),
+        pytest.param([[("pods", lambda: fails(""))]], (False, "pods failed"), id="a-failure-without-a-reason-is-named"),
+    ],
+)
+def test_the_answer_speaks_of_the_first_stage_that_fails(
+    stages: list[list[tuple[str, object]]], answer: tuple[bool, str]
+) -> None:
+    """The probes' answer: the failing reasons of the first stage with a failure, joined; all passing, what the
+    checks found, or the set's word for it."""
+    assert Checks("readyz", stages, passed="ready")() == answer  # type: ignore[arg-type]
+
+
+def test_the_listing_names_every_check_as_the_kube_apiserver_does() -> None:
+    """`?verbose`: each check of every stage on a line, `[+]name ok` (with what it found) or `[-]name failed: why`,
+    then whether the set passed."""
+    checks = Checks(
+        "readyz",
+        [[("nvml", passes), ("pods", lambda: fails("pod cache not synced"))], [("scan", lambda: passes("0.1s ago"))]],
+    )
+    assert checks.listing() == (
+        False,
+        "[+]nvml ok\n[-]pods failed: pod cache not synced\n[+]scan ok: 0.1s ago\nreadyz check failed",
+    )
+    assert Checks("healthz", [[("ping", passes)]]).listing() == (True, "[+]ping ok\nhealthz check passed")
 
 
 def test_the_first_document_is_written_at_start_and_each_round_after(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
-from vramguard.cli.wiring import Probes
+from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
 from vramguard.core.model import (
     ActionKind,
     EvictionRefused,
@@ -523,12 +523,20 @@ def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
     )
 
 
+def running(n: Node) -> Started:
+    """The agent of `n` published as `serve` publishes it once NVML is up."""
+    started = Started()
+    started.publish(Running(n.agent, nvidia_side(None)))
+    return started
+
+
 def test_healthz_is_the_scan_age_on_the_agents_clock() -> None:
     """The liveness probe ages the last scan on the clock the scan read, and fails past 30 s (or ten intervals)."""
     n = Node(Policy())
-    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    started = Started()
+    probes = Probes(n.pods, poll_interval_s=1.0, started=started, clock=n.clock)
     assert probes.healthz() == (True, "starting")
-    probes.agent = n.agent
+    started.publish(Running(n.agent, nvidia_side(None)))
     n.agent.scan()
     n.clock.step(29.0)
     assert probes.healthz() == (True, "last scan 29.0s ago")
@@ -544,13 +552,14 @@ def test_healthz_fails_when_the_http_servers_thread_stops_going_round() -> None:
     fails, also while starting); one that goes round, however busy, is not."""
     n = Node(Policy())
     rounds = Heartbeat()
-    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock, http=rounds)
+    started = Started()
+    probes = Probes(n.pods, poll_interval_s=1.0, started=started, clock=n.clock, http=rounds)
     rounds.beat(n.clock.now())
     n.clock.step(29.0)
     assert probes.healthz() == (True, "starting")
     n.clock.step(1.0)
     assert probes.healthz() == (False, "HTTP server's last round 30.0s ago: stuck")
-    probes.agent = n.agent
+    started.publish(Running(n.agent, nvidia_side(None)))
     n.agent.scan()
     rounds.beat(n.clock.now())
     assert probes.healthz() == (True, "last scan 0.0s ago")
@@ -559,8 +568,7 @@ def test_healthz_fails_when_the_http_servers_thread_stops_going_round() -> None:
 def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
     """A scan that ran before the pod list was current attributed nothing: /readyz waits for the next one."""
     n = Node(Policy())
-    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
-    probes.agent = n.agent
+    probes = Probes(n.pods, poll_interval_s=1.0, started=running(n), clock=n.clock)
     probes.nvml(None)
     n.pods.is_synced = False
     n.agent.scan()
@@ -569,6 +577,21 @@ def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
     assert probes.readyz() == (False, "no scan with the pod list yet")
     n.agent.scan()
     assert probes.readyz() == (True, "ready")
+
+
+def test_readiness_lists_its_named_checks() -> None:
+    """/readyz?verbose names every check, failing or not, in the order the answer reads them; the scan's waits
+    for the parts' in the answer, never in the listing."""
+    n = Node(Policy())
+    probes = Probes(n.pods, poll_interval_s=1.0, started=Started(), clock=n.clock)
+    n.pods.is_synced = False
+    assert probes.readyz() == (False, "NVML not initialised yet; pod cache not synced")
+    assert probes.readyz.listing() == (
+        False,
+        "[-]nvml failed: NVML not initialised yet\n[-]pods failed: pod cache not synced\n[+]driver-limits ok\n"
+        "[+]memory-watch ok\n[-]scan failed: no scan completed yet\nreadyz check failed",
+    )
+    assert probes.healthz.listing() == (True, "[+]http ok\n[+]scan-loop ok: starting\nhealthz check passed")
 
 
 def test_a_pod_learned_late_is_scanned_at_once() -> None:
@@ -614,8 +637,7 @@ def test_a_watch_stuck_in_the_driver_is_logged_once_exported_and_not_ready() -> 
         return []
 
     n = Node(Policy(), watch=lambda n: MemoryWatch(stuck_read, ScanTrigger(Policy()), 0.02, n.clock))
-    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
-    probes.agent = n.agent
+    probes = Probes(n.pods, poll_interval_s=1.0, started=running(n), clock=n.clock)
     probes.nvml(None)
     n.agent.scan()
     assert probes.readyz() == (True, "ready") and n.metric("vramguard_watch_stuck") == 0.0

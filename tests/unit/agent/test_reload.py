@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from unit.agent.test_loop import FakeClaimSource, Node
 from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
-from vramguard.cli.wiring import Probes
+from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
 from vramguard.core.model import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
 from vramguard.core.policy import Overrides
 from vramguard.http.status import PolicyFacts
@@ -300,9 +300,10 @@ def test_the_probes_show_the_policy_in_force_and_read_require_from_it(tmp_path: 
     r = Reloads(tmp_path)
     n = Node(Policy(mode=Mode.WARN, watch_interval_s=0.0))
     n.agent.reloads = r.reloader
-    probes = Probes(n.pods, poll_interval_s=1.0, clock=n.clock)
+    started = Started()
+    probes = Probes(n.pods, poll_interval_s=1.0, started=started, reloader=r.reloader, clock=n.clock)
     assert probes.policy_facts() is None, "before the agent: its start policy is in the facts"
-    probes.agent, probes.reloader = n.agent, r.reloader
+    started.publish(Running(n.agent, nvidia_side(None)))
     probes.nvml(None)
     r.volume.update("mode: evict\ndriver_limits: require\n" + UNWATCHED)
     r.check()

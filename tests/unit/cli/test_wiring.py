@@ -18,6 +18,7 @@ from vramguard.cli.wiring import (
     LogEventRecorder,
     NoApiEvictor,
     RunConfig,
+    ScanSetup,
     WiringError,
     agent_facts,
     policy_file,
@@ -106,25 +107,26 @@ def test_the_driver_facts_say_whether_limits_can_be_held(
     assert replace(facts, limits_possible=None, limits_reason="") == FACTS
 
 
-def config(**fields: object) -> RunConfig:
+def config(poll_interval_s: float = 1.0, **fields: object) -> RunConfig:
     given: dict[str, object] = {
         "node_name": "node-1",
         "policy": Policy(mode=Mode.KILL),
         "dry_run": False,
-        "poll_interval_s": 1.0,
-        "metrics_port": 9400,
-        "health_file": "",
-        "metrics_bind_address": "0.0.0.0",
         "proc_root": "/proc",
         "cgroup_root": "/sys/fs/cgroup",
         "pods_file": None,
         "kubeconfig": None,
-        "advertise_capacity": False,
-        "capacity_reserve_bytes": 0,
-        "device_prefix": "/dev/nvidia",
-        "state_dir": "/var/lib/vramguard",
     }
-    return RunConfig(**{**given, **fields})  # type: ignore[arg-type]
+    return RunConfig(
+        scan=ScanSetup(**{**given, **fields}),  # type: ignore[arg-type]
+        poll_interval_s=poll_interval_s,
+        metrics_port=9400,
+        health_file="",
+        metrics_bind_address="0.0.0.0",
+        advertise_capacity=False,
+        capacity_reserve_bytes=0,
+        state_dir="/var/lib/vramguard",
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from vramguard.http.server import HealthServer, Probe, _head_of
+from vramguard.agent.health import Checks
+from vramguard.http.server import HealthServer, _head_of
 
 
 def alive() -> tuple[bool, str]:
@@ -31,10 +32,13 @@ def gauge_registry() -> CollectorRegistry:
     return registry
 
 
+ALIVE = Checks("healthz", [[("ping", alive)]])
+
+
 def idle_server(
     registry: CollectorRegistry | None = None,
-    healthz: Probe = alive,
-    readyz: Probe = alive,
+    healthz: Checks = ALIVE,
+    readyz: Checks = ALIVE,
     **options: Any,
 ) -> HealthServer:
     """A server on 127.0.0.1 and any free port, constructed idle: no port yet, no thread, only its routes."""
@@ -67,8 +71,17 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
     ready = {"ok": False}
     server = idle_server(
         registry,
-        healthz=lambda: (True, "last scan 0.1s ago"),
-        readyz=lambda: (ready["ok"], "ready" if ready["ok"] else "pod cache not synced"),
+        healthz=Checks("healthz", [[("scan-loop", lambda: (True, "last scan 0.1s ago"))]]),
+        readyz=Checks(
+            "readyz",
+            [
+                [
+                    ("nvml", lambda: (True, "")),
+                    ("pods", lambda: (ready["ok"], "" if ready["ok"] else "pods not synced")),
+                ]
+            ],
+            passed="ready",
+        ),
     )
 
     def get(path: str) -> tuple[int, str]:
@@ -78,9 +91,12 @@ def test_endpoints_serve_metrics_and_probe_results() -> None:
     status, body = get("/metrics")
     assert status == 200 and "vramguard_test_total 3.0" in body
     assert get("/healthz") == (200, "last scan 0.1s ago\n")
-    assert get("/readyz") == (503, "pod cache not synced\n")
+    assert get("/readyz") == (503, "pods not synced\n")
+    assert get("/readyz?verbose") == (503, "[+]nvml ok\n[-]pods failed: pods not synced\nreadyz check failed\n")
     ready["ok"] = True
     assert get("/readyz") == (200, "ready\n")
+    assert get("/readyz?verbose") == (200, "[+]nvml ok\n[+]pods ok\nreadyz check passed\n")
+    assert get("/healthz?verbose") == (200, "[+]scan-loop ok: last scan 0.1s ago\nhealthz check passed\n")
     assert get("/nope")[0] == 404
 
 
@@ -88,7 +104,7 @@ def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
     """/status answers the provider's body as application/json, on every request (HEAD: the length alone); a
     server built without one answers 404 there."""
     bodies = iter([b'{"kind": "VramguardStatus", "n": 1}', b'{"kind": "VramguardStatus", "n": 2}'])
-    server = idle_server(status=lambda: next(bodies))
+    server = idle_server(status=lambda wake: next(bodies))
     for n in (1, 2):
         status, headers, body = _exchange(server, b"GET /status HTTP/1.1\r\n\r\n")
         assert (status, headers["content-type"], body) == (
@@ -96,7 +112,7 @@ def test_status_is_served_as_json_where_the_agent_gives_a_body() -> None:
             "application/json",
             f'{{"kind": "VramguardStatus", "n": {n}}}'.encode(),
         )
-    status, headers, body = _exchange(idle_server(status=lambda: b"{}"), b"HEAD /status HTTP/1.1\r\n\r\n")
+    status, headers, body = _exchange(idle_server(status=lambda wake: b"{}"), b"HEAD /status HTTP/1.1\r\n\r\n")
     assert (status, headers["content-length"], body) == (200, "2", b"")
     assert _exchange(idle_server(), b"GET /status HTTP/1.1\r\n\r\n")[0] == 404
 
@@ -105,7 +121,7 @@ def test_a_status_being_built_is_answered_later_once_built() -> None:
     """/status whose body is being built elsewhere is an answer for later (the build never runs on the server's
     thread): none until the body is built, then the body."""
     built: list[bytes] = []
-    server = idle_server(status=lambda: lambda: built[0] if built else None)
+    server = idle_server(status=lambda wake: lambda: built[0] if built else None)
     path, head_only, later = server._request(b"GET /status HTTP/1.1", server._main.routes)
     assert (path, head_only) == ("/status", False)
     assert callable(later) and later() is None, "no answer before the body is built"
@@ -134,7 +150,7 @@ def test_the_head_ends_at_the_first_empty_line(received: bytes, head: bytes | No
 @pytest.fixture(scope="module")
 def table_server() -> HealthServer:
     """One server for the whole table (it keeps no state between requests): healthz alive, readyz failing."""
-    return idle_server(readyz=lambda: (False, "pod cache not synced"))
+    return idle_server(readyz=Checks("readyz", [[("pods", lambda: (False, "pod cache not synced"))]]))
 
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -143,7 +159,21 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
 # Request bytes, and the status, body and headers they are answered with.
 REQUEST_LINES = [
     pytest.param(HEALTHZ, 200, b"alive\n", {"content-type": "text/plain; charset=utf-8"}, id="healthz-is-200"),
-    pytest.param(b"GET /healthz?verbose=1&x HTTP/1.1\r\n\r\n", 200, b"alive\n", {}, id="query-string-ignored"),
+    pytest.param(b"GET /healthz?x=1&y HTTP/1.1\r\n\r\n", 200, b"alive\n", {}, id="query-string-ignored"),
+    pytest.param(
+        b"GET /healthz?x&verbose=1 HTTP/1.1\r\n\r\n",
+        200,
+        b"[+]ping ok: alive\nhealthz check passed\n",
+        {},
+        id="verbose-lists-the-checks",
+    ),
+    pytest.param(
+        b"GET /readyz?verbose HTTP/1.1\r\n\r\n",
+        503,
+        b"[-]pods failed: pod cache not synced\nreadyz check failed\n",
+        {},
+        id="verbose-failing-is-503",
+    ),
     pytest.param(
         b"GET /metrics?name[]=vramguard_test_bytes HTTP/1.1\r\nAccept: */*\r\n\r\n",
         200,
@@ -236,7 +266,7 @@ def _broken_probe() -> tuple[bool, str]:
     raise RuntimeError("probe broke")
 
 
-def _broken_status() -> bytes:
+def _broken_status(wake: object) -> bytes:
     raise RuntimeError("status broke")
 
 
@@ -249,7 +279,12 @@ def _broken_metrics_registry() -> CollectorRegistry:
 @pytest.mark.parametrize(
     ("path", "server_args", "body"),
     [
-        pytest.param(b"/healthz", {"healthz": _broken_probe}, b"healthz failed: RuntimeError\n", id="probe-raises"),
+        pytest.param(
+            b"/healthz",
+            {"healthz": Checks("healthz", [[("broken", _broken_probe)]])},
+            b"healthz failed: RuntimeError\n",
+            id="probe-raises",
+        ),
         pytest.param(
             b"/metrics",
             {"registry": _broken_metrics_registry()},

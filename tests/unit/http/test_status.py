@@ -209,7 +209,7 @@ def _last_scan(finished_at: float) -> LastScan:
 
 def _answer(page: StatusPage) -> dict[str, Any] | None:
     """What the page answers a reader now: the document, or None while its reader waits for a build."""
-    body = page.body()
+    body = page.body(lambda: None)
     built = body() if callable(body) else body
     doc: dict[str, Any] | None = None if built is None else json.loads(built)
     return doc
@@ -221,9 +221,7 @@ def test_the_page_is_built_when_asked_once_a_scan_and_its_age_is_that_of_the_ans
     clock = FakeClock()
     scans: list[LastScan | None] = [None]
     notified: list[int] = []
-    page = StatusPage(
-        FACTS, lambda: scans[-1], clock, describe, notify=lambda: notified.append(page.builds), driver=lambda: DRIVER
-    )
+    page = StatusPage(FACTS, lambda: scans[-1], clock, describe, driver=lambda: DRIVER)
 
     first = _answer(page)
     assert first is not None and first["agent"]["scan_age_s"] is None and first["containers"] == []
@@ -232,10 +230,10 @@ def test_the_page_is_built_when_asked_once_a_scan_and_its_age_is_that_of_the_ans
     clock.step(1.5)
     page.build()
     assert page.builds == 0, "built only when asked"
-    waiting = [page.body() for _ in range(100)]
+    waiting = [page.body(lambda: notified.append(page.builds)) for _ in range(100)]
     assert all(callable(w) and w() is None for w in waiting), "the readers wait; nothing is built on their thread"
     page.build()
-    assert (page.builds, notified) == (1, [1]), "a flood of readers costs one build a scan, and they are told"
+    assert page.builds == 1 and notified == [1] * 100, "a flood of readers costs one build a scan, and they are told"
     bodies = [json.loads(w() or b"null") for w in waiting if callable(w)]
     assert bodies[0]["agent"]["scan_age_s"] == 1.5 and bodies[0]["containers"][0]["pod"] == "trainer"
     clock.step(2.0)
@@ -249,7 +247,7 @@ def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> Non
     clock = FakeClock()
     scans: list[LastScan | None] = [_last_scan(clock.now())]
     page = StatusPage(FACTS, lambda: scans[-1], clock, describe, driver=lambda: DRIVER)
-    waiting = page.body()
+    waiting = page.body(lambda: None)
     assert callable(waiting) and waiting() is None
     clock.step(0.1)
     scans.append(_last_scan(clock.now()))  # another scan before the build
@@ -260,10 +258,8 @@ def test_a_reader_is_answered_by_a_later_scan_when_scans_outpace_builds() -> Non
 def test_the_pages_loop_builds_what_a_reader_asked_for() -> None:
     """A round of the page's loop waits for a reader's ask, then builds once; its readers are told."""
     scan = _last_scan(0.0)
-    page = StatusPage(
-        FACTS, lambda: scan, FakeClock(), describe, notify=lambda: page._loop.stopping.set(), driver=lambda: DRIVER
-    )
-    waiting = page.body()
+    page = StatusPage(FACTS, lambda: scan, FakeClock(), describe, driver=lambda: DRIVER)
+    waiting = page.body(page._loop.stopping.set)
     assert callable(waiting) and waiting() is None
     page._loop.run()
     assert page.builds == 1 and waiting() is not None

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from vramguard.core.model import GiB
-from vramguard.plugin.merge import merge_nodes, merge_rows, sort_rows
+from vramguard.core.table import TABLE_COMMAND_CHARS
+from vramguard.plugin.merge import Row, merge_nodes, merge_rows, sort_rows
 from vramguard.plugin.render import Output, render_nodes, render_top, row_dict
 
 from .agents import answer, container_doc, fleet, gpu_doc
@@ -102,3 +103,11 @@ def test_state_colour_only_when_asked(pod: str, colour: bool, sgr: str | None) -
         header, line = table.splitlines()
         plain = line.replace(sgr, "").replace("\x1b[0m", "")
         assert plain.index(rows[0].held_by, header.index("STATE")) == header.index("HELD-BY")
+
+
+def test_a_command_is_cut_to_the_width_vramguard_top_cuts_it_to() -> None:
+    """`-o wide` shows a command escaped and cut to the shared TABLE_COMMAND_CHARS, as `vramguard top` does."""
+    row = Row("node-a", "0", "ml", "p", "main", GiB, 2 * GiB, 50.0, "ok", "agent", command="python " + "x" * 5000)
+    header, line = render_top([row], Output.wide).splitlines()
+    cell = line[header.index("COMMAND") :]
+    assert len(cell) == TABLE_COMMAND_CHARS and cell.endswith("[cut: 5007 characters]")
