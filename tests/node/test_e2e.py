@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,22 +12,12 @@ from cgroup_fixtures import need_cgroups
 from vramguard.core.model import GiB
 from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
-from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, metric_value
+from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 POLL_S = 0.25
-
-
-def log_events(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    """The JSON log lines of an agent that was stopped."""
-    _, err = agent.communicate(timeout=15)
-    out = []
-    for line in err.splitlines():
-        with contextlib.suppress(ValueError):  # a non-JSON line would be a traceback: the asserts will show it
-            out.append(json.loads(line))
-    return out
 
 
 def test_offender_killed_within_two_polls_neighbours_survive(sim_node: SimulatedNode) -> None:
@@ -64,7 +51,7 @@ def test_offender_killed_within_two_polls_neighbours_survive(sim_node: Simulated
     assert metric_value(metrics, "vramguard_container_gpu_memory_quota_bytes", {"pod": "notebook"}) == 4 * GiB
 
     sim_node.stop_agents()
-    logs = log_events(agent)
+    logs = json_logs(agent)
     kills = [e for e in logs if e.get("event") == "action" and e.get("action") == "kill"]
     assert len(kills) == 1 and kills[0]["pod"] == "ml/trainer"
     assert sorted(kills[0]["pids"]) == sorted([t.pid, *t.children])
@@ -127,7 +114,7 @@ def test_dry_run_changes_nothing(sim_node: SimulatedNode) -> None:
     metrics = sim_node.http_get("/metrics")[1]
     assert metric_value(metrics, "vramguard_actions_total", {"action": "kill", "result": "dry-run"}) == 1.0
     sim_node.stop_agents()
-    assert not [e for e in log_events(agent) if e.get("event") == "event"], "dry-run writes no Events"
+    assert not [e for e in json_logs(agent) if e.get("event") == "event"], "dry-run writes no Events"
 
 
 def test_warn_mode_warns_once_per_episode(sim_node: SimulatedNode) -> None:
@@ -143,7 +130,7 @@ def test_warn_mode_warns_once_per_episode(sim_node: SimulatedNode) -> None:
     sim_node.wait_scans(3)
     assert proc.alive()
     sim_node.stop_agents()
-    reasons = [e.get("reason") for e in log_events(agent) if e.get("event") == "event"]
+    reasons = [e.get("reason") for e in json_logs(agent) if e.get("event") == "event"]
     assert reasons == ["VRAMQuotaExceeded", "VRAMQuotaExceeded"]
 
 
@@ -163,7 +150,7 @@ def test_a_gpu_entering_pressure_tells_its_pods_who_holds_it(sim_node: Simulated
     sim_node.stop_agents()
     told = [
         (e["pod"], e["message"])
-        for e in log_events(agent)
+        for e in json_logs(agent)
         if e.get("event") == "event" and e.get("reason") == "VRAMPressure"
     ]
     said = (
@@ -219,7 +206,7 @@ def test_invalid_quota_is_reported_and_the_default_applies(sim_node: SimulatedNo
     sim_node.wait_ready()
     wait_until(lambda: not proc.alive(), 10 * POLL_S, what="the pod over the policy's default quota killed")
     sim_node.stop_agents()
-    invalid = [e for e in log_events(agent) if e.get("event") == "event" and e.get("reason") == "VRAMQuotaInvalid"]
+    invalid = [e for e in json_logs(agent) if e.get("event") == "event" and e.get("reason") == "VRAMQuotaInvalid"]
     assert len(invalid) == 1
     assert "resources.limits[vramguard.io/vram]" in str(invalid[0]["message"]) and "12GB" in str(invalid[0]["message"])
 
@@ -276,7 +263,7 @@ def test_dra_shares_in_the_pods_file_are_quotas_per_gpu(tmp_path: Path) -> None:
         wait_until(lambda: not elsewhere.alive(), 10 * POLL_S, what="the pod with no share on GPU 0 killed at once")
         assert within.alive()
         node.stop_agents()
-        kills = [e for e in log_events(agent) if e.get("event") == "action" and e.get("action") == "kill"]
+        kills = [e for e in json_logs(agent) if e.get("event") == "action" and e.get("action") == "kill"]
         assert [(k["pod"], k["gpu"]) for k in kills] == [("ml/small", "1"), ("ml/small-2", "0")]
         assert "quota 10.0GiB (claim ml/small-gpu (request gpu, share " in str(kills[0]["message"])
         assert "quota 0B (no DRA claim share on this GPU)" in str(kills[1]["message"])

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from node.test_e2e import log_events
 from vramguard.core.model import GiB, MiB
 from vramguard.node.procfs import boot_ticks, read_stat
 from vramguard.node.repeats import OLD_FORMAT, OLDER_THAN_CONTAINER, STARTS_LATER, STILL_RUNNING
-from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
+from vramguard_testbed.simnode import SimPod, SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -184,7 +183,7 @@ def test_the_repeat_after_a_restart_says_the_kill_was_restored(sim_node: Simulat
     wait_until(lambda: shell.poll() is not None, 3 * POLL_S, what="the repeat to take the whole container")
     assert not again.alive()
     sim_node.stop_agents()
-    logs = log_events(agent)
+    logs = json_logs(agent)
     (restored,) = [e for e in logs if e.get("event") == "kill_memory_restored"]
     assert (restored["restored"], restored["containers"]) == (1, [container_id[:12]])
     assert not [e for e in logs if e.get("event") == "kill_memory_refused"]
@@ -246,7 +245,7 @@ def test_a_forged_kill_memory_does_not_escalate(
     assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 1.0
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
     sim_node.stop_agents()
-    logs = log_events(agent)
+    logs = json_logs(agent)
     (refused,) = [e for e in logs if e.get("event") == "kill_memory_refused"]
     assert (refused["refused"], refused["containers"], refused["problems"]) == (1, [container_id[:12]], [problem])
     assert not [e for e in logs if e.get("event") == "kill_memory_restored"]

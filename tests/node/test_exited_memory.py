@@ -6,7 +6,6 @@ it still holds. The agent's threshold is cut to 2 s (`--exited-hold-seconds`, hi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 from vramguard.core.model import GiB
-from vramguard_testbed.simnode import SimulatedNode, metric_value
+from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -42,15 +41,6 @@ def list_ghost(sim_node: SimulatedNode, pid: int | None, used_bytes: int = 0) ->
     if pid is not None:
         sim_node.nvml.gpu(0).add_process(pid, used_bytes)
         sim_node.nvml.write(sim_node.state_path)
-
-
-def logs_of(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    _, err = agent.communicate(timeout=15)
-    out = []
-    for line in err.splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
 
 
 def status(sim_node: SimulatedNode) -> dict[str, Any]:
@@ -102,7 +92,7 @@ def test_memory_a_dead_pid_holds_past_the_threshold_needs_a_reset(sim_node: Simu
     assert live.alive()
 
     sim_node.stop_agents()
-    logs = logs_of(agent)
+    logs = json_logs(agent)
     onsets = [e for e in logs if e.get("event") == "gpu_needs_reset"]
     assert [(e["gpu"], e["held_bytes"], e["pids"]) for e in onsets] == [("0", 3 * GiB, [ghost])]
     # --pods-file: the Event goes to the log, as it would to the Node through the API server.
@@ -140,6 +130,6 @@ def test_memory_a_dead_pid_lets_go_of_quickly_raises_nothing(sim_node: Simulated
     assert (gpu["needs_reset"], gpu["held_by_exited_bytes"]) == (False, 0)
 
     sim_node.stop_agents()
-    logs = logs_of(agent)
+    logs = json_logs(agent)
     assert not [e for e in logs if e.get("event") == "gpu_needs_reset"]
     assert not [e for e in logs if e.get("reason") == "VRAMGPUNeedsReset"]

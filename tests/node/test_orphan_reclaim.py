@@ -8,17 +8,14 @@ a host process are never touched.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from vramguard.core.model import GiB
-from vramguard_testbed.simnode import SimulatedNode, metric_value
+from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -26,15 +23,6 @@ pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 POLL_S = 0.25
 GRACE_S = 10.0  # the policy's least
 STATIC_UID = "7c4e1f0a9b8d6c5e4f3a2b1c0d9e8f7a"  # what the kubelet derives for a static pod: no dashes
-
-
-def logs_of(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    _, err = agent.communicate(timeout=15)
-    out = []
-    for line in err.splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
 
 
 def test_a_deleted_pods_processes_are_reclaimed_after_the_grace_and_nothing_else_is(
@@ -84,7 +72,7 @@ def test_a_deleted_pods_processes_are_reclaimed_after_the_grace_and_nothing_else
     assert reasons == {"pod-not-in-cache": 2.0 * GiB, "orphaned": 0.0, "not-in-pod": 4.0 * GiB}
 
     agent.terminate()
-    logs = logs_of(agent)
+    logs = json_logs(agent)
     [reclaimed] = [e for e in logs if e.get("event") == "orphan_reclaimed"]
     assert (reclaimed["pod"], reclaimed["pids"], reclaimed["result"]) == ("ml/trainer", [t.pid], "ok")
     [told] = [e for e in logs if e.get("event") == "event" and e.get("reason") == "VRAMOrphanReclaimed"]

@@ -172,6 +172,35 @@ class FakePodSource:
         return frozenset(self._pods) | frozenset(p.object_uid for p in self._pods.values())
 
 
+class HeldRunner:
+    """A `Runner` that runs nothing until told to (`run_all`): an API server that has not answered yet. With
+    `max_queue`, a full queue refuses a task, as the real worker's does."""
+
+    def __init__(self, max_queue: int | None = None) -> None:
+        self.tasks: list[Callable[[], None]] = []
+        self.max_queue = max_queue
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, task: Callable[[], None]) -> bool:
+        if self.max_queue is not None and len(self.tasks) >= self.max_queue:
+            return False
+        self.tasks.append(task)
+        return True
+
+    def pending(self) -> int:
+        return len(self.tasks)
+
+    def stop(self, deadline: float) -> None:
+        pass
+
+    def run_all(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task()
+
+
 class RecordingEventRecorder:
     """Records Events instead of writing them: `events` is a list of (pod key, reason, message, warning), and
     `important` the reasons recorded as enforcement Events."""

@@ -18,6 +18,8 @@ that file's path as its device prefix, so its killer finds forked children the w
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -434,6 +436,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def json_logs(agent: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """The JSON log lines of an agent that was stopped (started with `stderr=subprocess.PIPE, text=True`)."""
+    _, err = agent.communicate(timeout=15)
+    out = []
+    for line in err.splitlines():
+        with contextlib.suppress(ValueError):  # a non-JSON line would be a traceback: the asserts will show it
+            out.append(json.loads(line))
+    return out
 
 
 def metric_value(metrics_text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:

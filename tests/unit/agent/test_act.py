@@ -8,7 +8,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from vramguard.agent.act import ActionResult, Enforcer, Outcome, confirm_freed
-from vramguard.base.worker import Task
 from vramguard.core.decide import find_violations, owners
 from vramguard.core.exited import HeldByExited
 from vramguard.core.model import (
@@ -32,6 +31,7 @@ from vramguard.core.model import (
 from vramguard.core.ports import Evictor, EvictResult, KillResult
 from vramguard_testbed.fakes import (
     FakeClock,
+    HeldRunner,
     RecordingEventRecorder,
     RecordingKiller,
     SnapshotBuilder,
@@ -136,31 +136,6 @@ def test_a_finished_kill_is_confirmed_by_a_fresh_sample(
         assert confirmed.detail.endswith(f"still hold memory on {GPU0.uuid}")
 
 
-class HeldRunner:
-    """A worker that runs nothing until told to: an API server that has not answered yet."""
-
-    def __init__(self) -> None:
-        self.tasks: list[Task] = []
-
-    def start(self) -> None:
-        pass
-
-    def submit(self, task: Task) -> bool:
-        self.tasks.append(task)
-        return True
-
-    def pending(self) -> int:
-        return len(self.tasks)
-
-    def stop(self, deadline: float) -> None:
-        pass
-
-    def answer_all(self) -> None:
-        tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            task()
-
-
 class ScriptedEvictor:
     """An API server that answers `result`, once `meanwhile` (what the agent does while a request is in flight)
     has run."""
@@ -200,7 +175,7 @@ def test_an_eviction_leaves_the_scan_and_reports_when_answered() -> None:
     enforcer, runner, _, events, _ = _enforcer(ScriptedEvictor(EVICTED))
     assert enforcer.execute(over_quota_action()) is None
     assert enforcer.collect() == [] and enforcer.evictions_in_flight() == 1
-    runner.answer_all()
+    runner.run_all()
     (outcome,) = enforcer.collect()
     assert outcome.result == "ok" and events.reasons() == ["VRAMEvicted"]
     assert enforcer.evictions_in_flight() == 0
@@ -240,7 +215,7 @@ def test_an_abandoned_eviction_is_never_sent() -> None:
     clock.step(15.0)
     assert [o.result for o in enforcer.collect()] == ["failed"]
     with capture_logs() as logs:
-        runner.answer_all()
+        runner.run_all()
         assert enforcer.collect() == []
     assert evictor.calls == []
     assert [e["event"] for e in logs] == ["eviction_not_sent"]
@@ -276,7 +251,7 @@ def test_a_late_answer_to_a_sent_eviction(answer: EvictResult, results: list[str
 
     evictor.meanwhile = while_in_flight
     assert enforcer.execute(action) is None
-    runner.answer_all()
+    runner.run_all()
     *outcomes, again = meanwhile
     assert again is not None and again.result == "failed" and "still unanswered" in again.detail
     outcomes += enforcer.collect()
@@ -292,7 +267,7 @@ def test_one_eviction_per_pod_at_a_time() -> None:
     action = over_quota_action()
     assert enforcer.execute(action) is None
     assert enforcer.execute(action) is None
-    runner.answer_all()
+    runner.run_all()
     assert len(enforcer.collect()) == 1 and evictor.calls == ["ml/victim"]
 
 
@@ -320,7 +295,7 @@ def test_what_follows_an_eviction_that_did_not_happen(
     a pod that is gone is nobody's business any more."""
     enforcer, runner, _, events, killer = _enforcer(ScriptedEvictor(answer), EvictionRefused.KILL)
     enforcer.execute(over_quota_action())
-    runner.answer_all()
+    runner.run_all()
     (outcome,) = enforcer.collect()
     assert outcome.result == result
     assert events.reasons() == reasons

@@ -4,35 +4,8 @@ that came too late is not trusted."""
 from __future__ import annotations
 
 from vramguard.agent.orphan_reads import MAX_READ_BACKOFF_S, READ_SPACING_S, READ_TIMEOUT_S, OrphanReads
-from vramguard.base.worker import Task
 from vramguard.core.orphans import PodRead
-
-
-class HeldRunner:
-    """A worker that runs its tasks when the test says so."""
-
-    def __init__(self) -> None:
-        self.tasks: list[Task] = []
-
-    def start(self) -> None:
-        pass
-
-    def submit(self, task: Task) -> bool:
-        if self.tasks:
-            return False  # room for one, as the real worker's queue
-        self.tasks.append(task)
-        return True
-
-    def pending(self) -> int:
-        return len(self.tasks)
-
-    def stop(self, deadline: float) -> None:
-        pass
-
-    def run(self) -> None:
-        tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            task()
+from vramguard_testbed.fakes import HeldRunner
 
 
 class Lister:
@@ -48,7 +21,7 @@ class Lister:
 
 
 def reads() -> tuple[OrphanReads, Lister, HeldRunner]:
-    lister, runner = Lister(), HeldRunner()
+    lister, runner = Lister(), HeldRunner(max_queue=1)
     return OrphanReads(lister, runner=runner, rng=lambda: 0.0), lister, runner
 
 
@@ -56,7 +29,7 @@ def test_a_read_answers_at_a_later_collect_with_the_time_it_was_asked_for() -> N
     r, lister, runner = reads()
     assert r.request(10.0)
     assert r.collect(11.0) is None, "not answered yet"
-    runner.run()
+    runner.run_all()
     assert r.collect(12.0) == PodRead(10.0, frozenset({"a"}))
     assert r.collect(13.0) is None and lister.calls == 1
 
@@ -65,7 +38,7 @@ def test_one_read_in_flight_and_one_per_spacing() -> None:
     r, _, runner = reads()
     assert r.request(0.0)
     assert not r.request(1.0), "one in flight"
-    runner.run()
+    runner.run_all()
     r.collect(2.0)
     assert not r.request(READ_SPACING_S - 0.1)
     assert r.request(READ_SPACING_S)
@@ -79,21 +52,21 @@ def test_a_failed_read_backs_off_and_a_success_resets_it() -> None:
     delays = []
     assert r.request(at)
     for _ in range(8):
-        runner.run()
+        runner.run_all()
         assert r.collect(at) is None
         nxt = at
         while not r.request(nxt):
             nxt += 1.0
         delays.append(nxt - at)
         at = nxt
-    runner.run()
+    runner.run_all()
     r.collect(at)
     at += MAX_READ_BACKOFF_S  # past any back-off
     assert delays[:3] == [READ_SPACING_S, 2 * READ_SPACING_S, 4 * READ_SPACING_S]
     assert max(delays) == MAX_READ_BACKOFF_S
     lister.answer = frozenset()
     assert r.request(at)
-    runner.run()
+    runner.run_all()
     assert r.collect(at) == PodRead(at, frozenset())
     assert r.request(at + READ_SPACING_S), "a success resets the back-off to the spacing"
 
@@ -102,7 +75,7 @@ def test_a_read_unanswered_too_long_is_given_up_and_its_late_answer_ignored() ->
     r, _, runner = reads()
     assert r.request(0.0)
     assert r.collect(READ_TIMEOUT_S) is None
-    runner.run()  # the answer comes after all
+    runner.run_all()  # the answer comes after all
     assert r.collect(READ_TIMEOUT_S + 1) is None, "an answer given up on is not trusted to be fresh"
     assert not r.request(READ_TIMEOUT_S + 1), "backed off"
     assert r.request(READ_TIMEOUT_S + READ_SPACING_S)
