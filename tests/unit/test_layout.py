@@ -5,6 +5,7 @@ test file for every module and none for a module that is not there, and docs tha
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -47,10 +48,17 @@ def floor(module: str) -> int:
     return TOP_LEVEL[parts[1]] if parts[1] in TOP_LEVEL else FLOORS[parts[1]]
 
 
+@functools.cache
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of `path`'s syntax tree, parsed and walked once for all the tests that read it: that is most of
+    their time, and nothing changes the files while the tests run."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
+
+
 def imports(path: Path) -> set[str]:
     """The modules `path` imports (absolute; the package uses no relative imports)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -185,7 +193,7 @@ def test_every_thread_is_a_background_loop() -> None:
     """`threading.Thread(` appears only in the loop primitive and the NVML deadline runner."""
     starters = set()
     for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in nodes(path):
             called = node.func if isinstance(node, ast.Call) else None
             if (isinstance(called, ast.Attribute) and called.attr == "Thread") or (
                 isinstance(called, ast.Name) and called.id == "Thread"

@@ -392,8 +392,13 @@ def test_a_failing_scan_does_not_stop_the_loop() -> None:
     stop = threading.Event()
     clock.on_wait = lambda: stop.set() if len(clock.waits) >= 3 else None  # the loop's third wait ends it
     calls_before = n.sampler.calls
-    n.agent.run(poll_interval_s=0.5, stop=stop)
+    with capture_logs() as logs:  # and not through the console renderer, whose highlighted traceback takes ~1 s
+        n.agent.run(poll_interval_s=0.5, stop=stop)
     assert n.sampler.calls == calls_before + 3
+    assert [(e["event"], e["log_level"], e["error"]) for e in logs] == [
+        ("scan_failed", "error", "RuntimeError('driver went away')")
+    ] * 3, "each failure logged with its traceback"
+    assert all(e["exc_info"] for e in logs)
     assert clock.waits == [0.5, 0.5, 0.5], "a scan that takes no time waits the whole interval"
     assert n.metric("vramguard_scans_failed_total") == 3, "each failed scan counted"
 

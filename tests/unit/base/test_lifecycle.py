@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from structlog.testing import capture_logs
+
 from vramguard.base.lifecycle import Services
 from vramguard.base.logs import FailureRun
 from vramguard_testbed.fakes import FakeClock
@@ -36,8 +38,10 @@ def test_parts_start_in_order_and_stop_in_reverse_by_one_deadline() -> None:
     services = Services(clock)
     first = services.start("first", Part("first", journal, clock, takes_s=0.2))
     second = services.start("second", Part("second", journal, clock, takes_s=0.3, fails=True))
-    services.stop(1.0)
+    with capture_logs() as logs:
+        services.stop(1.0)
     assert journal == ["start first", "start second", "stop second", "stop first"]
+    assert [(e["event"], e["part"]) for e in logs] == [("stop_failed", "second")]
     assert first.deadlines == second.deadlines == [1001.0]  # one deadline for all, not a slice each
     services.stop(1.0)  # already stopped: nothing twice
     assert journal.count("stop first") == 1

@@ -23,6 +23,12 @@ def sample(value: float | str, **labels: str) -> dict[str, Any]:
     return {"metric": labels, "value": [1764300000.0, str(value)]}
 
 
+class _Server(ThreadingHTTPServer):
+    # read_peaks connects 2 * SLICES times at once; past the default backlog of 5 the kernel drops a SYN and the
+    # client sends it again a second later.
+    request_queue_size = 64
+
+
 @contextmanager
 def fake_prometheus(answer: Any, status: int = 200) -> Iterator[tuple[str, list[str]]]:
     """A server whose /api/v1/query answers `answer(query)` (a dict by metric name, or raw bytes), and the queries
@@ -48,8 +54,9 @@ def fake_prometheus(answer: Any, status: int = 200) -> Iterator[tuple[str, list[
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    server = _Server(("127.0.0.1", 0), Handler)
+    # A short poll: shutdown() waits for serve_forever to look at its flag, by default every 0.5 s.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", asked

@@ -5,14 +5,15 @@ quotas, kill nothing."""
 
 from __future__ import annotations
 
+import functools
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import pytest
 
 from vramguard.core.decide import DecisionState, decide
-from vramguard.core.model import GiB, MiB, Mode, NamespacePolicy, Policy
+from vramguard.core.model import GiB, MiB, Mode, NamespacePolicy, PodInfo, Policy
 from vramguard.core.peaks import PeakWindow
 from vramguard.core.quota import QuotaBook, parse_quota_source
 from vramguard.plugin.recommend import (
@@ -255,12 +256,20 @@ def _trace(rng: random.Random) -> list[tuple[float, int]]:
     return out
 
 
-@pytest.mark.parametrize("headroom", [0.0, 0.10, 0.25])
-def test_replaying_the_usage_at_the_recommended_quotas_kills_nothing(headroom: float) -> None:
-    """Twenty-four workloads' traces, scanned by the agent's peak window and scraped every 30 s: `recommend` from the
-    scraped peaks (max_over_time), then every scan of every trace through `decide` in kill mode with the recommended
-    quotas: no violation, no action. The same traces at the quotas the usage gauge alone would give (max_over_time
-    of the scraped usage) are killed: the peak metric is what makes it hold."""
+@dataclass(frozen=True)
+class _Scraped:
+    """What the replay's workloads used, and what Prometheus scraped of it."""
+
+    traces: dict[str, list[tuple[float, int]]]  # by workload name
+    pods: dict[str, PodInfo]
+    peak_bytes: dict[str, int]  # max_over_time of the scraped peak gauge
+    used_bytes: dict[str, int]  # max_over_time of the scraped usage gauge
+
+
+@functools.cache
+def _scraped() -> _Scraped:
+    """Twenty-four workloads' traces, scanned by the agent's peak window and scraped every 30 s. It does not depend on
+    the headroom, so it is made once for every case."""
     rng = random.Random(34)
     device = gpu(0, total_bytes=10_000 * GiB)
     names = [f"job-{i}" for i in range(24)]
@@ -286,28 +295,41 @@ def test_replaying_the_usage_at_the_recommended_quotas_kills_nothing(headroom: f
             for u in snapshot.containers:
                 name = u.pod.name.rsplit("-", 2)[0]
                 scraped_used[name] = max(scraped_used[name], u.used_bytes)
+    return _Scraped(traces, pods, scraped_peak, scraped_used)
 
+
+@pytest.mark.parametrize("headroom", [0.0, 0.10, 0.25])
+def test_replaying_the_usage_at_the_recommended_quotas_kills_nothing(headroom: float) -> None:
+    """Twenty-four workloads' traces, scanned by the agent's peak window and scraped every 30 s: `recommend` from the
+    scraped peaks (max_over_time), then every scan of every trace through `decide` in kill mode with the recommended
+    quotas: no violation, no action. The same traces at the quotas the usage gauge alone would give (max_over_time
+    of the scraped usage) are killed: the peak metric is what makes it hold."""
+    scraped = _scraped()
+    device = gpu(0, total_bytes=10_000 * GiB)
+    names = list(scraped.traces)
     owners = _owners(*(workload("Deployment", NS, name, template()) for name in names))
-    series = [_series(pods[name].name, scraped_peak[name]) for name in names]
+    series = [_series(scraped.pods[name].name, scraped.peak_bytes[name]) for name in names]
     rows = {r.workload.name: r for r in recommend(series, owners, Policy(), headroom)}
-    assert all(r.peak_bytes == max(b for _, b in traces[name]) for name, r in rows.items()), "the true peaks"
+    assert all(r.peak_bytes == max(b for _, b in scraped.traces[name]) for name, r in rows.items()), "the true peaks"
 
-    def killed_at(quotas: dict[str, int]) -> int:
+    def first_violation(quotas: dict[str, int]) -> float | None:
+        """The time of the first scan in which `decide` finds a container over its quota; None if none does. Each
+        scan is decided from a fresh state, so the scans after the first violation need not be replayed."""
         limited = {
             name: replace(p, containers=(replace(p.containers[0], limits={"vramguard.io/vram": str(quotas[name])}),))
-            for name, p in pods.items()
+            for name, p in scraped.pods.items()
         }
         policy = Policy(mode=Mode.KILL, hard_grace_s=0.0)
         book, _ = QuotaBook(policy).resolve({p.uid: p for p in limited.values()}, {})
-        over = 0
-        for step in range(len(traces[names[0]])):
+        for step in range(len(scraped.traces[names[0]])):
             builder = SnapshotBuilder(devices=[device])
             for name in names:
-                builder.use(limited[name], "main", device, traces[name][step][1])
+                builder.use(limited[name], "main", device, scraped.traces[name][step][1])
             decision, _ = decide(builder.build(), book, policy, DecisionState(), step * SCAN_S)
-            over += len(decision.violations)
-        return over
+            if decision.violations:
+                return step * SCAN_S
+        return None
 
-    assert killed_at({name: r.recommended_bytes for name, r in rows.items()}) == 0
-    by_usage_gauge = {name: recommended_bytes(scraped_used[name], headroom) for name in names}
-    assert killed_at(by_usage_gauge) > 0, "the scraped usage alone misses spikes"
+    assert first_violation({name: r.recommended_bytes for name, r in rows.items()}) is None
+    by_usage_gauge = {name: recommended_bytes(scraped.used_bytes[name], headroom) for name in names}
+    assert first_violation(by_usage_gauge) is not None, "the scraped usage alone misses spikes"
