@@ -2,7 +2,7 @@
 # The project's checks: ruff, mypy, then the whole test suite. Extra arguments go to pytest.
 #
 #   bash scripts/test.sh            # everything (what CI runs)
-#   bash scripts/test.sh --unit     # tests/unit alone: pure tests, no root, no build, under 30 seconds
+#   bash scripts/test.sh --unit     # tests/unit alone: pure tests, no root, no build, under 20 seconds
 #   bash scripts/test.sh tests/node -x   # some tests: everything is built first, then pytest runs with these
 #
 # The tiers are directories that say what their tests need: tests/unit (nothing), tests/node (root, real
