@@ -28,8 +28,8 @@ class Checks:
     failing, its failing checks' reasons joined: a later stage's failure is most often a consequence of an earlier
     one's (no scan completes while NVML is down), and the first reason is the one to act on. Where every check
     passes, what they found, or `passed` where none says anything. `listing()` is every check on a line of its own,
-    as the kube-apiserver's `/readyz?verbose` lists them (`[+]ping ok`, `[-]etcd failed: why`), and a last line
-    naming the set.
+    as Kubernetes' own API server lists them on `/readyz?verbose` (`[+]ping ok`, `[-]informer-sync failed: why`),
+    and a last line naming the set.
     """
 
     def __init__(self, name: str, stages: Sequence[Sequence[tuple[str, Check]]], passed: str = "ok") -> None:
