@@ -11,7 +11,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from types import MappingProxyType
 
 import structlog
@@ -87,6 +87,7 @@ class Agent:
         policy_digest: str | None = None,
         exited_hold_s: float = EXITED_HOLD_S,
         orphan_reads: OrphanReads | None = None,
+        api_uids: Container[str] = frozenset(),
     ) -> None:
         self.sampler = sampler
         self.identifier = identifier
@@ -115,7 +116,8 @@ class Agent:
         self.quotas = QuotaBook(policy)
         self.peaks = PeakWindow()  # each subject's highest usage over the last minute, for the metric
         self.exited = ExitedTracker(exited_hold_s)  # how long exited PIDs have held GPU memory: a GPU to reset
-        self.orphans = OrphanTracker()  # the processes of pods that are gone (`core/orphans.py`)
+        # The processes of pods that are gone (`core/orphans.py`): only of pods the API server had (`api_uids`).
+        self.orphans = OrphanTracker(api_uids)
         self.orphan_reads = orphan_reads  # None: no fresh reads, so no orphan is ever confirmed (tests, the demo)
         self.kill_memory = kill_memory  # None: kills are forgotten with the process (--dry-run, tests)
         kills = kill_memory.load(self.clock.now()) if kill_memory is not None else {}

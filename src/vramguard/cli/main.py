@@ -42,6 +42,7 @@ from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json
 from vramguard.node.describe import describer
+from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR
 from vramguard.node.limiter import read_held_limits
 from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlMemoryLimiter, NvmlUnavailable
 
@@ -83,6 +84,15 @@ CgroupRootOpt = Annotated[
         envvar="VRAMGUARD_CGROUP_ROOT",
         help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there, and "
         "driver limits name its v2 directories.",
+    ),
+]
+PodLogsDirOpt = Annotated[
+    str,
+    typer.Option(
+        "--pod-logs-dir",
+        envvar="VRAMGUARD_POD_LOGS_DIR",
+        help="Where the host's kubelet pod logs directory is mounted (the kubelet's podLogsDir, /var/log/pods by "
+        "default): its <namespace>_<name>_<uid> entries tell a static pod's genuine mirror pod from a forgery.",
     ),
 ]
 PodsFileOpt = Annotated[
@@ -141,6 +151,7 @@ def run(
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
     driver_root: DriverRootOpt = "",
     nvml_library: NvmlLibraryOpt = "",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
@@ -233,6 +244,7 @@ def run(
             device_prefix=device_prefix,
             nvml_location=NvmlLocation(driver_root, nvml_library),
             exited_hold_s=exited_hold,
+            pod_logs_dir=pod_logs_dir,
         ),
         policy_path=policy_path,
         overrides=overrides,
@@ -256,6 +268,7 @@ def top(
     policy_path: PolicyOpt = None,
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
     driver_root: DriverRootOpt = "",
     nvml_library: NvmlLibraryOpt = "",
     pods_file: PodsFileOpt = None,
@@ -273,7 +286,7 @@ def top(
     policy = _or_exit(lambda: policy_file(policy_path, Overrides())[0])
     # The agent here is this command's own: dry run, scanning every refresh, with none of `serve`'s parts.
     setup = ScanSetup(node_name, policy, True, proc_root, cgroup_root, pods_file, kubeconfig,
-                      nvml_location=NvmlLocation(driver_root, nvml_library))  # fmt: skip
+                      nvml_location=NvmlLocation(driver_root, nvml_library), pod_logs_dir=pod_logs_dir)  # fmt: skip
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(setup, metrics))
     services = Services()

@@ -57,6 +57,7 @@ from vramguard.kube.events import KubeEventRecorder, KubeEventSink
 from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.pods_file import FilePodSource
+from vramguard.node.api_uids import ApiUids
 from vramguard.node.cgroup import v2_root
 from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
@@ -64,6 +65,7 @@ from vramguard.node.describe import describer
 from vramguard.node.freezes import FreezeJournal, freeze_journal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
+from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR, KubeletPods
 from vramguard.node.limiter import DriverLimiter, probe_limits
 from vramguard.node.repeats import KillFile
 from vramguard.nvml import (
@@ -129,6 +131,7 @@ class ScanSetup:
     device_prefix: str = "/dev/nvidia"
     nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
     exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
+    pod_logs_dir: str = DEFAULT_POD_LOGS_DIR  # the kubelet's, as mounted here: what backs a mirror pod's claim
 
 
 @dataclass
@@ -144,6 +147,8 @@ class Cluster:
     parts: tuple[tuple[str, Service], ...] = ()
     # Where scans are called for between polls: by the pod sources (a pod learned late) and the memory watch.
     scan_calls: ScanCalls | None = None
+    # The UIDs the API server gave this node's pods: only theirs can be orphans (`core/orphans.py`).
+    api_uids: ApiUids = field(default_factory=ApiUids)
 
     def start(self, services: Services) -> None:
         """Start the background parts in `services`, which stops them in reverse."""
@@ -178,20 +183,32 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
     return reloader
 
 
-def connect(setup: ScanSetup, metrics: Metrics, clock: Clock = SYSTEM_CLOCK) -> Cluster:
+def connect(
+    setup: ScanSetup, metrics: Metrics, clock: Clock = SYSTEM_CLOCK, api_uids: ApiUids | None = None
+) -> Cluster:
     """The pods file and the log, or the API server (pods watched in the background, Events on a writer, and
-    where the policy reads quotas from DRA claims, this node's ResourceSlices and its pods' claims). Nothing is
-    started: `Cluster.start`."""
+    where the policy reads quotas from DRA claims, this node's ResourceSlices and its pods' claims), and the
+    kubelet's own word on its pods (`KubeletPods`, which mirror claims are judged by). `api_uids`: the UIDs the
+    API server gave this node's pods, kept across restarts (in memory when None). Nothing is started:
+    `Cluster.start`."""
     policy, pods_file, node_name = setup.policy, setup.pods_file, setup.node_name
+    api_uids = api_uids if api_uids is not None else ApiUids()
+    kubelet = KubeletPods(setup.pod_logs_dir, clock=clock)
     claim_sources = reads_claims(policy.quota_sources)
     calls = scan_calls(policy, metrics, clock)
     on_pods = calls.pods_updated if calls is not None else None
     if pods_file is not None:
-        from_file = FilePodSource(str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods)
+        from_file = FilePodSource(
+            str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods, kubelet=kubelet, api_uids=api_uids
+        )
+        kubelet.on_change = from_file.rejudge
         # The file's ResourceClaims and ResourceSlices, read with its pods.
         file_claims = from_file if claim_sources else None
-        parts: tuple[tuple[str, Service], ...] = (("pods-file", from_file),)
-        return Cluster(from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts, scan_calls=calls)
+        parts: tuple[tuple[str, Service], ...] = (("kubelet-pods", kubelet), ("pods-file", from_file))
+        return Cluster(
+            from_file, LogEventRecorder(), NoApiEvictor(), claims=file_claims, parts=parts, scan_calls=calls,
+            api_uids=api_uids,
+        )  # fmt: skip
     if not node_name:
         raise WiringError("--node-name (or NODE_NAME) is required to watch this node's pods")
     try:
@@ -209,13 +226,14 @@ def connect(setup: ScanSetup, metrics: Metrics, clock: Clock = SYSTEM_CLOCK) -> 
     def count(resource: str, verb: str) -> None:
         metrics.api_requests.labels(resource=resource, verb=verb).inc()
 
-    pods = KubePodSource(api, node_name, count=count, clock=clock, on_pods=on_pods)
-    kube_parts: list[tuple[str, Service]] = [("events", events), ("pods", pods)]
+    pods = KubePodSource(api, node_name, count=count, clock=clock, on_pods=on_pods, kubelet=kubelet, api_uids=api_uids)
+    kubelet.on_change = pods.rejudge
+    kube_parts: list[tuple[str, Service]] = [("events", events), ("kubelet-pods", kubelet), ("pods", pods)]
     claims = None
     if claim_sources:
         claims = KubeClaimSource(api, node_name, pods, count=count, clock=clock)
         kube_parts.append(("claims", claims))  # after the pods: it reads the claims the pods name
-    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts), calls)
+    return Cluster(pods, events, KubeEvictor(api, clock=clock), api, claims, tuple(kube_parts), calls, api_uids)
 
 
 def scan_calls(policy: Policy, metrics: Metrics, clock: Clock) -> ScanCalls | None:
@@ -317,6 +335,7 @@ def build_agent(
         exited_hold_s=setup.exited_hold_s,
         # Only the agent that runs confirms orphans: `top` never counts memory orphaned.
         orphan_reads=OrphanReads(cluster.pods, clock=clock) if serving is not None else None,
+        api_uids=cluster.api_uids,
     )
 
 
@@ -659,7 +678,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     open_files = raise_open_file_limit()
     journal = None if setup.dry_run else freeze_journal(config.state_dir, setup.cgroup_root)
     metrics = Metrics()
-    cluster = connect(setup, metrics, clock)
+    # What earlier agents on this node saw the API server give its pods: a restarted agent still reclaims those.
+    cluster = connect(setup, metrics, clock, ApiUids(None if setup.dry_run else config.state_dir))
     capacity = capacity_publisher(
         cluster, setup.node_name, config.capacity_reserve_bytes, config.advertise_capacity, setup.dry_run, clock
     )

@@ -200,11 +200,16 @@ class CgroupIdentity:
     runtime: str | None = None  # "containerd", "crio", "docker", or None when the leaf has no prefix
     qos: str | None = None  # "guaranteed", "burstable", "besteffort"
 
+
+class KubeletPod(NamedTuple):
+    """The namespace and name this node's kubelet runs a pod UID as, from the node itself (`ports.KubeletPods`)."""
+
+    namespace: str
+    name: str
+
     @property
-    def from_api_server(self) -> bool:
-        """Whether the pod UID is one the API server gave (an RFC 4122 UUID, with dashes), not the 32-hex hash the
-        kubelet derives for a static pod from its manifest: only such a pod can be gone from the API server."""
-        return "-" in self.pod_uid
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 Identity = tuple[ProcessRef, CgroupIdentity | None]

@@ -15,11 +15,12 @@ pod) by two tests, both needed:
    lagging watch cache) keeps the cache healthy-looking and behind; the read is not behind. A pod UID is never
    reused, so an absence confirmed so is final: the UID is an orphan for as long as its processes hold memory.
 
-Only what the API server could have deleted is ever an orphan: a pod cgroup whose UID is an API server UUID
-(a static pod runs under the 32-hex hash the kubelet derives from its manifest: `CgroupIdentity.from_api_server`),
-not the agent's own pod, not a pod last seen as a static pod. A process outside the kubelet's pod cgroups is never
-one (the attribute stage gives it no pod cgroup). The tracker also keeps a bounded memory of the pods that left
-the cache (`Departed`), so that what is reported names the pod where the agent saw it.
+Only what the API server could have deleted is ever an orphan: a pod cgroup whose UID this node's agents saw the
+API server give a pod (`api_uids`, `node/api_uids.py`); not a static pod, whatever its UID's form (a manifest may
+set a UUID of its own, and its mirror may be missing), not a pod made and deleted while no agent ran (reported,
+never reclaimed), not the agent's own pod, not a pod last seen as a static pod. A process outside the kubelet's
+pod cgroups is never one (the attribute stage gives it no pod cgroup). The tracker also keeps a bounded memory of
+the pods that left the cache (`Departed`), so that what is reported names the pod where the agent saw it.
 
     scan = tracker.observe(snapshot.unattributed, pods, healthy=pods.synced() and pods.problem() is None, now=now)
     if scan.read_wanted: ...  # a fresh read of the API server, off the scan (`agent/orphan_reads.py`)
@@ -28,7 +29,7 @@ the cache (`Departed`), so that what is reported names the pod where the agent s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vramguard.core.model import KillTarget, PodInfo, Policy, ProcessRef, UnattributedProcess, UnattributedReason
@@ -146,9 +147,15 @@ class OrphanTracker:
     """`observe` after each attribution; `confirm` with each fresh read; `acted` after each reclaim or report.
     The loop owns it; nothing here reads a clock."""
 
-    def __init__(self, max_pods: int = MAX_ORPHAN_PODS, max_departed: int = MAX_DEPARTED) -> None:
+    def __init__(
+        self,
+        api_uids: Container[str] = frozenset(),
+        max_pods: int = MAX_ORPHAN_PODS,
+        max_departed: int = MAX_DEPARTED,
+    ) -> None:
         if max_pods < 1 or max_departed < 1:
             raise ValueError("need max_pods >= 1 and max_departed >= 1")
+        self.api_uids = api_uids  # read only: the pod source adds to it
         self.max_pods = max_pods
         self.max_departed = max_departed
         self._absent: dict[str, float] = {}  # pod UID → since when the healthy cache has lacked it
@@ -183,7 +190,9 @@ class OrphanTracker:
         rows: dict[str, list[UnattributedProcess]] = {}
         for u in unattributed:
             c = u.cgroup
-            if u.reason not in CANDIDATE_REASONS or c is None or not c.from_api_server or c.pod_uid == agent_pod_uid:
+            if u.reason not in CANDIDATE_REASONS or c is None or c.pod_uid not in self.api_uids:
+                continue
+            if c.pod_uid == agent_pod_uid:
                 continue
             known = self._departed.get(c.pod_uid)
             if known is not None and known.static:

@@ -19,6 +19,7 @@ from vramguard.core.model import (
     Identity,
     KillRecord,
     KillTarget,
+    KubeletPod,
     PodInfo,
     ProcessRef,
     SubjectKey,
@@ -72,6 +73,23 @@ class PodSource(Protocol):
         ...
 
     def node_labels(self) -> Mapping[str, str]: ...
+
+
+class KubeletPods(Protocol):
+    """The pods this node's kubelet has set up, as the node itself records them (`node/kubelet_pods.py`): what a
+    tenant cannot forge. Never blocks: it answers from what it last read."""
+
+    def runs(self, uid: str) -> KubeletPod | None:
+        """The namespace and name the kubelet runs `uid` as; None when it runs no pod of that UID (or cannot say)."""
+        ...
+
+
+class ApiUidRecord(Protocol):
+    """The UIDs the API server gave this node's pods, as this node's agents saw them (`node/api_uids.py`)."""
+
+    def add(self, uids: Iterable[str]) -> None: ...
+
+    def __contains__(self, uid: object) -> bool: ...
 
 
 class PodLister(Protocol):

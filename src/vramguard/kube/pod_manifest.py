@@ -9,13 +9,14 @@ A static pod's mirror pod becomes the PodInfo of the static pod, under the UID t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
 from vramguard.core.model import ClaimUse, ContainerInfo, PodInfo
+from vramguard.core.ports import KubeletPods
 from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 from vramguard.core.text import MAX_TEXT_CHARS, cut
 
@@ -24,13 +25,13 @@ MAX_VALUE_CHARS: Final = MAX_TEXT_CHARS
 MAX_CLAIMS: Final = 32
 # On a static pod's mirror pod, the UID the kubelet runs the static pod under: its config hash, which is its UID
 # (kubelet pkg/kubelet/pod/mirror_client.go, pkg/kubelet/config/common.go). The API server requires spec.nodeName
-# with it and refuses to add, change or remove it after creation, but anyone who may create a pod may write it.
+# with it and refuses to add, change or remove it after creation, but anyone who may create a pod may write it:
+# `index_pods` believes it only where the node backs it.
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 # The forms a pod cgroup names its pod by (`node/cgroup.py`): the kubelet's 32-hex hash of a manifest, or a UUID (a
 # manifest may set its own metadata.uid). A value of another form names no cgroup the agent reads: ignored.
 _MIRROR_UID: Final = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 _MIRROR_UID_CHARS: Final = 36
-MAX_CLAIMANTS_NAMED: Final = 5  # at most, in the reason a claim is refused for
 
 
 class PodSourceError(Exception):
@@ -107,41 +108,58 @@ def _mirror_of(annotations: object) -> str | None:
 @dataclass(frozen=True, slots=True)
 class PodIndex:
     """Pods by the UID the kubelet runs each under (`PodInfo.uid`, the `PodSource.pods()` mapping), and the mirror
-    claims not believed: the UID claimed → why, naming the claimants."""
+    claims not believed: the claiming pod's own metadata.uid → why."""
 
     pods: Mapping[str, PodInfo]
     refused: Mapping[str, str]
 
 
-def index_pods(pods: Iterable[PodInfo]) -> PodIndex:
+def index_pods(
+    pods: Iterable[PodInfo], *, kubelet: KubeletPods | None = None, api_uids: Container[str] = frozenset()
+) -> PodIndex:
     """Index `pods` (each API object once) by the UID the kubelet runs each under.
 
-    A mirror pod's annotation is tenant input: a pod that claims another pod's UID would have that pod's processes
-    judged against its own quota, and acted on. So a claim is believed only where it is the one claim on a UID that
-    no pod has as its own metadata.uid: a pod of that UID wins over any claim, and a UID claimed by two or more
-    pods is nobody's (its processes are not in the cache) until all but one of them are gone.
+    A mirror pod's annotation is tenant input: anyone who may create a pod bound to the node may write one, naming
+    any UID. So a claim is believed only where the node itself says it is the static pod's mirror: `kubelet` runs
+    that UID as exactly the claimant's namespace and name (the kubelet gives a mirror pod its static pod's, and the
+    API server lets one pod have a namespace and name). A claim on a UID the API server gave a pod (one in `pods`,
+    or in `api_uids`) names no static pod and is refused outright; a claim the kubelet does not back is refused
+    until it does (a mirror the kubelet made before the pod's sandbox: it is asked again at the next version).
+    A refused claim changes nothing: it voids no genuine claim and shields no pod's processes.
     """
     by_uid: dict[str, PodInfo] = {}
-    claims: dict[str, list[PodInfo]] = {}
+    claims: list[PodInfo] = []
     for pod in pods:
         if pod.static:
-            claims.setdefault(pod.uid, []).append(pod)
+            claims.append(pod)
         else:
             by_uid[pod.uid] = pod
     refused: dict[str, str] = {}
-    for uid, claimants in claims.items():
-        if len(claimants) == 1 and uid not in by_uid:
-            by_uid[uid] = claimants[0]
-            continue
-        keys = sorted(c.key for c in claimants)
-        named = ", ".join(keys[:MAX_CLAIMANTS_NAMED]) + (" and more" if len(keys) > MAX_CLAIMANTS_NAMED else "")
-        owner = by_uid.get(uid)
-        refused[uid] = (
-            f"pod {owner.key} has this UID; the mirror claim of {named} is not believed"
-            if owner is not None
-            else f"claimed as a static pod's mirror by {len(keys)} pods ({named}): none is believed"
-        )
+    for pod in claims:
+        why = _refusal(pod, by_uid, kubelet, api_uids)
+        if why is None and pod.uid not in by_uid:
+            by_uid[pod.uid] = pod
+        else:
+            why = why or "another pod's claim on it is believed"
+            refused[pod.object_uid] = f"pod {pod.key} claims to be the mirror of UID {pod.uid}: {why}"
     return PodIndex(by_uid, refused)
+
+
+def _refusal(
+    pod: PodInfo, by_uid: Mapping[str, PodInfo], kubelet: KubeletPods | None, api_uids: Container[str]
+) -> str | None:
+    """Why `pod`'s mirror claim is not believed; None when the node backs it."""
+    owner = by_uid.get(pod.uid)
+    if owner is not None and not owner.static:
+        return f"the API server gave that UID to pod {owner.key}"
+    if pod.uid in api_uids:
+        return "the API server gave that UID to a pod of this node"
+    runs = kubelet.runs(pod.uid) if kubelet is not None else None
+    if runs is None:
+        return "this node's kubelet runs no pod of that UID"
+    if (runs.namespace, runs.name) != (pod.namespace, pod.name):
+        return f"this node's kubelet runs that UID as {runs.key}"
+    return None
 
 
 def log_refused(
@@ -150,7 +168,7 @@ def log_refused(
     """Log each refused mirror claim of `refused` once: those not in `before` (the last version served)."""
     for uid, why in refused.items():
         if before.get(uid) != why:
-            log.warning("pod_mirror_claim_refused", uid=uid, why=why)
+            log.warning("pod_mirror_claim_refused", pod_uid=uid, why=why)
 
 
 def _entries(value: object) -> list[Mapping[str, Any]]:

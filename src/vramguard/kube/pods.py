@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,11 +13,11 @@ from kubernetes import client
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.model import PodInfo
+from vramguard.core.ports import ApiUidRecord, KubeletPods
 from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS, TIMEOUT_LIST
 from vramguard.kube.nodes import NodeSource
 from vramguard.kube.pod_manifest import (
-    MIRROR_ANNOTATION,
     PodSourceError,
     index_pods,
     log_refused,
@@ -35,7 +36,9 @@ class KubePodSource:
 
     The cache holds each Pod object by its metadata.uid, as the watch names it (a mirror pod's update or deletion
     finds its entry), and serves them by the UID the kubelet runs each under (`index_pods`, which also says which
-    static pods' mirror claims are not believed: each such claim is logged once, when it appears).
+    static pods' mirror claims are not believed: each such claim is logged once, when it appears). Claims are
+    judged by what the node says (`kubelet`) and by the UIDs the API server gave (`api_uids`, to which the cache
+    adds each pod's own UID as it arrives); `rejudge` when what the node says changed.
     """
 
     def __init__(
@@ -47,8 +50,13 @@ class KubePodSource:
         clock: Clock = SYSTEM_CLOCK,
         count: RequestCounter = uncounted,
         on_pods: Callable[[Iterable[PodInfo]], None] | None = None,
+        kubelet: KubeletPods | None = None,
+        api_uids: ApiUidRecord | None = None,
     ) -> None:
         self.node_name = node_name
+        self.kubelet = kubelet
+        self.api_uids: ApiUidRecord = api_uids if api_uids is not None else _MemoryUids()
+        self._serving = threading.Lock()  # the watch's thread serves a new version; `rejudge`, the node's
         self.on_pods = on_pods
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
@@ -114,7 +122,23 @@ class KubePodSource:
         self._count("pods", "LIST")
         resp = self._list(_preload_content=False, _request_timeout=TIMEOUT_LIST)
         body = json.loads(resp.data)
-        return frozenset(_uids(body.get("items") if isinstance(body, Mapping) else None))
+        return frozenset(self._uids(body.get("items") if isinstance(body, Mapping) else None))
+
+    def _uids(self, items: object) -> Iterable[str]:
+        """Each Pod's metadata.uid, and the UID a mirror pod's claim names where the claim is believed, from a LIST's
+        items (anything else skipped: a UID is only ever added, so a malformed item can keep an orphan from being
+        confirmed, never confirm one; a forged claim is not believed, so it keeps none from being confirmed)."""
+        pods = []
+        for item in items if isinstance(items, list) else ():
+            meta = item.get("metadata") if isinstance(item, Mapping) else None
+            uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            if isinstance(uid, str):
+                yield uid
+            try:
+                pods.append(pod_info_from_manifest(item))
+            except (PodSourceError, ValueError, TypeError, AttributeError):
+                continue
+        yield from index_pods(pods, kubelet=self.kubelet, api_uids=self.api_uids).pods
 
     # -- Store ---------------------------------------------------------------------------------------------------
 
@@ -142,9 +166,28 @@ class KubePodSource:
         if self.on_pods is not None and kind != "DELETED":
             self.on_pods((info,))
 
+    def rejudge(self) -> None:
+        """Judge the mirror claims again (what the node says changed: `KubeletPods.on_change`)."""
+        with self._serving:
+            objects = self._objects
+            before = self._pods
+            self._index(objects)
+            changed = self._pods != before
+        if changed and self.on_pods is not None:
+            self.on_pods(self._pods.values())
+
+    def refused(self) -> Mapping[str, str]:
+        """The mirror claims not believed now: the claiming pod's metadata.uid → why."""
+        return self._refused
+
     def _serve(self, objects: dict[str, PodInfo]) -> None:
         """Serve `objects`, indexed; both replaced, never mutated: a reader always sees one consistent version."""
-        index = index_pods(objects.values())
+        self.api_uids.add(p.object_uid for p in objects.values())
+        with self._serving:
+            self._index(objects)
+
+    def _index(self, objects: Mapping[str, PodInfo]) -> None:
+        index = index_pods(objects.values(), kubelet=self.kubelet, api_uids=self.api_uids)
         self._objects, self._pods = objects, index.pods
         log_refused(self.log, index.refused, self._refused)
         self._refused = index.refused
@@ -161,17 +204,14 @@ class KubePodSource:
         return old if old == info else info
 
 
-def _uids(items: object) -> Iterable[str]:
-    """Each Pod's metadata.uid, and the UID its mirror annotation names, from a LIST's items (anything else skipped:
-    a UID is only ever added, so a malformed item can keep an orphan from being confirmed, never confirm one)."""
-    for item in items if isinstance(items, list) else ():
-        meta = item.get("metadata") if isinstance(item, Mapping) else None
-        if not isinstance(meta, Mapping):
-            continue
-        uid = meta.get("uid")
-        if isinstance(uid, str):
-            yield uid
-        annotations = meta.get("annotations")
-        mirror = annotations.get(MIRROR_ANNOTATION) if isinstance(annotations, Mapping) else None
-        if isinstance(mirror, str):
-            yield mirror
+class _MemoryUids:
+    """An `ApiUidRecord` kept in memory only, for a source given none (`top`, tests)."""
+
+    def __init__(self) -> None:
+        self._uids: set[str] = set()
+
+    def add(self, uids: Iterable[str]) -> None:
+        self._uids.update(uids)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids

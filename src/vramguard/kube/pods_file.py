@@ -24,6 +24,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.documents import MAX_BYTES, YAML_PARSERS, DocumentError, load_json, load_yaml
 from vramguard.core.model import PodInfo
+from vramguard.core.ports import ApiUidRecord, KubeletPods
 from vramguard.core.shares import (
     Claim,
     ClaimKey,
@@ -52,7 +53,13 @@ class PodList:
 
 
 def parse_pod_list(
-    data: bytes, node_name: str | None = None, *, max_bytes: int = MAX_BYTES, yaml_parser: str = YAML_PARSERS[0]
+    data: bytes,
+    node_name: str | None = None,
+    *,
+    max_bytes: int = MAX_BYTES,
+    yaml_parser: str = YAML_PARSERS[0],
+    kubelet: KubeletPods | None = None,
+    api_uids: ApiUidRecord | None = None,
 ) -> PodList:
     """The pods bound to `node_name` (all of them when None), and that Node's labels, from a pods file's bytes.
 
@@ -61,7 +68,8 @@ def parse_pod_list(
     (`kubectl get pods,resourceclaims,resourceslices -A -o yaml`). JSON when it starts with `{`, YAML otherwise,
     under `vramguard.core.documents`' rules; YAML plain scalars other than null, booleans and decimal integers
     stay text (floats, timestamps), as written. A YAML file's items are translated as each is read, so its nodes
-    are held one item at a time. `yaml_parser` is one of `documents.YAML_PARSERS`.
+    are held one item at a time. `yaml_parser` is one of `documents.YAML_PARSERS`. Mirror claims are judged by
+    `index_pods` with `kubelet` and `api_uids`, to which each object's own UID (the API server's) is added first.
 
     Raises PodSourceError, naming the line where there is one, for anything wrong with the file."""
     collector = _Collector(node_name)
@@ -88,7 +96,10 @@ def parse_pod_list(
         raise PodSourceError("items: has no value (a file cut right after `items:`?); no pods is `items: []`")
     elif not isinstance(root["items"], list):
         raise PodSourceError(f"items: expected a list of Pods, got {_type_name(root['items'])}")
-    served = index_pods(collector.pods.values())
+    if api_uids is not None:
+        api_uids.add(p.object_uid for p in collector.pods.values())
+    known = api_uids if api_uids is not None else frozenset(p.object_uid for p in collector.pods.values())
+    served = index_pods(collector.pods.values(), kubelet=kubelet, api_uids=known)
     shares = {uid: held for uid, pod in served.pods.items() if pod.claims and (held := collector.shares(pod))}
     return PodList(pods=served.pods, node_labels=collector.labels, shares=shares, refused=served.refused)
 
@@ -170,8 +181,12 @@ class FilePodSource:
         clock: Clock = SYSTEM_CLOCK,
         log: Log | None = None,
         on_pods: Callable[[Iterable[PodInfo]], None] | None = None,
+        kubelet: KubeletPods | None = None,
+        api_uids: ApiUidRecord | None = None,
     ) -> None:
         self.path = path
+        self.kubelet = kubelet
+        self.api_uids = api_uids
         self.on_pods = on_pods
         self.node_name = node_name
         self.check_interval_s = check_interval_s
@@ -212,6 +227,10 @@ class FilePodSource:
         kubelet runs each under, and each object's own. Raises when the file cannot be read or parsed."""
         pods = self._read(os.stat(self.path)).pods
         return frozenset(pods) | frozenset(p.object_uid for p in pods.values())
+
+    def rejudge(self) -> None:
+        """Judge the mirror claims again at the next round (what the node says changed: `KubeletPods.on_change`)."""
+        self._read_version = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -288,7 +307,9 @@ class FilePodSource:
             data = f.read(self.max_bytes + 1)
         if len(data) > self.max_bytes:
             raise PodSourceError(f"grew over the {format_bytes(self.max_bytes)} bound while being read")
-        return parse_pod_list(data, self.node_name, max_bytes=self.max_bytes)
+        return parse_pod_list(
+            data, self.node_name, max_bytes=self.max_bytes, kubelet=self.kubelet, api_uids=self.api_uids
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from vramguard.core.model import (
     GpuMemory,
     GpuSample,
     KillTarget,
+    KubeletPod,
     PodInfo,
     ProcessRef,
     Snapshot,
@@ -133,12 +134,26 @@ class FakeIdentifier:
         return {pid: self.known[pid] for pid in pids if pid in self.known}
 
 
+class FakeKubeletPods:
+    """What the node says its kubelet runs (`ports.KubeletPods`): UID → (namespace, name), as the test sets it."""
+
+    def __init__(self, pods: Mapping[str, tuple[str, str]] | None = None) -> None:
+        self.pods: dict[str, tuple[str, str]] = dict(pods or {})
+
+    def runs(self, uid: str) -> KubeletPod | None:
+        found = self.pods.get(uid)
+        return KubeletPod(*found) if found is not None else None
+
+
 class FakePodSource:
     """A pod cache that holds what the test puts in it."""
 
     def __init__(self, pods: Iterable[PodInfo] = (), labels: Mapping[str, str] | None = None) -> None:
         self._pods: Mapping[str, PodInfo] = MappingProxyType({p.uid: p for p in pods})
         self._labels = dict(labels or {})
+        # The UIDs the API server gave the pods this cache held (`ports.ApiUidRecord`, as `KubePodSource` keeps it):
+        # each pod's own metadata.uid, a mirror pod's included.
+        self.given: set[str] = {p.object_uid for p in self._pods.values()}
         self.is_synced = True
         self.problem_text: str | None = None  # what problem() says; set it to simulate a stale source
         # What a fresh read of the API server finds (`PodLister.present`): None, the cache's pods (a cache in
@@ -149,6 +164,7 @@ class FakePodSource:
 
     def set_pods(self, pods: Iterable[PodInfo]) -> None:
         self._pods = MappingProxyType({p.uid: p for p in pods})
+        self.given.update(p.object_uid for p in self._pods.values())
 
     def pods(self) -> Mapping[str, PodInfo]:
         """The same mapping until `set_pods` replaces it, as `ports.PodSource` promises."""

@@ -110,6 +110,7 @@ class Node:
             claims=claims,
             watch=watch(self) if watch is not None else None,
             orphan_reads=OrphanReads(self.pods, clock=self.clock, runner=Inline()),
+            api_uids=self.pods.given,
         )
 
     def run_gpu(self, *rows: tuple[int, int]) -> None:

@@ -6,7 +6,6 @@ import pytest
 
 from vramguard.core.model import (
     NO_SHARE,
-    CgroupIdentity,
     ContainerInfo,
     GiB,
     GpuDevice,
@@ -61,18 +60,6 @@ def test_a_device_label_names_its_gpu_and_mig_instance(mig_index: int | None, la
     """A GPU's label is its NVML index; a MIG instance's adds the instance."""
     gpu = GpuDevice(index=3, uuid="GPU-3", name="A100", total_bytes=1, used_bytes=0, free_bytes=1, mig_index=mig_index)
     assert gpu.label == label
-
-
-@pytest.mark.parametrize(
-    ("pod_uid", "from_api_server"),
-    [
-        pytest.param("5f3c2b1a-0000-4000-8000-000000000002", True, id="api-server-uuid"),
-        pytest.param("0123456789abcdef0123456789abcdef", False, id="static-pod-manifest-hash"),
-    ],
-)
-def test_only_a_uuid_pod_uid_comes_from_the_api_server(pod_uid: str, from_api_server: bool) -> None:
-    """A static pod's cgroup carries the kubelet's hash of its manifest, which no API object has."""
-    assert CgroupIdentity(pod_uid, None).from_api_server is from_api_server
 
 
 def test_a_static_pod_is_known_to_the_api_server_by_its_mirror() -> None:

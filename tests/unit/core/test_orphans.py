@@ -26,6 +26,10 @@ GONE = "0a0a0a0a-0000-4000-8000-000000000001"
 GONE_TOO = "0b0b0b0b-0000-4000-8000-000000000002"
 AGENT = "0c0c0c0c-0000-4000-8000-000000000003"
 STATIC = "5f3b1c0e9a8d7b6c5d4e3f2a1b0c9d8e"  # the kubelet's hash of a manifest: no dashes
+STATIC_UUID = "0e0e0e0e-0000-4000-8000-000000000005"  # a static pod whose manifest sets its own UID
+NEVER_SEEN = "0f0f0f0f-0000-4000-8000-000000000006"  # a pod made and deleted while no agent on the node ran
+# The UIDs this node's agents saw the API server give its pods (`node/api_uids.py`).
+API_UIDS = frozenset({GONE, GONE_TOO, AGENT})
 CID = "ab" * 32
 CID_2 = "cd" * 32
 GRACE = 120.0
@@ -53,7 +57,7 @@ class World:
     """A tracker driven scan by scan, on a clock in seconds."""
 
     def __init__(self, pods: Sequence[PodInfo] = ()) -> None:
-        self.tracker = OrphanTracker()
+        self.tracker = OrphanTracker(API_UIDS)
         self.now = 0.0
         self.pods: Mapping[str, PodInfo] = {p.uid: p for p in pods}
 
@@ -143,6 +147,8 @@ def test_an_orphan_whose_processes_are_gone_is_forgotten() -> None:
 # What is never a candidate: each case is one scan's row, followed for the grace and read about.
 NEVER = {
     "a-static-pod-runs-under-the-kubelets-hash": row(STATIC),
+    "a-static-pod-whose-manifest-sets-a-uuid-and-has-no-mirror": row(STATIC_UUID),
+    "a-pod-no-agent-saw-the-api-server-give": row(NEVER_SEEN),
     "the-agents-own-pod": row(AGENT),
     "a-process-outside-any-pod-cgroup": row(None, reason=UnattributedReason.NOT_IN_POD),
     "a-process-that-exited": row(None, reason=UnattributedReason.PROCESS_EXITED),
@@ -170,7 +176,7 @@ def test_a_pod_last_seen_as_a_static_pod_is_never_an_orphan() -> None:
 
 def test_the_memory_of_departed_pods_is_bounded() -> None:
     w = World([gone_pod(), gone_pod(GONE_TOO, name="other")])
-    w.tracker = OrphanTracker(max_departed=1)
+    w.tracker = OrphanTracker(API_UIDS, max_departed=1)
     w.scan([], at=0.0)
     w.delete(GONE)
     w.scan([], at=1.0)
@@ -192,7 +198,7 @@ def test_a_pod_back_in_the_cache_is_no_longer_departed() -> None:
 
 def test_pods_followed_at_once_are_bounded() -> None:
     w = World()
-    w.tracker = OrphanTracker(max_pods=1)
+    w.tracker = OrphanTracker(API_UIDS, max_pods=1)
     assert w.scan([row(GONE, 10), row(GONE_TOO, 11), row(GONE, 12)], at=0.0).waiting == 1
 
 

@@ -327,7 +327,7 @@ def test_a_gpu_says_what_orphans_hold_on_it_and_their_rows_name_the_pod_that_is_
     def row(pid: int, device: str, reason: UnattributedReason) -> UnattributedProcess:
         return UnattributedProcess(ProcessRef(pid, pid * 10), device, 2 * GiB, reason, cgroup)
 
-    tracker = OrphanTracker()
+    tracker = OrphanTracker({gone.uid})
     tracker.observe((), {gone.uid: gone}, healthy=True, now=0.0, grace_s=0.0)  # the pod in the cache
     absent = (row(20, GPU0.uuid, UnattributedReason.POD_NOT_IN_CACHE),)
     assert tracker.observe(absent, {}, healthy=True, now=1.0, grace_s=0.0).read_wanted  # the pod deleted

@@ -16,6 +16,7 @@ from vramguard.kube.pod_manifest import (
     index_pods,
     pod_info_from_manifest,
 )
+from vramguard_testbed.fakes import FakeKubeletPods
 
 UID = "3f1c2a9e-0b7d-4c55-9d1e-2b3c4d5e6f70"
 POD: dict[str, Any] = {
@@ -229,44 +230,83 @@ def test_a_mirror_pod_becomes_its_static_pod(mirror: object, uid: str, mirror_ui
     assert info.annotations == {"vramguard.io/vram-limit": "1Gi"}  # the annotation itself is not kept
 
 
+FORGED = "2c3d4e5f-6a7b-4c8d-9e0f-1a2b3c4d5e6f"
+GONE = "3d4e5f6a-7b8c-4d9e-8f0a-1b2c3d4e5f6a"
+OTHER_STATIC = "f" * 32
+# What this node's kubelet runs (its pod logs directory): the static pods, under their namespaces and names.
+KUBELET = FakeKubeletPods({STATIC: ("ml", "job-gpu-1"), OTHER_STATIC: ("ml", "other"), VICTIM: ("ml", "victim")})
+GENUINE = manifest("job-gpu-1", MIRROR, STATIC)
+
+
 @pytest.mark.parametrize(
     ("pods", "served", "refused"),
     [
+        pytest.param([GENUINE], {STATIC: "ml/job-gpu-1"}, {}, id="the-mirror-the-kubelet-backs-is-believed"),
         pytest.param(
-            [manifest("job-gpu-1", MIRROR, STATIC)],
-            {STATIC: "ml/job-gpu-1"}, {}, id="lone-mirror-claim-believed",
+            [GENUINE, manifest("forger", FORGED, STATIC, "tenant")],
+            {STATIC: "ml/job-gpu-1"}, {FORGED: "kubelet runs that UID as ml/job-gpu-1"},
+            id="a-forged-claim-voids-no-genuine-one",
         ),
         pytest.param(
-            [manifest("victim", VICTIM), manifest("forged", MIRROR, VICTIM, "tenant")],
-            {VICTIM: "ml/victim"}, {VICTIM: "pod ml/victim has this UID"}, id="real-pod-wins-over-a-forged-claim",
+            [manifest("forger", FORGED, STATIC, "tenant")],
+            {}, {FORGED: "kubelet runs that UID as ml/job-gpu-1"},
+            id="a-forged-claim-while-the-mirror-is-gone-lends-nothing",
         ),
         pytest.param(
-            [manifest("forged", MIRROR, VICTIM, "tenant"), manifest("victim", VICTIM)],
-            {VICTIM: "ml/victim"}, {VICTIM: "pod ml/victim has this UID"}, id="real-pod-wins-whatever-the-order",
+            [manifest("job-gpu-1", FORGED, STATIC, "tenant")],
+            {}, {FORGED: "kubelet runs that UID as ml/job-gpu-1"},
+            id="the-static-pods-name-in-another-namespace-is-no-mirror",
         ),
         pytest.param(
-            [manifest("job-gpu-1", MIRROR, STATIC), manifest("forged", VICTIM, STATIC, "tenant")],
-            {}, {STATIC: "by 2 pods (ml/job-gpu-1, tenant/forged): none is believed"},
-            id="two-claims-none-believed",
+            [manifest("victim", VICTIM), manifest("forger", FORGED, VICTIM, "tenant")],
+            {VICTIM: "ml/victim"}, {FORGED: "the API server gave that UID to pod ml/victim"},
+            id="a-claim-on-a-live-api-pods-uid-is-refused",
         ),
         pytest.param(
-            [manifest(f"forged-{i}", f"{i:08x}-0000-4000-8000-000000000000", STATIC, "tenant") for i in range(7)],
-            {}, {STATIC: "tenant/forged-4 and more): none"}, id="many-claimants-named-bounded",
+            [manifest("forger", FORGED, VICTIM, "tenant"), manifest("victim", VICTIM)],
+            {VICTIM: "ml/victim"}, {FORGED: "the API server gave that UID to pod ml/victim"},
+            id="a-claim-on-a-live-api-pods-uid-is-refused-whatever-the-order",
         ),
         pytest.param(
-            [manifest("job-gpu-1", MIRROR, STATIC), manifest("other", VICTIM, "f" * 32)],
-            {STATIC: "ml/job-gpu-1", "f" * 32: "ml/other"}, {}, id="claims-on-different-uids-both-believed",
+            [manifest("trainer", FORGED, GONE)],
+            {}, {FORGED: "the API server gave that UID to a pod of this node"},
+            id="a-claim-on-a-gone-api-pods-uid-shields-nothing",
+        ),
+        pytest.param(
+            [manifest("job-gpu-2", MIRROR, "e" * 32)],
+            {}, {MIRROR: "this node's kubelet runs no pod of that UID"},
+            id="a-claim-the-kubelet-does-not-back-waits",
+        ),
+        pytest.param(
+            [GENUINE] + [
+                manifest(f"forged-{i}", f"{i:08x}-0000-4000-8000-000000000000", STATIC, "tenant") for i in range(7)
+            ],
+            {STATIC: "ml/job-gpu-1"},
+            {f"{i:08x}-0000-4000-8000-000000000000": "runs that UID as ml/job-gpu-1" for i in range(7)},
+            id="many-forged-claims-each-refused",
+        ),
+        pytest.param(
+            [GENUINE, manifest("other", VICTIM, OTHER_STATIC)],
+            {STATIC: "ml/job-gpu-1", OTHER_STATIC: "ml/other"}, {}, id="claims-on-different-uids-both-believed",
         ),
     ],
 )  # fmt: skip
 def test_which_mirror_claims_are_believed(
     pods: list[dict[str, Any]], served: dict[str, str], refused: dict[str, str]
 ) -> None:
-    """A mirror annotation is tenant input: whoever may create a pod bound to the node may write one naming another
-    pod's UID, and would have that pod's processes judged against its own quota. A pod whose own UID it is wins
-    over any claim, and a UID claimed by two pods is nobody's (not in the cache); each refusal says why."""
-    index = index_pods(pod_info_from_manifest(p) for p in pods)
+    """A mirror annotation is tenant input: whoever may create a pod bound to the node may write one naming any UID.
+    A claim is believed only where the node's kubelet runs that UID as the claimant's namespace and name; a claim
+    on a UID the API server gave a pod (live, or gone: `api_uids`) is refused; a refused claim changes nothing.
+    Each refusal, keyed by the claimant's own UID, says why."""
+    index = index_pods((pod_info_from_manifest(p) for p in pods), kubelet=KUBELET, api_uids={GONE})
     assert {uid: p.key for uid, p in index.pods.items()} == served
     assert set(index.refused) == set(refused)
     for uid, words in refused.items():
         assert words in index.refused[uid]
+
+
+def test_without_the_kubelets_word_no_claim_is_believed() -> None:
+    """An agent that cannot read what the kubelet runs believes no mirror claim: a static pod is then governed as
+    one without a mirror, never by a tenant's pod."""
+    index = index_pods([pod_info_from_manifest(GENUINE)])
+    assert index.pods == {} and "runs no pod of that UID" in index.refused[MIRROR]

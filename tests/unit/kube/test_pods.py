@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import WatchExpired, watch_events, watched_object
+from vramguard_testbed.fakes import FakeKubeletPods
 
 POD = {
     "metadata": {"uid": "u1", "name": "p", "namespace": "ns", "resourceVersion": "10"},
@@ -119,33 +120,63 @@ def forged(uid: str, claims: str, rv: str) -> dict[str, Any]:
             id="forged-claim-on-a-real-pod",
         ),
         pytest.param(
-            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21"))], {}, 1, id="second-claim-voids-both",
+            [("ADDED", VICTIM), ("DELETED", VICTIM), ("ADDED", forged("f1", VICTIM_UID, "21"))], {}, 1,
+            id="forged-claim-on-a-deleted-pod-refused-by-its-remembered-uid",
+        ),
+        pytest.param(
+            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21"))], {STATIC: "m1"}, 1,
+            id="second-claim-voids-nothing",
         ),
         pytest.param(
             [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("MODIFIED", forged("f1", STATIC, "22"))],
-            {}, 1, id="a-dispute-is-logged-once",
+            {STATIC: "m1"}, 1, id="a-refusal-is-logged-once",
         ),
         pytest.param(
-            [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("DELETED", forged("f1", STATIC, "22"))],
-            {STATIC: "m1"}, 1, id="the-claim-left-alone-is-believed-again",
+            [("ADDED", forged("f1", STATIC, "21")), ("ADDED", MIRROR_POD)], {STATIC: "m1"}, 1,
+            id="a-forgery-first-takes-nothing-from-the-mirror-after-it",
         ),
         pytest.param(
             [("ADDED", MIRROR_POD), ("ADDED", forged("f1", STATIC, "21")), ("ADDED", forged("f2", STATIC, "22"))],
-            {}, 2, id="a-third-claimant-is-a-new-refusal",
+            {STATIC: "m1"}, 2, id="a-second-forger-is-a-new-refusal",
         ),
     ],
 )  # fmt: skip
 def test_a_static_pods_mirror_in_the_cache(
     events: list[tuple[str, dict[str, Any]]], served: dict[str, str], refusals: int
 ) -> None:
-    """The cache holds a mirror pod by its own UID, as the watch names it, and serves it by the kubelet's; a claim
-    not believed (`index_pods`) serves nobody under that UID and is logged once, when it appears."""
-    s = source()
+    """The cache holds a mirror pod by its own UID, as the watch names it, and serves it by the kubelet's where the
+    node backs the claim (`index_pods`); a claim not believed serves nobody and is logged once, when it appears."""
+    s = KubePodSource(client.ApiClient(), "node-1", kubelet=FakeKubeletPods({STATIC: ("ml", "job-node-1")}))
     with capture_logs() as logs:
         for kind, obj in events:
             s.apply(kind, obj)
     assert {uid: p.object_uid for uid, p in s._pods.items()} == served
     assert [e["event"] for e in logs].count("pod_mirror_claim_refused") == refusals
+
+
+def test_a_mirror_made_before_its_sandbox_is_believed_once_the_kubelet_backs_it() -> None:
+    """The kubelet makes a mirror pod before the pod's sandbox (and its pod logs directory): the claim waits, and
+    is believed when the node's word changes (`rejudge`), with no pod event; the pods are heard again."""
+    kubelet = FakeKubeletPods()
+    heard: list[set[str]] = []
+    s = KubePodSource(
+        client.ApiClient(), "node-1", kubelet=kubelet, on_pods=lambda ps: heard.append({p.uid for p in ps})
+    )
+    s.apply("ADDED", MIRROR_POD)
+    assert s.pods() == {} or STATIC not in s._pods
+    kubelet.pods[STATIC] = ("ml", "job-node-1")
+    s.rejudge()
+    assert set(s._pods) == {STATIC} and heard[-1] == {STATIC} and s.refused() == {}
+
+
+def test_a_fresh_read_believes_only_the_claims_the_node_backs() -> None:
+    """What confirms an orphan (`present`) holds each pod's own UID and a believed mirror's claim: a forged claim on
+    a gone pod's UID does not make that pod present, so it shields none of its processes."""
+    s = KubePodSource(client.ApiClient(), "node-1", kubelet=FakeKubeletPods({STATIC: ("ml", "job-node-1")}))
+    s.apply("ADDED", VICTIM)
+    s.apply("DELETED", VICTIM)
+    items = [MIRROR_POD, forged("f1", VICTIM_UID, "21")]
+    assert set(s._uids(items)) == {"m1", "f1", STATIC}
 
 
 class ChunkedResponse:

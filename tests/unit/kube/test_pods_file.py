@@ -21,7 +21,7 @@ from vramguard.core.documents import YAML_PARSERS
 from vramguard.core.model import MiB
 from vramguard.kube.pod_manifest import PodSourceError
 from vramguard.kube.pods_file import FilePodSource, parse_pod_list
-from vramguard_testbed.fakes import FakeClock
+from vramguard_testbed.fakes import FakeClock, FakeKubeletPods
 
 NODE: dict[str, Any] = {"kind": "Node", "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.replicas": "4"}}}
 
@@ -326,15 +326,16 @@ def test_each_version_read_is_heard_once_served(tmp_path: Path) -> None:
     assert heard == [[UID], [UID, "second"]]
 
 
-def test_a_static_pods_mirror_is_served_and_a_disputed_claim_logged_once(tmp_path: Path) -> None:
-    """A mirror pod in the file is served under the UID the kubelet runs its static pod as; once a second pod
-    claims that UID, nobody is (`index_pods`), and the dispute is logged once however often the file changes."""
+def test_a_static_pods_mirror_is_served_and_a_forged_claim_logged_once(tmp_path: Path) -> None:
+    """A mirror pod in the file is served under the UID the kubelet runs its static pod as, where the node backs it;
+    a second pod claiming that UID voids nothing (`index_pods`), and its refusal is logged once however often the
+    file changes."""
     static = "6f0c2c0b1b6e4b3f8e1d2a3b4c5d6e7f"
     mirror = pod("m1", name="job-gpu-1", annotations={"kubernetes.io/config.mirror": static})
     forged = pod("f1", name="forged", annotations={"kubernetes.io/config.mirror": static})
     path = tmp_path / "pods.yaml"
     write(path, as_yaml(pod_list(POD, mirror)))
-    source = source_of(path)
+    source = source_of(path, kubelet=FakeKubeletPods({static: ("ml", "job-gpu-1")}))
     with capture_logs() as logs:
         rounds(source)
         assert {uid: p.object_uid for uid, p in source.pods().items()} == {UID: UID, static: "m1"}
@@ -344,10 +345,10 @@ def test_a_static_pods_mirror_is_served_and_a_disputed_claim_logged_once(tmp_pat
                 as_yaml(pod_list(POD, mirror, {**forged, "metadata": {**forged["metadata"], "labels": {label: ""}}})),
             )
             rounds(source)
-            assert list(source.pods()) == [UID]
+            assert {uid: p.object_uid for uid, p in source.pods().items()} == {UID: UID, static: "m1"}
     refused = [e for e in logs if e["event"] == "pod_mirror_claim_refused"]
-    assert len(refused) == 1 and refused[0]["uid"] == static, refused
-    assert "(ml/forged, ml/job-gpu-1)" in refused[0]["why"]
+    assert len(refused) == 1 and refused[0]["pod_uid"] == "f1", refused
+    assert "runs that UID as ml/job-gpu-1" in refused[0]["why"]
 
 
 def _replace_with_directory(path: Path) -> None:
