@@ -296,7 +296,7 @@ def _real_cluster(helm: Path, poll_interval_s: float) -> Iterator[Cluster]:
             driver_root = workdir / "driver"
             (driver_root / DRIVER_LAYOUT).mkdir(parents=True)
             shutil.copyfile(build_fake_nvml() / LIBRARY_NAME, driver_root / DRIVER_LAYOUT / LIBRARY_NAME)
-            values = _test_values(plane, driver_root, gpu_dir, poll_interval_s)
+            values = _test_values(plane, driver_root, gpu_dir, poll_interval_s, node.pod_logs)
             with plane.api_client() as api:
                 cluster = Cluster(plane, node, api, client.CoreV1Api(api), helm, gpu_dir / "state", values, workdir)
                 cluster.gpu({})
@@ -306,8 +306,11 @@ def _real_cluster(helm: Path, poll_interval_s: float) -> Iterator[Cluster]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _test_values(plane: ControlPlane, driver_root: Path, gpu_dir: Path, poll_interval_s: float) -> dict[str, Any]:
+def _test_values(
+    plane: ControlPlane, driver_root: Path, gpu_dir: Path, poll_interval_s: float, pod_logs: Path
+) -> dict[str, Any]:
     return {
+        "kubelet": {"podLogsDir": str(pod_logs)},
         # The test NVML opens no /dev/nvidia*: nothing for the runtime to give, so the narrow context stays.
         "driver": {"root": str(driver_root), "devicesFromRuntime": True},
         "image": {"repository": "localhost/vramguard", "tag": __version__, "pullPolicy": "Never"},

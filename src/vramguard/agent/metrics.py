@@ -264,6 +264,13 @@ class Metrics:
             "Kubernetes Events waiting to be written, the one being written included (0 once every Event is out).",
             registry=self.registry,
         )
+        self.mirror_claims_refused = Gauge(
+            "vramguard_pod_mirror_claims_refused",
+            "Pods on this node claiming to be a static pod's mirror (kubernetes.io/config.mirror) whose claim is not "
+            "believed: the node's kubelet does not run that UID under their namespace and name, or the API server "
+            "gave the UID to a pod. Each is logged once (pod_mirror_claim_refused); none changes what is enforced.",
+            registry=self.registry,
+        )
         self.api_requests = Counter(
             "vramguard_api_requests_total",
             "LIST and WATCH requests the agent made to the API server, by resource and verb. In steady state only "

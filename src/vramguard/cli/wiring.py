@@ -202,6 +202,7 @@ def connect(
             str(pods_file), node_name=node_name, clock=clock, on_pods=on_pods, kubelet=kubelet, api_uids=api_uids
         )
         kubelet.on_change = from_file.rejudge
+        metrics.mirror_claims_refused.set_function(lambda: len(from_file.refused()))
         # The file's ResourceClaims and ResourceSlices, read with its pods.
         file_claims = from_file if claim_sources else None
         parts: tuple[tuple[str, Service], ...] = (("kubelet-pods", kubelet), ("pods-file", from_file))
@@ -228,6 +229,7 @@ def connect(
 
     pods = KubePodSource(api, node_name, count=count, clock=clock, on_pods=on_pods, kubelet=kubelet, api_uids=api_uids)
     kubelet.on_change = pods.rejudge
+    metrics.mirror_claims_refused.set_function(lambda: len(pods.refused()))
     kube_parts: list[tuple[str, Service]] = [("events", events), ("kubelet-pods", kubelet), ("pods", pods)]
     claims = None
     if claim_sources:

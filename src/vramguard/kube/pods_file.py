@@ -44,7 +44,7 @@ Log = structlog.typing.FilteringBoundLogger
 class PodList:
     """What one pods file holds for this node: its pods by UID (the kubelet's: `index_pods`), its Node's labels,
     and the DRA shares its pods' containers hold (from the file's ResourceClaims and this node's ResourceSlices;
-    see `vramguard.core.shares`); and the static pods' mirror claims not believed (UID claimed → why)."""
+    see `vramguard.core.shares`); and the mirror claims not believed (the claiming pod's metadata.uid → why)."""
 
     pods: Mapping[str, PodInfo] = field(default_factory=dict)
     node_labels: Mapping[str, str] = field(default_factory=dict)
@@ -227,6 +227,10 @@ class FilePodSource:
         kubelet runs each under, and each object's own. Raises when the file cannot be read or parsed."""
         pods = self._read(os.stat(self.path)).pods
         return frozenset(pods) | frozenset(p.object_uid for p in pods.values())
+
+    def refused(self) -> Mapping[str, str]:
+        """The mirror claims not believed in the version served: the claiming pod's metadata.uid → why."""
+        return self._published.refused
 
     def rejudge(self) -> None:
         """Judge the mirror claims again at the next round (what the node says changed: `KubeletPods.on_change`)."""

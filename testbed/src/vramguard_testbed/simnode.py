@@ -118,6 +118,9 @@ class SimulatedNode:
         self.pods_path = workdir / "pods.yaml"
         self.device_path = workdir / "nvidia0"  # held open by GPU processes, like /dev/nvidia0
         self.state_dir = workdir / "agent-state"  # the agent's --state-dir: it outlives an agent, as a hostPath
+        # The kubelet's podLogsDir: it makes `<namespace>_<name>_<uid>` for each pod it sets up (`add_pod`).
+        self.pod_logs = workdir / "pod-logs"
+        self.pod_logs.mkdir(exist_ok=True)
         self.device_path.touch()
         self.lib_dir = build_fake_nvml(memory_limits=driver_limits is not False) if not real_gpu else None
         self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
@@ -171,6 +174,7 @@ class SimulatedNode:
             container_claims={c: [f"claim-{c}"] for c in (claims or {})},
         )
         self.pods.append(pod)
+        (self.pod_logs / f"{namespace}_{name}_{pod.uid}").mkdir(exist_ok=True)
         self.sync()
         return pod
 
@@ -344,7 +348,7 @@ class SimulatedNode:
         base = [sys.executable, "-m", "vramguard", command]
         if command in ("run", "top"):
             source = ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else ["--pods-file", str(self.pods_path)]
-            base += [*source, "--node-name", self.node_name]
+            base += [*source, "--node-name", self.node_name, "--pod-logs-dir", str(self.pod_logs)]
         if command == "run":
             base += ["--state-dir", str(self.state_dir), "--health-file", str(self.health_file)]
         if command == "run" and not self.real_gpu:
