@@ -4,7 +4,9 @@
     .venv/bin/python bench/recommend.py --quick       # 100 workloads, 2 days: a smoke run
     .venv/bin/python bench/recommend.py --step 60     # denser history: Prometheus reads 5x the samples
 
-The history is what the agents' two gauges would have left: per pod, container and GPU, the usage and the peak gauge,
+The history is what the agents' two gauges would have left, as the chart's ServiceMonitor scrapes them (each series
+with its agent's `job` and `instance`, each agent's `up` and its GPUs' memory): per pod, container and GPU, the usage
+and the peak gauge,
 for workloads of every kind recommend places (70 % Deployments rolled out once a day, so seven ReplicaSets' pods a
 week, only the last three ReplicaSets still listed; 10 % StatefulSets of two replicas; 10 % CronJobs that run once a
 day; 10 % bare pods, half of them since deleted), in ten namespaces. It is written as OpenMetrics with timestamps,
@@ -32,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.core.model import GiB, MiB, Policy
-from vramguard.plugin.prometheus import PEAK_METRIC, USED_METRIC, read_peaks
-from vramguard.plugin.recommend import patches, recommend
+from vramguard.plugin.fetch import Release
+from vramguard.plugin.prometheus import PEAK_METRIC, TOTAL_METRIC, USED_METRIC, read_peaks
+from vramguard.plugin.recommend import patches, recommend, within_gpu_memory
 from vramguard.plugin.render import RecommendOutput, render_recommend
 from vramguard.plugin.workloads import Owners
 
@@ -43,6 +46,9 @@ GOAL_S = 5.0
 DAY_S = 86400
 NAMESPACES = 10
 ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+GPUS, GPUS_PER_NODE = 64, 8
+RELEASE = Release("vramguard", "vramguard")
+JOB = f"{RELEASE.daemonset}-metrics"
 
 
 def _random(rng: random.Random, n: int) -> str:
@@ -112,16 +118,35 @@ def history(
     return pods, objects
 
 
-def write_openmetrics(path: Path, pods: list[tuple[str, str, int, int]], step_s: int, rng: random.Random) -> int:
-    """The two gauges of every pod every `step_s` over its life; the samples written."""
+def _target(gpu: int) -> str:
+    """The labels of the agent's target on the node of GPU `gpu`, as the chart's ServiceMonitor scrapes it."""
+    return f'job="{JOB}",instance="10.0.0.{gpu // GPUS_PER_NODE}:9400"'
+
+
+def write_openmetrics(
+    path: Path, pods: list[tuple[str, str, int, int]], step_s: int, rng: random.Random, start: int, end: int
+) -> int:
+    """The two gauges of every pod every `step_s` over its life, and each agent's `up` and its GPUs' memory from
+    `start` to `end`; the samples written."""
     samples = 0
     with path.open("w") as f:
+        f.write("# TYPE up gauge\n")
+        for node in range(GPUS // GPUS_PER_NODE):
+            labels = f'{{{_target(node * GPUS_PER_NODE)},namespace="{RELEASE.namespace}"}}'
+            f.writelines(f"up{labels} 1 {t}\n" for t in range(start - start % step_s + step_s, end, step_s))
+        f.write(f"# TYPE {TOTAL_METRIC} gauge\n")
+        for gpu in range(GPUS):
+            labels = f'{{{_target(gpu)},namespace="{RELEASE.namespace}",gpu="0",gpu_uuid="GPU-{gpu}"}}'
+            f.writelines(
+                f"{TOTAL_METRIC}{labels} {80 * GiB} {t}\n" for t in range(start - start % step_s + step_s, end, step_s)
+            )
         for metric in (USED_METRIC, PEAK_METRIC):
             f.write(f"# TYPE {metric} gauge\n")
             for ns, pod, first, last in pods:
                 base = rng.randint(1, 30) * GiB
-                uuid = f"GPU-{zlib.crc32(pod.encode()) % 64}"
-                labels = f'{{namespace="{ns}",pod="{pod}",container="main",gpu="0",gpu_uuid="{uuid}"}}'
+                gpu = zlib.crc32(pod.encode()) % GPUS
+                exposed = f'namespace="{ns}",pod="{pod}",container="main",gpu="0",gpu_uuid="GPU-{gpu}"'
+                labels = f"{{{_target(gpu)},{exposed}}}"  # honorLabels: the workload's namespace, not the agent's
                 lines = []
                 for t in range(first - first % step_s + step_s, last, step_s):
                     value = base + rng.randint(0, 1024) * MiB
@@ -165,7 +190,9 @@ def run_once(
 ) -> dict[str, Any]:
     """recommend as the command runs it, timed: the queries, the placing and resolving, the table."""
     started = time.perf_counter()
-    series, queries = read_peaks(url, window_s, namespace)
+    scraped = read_peaks(url, window_s, RELEASE.scrape_selector, namespace)
+    series, refused = within_gpu_memory(scraped.series, scraped.gpu_total_bytes)
+    assert not refused, f"{len(refused)} peaks over their GPU's memory"
     asked = time.perf_counter()
     lists = {
         k: [o for o in v if namespace is None or o["metadata"]["namespace"] == namespace] for k, v in objects.items()
@@ -175,7 +202,7 @@ def run_once(
     text = render_recommend(rows, patches(rows, owners), {}, [], RecommendOutput.table)
     done = time.perf_counter()
     return {
-        "queries": queries,
+        "queries": scraped.queries,
         "series": len(series),
         "workloads": len({r.workload for r in rows}),
         "rows": len(rows),
@@ -204,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         began = time.monotonic()
         # The blocks take minutes (promtool reads OpenMetrics on one core): kept for the next run of the same shape,
         # with the time they end at; a later run's window reaches back to their start.
-        cached = CACHE / f"w{args.workloads}-d{args.days}-s{args.step}"
+        cached = CACHE / f"v2-w{args.workloads}-d{args.days}-s{args.step}"  # v2: with the agents' targets
         made = int((cached / "done").read_text().split()[1]) if (cached / "done").exists() else None
         now = made if made is not None else int(time.time()) // 60 * 60
         pods, objects = history(args.workloads, args.days, now, rng)
         if made is None:
-            samples = write_openmetrics(work / "history.om", pods, args.step, rng)
+            samples = write_openmetrics(work / "history.om", pods, args.step, rng, now - args.days * DAY_S, now)
             written = time.monotonic()
             subprocess.run(
                 [str(PROMETHEUS_DIR / "promtool"), "tsdb", "create-blocks-from", "openmetrics",

@@ -236,9 +236,9 @@ def test_an_agent_without_an_answer_is_named(cluster: Cluster, viewer: Path) -> 
 
 def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluster, viewer: Path) -> None:
     """Without --prometheus-url, `recommend` as a user bound to the viewer and recommender roles reads the agent's
-    own peaks through the pod proxy: each bare pod with the highest it used since the agent started, the 4Gi quota
-    in force read under the agents' policy from their ConfigMap, its verdict, and a caveat saying what the peaks
-    cover."""
+    own peaks through the pod proxy (the pods of the release's DaemonSet, in its namespace): each bare pod with the
+    highest it used since the agent started, the 4Gi quota in force read under the release's policy from its
+    ConfigMap, its verdict, and a caveat saying what the peaks cover."""
     user = cluster.person("recommender", VIEWER, RECOMMENDER)
     notebook, trainer = cluster.pod(NS, "notebook"), cluster.pod(NS, "trainer")
     assert notebook is not None and trainer is not None
@@ -250,7 +250,7 @@ def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluste
         interval_s=0.5,
     )
     document = json.loads(kubectl(user, "vramguard", "recommend", "-n", NS, "-o", "json").stdout)
-    assert document["source"] == "agents", document
+    assert (document["source"], document["agents"]) == ("agents", f"DaemonSet {AGENT_NS}/vramguard"), document
     assert document["caveats"][0].startswith("no --prometheus-url: the peaks are the agents' own"), document
     items = {i["name"]: i for i in document["items"]}
     assert items.keys() == {"notebook", "trainer"}, document

@@ -2,7 +2,8 @@
 `recommend` the quota each workload needs.
 
 Exit status: 0, also when some agent did not answer (its row says why) unless --strict; 1 with --strict when some
-agent did not answer, or when no agent was found; 2 on a usage or configuration error.
+agent did not answer, when no agent was found, or when what recommend reads failed or ran past its deadline; 2 on a
+usage or configuration error.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -21,22 +22,32 @@ from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import Policy
 from vramguard.core.policy import PolicyError, load_policy, parse_policy
 from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
-from vramguard.core.text import printable
+from vramguard.core.text import cut, format_bytes, printable
 from vramguard.kube.client import describe
+from vramguard.plugin import prometheus
 from vramguard.plugin.fetch import (
+    LIST_TIMEOUT,
     TIMEOUT_S,
     WORKERS,
-    AgentPod,
     ConfigError,
     KubeReader,
+    Release,
     connect_core,
     connect_reader,
     find_agents,
     read_all,
+    release_agents,
 )
 from vramguard.plugin.merge import Answer, Fetched, SortBy, filter_rows, merge_nodes, merge_rows, partial, sort_rows
-from vramguard.plugin.prometheus import PrometheusError, read_peaks
-from vramguard.plugin.recommend import DEFAULT_HEADROOM, PeakSeries, patches, recommend
+from vramguard.plugin.prometheus import PrometheusError, parse_selector, read_peaks
+from vramguard.plugin.recommend import (
+    DEFAULT_HEADROOM,
+    Impossible,
+    PeakSeries,
+    patches,
+    recommend,
+    within_gpu_memory,
+)
 from vramguard.plugin.render import Output, RecommendOutput, render_nodes, render_recommend, render_top
 from vramguard.plugin.workloads import KINDS, Owners
 
@@ -45,6 +56,11 @@ Connect = Callable[[str | None, str | None], tuple[Any, str]]  # (kubeconfig, co
 ConnectReader = Callable[[str | None, str | None], tuple[KubeReader, Any, str]]
 
 _CLEAR = "\x1b[H\x1b[2J"
+# The README's install (`helm install vramguard ... --namespace vramguard`): the release recommend reads by default.
+RELEASE_NAMESPACE = "vramguard"
+RELEASE_NAME = "vramguard"
+DEADLINE_S = 120.0
+MAX_REFUSED_LINES = 10  # impossible peaks named one by one; the rest counted
 
 KubeconfigOpt = Annotated[str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file.")]
 ContextOpt = Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")]
@@ -83,9 +99,9 @@ def parse_window(text: str) -> float:
     return seconds
 
 
-def _agents_policy(reader: KubeReader, agents: list[AgentPod]) -> tuple[Policy, str | None]:
-    """The policy the agents run with, or the default one and a caveat saying why."""
-    text, where = reader.policy_text(agents)
+def _agents_policy(reader: KubeReader, release: Release, timeout: tuple[float, float]) -> tuple[Policy, str | None]:
+    """The policy the release's agents run with, or the default one and a caveat saying why."""
+    text, where = reader.policy_text(release, timeout)
     if text is None:
         return Policy(), f"the default policy: {where}"
     try:
@@ -95,9 +111,22 @@ def _agents_policy(reader: KubeReader, agents: list[AgentPod]) -> tuple[Policy, 
         return Policy(), f"the default policy: {where} is not a valid policy ({str(e).splitlines()[0]})"
 
 
-def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:
-    """The peaks since each agent started, from their status documents, and what they leave out."""
+def _gpu_totals(document: Mapping[str, Any]) -> dict[str, int]:
+    """The memory of each GPU an agent reports, by UUID."""
+    gpus = document.get("gpus")
+    out: dict[str, int] = {}
+    for g in gpus if isinstance(gpus, list) else []:
+        total = g.get("total_bytes") if isinstance(g, dict) else None
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            out[str(g.get("uuid", ""))] = total
+    return out
+
+
+def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[Impossible], list[str]]:
+    """The peaks since each agent started, from their status documents, each within the GPU memory its agent
+    reports; the peaks above it, refused; and what they leave out."""
     series: list[PeakSeries] = []
+    refused: list[Impossible] = []
     covers: list[float] = []
     caveats: list[str] = []
     for f in fetched:
@@ -110,10 +139,11 @@ def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:
             continue
         cover = f.document.get("peaks_cover_s")
         covers.append(float(cover) if isinstance(cover, (int, float)) else 0.0)
+        found = []
         for p in peaks:
-            if not isinstance(p, dict) or not isinstance(p.get("peak_bytes"), int):
+            if not isinstance(p, dict) or not isinstance(p.get("peak_bytes"), int) or isinstance(p["peak_bytes"], bool):
                 continue
-            series.append(
+            found.append(
                 PeakSeries(
                     str(p.get("namespace", "")),
                     str(p.get("pod", "")),
@@ -123,6 +153,9 @@ def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:
                     str(p.get("owner", "")),
                 )
             )
+        within, over = within_gpu_memory(found, _gpu_totals(f.document))  # this agent's node's GPUs
+        series.extend(within)
+        refused.extend(over)
     if covers:
         shortest, longest = float(round(min(covers))), float(round(max(covers)))
         span = format_duration(shortest) + (f" to {format_duration(longest)}" if longest != shortest else "")
@@ -131,7 +164,20 @@ def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:
             f"no --prometheus-url: the peaks are the agents' own, since each agent started ({span}), "
             "not over the window; give a Prometheus for the window",
         )
-    return series, caveats
+    return series, refused, caveats
+
+
+def _refused_caveats(refused: list[Impossible]) -> list[str]:
+    """Each impossible peak named (the first MAX_REFUSED_LINES), and the rest counted."""
+    lines = []
+    for r in refused[:MAX_REFUSED_LINES]:
+        s = r.series
+        where = f"{cut(s.namespace, 63)}/{cut(s.pod, 63)} {cut(s.container, 63)} on {cut(s.gpu_uuid, 80)}"
+        bound = f"the GPU's {format_bytes(r.bound_bytes)}" if r.bound_bytes is not None else "no GPU memory reported"
+        lines.append(f"refused as impossible: {where} peaked at {s.peak_bytes} bytes, over {bound}")
+    if len(refused) > MAX_REFUSED_LINES:
+        lines.append(f"refused as impossible: {len(refused) - MAX_REFUSED_LINES} more peaks over their GPU's memory")
+    return lines
 
 
 def build_app(
@@ -264,26 +310,64 @@ def build_app(
             list[str] | None,
             typer.Option("--prometheus-header", help="'Name: value' sent to Prometheus (repeat), e.g. a token."),
         ] = None,
+        prometheus_selector: Annotated[
+            str | None,
+            typer.Option(
+                "--prometheus-selector",
+                help="Label matchers of the agents' scrape targets, on `up`: only their series count (default: "
+                'job="<release>-metrics",namespace="<agent namespace>", the chart\'s ServiceMonitor).',
+            ),
+        ] = None,
         window: Annotated[str, typer.Option("--window", help="The history read: 7d, 2w, 36h.")] = "7d",
         headroom: Annotated[
             str, typer.Option("--headroom", help="Added to the peak before rounding up, e.g. 20%.")
         ] = f"{DEFAULT_HEADROOM:.0%}",
         policy_file: Annotated[
             str | None,
-            typer.Option("--policy", help="The agents' policy file (default: read from the agents' ConfigMap)."),
+            typer.Option("--policy", help="The agents' policy file (default: read from the release's ConfigMap)."),
         ] = None,
         output: Annotated[
             RecommendOutput, typer.Option("--output", "-o", help="table, wide, json, yaml or patch.")
         ] = RecommendOutput.table,
-        agent_namespace: AgentNsOpt = None,
+        agent_namespace: Annotated[
+            str,
+            typer.Option(
+                "--agent-namespace",
+                help="The chart's namespace: only its agents, its policy ConfigMap and its scrape are read.",
+            ),
+        ] = RELEASE_NAMESPACE,
+        release_name: Annotated[
+            str,
+            typer.Option("--release", help="The chart's release: its DaemonSet, policy ConfigMap and Service."),
+        ] = RELEASE_NAME,
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         timeout: TimeoutOpt = TIMEOUT_S,
+        prometheus_timeout: Annotated[
+            float, typer.Option("--prometheus-timeout", min=0.1, help="Seconds allowed to each query's whole answer.")
+        ] = prometheus.TIMEOUT_S,
+        deadline: Annotated[float, typer.Option("--deadline", min=1.0, help="Seconds the whole run may take.")] = (
+            DEADLINE_S
+        ),
         concurrency: WorkersOpt = WORKERS,
     ) -> None:
         """Per workload and container: the peak GPU memory over the window, the quota to set (peak plus headroom,
         rounded up), the quota in force and its source, and a verdict: would have been killed, wasteful, no
         quota, or ok."""
+        ends_at = clock.now() + deadline
+
+        def left(doing: str) -> float:
+            """The seconds the run has left; past its deadline, the run ends saying what it was about to do."""
+            remaining = ends_at - clock.now()
+            if remaining <= 0:
+                _fail(f"ran past its --deadline of {deadline:g}s before {doing}", 1)
+            return remaining
+
+        def within(doing: str) -> tuple[float, float]:
+            """An API request's (connect, read) timeouts, within what the run has left."""
+            remaining = left(doing)
+            return (min(LIST_TIMEOUT[0], remaining), min(LIST_TIMEOUT[1], remaining))
+
         if namespace and all_namespaces:
             _fail("-n and -A exclude each other")
         try:
@@ -291,6 +375,11 @@ def build_app(
             ratio = parse_percentage(headroom)
         except QuantityError as e:
             _fail(f"--window/--headroom: {e}")
+        release = Release(agent_namespace, release_name)
+        try:
+            selector = parse_selector(prometheus_selector or release.scrape_selector)
+        except ValueError as e:
+            _fail(f"--prometheus-selector: {e}")
         headers: dict[str, str] = {}
         for line in prometheus_header or []:
             name, sep, value = line.partition(":")
@@ -303,41 +392,67 @@ def build_app(
             _fail(str(e))
         only = None if all_namespaces else namespace or current
         caveats: list[str] = []
-        try:
-            agents = find_agents(core, agent_namespace)
-        except Exception as e:  # the policy and the agents' peaks need them; Prometheus does not
-            if not prometheus_url:
-                _fail(f"cannot list the agent pods: {describe(e)}", 1)
-            agents = []
-            caveats.append(f"cannot list the agent pods: {describe(e)}")
         if policy_file is not None:
             try:
                 policy = load_policy(policy_file)
             except PolicyError as e:
                 _fail(str(e))
         else:
-            policy, why = _agents_policy(reader, agents)
+            policy, why = _agents_policy(reader, release, within("reading the policy"))
             caveats.extend([why] if why else [])
         facts: dict[str, Any] = {"headroom": ratio, "namespace": only}
         if prometheus_url:
             try:
-                series, queries = read_peaks(prometheus_url, window_s, only, headers=headers)
+                scraped = read_peaks(
+                    prometheus_url,
+                    window_s,
+                    selector,
+                    only,
+                    timeout_s=min(prometheus_timeout, left("asking Prometheus")),
+                    headers=headers,
+                )
             except PrometheusError as e:
                 _fail(str(e), 1)
-            facts |= {"source": "prometheus", "window": format_duration(window_s), "queries": queries}
+            series, refused = within_gpu_memory(scraped.series, scraped.gpu_total_bytes)
+            if not scraped.gpu_total_bytes:
+                caveats.append(f"no GPU memory from up{{{selector}}} in the window: check --prometheus-selector")
+            facts |= {
+                "source": "prometheus",
+                "window": format_duration(window_s),
+                "queries": scraped.queries,
+                "agents": f"up{{{selector}}}",
+            }
         else:
+            listing = within("listing the agent pods")
+            try:
+                agents, strangers = release_agents(core, release, listing)
+            except Exception as e:  # the API server itself: nothing to read
+                _fail(f"cannot list the agent pods: {describe(e)}", 1)
+            caveats.extend(
+                f"left out {a.ref.namespace}/{a.ref.pod}: not a pod of DaemonSet/{release.daemonset}" for a in strangers
+            )
+            daemonset = f"DaemonSet {release.namespace}/{release.daemonset}"
             if not agents:
-                _fail("no vramguard agents found, and no --prometheus-url", 1)
-            fetched = read_all(core, agents, workers=concurrency, timeout_s=timeout, clock=clock)
-            series, found = _agents_peaks(fetched)
+                _fail(f"no vramguard agents ({daemonset}, --agent-namespace, --release) and no --prometheus-url", 1)
+            fetched = read_all(
+                core, agents, workers=concurrency, timeout_s=min(timeout, left("reading the agents")), clock=clock
+            )
+            series, refused, found = _agents_peaks(fetched)
             series = [s for s in series if only is None or s.namespace == only]
+            refused = [r for r in refused if only is None or r.series.namespace == only]
             caveats = found + caveats
-            facts |= {"source": "agents", "window": None}
-        try:
-            owners = Owners({kind: reader.list_objects(kind, only) for kind in KINDS} if series else {})
-        except Exception as e:
-            hint = " (bind the vramguard-recommender ClusterRole)" if getattr(e, "status", None) == 403 else ""
-            _fail(f"cannot list the workloads: {describe(e)}{hint}", 1)
+            facts |= {"source": "agents", "window": None, "agents": daemonset}
+        caveats.extend(_refused_caveats(refused))
+        lists: dict[str, list[dict[str, Any]]] = {}
+        for kind in KINDS if series else ():
+            listing = within(f"listing the {kind}s")
+            try:
+                lists[kind] = reader.list_objects(kind, only, listing)
+            except Exception as e:
+                hint = " (bind the vramguard-recommender ClusterRole)" if getattr(e, "status", None) == 403 else ""
+                _fail(f"cannot list the workloads: {describe(e)}{hint}", 1)
+        owners = Owners(lists)
+        left("printing")
         rows = recommend(series, owners, policy, ratio)
         changes = patches(rows, owners)
         typer.echo(render_recommend(rows, changes, facts, caveats, output, colour=colour()), color=colour())

@@ -3,6 +3,9 @@
 The API server reaches each agent's metrics port (`pods/proxy`, a GET), so the plugin needs no route to the pod
 network, only the `vramguard-viewer` ClusterRole. Agents are read concurrently, a bounded number at a time, each
 within its own deadline and body bound: a hung or huge agent costs its own row, never the whole answer.
+
+`top` and `nodes` show every pod with the chart's name label; `recommend` judges by what it reads, so it reads only
+one release's (`Release`): its DaemonSet's pods in its namespace, and its policy ConfigMap there.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 
 from vramguard import __version__
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.documents import DocumentError, load_json
 from vramguard.core.text import cut
 from vramguard.kube.client import describe, status_message
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
 
 AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
 PORT_NAME = "metrics"  # the chart's name for the agent's metrics port
-POLICY_VOLUME = "policy"  # the chart's name for the volume of the agent's policy file
 POLICY_KEY = "policy.yaml"
+MAX_LIST_BYTES = 64 * 1024 * 1024  # a page of LIST_PAGE objects; 500 pods are about 4 MB
 DEFAULT_PORT = 9400
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the agent keeps its document well under this
 CHUNK_BYTES = 64 * 1024
@@ -42,11 +46,39 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """One install of the chart: the objects its templates name (`_helpers.tpl`), in its namespace."""
+
+    namespace: str
+    name: str  # `helm install <name>`
+
+    @property
+    def daemonset(self) -> str:
+        """The chart's "vramguard.name": the release's name, cut to 50 characters, less a trailing '-'."""
+        return self.name[:50].removesuffix("-")
+
+    @property
+    def policy_config_map(self) -> str:
+        return f"{self.daemonset}-policy"
+
+    @property
+    def pod_selector(self) -> str:
+        """The DaemonSet's selector labels."""
+        return f"{AGENT_SELECTOR},app.kubernetes.io/instance={self.name}"
+
+    @property
+    def scrape_selector(self) -> str:
+        """The agents' targets as the chart's ServiceMonitor makes them: its Service names the job, in the release's
+        namespace (a label of the target; a ServiceMonitor elsewhere gets its own namespace)."""
+        return f"job={json.dumps(self.daemonset + '-metrics')},namespace={json.dumps(self.namespace)}"
+
+
+@dataclass(frozen=True, slots=True)
 class AgentPod:
     ref: AgentRef
     port: int
     phase: str
-    policy_config_map: str = ""  # the ConfigMap mounted as its `policy` volume (the chart's `<release>-policy`)
+    controller: str = ""  # "<kind>/<name>" of its controller reference ("DaemonSet/vramguard"); "" for none
 
 
 def load_api(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
@@ -88,21 +120,35 @@ def _port(pod: Mapping[str, Any]) -> int:
 
 def agent_from_pod(pod: Mapping[str, Any]) -> AgentPod:
     meta = pod.get("metadata", {})
-    volumes = pod.get("spec", {}).get("volumes") or []
-    policy = next((v.get("configMap") or {} for v in volumes if v.get("name") == POLICY_VOLUME), {})
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict) and o.get("controller")]
+    controller = f"{owners[0].get('kind', '')}/{owners[0].get('name', '')}" if owners else ""
     return AgentPod(
         AgentRef(
             str(meta.get("namespace", "")), str(meta.get("name", "")), str(pod.get("spec", {}).get("nodeName") or "")
         ),
         _port(pod),
         str(pod.get("status", {}).get("phase") or "Unknown"),
-        str(policy.get("name") or ""),
+        controller,
     )
 
 
-def find_agents(core: Any, namespace: str | None = None, node: str | None = None) -> list[AgentPod]:
-    """The agent pods, by the chart's label: in `namespace` (None: all), on `node` (None: all)."""
-    match: dict[str, Any] = {"label_selector": AGENT_SELECTOR, "limit": 500}
+def _page(resp: Any) -> dict[str, Any]:
+    """A LIST answer's body, bounded in size and depth. Raises DocumentError."""
+    body = load_json(resp.data, max_bytes=MAX_LIST_BYTES)
+    if not isinstance(body, dict):
+        raise DocumentError(f"a list answer is a JSON object, not a {type(body).__name__}")
+    return body
+
+
+def find_agents(
+    core: Any,
+    namespace: str | None = None,
+    node: str | None = None,
+    selector: str = AGENT_SELECTOR,
+    timeout: tuple[float, float] = LIST_TIMEOUT,
+) -> list[AgentPod]:
+    """The agent pods, by `selector` (the chart's name label): in `namespace` (None: all), on `node` (None: all)."""
+    match: dict[str, Any] = {"label_selector": selector, "limit": 500}
     if node:
         match["field_selector"] = f"spec.nodeName={node}"
     pods: list[AgentPod] = []
@@ -111,17 +157,27 @@ def find_agents(core: Any, namespace: str | None = None, node: str | None = None
         if cont:
             match["_continue"] = cont
         if namespace:
-            resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+            resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=timeout, **match)
         else:
-            resp = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
-        body = json.loads(resp.data)
-        pods.extend(agent_from_pod(p) for p in body.get("items") or [])
+            resp = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=timeout, **match)
+        body = _page(resp)
+        pods.extend(agent_from_pod(p) for p in body.get("items") or [] if isinstance(p, dict))
         cont = (body.get("metadata") or {}).get("continue")
         if not cont:
             return sorted(pods, key=lambda a: (a.ref.node, a.ref.namespace, a.ref.pod))
 
 
-def _api_error(e: ApiException) -> str:
+def release_agents(
+    core: Any, release: Release, timeout: tuple[float, float] = LIST_TIMEOUT
+) -> tuple[list[AgentPod], list[AgentPod]]:
+    """The pods of the release's DaemonSet in its namespace; and the pods there with its labels that another
+    controller (or none) made, left out."""
+    found = find_agents(core, release.namespace, selector=release.pod_selector, timeout=timeout)
+    ours = f"DaemonSet/{release.daemonset}"
+    return [a for a in found if a.controller == ours], [a for a in found if a.controller != ours]
+
+
+def _api_error(e: ApiException, role: str = "vramguard-viewer") -> str:
     text = f"{e.status} {e.reason}"
     try:
         body = json.loads(e.body or "")
@@ -130,7 +186,7 @@ def _api_error(e: ApiException) -> str:
     if isinstance(body, dict) and body.get("kind") == "Status":  # the API server's own answer
         text += f": {status_message(e)}"
         if e.status == 403:
-            text += " (bind the vramguard-viewer ClusterRole)"
+            text += f" (bind the {role} ClusterRole)"
     elif e.status == 404:  # the agent's: it serves no /status
         text += ": the agent serves no /status (older than this plugin?)"
     return text
@@ -161,7 +217,7 @@ def read_status(core: Any, agent: AgentPod, timeout_s: float = TIMEOUT_S, clock:
                 chunks.append(chunk)
         finally:
             resp.release_conn()
-        document = json.loads(b"".join(chunks))
+        document = load_json(b"".join(chunks), max_bytes=MAX_BODY_BYTES)
     except ApiException as e:
         return Failure(agent.ref, _api_error(e))
     except (TimeoutError, MaxRetryError, ProtocolError) as e:
@@ -171,8 +227,8 @@ def read_status(core: Any, agent: AgentPod, timeout_s: float = TIMEOUT_S, clock:
         if timed_out and not isinstance(reason, NewConnectionError):
             return Failure(agent.ref, f"timed out after {timeout_s:g}s")
         return Failure(agent.ref, describe(reason if isinstance(reason, BaseException) else e))
-    except ValueError as e:
-        return Failure(agent.ref, f"not JSON: {cut(str(e), 200)}")
+    except DocumentError as e:
+        return Failure(agent.ref, f"unreadable JSON: {cut(str(e), 200)}")
     except Exception as e:  # anything else is this agent's row, not the end of the others
         return Failure(agent.ref, describe(e))
     if not isinstance(document, dict):
@@ -216,7 +272,9 @@ class KubeReader:
         self.api = api
         self.requests = 0  # API requests made, for the figures
 
-    def list_objects(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+    def list_objects(
+        self, kind: str, namespace: str | None, timeout: tuple[float, float] = LIST_TIMEOUT
+    ) -> list[dict[str, Any]]:
         api_class, one, every = _LISTS[kind]
         target = getattr(client, api_class)(self.api)
         items: list[dict[str, Any]] = []
@@ -224,35 +282,34 @@ class KubeReader:
         while True:
             self.requests += 1
             if namespace is not None:
-                resp = getattr(target, one)(namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
+                resp = getattr(target, one)(namespace, _preload_content=False, _request_timeout=timeout, **match)
             else:
-                resp = getattr(target, every)(_preload_content=False, _request_timeout=LIST_TIMEOUT, **match)
-            body = json.loads(resp.data)
+                resp = getattr(target, every)(_preload_content=False, _request_timeout=timeout, **match)
+            body = _page(resp)
             items.extend(i for i in body.get("items") or [] if isinstance(i, dict))
             cont = (body.get("metadata") or {}).get("continue")
             if not cont:
                 return items
             match["_continue"] = cont
 
-    def policy_text(self, agents: Sequence[AgentPod]) -> tuple[bytes | None, str]:
-        """The policy file the agents run with (the first agent's ConfigMap), or None and why not."""
-        named = [a for a in agents if a.policy_config_map]
-        if not named:
-            return None, "no agent pod mounts a policy ConfigMap"
-        agent = named[0]
+    def config_map_data(self, namespace: str, name: str, timeout: tuple[float, float]) -> Mapping[str, str]:
+        """A ConfigMap's `data`. Raises what the client raises."""
+        config_map = client.CoreV1Api(self.api).read_namespaced_config_map(name, namespace, _request_timeout=timeout)
+        return config_map.data or {}
+
+    def policy_text(self, release: Release, timeout: tuple[float, float] = LIST_TIMEOUT) -> tuple[bytes | None, str]:
+        """The policy file the release's agents run with (its ConfigMap, in its namespace), or None and why not."""
+        where = f"{release.namespace}/{release.policy_config_map}"
         try:
-            config_map = client.CoreV1Api(self.api).read_namespaced_config_map(
-                agent.policy_config_map, agent.ref.namespace, _request_timeout=LIST_TIMEOUT
-            )
+            data = self.config_map_data(release.namespace, release.policy_config_map, timeout)
         except ApiException as e:
-            hint = " (bind the vramguard-recommender ClusterRole)" if e.status == 403 else ""
-            return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {_api_error(e)}{hint}"
+            return None, f"cannot read {where}: {_api_error(e, 'vramguard-recommender')}"
         except Exception as e:  # the API server unreachable: the caller says so, with the default policy
-            return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {describe(e)}"
-        text = (config_map.data or {}).get(POLICY_KEY)
+            return None, f"cannot read {where}: {describe(e)}"
+        text = data.get(POLICY_KEY)
         if text is None:
-            return None, f"{agent.ref.namespace}/{agent.policy_config_map} has no {POLICY_KEY}"
-        return text.encode(), f"{agent.ref.namespace}/{agent.policy_config_map}"
+            return None, f"{where} has no {POLICY_KEY}"
+        return text.encode(), where
 
 
 def connect_reader(kubeconfig: str | None, context: str | None) -> tuple[KubeReader, Any, str]:

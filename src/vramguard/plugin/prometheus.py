@@ -1,5 +1,5 @@
 """The peaks of a window, from a Prometheus that scrapes the agents: a fixed number of queries, however many
-workloads.
+workloads, and only the agents' series.
 
 Each query is an instant query of `max_over_time(<metric>[<slice>] offset <o>)`, grouped by the workload's labels:
 the server reduces its slice of the window to one number per series, and answers one sample per (pod, container,
@@ -9,32 +9,54 @@ read: the peak gauge (`vramguard_container_gpu_memory_peak_bytes`, each scan's u
 is in it) and the usage gauge, for series scraped from agents older than the peak gauge. A scrape job without
 `honor_labels` keeps the workload's labels as `exported_namespace`, `exported_pod` and `exported_container`; those
 win where present.
+
+Any scrape may publish a series under these names, so a series counts only where it came from an agents' target:
+the `agents` selector picks those targets on `up`, whose labels are the target's alone (no exposition sets them),
+and a series is kept only when its `job` and `instance` are one of theirs. With the chart's ServiceMonitor the
+per-container series carry the workload's `namespace` (honorLabels), so the agents' namespace is matched on `up`,
+not on them. The GPUs' memory (`vramguard_gpu_memory_total_bytes`, which carries no workload label, so the selector
+applies to it directly) is read the same way: what bounds each peak.
+
+Every request has a deadline for the whole answer (a server that trickles bytes is cut at it), and every answer a
+size bound and the JSON depth bound of `core.documents.load_json`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import math
-import urllib.error
+import re
+import socket
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
+from vramguard.core.documents import DocumentError, load_json
 from vramguard.core.text import cut
 from vramguard.plugin.recommend import PeakSeries
 
 PEAK_METRIC: Final = "vramguard_container_gpu_memory_peak_bytes"
 USED_METRIC: Final = "vramguard_container_gpu_memory_used_bytes"
+TOTAL_METRIC: Final = "vramguard_gpu_memory_total_bytes"
 METRICS: Final = (PEAK_METRIC, USED_METRIC)
 MAX_BODY_BYTES: Final = 512 * 1024 * 1024  # 100,000 series answer in about 40 MB
+ERROR_BODY_BYTES: Final = 4096  # of an answer that is an error: its message
+CHUNK_BYTES: Final = 64 * 1024
 TIMEOUT_S: Final = 60.0
 SLICES: Final = 8  # queries per metric, each over its slice of the window, all sent at once
+# A GPU's memory does not change within a window: a subquery at this many steps reads it cheaply.
+TOTAL_STEPS: Final = 256
 _LABELS: Final = ("namespace", "pod", "container")
 _GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid"])
+# Where a series was scraped from: the two labels every scrape sets, and no exposition of the agents' does.
+_TARGET: Final = "job, instance"
+_MATCHER: Final = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*')
 
 
 class PrometheusError(Exception):
@@ -49,23 +71,63 @@ class Query:
     promql: str
 
 
-def queries(window_s: float, namespace: str | None = None, slices: int = SLICES) -> tuple[Query, ...]:
-    """The queries for a window of `window_s` seconds, in one namespace or all: `slices` per metric, whose ranges
-    (each left-open, as a range selector's) together are the window."""
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """What the agents' series say of a window: the peaks, each GPU's memory by UUID, and the queries made."""
+
+    series: list[PeakSeries]
+    gpu_total_bytes: dict[str, int]
+    queries: int
+
+
+def parse_selector(text: str) -> str:
+    """A PromQL label-matcher list (`job="vramguard-metrics",namespace="vramguard"`, braces optional) as it goes
+    between braces. Raises ValueError saying what is wrong."""
+    inner = text.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    matchers = []
+    pos = 0
+    while pos < len(inner):
+        m = _MATCHER.match(inner, pos)
+        if m is None:
+            raise ValueError(f'{cut(text, 120)!r} is not a list of label matchers such as job="vramguard-metrics"')
+        matchers.append(m.group().strip())
+        pos = m.end()
+        if pos < len(inner):
+            if inner[pos] != ",":
+                raise ValueError(f"{cut(text, 120)!r}: expected ',' after {cut(m.group().strip(), 60)}")
+            pos += 1
+    if not matchers:
+        raise ValueError("an empty selector would take every scrape's series")
+    return ",".join(matchers)
+
+
+def queries(window_s: float, agents: str, namespace: str | None = None, slices: int = SLICES) -> tuple[Query, ...]:
+    """The queries for a window of `window_s` seconds, in one namespace or all, of the series scraped from the
+    targets `agents` (a `parse_selector` list) selects: `slices` per metric, whose ranges (each left-open, as a range
+    selector's) together are the window; and one of the GPUs' memory over the window."""
     length = max(1, math.ceil(window_s / slices))
     out = []
     for metric in METRICS:
         for i in range(slices):
-            offset = f" offset {i * length}s" if i else ""
-            selector = f"max_over_time({metric}[{length}s]{offset})"
+            span = f"[{length}s]" + (f" offset {i * length}s" if i else "")
+            selector = f"max_over_time({metric}{span})"
             if namespace is not None:
                 quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
                 # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
                 selector = (
-                    f"(max_over_time({metric}{{namespace={quoted}}}[{length}s]{offset})"
-                    f" or max_over_time({metric}{{exported_namespace={quoted}}}[{length}s]{offset}))"
+                    f"(max_over_time({metric}{{namespace={quoted}}}{span})"
+                    f" or max_over_time({metric}{{exported_namespace={quoted}}}{span}))"
                 )
-            out.append(Query(metric, f"max by ({_GROUP}) ({selector})"))
+            scraped = f"max_over_time(up{{{agents}}}{span})"
+            out.append(Query(metric, f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"))
+    window = max(1, math.ceil(window_s))
+    step = max(1, math.ceil(window / TOTAL_STEPS))
+    # The subquery looks at its steps only, the last up to a step ago: the raw last step covers what came since.
+    stepped = f"max_over_time({TOTAL_METRIC}{{{agents}}}[{window}s:{step}s])"
+    recent = f"max_over_time({TOTAL_METRIC}{{{agents}}}[{step}s])"
+    out.append(Query(TOTAL_METRIC, f"max by (gpu_uuid) ({stepped} or {recent})"))
     return tuple(out)
 
 
@@ -74,24 +136,39 @@ def _label(labels: Mapping[str, Any], name: str) -> str:
     return str(exported if exported is not None else labels.get(name, ""))
 
 
+def _bytes(sample: Mapping[str, Any]) -> int | None:
+    """A sample's value as whole bytes; None for one that is not a finite non-negative number."""
+    value = sample.get("value") or [None, None]
+    try:
+        number = float(value[1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return int(number) if math.isfinite(number) and number >= 0 else None
+
+
 def series_of(result: Sequence[Mapping[str, Any]]) -> list[PeakSeries]:
     """A vector result's samples as peaks; a sample without a pod or GPU, or with a value that is not a finite
     non-negative number, is left out."""
     out = []
     for sample in result:
         labels = sample.get("metric") or {}
-        value = sample.get("value") or [None, None]
-        try:
-            number = float(value[1])
-        except (TypeError, ValueError, IndexError):
-            continue
-        if not math.isfinite(number) or number < 0:
-            continue
+        number = _bytes(sample)
         pod, gpu = _label(labels, "pod"), str(labels.get("gpu_uuid", ""))
-        if not pod or not gpu:
+        if number is None or not pod or not gpu:
             continue
         namespace, container = _label(labels, "namespace"), _label(labels, "container")
-        out.append(PeakSeries(namespace, pod, container, gpu, int(number)))
+        out.append(PeakSeries(namespace, pod, container, gpu, number))
+    return out
+
+
+def totals_of(result: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Each GPU's memory by UUID; a sample without a UUID or a usable value is left out."""
+    out: dict[str, int] = {}
+    for sample in result:
+        gpu = str((sample.get("metric") or {}).get("gpu_uuid", ""))
+        number = _bytes(sample)
+        if gpu and number:
+            out[gpu] = max(out.get(gpu, 0), number)
     return out
 
 
@@ -107,31 +184,88 @@ def merge_peaks(*sets: Sequence[PeakSeries]) -> list[PeakSeries]:
     return list(best.values())
 
 
+def _get(url: str, target: str, timeout_s: float, headers: Mapping[str, str], max_bytes: int) -> tuple[int, bytes]:
+    """`GET target`: the status and the body, all within `timeout_s` of the connection's start.
+
+    Once connected, a watchdog shuts the socket at the deadline, which ends a read that is waiting: a per-read
+    timeout would not, as a server sending a byte every few seconds never trips it."""
+    parts = urllib.parse.urlsplit(target)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PrometheusError(f"{url}: not an http:// or https:// URL")
+    started = time.monotonic()
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.connect()
+    except OSError as e:
+        conn.close()
+        reason = f"no connection within {timeout_s:g}s" if isinstance(e, TimeoutError) else str(e)
+        raise PrometheusError(f"cannot reach {url}: {cut(reason or type(e).__name__, 300)}") from None
+    expired = threading.Event()
+    sock = conn.sock  # the response reads it after the connection lets go of it (a server that closes after one)
+
+    def cut_off() -> None:
+        expired.set()
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(max(0.0, timeout_s - (time.monotonic() - started)), cut_off)
+    watchdog.daemon = True
+    watchdog.start()
+    late = PrometheusError(f"{url}: no whole answer within {timeout_s:g}s")
+    response: http.client.HTTPResponse | None = None
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path or "/", headers={"Accept": "application/json", **headers})
+        response = conn.getresponse()
+        limit = max_bytes if 200 <= response.status < 300 else ERROR_BODY_BYTES
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := response.read1(CHUNK_BYTES):  # what one read gives: the bounds are looked at as bytes come
+            size += len(chunk)
+            if size > max_bytes:
+                raise PrometheusError(f"{url}: the answer is over {max_bytes} bytes")
+            chunks.append(chunk)
+            if size > limit:  # an error's message: its start is enough
+                break
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set() or isinstance(e, TimeoutError):
+            raise late from None
+        raise PrometheusError(f"{url}: the answer broke off: {cut(str(e) or type(e).__name__, 300)}") from None
+    finally:
+        watchdog.cancel()
+        if response is not None:
+            response.close()
+        conn.close()
+    if expired.is_set():  # the shut socket ended the body early: what was read is not the whole answer
+        raise late
+    return response.status, b"".join(chunks)[:limit]
+
+
 def instant_query(
-    url: str, promql: str, timeout_s: float = TIMEOUT_S, headers: Mapping[str, str] | None = None
+    url: str,
+    promql: str,
+    timeout_s: float = TIMEOUT_S,
+    headers: Mapping[str, str] | None = None,
+    max_bytes: int = MAX_BODY_BYTES,
 ) -> list[Mapping[str, Any]]:
     """`GET <url>/api/v1/query?query=...`: the result vector. Raises PrometheusError saying what went wrong."""
     target = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    request = urllib.request.Request(target, headers={"Accept": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # the user's URL
-            body = response.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as e:
-        detail = e.read(4096).decode(errors="replace")
+    status, body = _get(url, target, timeout_s, headers or {}, max_bytes)
+    if not 200 <= status < 300:
+        detail = body.decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):
             detail = str(json.loads(detail).get("error", detail))
-        raise PrometheusError(f"{url}: {e.code} {e.reason}: {cut(detail, 300)}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise PrometheusError(f"cannot reach {url}: {cut(str(reason), 300)}") from None
-    if len(body) > MAX_BODY_BYTES:
-        raise PrometheusError(f"{url}: the answer is over {MAX_BODY_BYTES} bytes")
+        reason = http.client.responses.get(status, "")
+        raise PrometheusError(f"{url}: {status} {reason}: {cut(detail, 300)}")
     try:
-        document = json.loads(body)
-    except ValueError as e:
+        document = load_json(body, max_bytes=max_bytes)
+    except DocumentError as e:
         raise PrometheusError(f"{url}: not JSON ({cut(str(e), 200)}); is it a Prometheus?") from None
     data = document.get("data") if isinstance(document, dict) else None
-    if not isinstance(data, dict) or document.get("status") != "success" or data.get("resultType") != "vector":
+    if not isinstance(document, dict) or not isinstance(data, dict) or document.get("status") != "success":
+        raise PrometheusError(f"{url}: not a query result: {cut(json.dumps(document)[:300], 300)}")
+    if data.get("resultType") != "vector":
         raise PrometheusError(f"{url}: not a query result: {cut(json.dumps(document)[:300], 300)}")
     result = data.get("result")
     return [s for s in result if isinstance(s, dict)] if isinstance(result, list) else []
@@ -140,16 +274,22 @@ def instant_query(
 def read_peaks(
     url: str,
     window_s: float,
+    agents: str,
     namespace: str | None = None,
     timeout_s: float = TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
-) -> tuple[list[PeakSeries], int]:
-    """Every (pod, container, GPU)'s peak over the window, and the number of queries made (SLICES per metric, all at
-    once). The first failure raises, once every query has ended."""
-    sent = queries(window_s, namespace)
+) -> Scraped:
+    """Every (pod, container, GPU)'s peak over the window and every GPU's memory, from the series scraped from the
+    targets `agents` selects (SLICES queries per metric and one of the GPUs, all at once, each within `timeout_s`).
+    The first failure raises, once every query has ended."""
+    sent = queries(window_s, agents, namespace)
     with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
-        answers = list(pool.map(lambda q: series_of(instant_query(url, q.promql, timeout_s, headers)), sent))
-    found = merge_peaks(*answers)
+        answers = list(pool.map(lambda q: instant_query(url, q.promql, timeout_s, headers), sent))
+    found = merge_peaks(*(series_of(a) for q, a in zip(sent, answers, strict=True) if q.metric != TOTAL_METRIC))
     if namespace is not None:  # without honor_labels, `namespace` is the agent's: the workload's is exported_
         found = [s for s in found if s.namespace == namespace]
-    return found, len(sent)
+    totals: dict[str, int] = {}
+    for q, a in zip(sent, answers, strict=True):
+        if q.metric == TOTAL_METRIC:
+            totals |= totals_of(a)
+    return Scraped(found, totals, len(sent))

@@ -7,6 +7,10 @@ peaks on one GPU summed, per pod (a sum of peaks is never below the peak of the 
 the safe side). The recommended quota is the peak plus the headroom, rounded up to a friendly amount (`friendly`)
 and to the unit of the field it goes into; the quota in force is the agent's own resolution of the workload's pod
 template under the policy (`core.quota.resolve_pod_quota`), with its source.
+
+A peak is a fact only within the GPU memory the agents report: one above it (`within_gpu_memory`) is impossible, and
+is refused and reported rather than taken as a workload's need. A patch carries only values the agent's own quota
+parser (`core.quantity.parse_quota_bytes`) accepts.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from vramguard.core.model import MiB, PodQuota, Policy, Quota, QuotaSource, SourceKind
-from vramguard.core.quantity import MIN_QUOTA_BYTES, format_quantity
+from vramguard.core.quantity import MIN_QUOTA_BYTES, QuantityError, format_quantity, parse_quota_bytes
 from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota
 from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
 from vramguard.plugin.workloads import Owners, Workload, WorkloadRef
@@ -52,6 +56,32 @@ class PeakSeries:
     gpu_uuid: str
     peak_bytes: int
     owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Impossible:
+    """A peak above the memory of the GPU it was on: `bound_bytes`, that GPU's (or, where its GPU is not reported,
+    the largest GPU's on its node, or in the fleet); None where the agents report no GPU at all."""
+
+    series: PeakSeries
+    bound_bytes: int | None
+
+
+def within_gpu_memory(
+    series: Iterable[PeakSeries], total_bytes: Mapping[str, int]
+) -> tuple[list[PeakSeries], list[Impossible]]:
+    """The peaks no larger than their GPU's memory (`total_bytes`, by GPU UUID, as the agents report it; a GPU it
+    does not name: its largest), and the others, refused."""
+    largest = max(total_bytes.values(), default=None)
+    kept: list[PeakSeries] = []
+    refused: list[Impossible] = []
+    for s in series:
+        bound = total_bytes.get(s.gpu_uuid, largest)
+        if bound is None or s.peak_bytes > bound:
+            refused.append(Impossible(s, bound))
+        else:
+            kept.append(s)
+    return kept, refused
 
 
 def spell(target: QuotaSource, n_bytes: int) -> str:
@@ -295,10 +325,16 @@ def _patch(workload: Workload, rows: Sequence[Recommendation]) -> Patch:
     containers: dict[str, dict[str, Any]] = {}
     spec = workload.template.get("spec") or {}
     for r in rows:
+        value = r.value
         if r.target.kind is SourceKind.ANNOTATION:
             # A new annotation covers the pod's containers together: the sum of their recommendations.
-            total = sum(x.recommended_bytes for x in rows if x.target == r.target)
-            annotations[r.target.name] = spell(r.target, total)
+            value = spell(r.target, sum(x.recommended_bytes for x in rows if x.target == r.target))
+        try:
+            parse_quota_bytes(value, r.target.unit_bytes, r.target.name)  # what the agent reads the field with
+        except QuantityError as e:
+            return Patch(ref, None, f"the agent would refuse {r.target.field} {value!r}: {e.reason}")
+        if r.target.kind is SourceKind.ANNOTATION:
+            annotations[r.target.name] = value
             continue
         for name in r.containers:
             listed: Mapping[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == name), {})

@@ -272,8 +272,8 @@ def render_recommend(
     output: RecommendOutput,
     colour: bool = False,
 ) -> str:
-    """The rows as `output` asks; `facts` (the window, the headroom, where the peaks come from) and `caveats` go in
-    the document, and under the table."""
+    """The rows as `output` asks; `facts` (the window, the headroom, where the peaks come from, which agents they
+    were read from) and `caveats` go in the document; the agents and the caveats under the table."""
     if output in (RecommendOutput.json, RecommendOutput.yaml):
         doc = {
             "kind": "VramguardRecommendation",
@@ -283,8 +283,9 @@ def render_recommend(
             "patches": [patch_dict(p) for p in patches],
         }
         return dump(doc, Output.json if output is RecommendOutput.json else Output.yaml)
-    notes = [f"# {printable(c)}" for c in caveats]
+    agents = [f"# agents: {printable(str(facts['agents']))}"] if facts.get("agents") else []
+    notes = [*agents, *(f"# {printable(c)}" for c in caveats)]
     if output is RecommendOutput.patch:
-        return "\n".join([*notes, *(printable(p.command()) for p in patches)] or ["# nothing to change"])
+        return "\n".join([*notes, *([printable(p.command()) for p in patches] or ["# nothing to change"])])
     table = recommend_table(rows, wide=output is RecommendOutput.wide, colour=colour)
     return "\n".join([table, *notes])

@@ -130,9 +130,23 @@ class FakeResponse:
         self.released = True
 
 
-def agent_pod(node: str, phase: str = "Running", port: int = 9400) -> dict[str, Any]:
+def agent_pod(
+    node: str,
+    phase: str = "Running",
+    port: int = 9400,
+    namespace: str = "vramguard",
+    owner: tuple[str, str] | None = ("DaemonSet", "vramguard"),
+) -> dict[str, Any]:
+    """A pod of the chart's DaemonSet (release "vramguard"), or one like it `namespace` and `owner` say."""
+    meta: dict[str, Any] = {
+        "namespace": namespace,
+        "name": f"vramguard-{node}",
+        "labels": {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/instance": "vramguard"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True, "uid": "u"}]
     return {
-        "metadata": {"namespace": "vramguard", "name": f"vramguard-{node}"},
+        "metadata": meta,
         "spec": {
             "nodeName": node,
             "containers": [
@@ -152,8 +166,17 @@ def status_exception(code: int, reason: str, message: str) -> ApiException:
     return e
 
 
+def _selected(pod: Mapping[str, Any], namespace: str | None, label_selector: str = "", **_: Any) -> bool:
+    """Whether a LIST in `namespace` (None: all) with `label_selector` (`k=v,...`) returns the pod."""
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    wanted = dict(term.split("=", 1) for term in label_selector.split(",") if term)
+    return (namespace is None or meta["namespace"] == namespace) and all(labels.get(k) == v for k, v in wanted.items())
+
+
 class FakeCore:
-    """The two calls the plugin makes: list the agent pods, GET their /status through the pod proxy."""
+    """The two calls the plugin makes: list the agent pods (by namespace and label, as the API server does), GET
+    their /status through the pod proxy."""
 
     def __init__(self, pods: list[dict[str, Any]], answers: Mapping[str, Any]) -> None:
         self.pods, self.answers = pods, answers
@@ -163,11 +186,13 @@ class FakeCore:
 
     def list_pod_for_all_namespaces(self, **kw: Any) -> FakeResponse:
         self.lists.append({"namespace": None, **kw})
-        return FakeResponse(json.dumps({"items": self.pods, "metadata": {}}).encode())
+        items = [p for p in self.pods if _selected(p, None, **kw)]
+        return FakeResponse(json.dumps({"items": items, "metadata": {}}).encode())
 
     def list_namespaced_pod(self, namespace: str, **kw: Any) -> FakeResponse:
         self.lists.append({"namespace": namespace, **kw})
-        return FakeResponse(json.dumps({"items": self.pods, "metadata": {}}).encode())
+        items = [p for p in self.pods if _selected(p, namespace, **kw)]
+        return FakeResponse(json.dumps({"items": items, "metadata": {}}).encode())
 
     def connect_get_namespaced_pod_proxy_with_path(self, name: str, namespace: str, path: str, **kw: Any) -> Any:
         with self.lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,13 +13,14 @@ from typer.testing import CliRunner
 from vramguard.core.model import GiB
 from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
-from vramguard.plugin.merge import Failure, Fetched
+from vramguard.plugin.merge import Answer, Failure, Fetched
 from vramguard.plugin.prometheus import PEAK_METRIC, SLICES
 from vramguard_testbed.fakes import FakeClock
 
-from .agents import FakeCore, FakeResponse, answer, core_for, fleet, gpu_doc, ref, status_exception
+from .agents import FakeCore, FakeResponse, agent_pod, answer, core_for, fleet, gpu_doc, ref, status_exception
+from .fake_prometheus import AGENT_TARGET, TENANT_TARGET, Store, fake_prometheus
 from .objects import by_kind, template, workload
-from .test_prometheus import fake_prometheus
+from .test_prometheus import FORGED, gauge, gpu_total
 
 
 def invoke(core: FakeCore, *args: str, colour: bool = False, namespace: str = "team-a") -> Any:
@@ -117,19 +118,36 @@ def test_the_package_installs_the_kubectl_plugin() -> None:
 
 
 class FakeReader(fetch.KubeReader):
-    """The lists recommend reads, from `objects`, and the agents' policy text (None: unreadable)."""
+    """The lists recommend reads, from `objects`, and ConfigMaps by (namespace, name): one not there is forbidden, as
+    the recommender role forbids every ConfigMap but the release's policy. `on_list` runs at each list."""
 
-    def __init__(self, objects: dict[str, list[dict[str, Any]]], policy: bytes | None = b"mode: kill\n") -> None:
+    def __init__(
+        self,
+        objects: dict[str, list[dict[str, Any]]],
+        config_maps: dict[tuple[str, str], dict[str, str]] | None = None,
+        on_list: Callable[[], object] = lambda: None,
+    ) -> None:
         super().__init__(api=None)
-        self.objects, self.policy = objects, policy
+        self.objects, self.on_list = objects, on_list
+        self.config_maps = {POLICY: {"policy.yaml": "mode: kill\n"}} if config_maps is None else config_maps
+        self.read: list[tuple[str, str]] = []
 
-    def list_objects(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+    def list_objects(
+        self, kind: str, namespace: str | None, timeout: tuple[float, float] = fetch.LIST_TIMEOUT
+    ) -> list[dict[str, Any]]:
         self.requests += 1
+        self.on_list()
         items = self.objects.get(kind, [])
         return [o for o in items if namespace is None or o["metadata"]["namespace"] == namespace]
 
-    def policy_text(self, agents: Sequence[fetch.AgentPod]) -> tuple[bytes | None, str]:
-        return (self.policy, "vramguard/vramguard-policy") if self.policy else (None, "cannot read it: 403 Forbidden")
+    def config_map_data(self, namespace: str, name: str, timeout: tuple[float, float]) -> dict[str, str]:
+        self.read.append((namespace, name))
+        if (namespace, name) not in self.config_maps:
+            raise status_exception(403, "Forbidden", f'configmaps "{name}" is forbidden')
+        return self.config_maps[(namespace, name)]
+
+
+POLICY = ("vramguard", "vramguard-policy")  # the release's policy ConfigMap
 
 
 def peaks_answer(node: str, peaks: list[dict[str, Any]], cover_s: float) -> Fetched:
@@ -142,38 +160,130 @@ PEAK = {"namespace": "ml", "pod": "web-7d9f4c8b5-x2b4z", "container": "main", "g
 
 
 def invoke_recommend(
-    *args: str, fetched: list[Fetched] | None = None, reader: FakeReader | None = None, namespace: str = "ml"
+    *args: str,
+    fetched: list[Fetched] | None = None,
+    reader: FakeReader | None = None,
+    namespace: str = "ml",
+    core: FakeCore | None = None,
+    clock: FakeClock | None = None,
 ) -> Any:
-    core = core_for(fetched if fetched is not None else fleet())
+    core = core or core_for(fetched if fetched is not None else fleet())
     app = build_app(
         connect=lambda kubeconfig, context: (core, namespace),
-        clock=FakeClock(),
+        clock=clock or FakeClock(),
         colour=lambda: False,
         connect_reader=lambda kubeconfig, context: (reader or FakeReader(WEB), core, namespace),
     )
     return CliRunner().invoke(app, ["recommend", *args])
 
 
+def web_store(peak: float = 9 * GiB) -> Store:
+    """An agent's peak gauge for the web Deployment's pod, and its GPU's 80GiB."""
+    store = Store()
+    gauge(store, PEAK_METRIC, peak, pod=PEAK["pod"])
+    gpu_total(store, 80 * GiB)
+    return store
+
+
 def test_recommend_from_prometheus() -> None:
-    """With --prometheus-url: the peak over the window, the quota in force under the agents' policy, the verdict,
-    and in JSON the facts and the patch."""
-    answer_ = {PEAK_METRIC: [{"metric": {**PEAK, "gpu": "0"}, "value": [0, str(9 * GiB)]}]}
-    with fake_prometheus(answer_) as (url, asked):
+    """With --prometheus-url: the peak over the window, the quota in force under the release's policy, the verdict,
+    and in JSON the facts and the patch; the agents' targets it read named."""
+    with fake_prometheus(web_store()) as (url, asked):
         table = invoke_recommend("--prometheus-url", url)
         doc = json.loads(invoke_recommend("--prometheus-url", url, "-o", "json", "--window", "2w").stdout)
         patch = invoke_recommend("--prometheus-url", url, "-o", "patch").stdout
     assert table.exit_code == 0, table.output
-    header, line = table.stdout.splitlines()
+    header, line, agents = table.stdout.splitlines()
     assert header.split() == ["NAMESPACE", "WORKLOAD", "CONTAINER", "PODS", "GPUS", "PEAK", "RECOMMENDED", "QUOTA",
                               "SOURCE", "VERDICT"]  # fmt: skip
     assert line.split() == ["ml", "Deployment/web", "main", "1", "1", "9.0GiB", "11Gi", "4Gi",
                             "limits[vramguard.io/vram]", "would", "have", "been", "killed"]  # fmt: skip
-    assert len(asked) == 3 * 2 * SLICES, "the same queries a run, whatever the workloads"
-    assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == ("prometheus", "336h", 2 * SLICES, 0.2)
+    assert agents == '# agents: up{job="vramguard-metrics",namespace="vramguard"}'
+    assert len(asked) == 3 * (2 * SLICES + 1), "the same queries a run, whatever the workloads"
+    assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == (
+        "prometheus",
+        "336h",
+        2 * SLICES + 1,
+        0.2,
+    )
+    assert doc["agents"] == 'up{job="vramguard-metrics",namespace="vramguard"}'
     (item,) = doc["items"]
     assert (item["kind"], item["name"], item["field"]["value"]) == ("Deployment", "web", "11Gi")
     assert doc["patches"][0]["patch"]["spec"]["template"]["spec"]["containers"][0]["name"] == "main"
-    assert patch.startswith("kubectl patch deployment web --namespace ml --type strategic --patch '{")
+    assert patch.startswith("# agents: up{")
+    assert patch.splitlines()[1].startswith("kubectl patch deployment web --namespace ml --type strategic --patch '{")
+
+
+def test_the_selector_follows_the_release_and_can_be_given() -> None:
+    """The agents' targets follow --agent-namespace and --release, and --prometheus-selector replaces them."""
+    with fake_prometheus(Store()) as (url, asked):
+        moved = invoke_recommend("--prometheus-url", url, "--agent-namespace", "gpu", "--release", "vg", "-o", "json")
+        given = invoke_recommend("--prometheus-url", url, "--prometheus-selector", 'job="gpu-agents"', "-o", "json")
+    assert json.loads(moved.stdout)["agents"] == 'up{job="vg-metrics",namespace="gpu"}'
+    assert json.loads(given.stdout)["agents"] == 'up{job="gpu-agents"}'
+    assert all('up{job="gpu-agents"}' in q or "gpu_memory_total" in q for q in asked[len(asked) // 2 :])
+
+
+def test_recommend_reads_only_the_agents_series() -> None:
+    """A tenant's exporter scraped by the same Prometheus (its Service named as the chart's) publishes the peak gauge
+    at 1297036692682702848 bytes for the web Deployment's pod, and 5GiB for a Deployment that used no GPU: the row
+    is the agent's 9GiB, its patch 11Gi, and the other Deployment has no row."""
+    store = web_store()
+    tenant = {"namespace": "ml", "container": "main", "gpu_uuid": "GPU-0"}
+    store.add(PEAK_METRIC, FORGED, TENANT_TARGET, honor_labels=False, pod=PEAK["pod"], **tenant)
+    store.add(PEAK_METRIC, 5 * GiB, TENANT_TARGET, honor_labels=False, pod="cpu-only-7d9f4c8b5-q9w2k", **tenant)
+    objects = {**WEB, "Deployment": [*WEB["Deployment"], workload("Deployment", "ml", "cpu-only", template())]}
+    with fake_prometheus(store) as (url, _):
+        doc = json.loads(invoke_recommend("--prometheus-url", url, "-o", "json", reader=FakeReader(objects)).stdout)
+        patch = invoke_recommend("--prometheus-url", url, "-o", "patch", reader=FakeReader(objects)).stdout
+    assert [(i["name"], i["peak_bytes"], i["field"]["value"]) for i in doc["items"]] == [("web", 9 * GiB, "11Gi")]
+    assert str(FORGED) not in patch and "Pi" not in patch and '"11Gi"' in patch
+
+
+def test_a_peak_over_its_gpus_memory_is_refused_and_named() -> None:
+    """A series that passes the selector (a tenant whose scrape keeps the labels it forges) above the memory of the
+    GPU it names, or of the largest GPU where its GPU is unknown: refused, named, not taken."""
+    store = web_store()
+    forged_target = {**AGENT_TARGET}  # honor_labels: every label its exposition sets, `instance` and `job` too
+    store.add(PEAK_METRIC, FORGED, forged_target, namespace="ml", pod="web-7d9f4c8b5-q9w2k", container="main",
+              gpu_uuid="GPU-0")  # fmt: skip
+    store.add(PEAK_METRIC, 81 * GiB, forged_target, namespace="ml", pod="web-7d9f4c8b5-q9w2k", container="main",
+              gpu_uuid="GPU-9")  # fmt: skip
+    with fake_prometheus(store) as (url, _):
+        doc = json.loads(invoke_recommend("--prometheus-url", url, "-o", "json").stdout)
+    assert [(i["name"], i["peak_bytes"], i["pods"]) for i in doc["items"]] == [("web", 9 * GiB, 1)]
+    forged = "refused as impossible: ml/web-7d9f4c8b5-q9w2k main on GPU-{} peaked at {} bytes, over the GPU's 80.0GiB"
+    assert sorted(c for c in doc["caveats"] if c.startswith("refused")) == [
+        forged.format(0, FORGED),
+        forged.format(9, 81 * GiB),
+    ]
+
+
+def test_a_deep_answer_is_an_error_not_a_traceback() -> None:
+    """A 50,000-deep JSON answer exits 1 with a message naming the depth bound."""
+    with fake_prometheus(b"[" * 50_000 + b"]" * 50_000) as (url, _):
+        result = invoke_recommend("--prometheus-url", url)
+    assert result.exit_code == 1 and "nested deeper than 64 levels" in result.stderr, result.output
+    assert not isinstance(result.exception, RecursionError)
+
+
+def test_a_trickling_prometheus_is_cut_at_the_query_deadline() -> None:
+    """An answer trickled a byte at a time ends the run at --prometheus-timeout, exit 1."""
+    body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    with fake_prometheus(body, pace_s=0.1) as (url, _):
+        result = invoke_recommend("--prometheus-url", url, "--prometheus-timeout", "1")
+    assert result.exit_code == 1 and "no whole answer within 1s" in result.stderr, result.output
+
+
+def test_the_whole_run_has_a_deadline() -> None:
+    """A run whose steps together pass --deadline (the API server slow to list, 50 s a list) ends at the next
+    step, exit 1, saying which."""
+    clock = FakeClock()
+    reader = FakeReader(WEB, on_list=lambda: clock.step(50.0))
+    with fake_prometheus(web_store()) as (url, _):
+        result = invoke_recommend("--prometheus-url", url, reader=reader, clock=clock)
+    assert result.exit_code == 1, result.output
+    assert "ran past its --deadline of 120s before listing the DaemonSets" in result.stderr
 
 
 def test_recommend_from_the_agents_says_what_they_cover() -> None:
@@ -185,16 +295,59 @@ def test_recommend_from_the_agents_says_what_they_cover() -> None:
         peaks_answer("node-b", [gone], 7200.0),
         Failure(ref("node-c"), "503 Service Unavailable: connection refused"),
     ]
-    result = invoke_recommend(fetched=fetched, reader=FakeReader(WEB, policy=None))
+    result = invoke_recommend(fetched=fetched, reader=FakeReader(WEB, config_maps={}))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[1].split()[:8] == ["ml", "Deployment/web", "main", "2", "1", "3.0GiB", "3840Mi", "4Gi"]
-    assert lines[2].startswith("# no --prometheus-url: the peaks are the agents' own, since each agent started")
-    assert "(1h to 2h)" in lines[2]
-    assert lines[3] == (
+    assert lines[2] == "# agents: DaemonSet vramguard/vramguard"
+    assert lines[3].startswith("# no --prometheus-url: the peaks are the agents' own, since each agent started")
+    assert "(1h to 2h)" in lines[3]
+    assert lines[4] == (
         "# no answer from vramguard/vramguard-node-c on node-c: 503 Service Unavailable: connection refused"
     )
-    assert lines[4] == "# the default policy: cannot read it: 403 Forbidden"
+    assert lines[5] == (
+        '# the default policy: cannot read vramguard/vramguard-policy: 403 Forbidden: configmaps "vramguard-policy" '
+        "is forbidden (bind the vramguard-recommender ClusterRole)"
+    )
+
+
+def test_without_prometheus_only_the_releases_agents_and_policy_are_read() -> None:
+    """A tenant's pod with the chart's labels, in its own namespace (its /status claiming 10^30 bytes for the web
+    pod) is never asked, nor its ConfigMap read; a pod in the release's namespace that its DaemonSet did not make is
+    left out, and named; the release's policy is the one in force."""
+    tenant_doc = {**answer("node-t", [gpu_doc("0")], []).document, "peaks": [{**PEAK, "peak_bytes": 10**30}]}
+    pods = [
+        agent_pod("node-a"),
+        agent_pod("a-node", namespace="tenant"),
+        agent_pod("node-x", owner=("ReplicaSet", "vramguard")),
+    ]
+    for pod in pods:  # each mounts a `policy` ConfigMap of its namespace
+        pod["spec"]["volumes"] = [{"name": "policy", "configMap": {"name": "vramguard-policy"}}]
+    good = peaks_answer("node-a", [{**PEAK, "peak_bytes": 9 * GiB}], 60.0)
+    assert isinstance(good, Answer)
+    core = FakeCore(pods, {"vramguard-node-a": good.document, "vramguard-a-node": tenant_doc,
+                           "vramguard-node-x": tenant_doc})  # fmt: skip
+    release_policy = "namespaces:\n  ml:\n    max_quota: 2Gi\n"
+    reader = FakeReader(WEB, {POLICY: {"policy.yaml": release_policy}, ("tenant", "vramguard-policy"): {
+        "policy.yaml": "quota_sources: ['annotation:vramguard.io/vram-limit']\n"}})  # fmt: skip
+    doc = json.loads(invoke_recommend("-o", "json", core=core, reader=reader).stdout)
+    assert [(i["name"], i["peak_bytes"], i["quota_bytes"]) for i in doc["items"]] == [("web", 9 * GiB, 2 * GiB)]
+    assert [name for name, _, _ in core.proxied] == ["vramguard-node-a:9400"]
+    assert reader.read == [POLICY]
+    assert "left out vramguard/vramguard-node-x: not a pod of DaemonSet/vramguard" in doc["caveats"]
+
+
+def test_an_agents_peak_over_its_gpus_memory_is_refused() -> None:
+    """An agent's peak above the memory of its node's GPU is refused and named, not summed into the workload's."""
+    fetched = [
+        peaks_answer("node-a", [{**PEAK, "peak_bytes": 9 * GiB}, {**PEAK, "container": "side", "peak_bytes": 10**30}],
+                     60.0),
+    ]  # fmt: skip
+    doc = json.loads(invoke_recommend("-o", "json", fetched=fetched).stdout)
+    assert [(i["name"], i["container"], i["peak_bytes"]) for i in doc["items"]] == [("web", "main", 9 * GiB)]
+    assert doc["caveats"][-1] == (
+        f"refused as impossible: ml/web-7d9f4c8b5-x2b4z side on GPU-0 peaked at {10**30} bytes, over the GPU's 80.0GiB"
+    )
 
 
 @pytest.mark.parametrize(
@@ -204,6 +357,7 @@ def test_recommend_from_the_agents_says_what_they_cover() -> None:
         pytest.param(["--headroom", "300%"], 2, "must be at most 100%", id="bad-headroom"),
         pytest.param(["--prometheus-url", "http://127.0.0.1:9"], 1, "cannot reach", id="prometheus-unreachable"),
         pytest.param(["--prometheus-header", "nocolon"], 2, "is not 'Name: value'", id="bad-header"),
+        pytest.param(["--prometheus-selector", 'job="a"} or vector(1'], 2, "--prometheus-selector", id="bad-selector"),
         pytest.param(["-n", "ml", "-A"], 2, "exclude each other", id="n-and-A"),
     ],
 )
@@ -214,4 +368,5 @@ def test_recommend_exit_codes(args: list[str], code: int, words: str) -> None:
 
 def test_recommend_without_agents_or_prometheus_exits_1() -> None:
     result = invoke_recommend(fetched=[])
-    assert result.exit_code == 1 and "no vramguard agents found, and no --prometheus-url" in result.output
+    assert result.exit_code == 1, result.output
+    assert "no vramguard agents (DaemonSet vramguard/vramguard, --agent-namespace, --release)" in result.stderr

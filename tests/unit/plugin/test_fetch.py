@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutError
 
 from vramguard.plugin import fetch
-from vramguard.plugin.fetch import AgentPod, agent_from_pod, find_agents, read_all, read_status
+from vramguard.plugin.fetch import AgentPod, Release, agent_from_pod, find_agents, read_all, read_status, release_agents
 from vramguard.plugin.merge import Answer, Failure, merge_rows
 from vramguard_testbed.fakes import FakeClock
 
@@ -82,7 +82,8 @@ def agent_404() -> ApiException:
             id="agent-refused",
         ),
         pytest.param(agent_404, "serves no /status", id="older-agent-without-status"),
-        pytest.param(lambda: b"{not json", "not JSON", id="not-json"),
+        pytest.param(lambda: b"{not json", "unreadable JSON: line 1, column 2", id="not-json"),
+        pytest.param(lambda: b"[" * 50_000 + b"]" * 50_000, "nested deeper than 64 levels", id="50000-deep"),
         pytest.param(lambda: RuntimeError("boom"), "RuntimeError: boom", id="anything-else"),
     ],
 )
@@ -158,9 +159,36 @@ def test_reads_are_concurrent_and_bounded() -> None:
     assert most == workers
 
 
-def test_an_agent_pod_names_the_config_map_of_its_policy() -> None:
-    """The ConfigMap mounted as the agent's `policy` volume is where `recommend` reads the policy; none: ""."""
-    pod = agent_pod("node-a")
-    assert agent_from_pod(pod).policy_config_map == ""
-    pod["spec"]["volumes"] = [{"name": "state", "hostPath": {}}, {"name": "policy", "configMap": {"name": "vg-policy"}}]
-    assert agent_from_pod(pod).policy_config_map == "vg-policy"
+def test_a_releases_agents_are_its_daemonsets_pods_in_its_namespace() -> None:
+    """A release's agents are listed in its namespace by its DaemonSet's selector; a pod there with its labels that
+    another controller (or nobody) made is left out, and named; one elsewhere is never listed."""
+    pods = [
+        agent_pod("node-a"),
+        agent_pod("node-b", owner=None),
+        agent_pod("node-c", owner=("ReplicaSet", "vramguard")),
+        agent_pod("node-t", namespace="tenant"),
+    ]
+    core = FakeCore(pods, {})
+    agents, strangers = release_agents(core, Release("vramguard", "vramguard"))
+    assert core.lists == [{"namespace": "vramguard", "label_selector": (
+        "app.kubernetes.io/name=vramguard,app.kubernetes.io/instance=vramguard"), "limit": 500,
+        "_preload_content": False, "_request_timeout": fetch.LIST_TIMEOUT}]  # fmt: skip
+    assert [a.ref.pod for a in agents] == ["vramguard-node-a"]
+    assert [(a.ref.pod, a.controller) for a in strangers] == [
+        ("vramguard-node-b", ""),
+        ("vramguard-node-c", "ReplicaSet/vramguard"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("release", "want"),
+    [
+        pytest.param(Release("vramguard", "vramguard"),
+                     ("vramguard", "vramguard-policy", 'job="vramguard-metrics",namespace="vramguard"'), id="readme"),
+        pytest.param(Release("gpu", "x" * 49 + "-long"),
+                     ("x" * 49, "x" * 49 + "-policy", f'job="{"x" * 49}-metrics",namespace="gpu"'), id="cut-at-50"),
+    ],
+)  # fmt: skip
+def test_a_release_names_its_objects_as_the_chart_does(release: Release, want: tuple[str, str, str]) -> None:
+    """The DaemonSet, the policy ConfigMap and the scrape job are named as the chart's _helpers.tpl names them."""
+    assert (release.daemonset, release.policy_config_map, release.scrape_selector) == want

@@ -1,107 +1,110 @@
-"""Reading the peaks from Prometheus: the queries (one per metric, whatever the workloads), the answer read with the
-workload's labels (`exported_` ones winning), and each way Prometheus can fail named. A fake Prometheus on a real
-HTTP socket answers with what each query should give."""
+"""Reading the peaks from Prometheus: the queries (a fixed number, of the agents' targets alone), the answer read with
+the workload's labels (`exported_` ones winning), the series of any other scrape left out, every answer bounded in
+time, size and depth, and each way Prometheus can fail named. A fake Prometheus on a real HTTP socket evaluates the
+queries over series labelled as Prometheus labels them."""
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.parse
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+import time
 
 import pytest
 
 from vramguard.core.model import GiB
-from vramguard.plugin.prometheus import PEAK_METRIC, SLICES, USED_METRIC, PrometheusError, queries, read_peaks
+from vramguard.plugin.prometheus import (
+    PEAK_METRIC,
+    SLICES,
+    TOTAL_METRIC,
+    USED_METRIC,
+    PrometheusError,
+    instant_query,
+    parse_selector,
+    queries,
+    read_peaks,
+)
 from vramguard.plugin.recommend import PeakSeries
 
+from .fake_prometheus import AGENT_TARGET, TENANT_TARGET, Store, fake_prometheus
 
-def sample(value: float | str, **labels: str) -> dict[str, Any]:
-    return {"metric": labels, "value": [1764300000.0, str(value)]}
-
-
-class _Server(ThreadingHTTPServer):
-    # read_peaks connects 2 * SLICES times at once; past the default backlog of 5 the kernel drops a SYN and the
-    # client sends it again a second later.
-    request_queue_size = 64
+AGENTS = 'job="vramguard-metrics",namespace="vramguard"'
+FORGED = 1297036692682702848  # what a tenant's exporter published, in the attack
 
 
-@contextmanager
-def fake_prometheus(answer: Any, status: int = 200) -> Iterator[tuple[str, list[str]]]:
-    """A server whose /api/v1/query answers `answer(query)` (a dict by metric name, or raw bytes), and the queries
-    it was sent."""
-    asked: list[str] = []
+def gauge(store: Store, metric: str, value: float, target: dict[str, str] = AGENT_TARGET, **labels: str) -> None:
+    """A per-container gauge as an agent exposes it (with the chart's honorLabels unless the target is a tenant's)."""
+    exposed = {"namespace": "ml", "container": "main", "gpu": "0", "gpu_uuid": "GPU-0", **labels}
+    store.add(metric, value, target, honor_labels=target is AGENT_TARGET, **exposed)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("query", [""])[0]
-            asked.append(query)
-            if isinstance(answer, bytes):
-                body = answer
-            else:
-                metric = PEAK_METRIC if PEAK_METRIC in query else USED_METRIC
-                result = answer.get(metric, [])
-                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = _Server(("127.0.0.1", 0), Handler)
-    # A short poll: shutdown() waits for serve_forever to look at its flag, by default every 0.5 s.
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+def gpu_total(store: Store, value: float, target: dict[str, str] = AGENT_TARGET, uuid: str = "GPU-0") -> None:
+    store.add(TOTAL_METRIC, value, target, honor_labels=True, gpu="0", gpu_uuid=uuid, name="NVIDIA H100")
 
 
 def test_the_queries_are_a_fixed_number_whose_slices_make_the_window() -> None:
-    """SLICES per metric, whatever the workloads: contiguous slices, the first ending now, together the window."""
-    sent = queries(7 * 86400, slices=7)
-    assert [q.metric for q in sent] == [PEAK_METRIC] * 7 + [USED_METRIC] * 7
+    """SLICES per metric, whatever the workloads: contiguous slices, the first ending now, together the window, each
+    of the series scraped from the agents' targets; and one of the GPUs' memory over the window."""
+    sent = queries(7 * 86400, AGENTS, slices=7)
+    assert [q.metric for q in sent] == [PEAK_METRIC] * 7 + [USED_METRIC] * 7 + [TOTAL_METRIC]
     group = "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid)"
-    assert sent[0].promql == f"{group} (max_over_time({PEAK_METRIC}[86400s]))"
-    assert sent[6].promql == f"{group} (max_over_time({PEAK_METRIC}[86400s] offset 518400s))"
-    assert len(queries(60)) == 2 * SLICES
-    one = queries(60, "ml")[0].promql
+    assert sent[0].promql == (
+        f"{group} (max_over_time({PEAK_METRIC}[86400s]) and on (job, instance) max_over_time(up{{{AGENTS}}}[86400s]))"
+    )
+    assert sent[6].promql == (
+        f"{group} (max_over_time({PEAK_METRIC}[86400s] offset 518400s)"
+        f" and on (job, instance) max_over_time(up{{{AGENTS}}}[86400s] offset 518400s))"
+    )
+    assert sent[-1].promql == (
+        f"max by (gpu_uuid) (max_over_time({TOTAL_METRIC}{{{AGENTS}}}[604800s:2363s])"
+        f" or max_over_time({TOTAL_METRIC}{{{AGENTS}}}[2363s]))"
+    )
+    assert len(queries(60, AGENTS)) == 2 * SLICES + 1
+    one = queries(60, AGENTS, "ml")[0].promql
     assert 'namespace="ml"' in one and 'exported_namespace="ml"' in one
 
 
 def test_the_peaks_are_read_and_merged() -> None:
     """The highest of the two metrics per (pod, container, GPU); exported_ labels win; unusable samples are left
-    out."""
-    answer = {
-        PEAK_METRIC: [
-            sample(9 * GiB, namespace="ml", pod="web-1", container="main", gpu_uuid="GPU-0"),
-            sample(3 * GiB, namespace="vramguard", exported_namespace="ml", pod="agent", exported_pod="web-2",
-                   container="vramguard", exported_container="main", gpu_uuid="GPU-0"),
-            sample("NaN", namespace="ml", pod="web-3", container="main", gpu_uuid="GPU-0"),
-            sample(-1, namespace="ml", pod="web-4", container="main", gpu_uuid="GPU-0"),
-            sample(GiB, namespace="ml", container="main", gpu_uuid="GPU-0"),
-        ],
-        USED_METRIC: [
-            sample(2 * GiB, namespace="ml", pod="web-1", container="main", gpu_uuid="GPU-0"),
-            sample(5 * GiB, namespace="ml", pod="old", container="main", gpu_uuid="GPU-1"),  # an older agent's
-        ],
-    }  # fmt: skip
-    with fake_prometheus(answer) as (url, asked):
-        found, count = read_peaks(url, 3600)
-    assert count == len(asked) == 2 * SLICES
-    assert sorted(found, key=lambda s: s.pod) == [
+    out; each GPU's memory by UUID."""
+    store = Store()
+    gauge(store, PEAK_METRIC, 9 * GiB, pod="web-1")
+    # An agents' scrape job without honor_labels: the workload's labels are exported_.
+    plain = {**AGENT_TARGET, "job": "vramguard-pods", "instance": "10.0.0.2:9400"}
+    store.add(PEAK_METRIC, 3 * GiB, plain, honor_labels=False, namespace="ml", pod="web-2", container="main",
+              gpu_uuid="GPU-0")  # fmt: skip
+    gauge(store, PEAK_METRIC, float("nan"), pod="web-3")
+    gauge(store, PEAK_METRIC, -1, pod="web-4")
+    gauge(store, PEAK_METRIC, GiB, pod="")
+    gauge(store, USED_METRIC, 2 * GiB, pod="web-1")
+    gauge(store, USED_METRIC, 5 * GiB, pod="old", gpu_uuid="GPU-1")  # an older agent's
+    gpu_total(store, 80 * GiB)
+    gpu_total(store, 40 * GiB, uuid="GPU-1")
+    with fake_prometheus(store) as (url, asked):
+        got = read_peaks(url, 3600, 'namespace="vramguard"')
+    assert got.queries == len(asked) == 2 * SLICES + 1
+    assert sorted(got.series, key=lambda s: s.pod) == [
         PeakSeries("ml", "old", "main", "GPU-1", 5 * GiB),
         PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB),
         PeakSeries("ml", "web-2", "main", "GPU-0", 3 * GiB),
     ]
+    assert got.gpu_total_bytes == {"GPU-0": 80 * GiB, "GPU-1": 40 * GiB}
+
+
+@pytest.mark.parametrize("honor_labels", [False, True], ids=["tenant-plain", "tenant-honor-labels"])
+def test_only_the_agents_series_are_read(honor_labels: bool) -> None:
+    """A tenant's exporter, scraped by the same Prometheus under a Service named as the chart's, publishing the
+    peak gauge for a real workload's pod (over the agent's 9GiB), for a workload that used no GPU, and a GPU's
+    memory: none of it is read; the agent's series are."""
+    store = Store()
+    gauge(store, PEAK_METRIC, 9 * GiB, pod="web-7d9f4c8b5-x2b4z")
+    gpu_total(store, 80 * GiB)
+    tenant = {"namespace": "ml", "container": "main", "gpu_uuid": "GPU-0"}
+    store.add(PEAK_METRIC, FORGED, TENANT_TARGET, honor_labels, pod="web-7d9f4c8b5-x2b4z", **tenant)
+    store.add(PEAK_METRIC, 5 * GiB, TENANT_TARGET, honor_labels, pod="cpu-only-7d9f4c8b5-q9w2k", **tenant)
+    store.add(TOTAL_METRIC, FORGED, TENANT_TARGET, honor_labels, gpu_uuid="GPU-0")
+    with fake_prometheus(store) as (url, _):
+        got = read_peaks(url, 3600, AGENTS, "ml")
+    assert got.series == [PeakSeries("ml", "web-7d9f4c8b5-x2b4z", "main", "GPU-0", 9 * GiB)]
+    if not honor_labels:  # with honor_labels a tenant writes any label, `namespace` too: the bound is what is left
+        assert got.gpu_total_bytes == {"GPU-0": 80 * GiB}
 
 
 @pytest.mark.parametrize(
@@ -112,13 +115,51 @@ def test_the_peaks_are_read_and_merged() -> None:
         pytest.param(b"<html>login</html>", 200, "not JSON", id="a-login-page"),
         pytest.param(b'{"status":"success","data":{"resultType":"matrix","result":[]}}', 200, "not a query result",
                      id="not-a-vector"),
+        pytest.param(b"[" * 50_000 + b"]" * 50_000, 200, "nested deeper than 64 levels", id="50000-deep"),
     ],
 )  # fmt: skip
 def test_failures_are_named(answer: bytes, status: int, words: str) -> None:
+    """Each answer that is not a query result is a PrometheusError saying what it is, never a traceback."""
     with fake_prometheus(answer, status) as (url, _), pytest.raises(PrometheusError, match=words):
-        read_peaks(url, 60)
+        read_peaks(url, 60, AGENTS)
+
+
+def test_a_trickling_answer_is_cut_at_its_deadline() -> None:
+    """An answer sent a byte at a time, each within the timeout, is cut when the whole answer's deadline passes."""
+    body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    started = time.monotonic()
+    with fake_prometheus(body, pace_s=0.1) as (url, _):
+        with pytest.raises(PrometheusError, match=r"no whole answer within 1s"):
+            instant_query(url, "up", timeout_s=1.0)
+        assert time.monotonic() - started < 3.0
+
+
+def test_an_answer_over_its_size_bound_is_refused() -> None:
+    """An answer longer than the bound is refused, naming the bound."""
+    body = b'{"status":"success","data":{"resultType":"vector","result":[' + b"{}," * 100 + b"{}]}}"
+    with fake_prometheus(body) as (url, _), pytest.raises(PrometheusError, match="over 200 bytes"):
+        instant_query(url, "up", max_bytes=200)
 
 
 def test_an_unreachable_prometheus_is_named() -> None:
     with pytest.raises(PrometheusError, match=r"cannot reach http://127\.0\.0\.1:9"):
-        read_peaks("http://127.0.0.1:9", 60, timeout_s=2)
+        read_peaks("http://127.0.0.1:9", 60, AGENTS, timeout_s=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        pytest.param(AGENTS, AGENTS, id="the-charts"),
+        pytest.param('{job = "a", instance=~"10\\\\..*"}', 'job = "a",instance=~"10\\\\..*"', id="braces-and-regex"),
+        pytest.param("job=a", None, id="unquoted"),
+        pytest.param('job="a"} or up{x="y"', None, id="an-injected-expression"),
+        pytest.param("", None, id="empty"),
+    ],
+)
+def test_the_selector_is_a_list_of_matchers(text: str, want: str | None) -> None:
+    """--prometheus-selector takes label matchers alone: anything else is refused, not put into a query."""
+    if want is None:
+        with pytest.raises(ValueError):
+            parse_selector(text)
+    else:
+        assert parse_selector(text) == want

@@ -18,6 +18,7 @@ from vramguard.core.peaks import PeakWindow
 from vramguard.core.quota import QuotaBook, parse_quota_source
 from vramguard.plugin.recommend import (
     POD_WIDE,
+    Impossible,
     PeakSeries,
     Verdict,
     friendly,
@@ -25,6 +26,7 @@ from vramguard.plugin.recommend import (
     recommend,
     recommended_bytes,
     spell,
+    within_gpu_memory,
 )
 from vramguard.plugin.workloads import Owners, WorkloadRef
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
@@ -219,6 +221,38 @@ def test_patches(kind: str, pod_name: str, pod_template: dict[str, object], want
         assert patch.command().startswith(f"kubectl patch {kind.lower()} ")
     else:
         assert patch.command().startswith("# ml Job/nightly: a Job's pod template cannot change")
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "peak", "field"),
+    [
+        pytest.param(template({"vramguard.io/vram": "4Gi"}), 8 * 2**60, "limits[vramguard.io/vram] '10Ei'",
+                     id="over-int64-in-a-limit"),
+        pytest.param(template(), 10**30, "annotation vramguard.io/vram-limit '1099511627776Ei'",
+                     id="over-int64-in-the-annotation"),
+    ],
+)  # fmt: skip
+def test_no_patch_the_agent_would_refuse(pod_template: dict[str, object], peak: int, field: str) -> None:
+    """A recommendation the agent's own quota parser refuses is never printed as a patch: the line says why, in
+    the agent's words."""
+    owners = _owners(workload("Deployment", NS, "web", pod_template))
+    (patch,) = patches(recommend([_series("web-7d9f4c8b5-x2b4z", peak)], owners, Policy()), owners)
+    assert patch.body is None
+    assert patch.command() == (
+        f"# ml Deployment/web: the agent would refuse {field}: larger than the int64 maximum of {2**63 - 1} bytes"
+    )
+
+
+def test_a_peak_over_its_gpus_memory_is_impossible() -> None:
+    """A peak is kept within its GPU's memory, or the largest GPU's where its GPU is not reported; above, or with no
+    GPU reported at all, it is refused with the bound it broke."""
+    fits, over, elsewhere = _series("a", 80 * GiB), _series("b", 80 * GiB + 1), _series("c", 90 * GiB, gpu_uuid="G-9")
+    totals = {"GPU-0": 80 * GiB, "GPU-1": 40 * GiB}
+    assert within_gpu_memory([fits, over, elsewhere], totals) == (
+        [fits],
+        [Impossible(over, 80 * GiB), Impossible(elsewhere, 80 * GiB)],
+    )
+    assert within_gpu_memory([fits], {}) == ([], [Impossible(fits, None)])
 
 
 def test_no_patch_for_ok_rows() -> None:
