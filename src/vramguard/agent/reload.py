@@ -116,7 +116,7 @@ class PolicyReloader:
         self.count = count
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.invalid: str | None = None  # why the file's content is refused now; None while it is good
-        self.checks = 0  # looks at the file, for tests
+        self.checks = 0  # looks at the file completed (/status): how a test counts the reloader's cycles
         self._seen = digest  # the content last read, good or not
         self._seen_error: str | None = None  # why that content was refused
         self._failures = 0  # reads failed in a row
@@ -140,7 +140,12 @@ class PolicyReloader:
 
     def check(self) -> float:
         """One look at the file; the seconds until the next."""
-        self.checks += 1
+        try:
+            return self._look()
+        finally:
+            self.checks += 1
+
+    def _look(self) -> float:
         try:
             text = read_policy_bytes(self.path)
         except OSError as e:

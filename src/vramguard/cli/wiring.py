@@ -574,8 +574,8 @@ class Probes:
         agent = self._agent()
         if agent is None:
             return None
-        invalid = self.reloader.invalid if self.reloader is not None else None
-        return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed)
+        invalid, checks = (self.reloader.invalid, self.reloader.checks) if self.reloader is not None else (None, 0)
+        return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed, checks)
 
     def driver_facts(self) -> DriverFacts:
         """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the

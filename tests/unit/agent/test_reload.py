@@ -309,7 +309,7 @@ def test_the_probes_show_the_policy_in_force_and_read_require_from_it(tmp_path: 
     r.check()
     n.run_gpu()
     n.agent.scan()
-    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",))
+    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",), checks=1)
     assert probes.readyz() == (
         False,
         "driver limits required by the reloaded policy: they apply after a restart of the agent",
