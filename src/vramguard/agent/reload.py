@@ -3,14 +3,17 @@
 handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
 on the file.
 
-Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (bounded; a ConfigMap holds 1 MiB
-at most, a policy a few KiB) and hashed, and parsed only when the hash is not the one seen last. Reading whole
+Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`policy.read_policy_file`: a
+regular file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash
+is not the one seen last. Reading whole
 each time, rather than trusting a stat, sees an edit in place that keeps the size within one mtime tick, and
 the kubelet's swap alike (`..data` renamed onto a new directory: an open through the links gets one whole
 version or the other). An
 invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
-`invalid` (the metric, /status) says so until the file is good again. A file that cannot be read (gone mid-swap)
-is tried again soon, and reported only when that keeps failing.
+`invalid` (the metric, /status) says so until the file is good again. What is never a policy file (a FIFO, which
+would block the read; a device, which may never end; a socket, a directory, a file over 1 MiB) is refused at once,
+in the same way, once per run of one cause. A file that cannot be read (gone mid-swap) is tried again soon, and
+reported only when that keeps failing.
 
 Some fields built parts at start that a reload cannot build (`fit`): those take effect after a restart, and the
 agent says so; everything else is in force from the next scan.
@@ -31,9 +34,10 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
+from vramguard.base.policyfile import FileRefused, read_policy_file
 from vramguard.core.limit_plan import uses_limiter
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_bytes, read_policy_bytes
+from vramguard.core.policy import PolicyError, policy_from_bytes
 from vramguard.core.quota import reads_claims
 
 # How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
@@ -50,7 +54,9 @@ class ReloadResult(str, enum.Enum):
     at 0 from the start."""
 
     APPLIED = "applied"  # in force from the next scan (counted by the loop, which applies it)
-    INVALID = "invalid"  # refused, once per distinct content: the last good policy stays in force
+    # refused, once per distinct content (or a run of one cause: not a regular file, over 1 MiB, unreadable): the
+    # last good policy stays in force
+    INVALID = "invalid"
 
 
 def digest_of(text: bytes) -> str:
@@ -147,7 +153,9 @@ class PolicyReloader:
 
     def _look(self) -> float:
         try:
-            text = read_policy_bytes(self.path)
+            text = read_policy_file(self.path).text
+        except FileRefused as e:
+            return self._refused(str(e))
         except OSError as e:
             return self._failed(f"cannot read the file: {e.strerror or e}")
         self._failures = 0
@@ -173,6 +181,17 @@ class PolicyReloader:
         self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
         self.count(ReloadResult.INVALID)
         self.log.error("policy_invalid", path=self.path, digest=digest[:12], errors=errors, keeping="last good policy")
+
+    def _refused(self, why: str) -> float:
+        """Not a regular file, or too big: never a swap caught mid-way (that is a missing file), so refused at once
+        and looked at again at the interval, for a good file swapped in."""
+        self._failures = 0
+        self._retry.reset()
+        self.invalid = f"{self.path}: {why}"
+        if self._unreadable.failed(why):
+            self.count(ReloadResult.INVALID)
+            self.log.error("policy_refused", path=self.path, error=why, keeping="last good policy")
+        return self.interval_s
 
     def _failed(self, why: str) -> float:
         self._failures += 1

@@ -34,10 +34,11 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
+from vramguard.base.policyfile import read_policy
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter, whole_gpus
 from vramguard.core.model import DriverLimits, EventSubject, GpuDevice, PodInfo, Policy
-from vramguard.core.policy import Overrides, PolicyError, read_policy
+from vramguard.core.policy import Overrides, PolicyError
 from vramguard.core.ports import (
     EventRecorder,
     Evictor,

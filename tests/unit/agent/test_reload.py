@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from policy_fixtures import NOT_POLICY_FILES, Make, swap_in, unblocked
 from unit.agent.test_loop import FakeClaimSource, Node
 from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
 from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
@@ -154,6 +155,38 @@ def test_a_file_gone_mid_swap_is_read_again_soon_and_reported_only_when_it_stays
     hidden.rename(target)
     assert r.check() == 2.0
     assert r.reloader.invalid is None and r.taken() is None, "back as it was: nothing to reload"
+
+
+@pytest.mark.parametrize(("make", "says"), NOT_POLICY_FILES)
+def test_what_is_not_a_policy_file_is_refused_once_and_a_good_file_after_it_is_in_force_at_once(
+    tmp_path: Path, make: Make, says: str
+) -> None:
+    """A FIFO, a device, a socket, a directory or a file over 1 MiB at the path is refused without blocking and
+    without reading it whole: one log line naming the path and what is there, counted once, shown until a good
+    file is swapped in, which the next look (within one interval) hands over."""
+    path = tmp_path / "policy.yaml"
+    (tmp_path / "good").write_text("mode: warn\n")
+    swap_in(path, tmp_path / "good")
+    counted: list[str] = []
+    reloader = PolicyReloader(
+        path, Overrides().apply, digest_of(b"mode: warn\n"), clock=FakeClock(), count=counted.append
+    )
+    make(tmp_path / "bad")
+    swap_in(path, tmp_path / "bad")
+    with capture_logs() as logs:
+        waits = [unblocked(reloader.check) for _ in range(3)]
+    assert waits == [2.0] * 3, "looked at again at the interval, for a good file swapped in"
+    assert reloader.take() is None, "the last good policy stays in force"
+    assert [(e["event"], e["path"]) for e in logs] == [("policy_refused", str(path))]
+    assert says in logs[0]["error"] and logs[0]["keeping"] == "last good policy"
+    assert counted == ["invalid"] and says in (reloader.invalid or "")
+
+    (tmp_path / "fixed").write_text("mode: kill\n")
+    swap_in(path, tmp_path / "fixed")
+    unblocked(reloader.check)
+    loaded = reloader.take()
+    assert loaded is not None and loaded.policy.mode is Mode.KILL
+    assert reloader.invalid is None
 
 
 def test_the_reloader_runs_on_its_background_loop(tmp_path: Path) -> None:
