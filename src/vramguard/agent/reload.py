@@ -5,11 +5,18 @@ on the file.
 
 Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`policy.read_policy_file`: a
 regular file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash
-is not the one seen last. Reading whole
-each time, rather than trusting a stat, sees an edit in place that keeps the size within one mtime tick, and
-the kubelet's swap alike (`..data` renamed onto a new directory: an open through the links gets one whole
-version or the other). An
-invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
+is not the one seen last. Reading whole each time, rather than trusting a stat, sees an edit in place that keeps
+the size within one mtime tick, and the kubelet's swap alike (`..data` renamed onto a new directory: an open
+through the links gets one whole version or the other).
+
+A policy is put in force only when it is whole, as far as a reader can tell. A file other than the last one read
+(its device and inode, from the open file: a rename over the path, the kubelet's swap) was whole before it
+appeared, and is parsed at once. A file changed in place may be a writer halfway, and a half that parses is a
+policy (a list cut before its last entry): its content is parsed only once it has stayed the same for an interval
+(on the injected clock), so an edit in place costs one interval more. A writer that stalls halfway for longer looks
+finished: no reader can tell, which is why the docs say to write a file whole and rename it over the path.
+
+An invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
 `invalid` (the metric, /status) says so until the file is good again. What is never a policy file (a FIFO, which
 would block the read; a device, which may never end; a socket, a directory, a file over 1 MiB) is refused at once,
 in the same way, once per run of one cause. A file that cannot be read (gone mid-swap) is tried again soon, and
@@ -123,8 +130,11 @@ class PolicyReloader:
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.invalid: str | None = None  # why the file's content is refused now; None while it is good
         self.checks = 0  # looks at the file completed (/status): how a test counts the reloader's cycles
-        self._seen = digest  # the content last read, good or not
+        self.clock = clock
+        self._seen = digest  # the content last put in force or refused
         self._seen_error: str | None = None  # why that content was refused
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of what the path led to at the last look
+        self._changed: tuple[str, float] | None = None  # a content changed in place, and when it was first read
         self._failures = 0  # reads failed in a row
         self._unreadable = FailureRun()
         self._retry = Backoff(0.1, interval_s)
@@ -153,8 +163,9 @@ class PolicyReloader:
 
     def _look(self) -> float:
         try:
-            text = read_policy_file(self.path).text
+            read = read_policy_file(self.path)
         except FileRefused as e:
+            self._file = e.file
             return self._refused(str(e))
         except OSError as e:
             return self._failed(f"cannot read the file: {e.strerror or e}")
@@ -162,13 +173,21 @@ class PolicyReloader:
         self._retry.reset()
         if self._unreadable.ok():
             self.log.info("policy_readable", path=self.path)
-        digest = digest_of(text)
+        digest = digest_of(read.text)
+        # Another file (a rename over the path, a ConfigMap's `..data` swap) was whole before it appeared; the first
+        # look knows no file before it, and takes a change for one in place.
+        swapped = self._file is not None and read.file != self._file
+        self._file = read.file
         if digest == self._seen:
+            self._changed = None
             self.invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
             return self.interval_s
+        if not swapped and not self._settled(digest):
+            return self.interval_s
+        self._changed = None
         self._seen = digest
         try:
-            policy = self.overrides(policy_from_bytes(text, self.path))
+            policy = self.overrides(policy_from_bytes(read.text, self.path))
         except PolicyError as e:
             self._refuse(digest, [str(error) for error in e.errors])
             return self.interval_s
@@ -176,6 +195,15 @@ class PolicyReloader:
         with self._lock:
             self._pending = Loaded(policy, digest)
         return self.interval_s
+
+    def _settled(self, digest: str) -> bool:
+        """Whether a content changed in place has stayed `digest` for an interval: a writer that writes in steps may
+        be halfway, and one that pauses for less than an interval is not caught there."""
+        now = self.clock.now()
+        if self._changed is None or self._changed[0] != digest:
+            self._changed = (digest, now)
+            return False
+        return now - self._changed[1] >= self.interval_s
 
     def _refuse(self, digest: str, errors: list[str]) -> None:
         self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
