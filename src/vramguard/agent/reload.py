@@ -3,9 +3,9 @@
 handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
 on the file.
 
-Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`policy.read_policy_file`: a
-regular file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash
-is not the one seen last. Reading whole each time, rather than trusting a stat, sees an edit in place that keeps
+Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`base.policyfile`: a regular
+file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash is not
+the one seen last. Reading whole each time, rather than trusting a stat, sees an edit in place that keeps
 the size within one mtime tick, and the kubelet's swap alike (`..data` renamed onto a new directory: an open
 through the links gets one whole version or the other).
 
