@@ -303,7 +303,8 @@ class Metrics:
         self.policy_reloads = Counter(
             "vramguard_policy_reloads_total",
             "Changes of the policy file seen, by result: applied (in force from the next scan) or invalid (refused, "
-            "once per distinct content: the last good policy stays in force; the log says policy_invalid and why).",
+            "once per distinct content or cause: the last good policy stays in force; the log says policy_invalid, "
+            "policy_refused or policy_unreadable, and why).",
             ["result"],
             registry=self.registry,
         )

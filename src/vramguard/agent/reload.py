@@ -3,14 +3,24 @@
 handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
 on the file.
 
-Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (bounded; a ConfigMap holds 1 MiB
-at most, a policy a few KiB) and hashed, and parsed only when the hash is not the one seen last. Reading whole
-each time, rather than trusting a stat, sees an edit in place that keeps the size within one mtime tick, and
-the kubelet's swap alike (`..data` renamed onto a new directory: an open through the links gets one whole
-version or the other). An
-invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
-`invalid` (the metric, /status) says so until the file is good again. A file that cannot be read (gone mid-swap)
-is tried again soon, and reported only when that keeps failing.
+Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`base.policyfile`: a regular
+file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash is not
+the one seen last. Reading whole each time, rather than trusting a stat, sees an edit in place that keeps
+the size within one mtime tick, and the kubelet's swap alike (`..data` renamed onto a new directory: an open
+through the links gets one whole version or the other).
+
+A policy is put in force only when it is whole, as far as a reader can tell. A file other than the last one read
+(its device and inode, from the open file: a rename over the path, the kubelet's swap) was whole before it
+appeared, and is parsed at once. A file changed in place may be a writer halfway, and a half that parses is a
+policy (a list cut before its last entry): its content is parsed only once it has stayed the same for an interval
+(on the injected clock), so an edit in place costs one interval more. A writer that stalls halfway for longer looks
+finished: no reader can tell, which is why the docs say to write a file whole and rename it over the path.
+
+An invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
+`invalid` (the metric, /status) says so until the file is good again. What is never a policy file (a FIFO, which
+would block the read; a device, which may never end; a socket, a directory, a file over 1 MiB) is refused at once,
+in the same way, once per run of one cause. A file that cannot be read (gone mid-swap) is tried again soon, and
+reported only when that keeps failing.
 
 Some fields built parts at start that a reload cannot build (`fit`): those take effect after a restart, and the
 agent says so; everything else is in force from the next scan.
@@ -31,9 +41,10 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
+from vramguard.base.policyfile import FileRefused, read_policy_file
 from vramguard.core.limit_plan import uses_limiter
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_bytes, read_policy_bytes
+from vramguard.core.policy import PolicyError, policy_from_bytes
 from vramguard.core.quota import reads_claims
 
 # How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
@@ -50,7 +61,9 @@ class ReloadResult(str, enum.Enum):
     at 0 from the start."""
 
     APPLIED = "applied"  # in force from the next scan (counted by the loop, which applies it)
-    INVALID = "invalid"  # refused, once per distinct content: the last good policy stays in force
+    # refused, once per distinct content (or a run of one cause: not a regular file, over 1 MiB, unreadable): the
+    # last good policy stays in force
+    INVALID = "invalid"
 
 
 def digest_of(text: bytes) -> str:
@@ -116,9 +129,12 @@ class PolicyReloader:
         self.count = count
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.invalid: str | None = None  # why the file's content is refused now; None while it is good
-        self.checks = 0  # looks at the file, for tests
-        self._seen = digest  # the content last read, good or not
+        self.checks = 0  # looks at the file completed (/status): how a test counts the reloader's cycles
+        self.clock = clock
+        self._seen = digest  # the content last put in force or refused
         self._seen_error: str | None = None  # why that content was refused
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of what the path led to at the last look
+        self._changed: tuple[str, float] | None = None  # a content changed in place, and when it was first read
         self._failures = 0  # reads failed in a row
         self._unreadable = FailureRun()
         self._retry = Backoff(0.1, interval_s)
@@ -140,22 +156,38 @@ class PolicyReloader:
 
     def check(self) -> float:
         """One look at the file; the seconds until the next."""
-        self.checks += 1
         try:
-            text = read_policy_bytes(self.path)
+            return self._look()
+        finally:
+            self.checks += 1
+
+    def _look(self) -> float:
+        try:
+            read = read_policy_file(self.path)
+        except FileRefused as e:
+            self._file = e.file
+            return self._refused(str(e))
         except OSError as e:
             return self._failed(f"cannot read the file: {e.strerror or e}")
         self._failures = 0
         self._retry.reset()
         if self._unreadable.ok():
             self.log.info("policy_readable", path=self.path)
-        digest = digest_of(text)
+        digest = digest_of(read.text)
+        # Another file (a rename over the path, a ConfigMap's `..data` swap) was whole before it appeared; the first
+        # look knows no file before it, and takes a change for one in place.
+        swapped = self._file is not None and read.file != self._file
+        self._file = read.file
         if digest == self._seen:
+            self._changed = None
             self.invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
             return self.interval_s
+        if not swapped and not self._settled(digest):
+            return self.interval_s
+        self._changed = None
         self._seen = digest
         try:
-            policy = self.overrides(policy_from_bytes(text, self.path))
+            policy = self.overrides(policy_from_bytes(read.text, self.path))
         except PolicyError as e:
             self._refuse(digest, [str(error) for error in e.errors])
             return self.interval_s
@@ -164,10 +196,30 @@ class PolicyReloader:
             self._pending = Loaded(policy, digest)
         return self.interval_s
 
+    def _settled(self, digest: str) -> bool:
+        """Whether a content changed in place has stayed `digest` for an interval: a writer that writes in steps may
+        be halfway, and one that pauses for less than an interval is not caught there."""
+        now = self.clock.now()
+        if self._changed is None or self._changed[0] != digest:
+            self._changed = (digest, now)
+            return False
+        return now - self._changed[1] >= self.interval_s
+
     def _refuse(self, digest: str, errors: list[str]) -> None:
         self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
         self.count(ReloadResult.INVALID)
         self.log.error("policy_invalid", path=self.path, digest=digest[:12], errors=errors, keeping="last good policy")
+
+    def _refused(self, why: str) -> float:
+        """Not a regular file, or too big: never a swap caught mid-way (that is a missing file), so refused at once
+        and looked at again at the interval, for a good file swapped in."""
+        self._failures = 0
+        self._retry.reset()
+        self.invalid = f"{self.path}: {why}"
+        if self._unreadable.failed(why):
+            self.count(ReloadResult.INVALID)
+            self.log.error("policy_refused", path=self.path, error=why, keeping="last good policy")
+        return self.interval_s
 
     def _failed(self, why: str) -> float:
         self._failures += 1

@@ -18,6 +18,7 @@ from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.healthfile import DEFAULT_PATH as DEFAULT_HEALTH_FILE
 from vramguard.base.lifecycle import Services
 from vramguard.base.logs import configure_logging
+from vramguard.base.policyfile import check_policy_file
 from vramguard.cli.top import render_table
 from vramguard.cli.wiring import (
     SHUTDOWN_BUDGET_S,
@@ -37,7 +38,7 @@ from vramguard.cli.wiring import (
 )
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.model import DriverLimits, Mode
-from vramguard.core.policy import Overrides, check_policy_file, parse_watch_interval
+from vramguard.core.policy import Overrides, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json

@@ -34,10 +34,11 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.lifecycle import Service, Services
 from vramguard.base.logs import FailureRun
+from vramguard.base.policyfile import read_policy
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter, whole_gpus
 from vramguard.core.model import DriverLimits, EventSubject, GpuDevice, PodInfo, Policy
-from vramguard.core.policy import Overrides, PolicyError, read_policy
+from vramguard.core.policy import Overrides, PolicyError
 from vramguard.core.ports import (
     EventRecorder,
     Evictor,
@@ -595,8 +596,8 @@ class Probes:
         agent = self._agent()
         if agent is None:
             return None
-        invalid = self.reloader.invalid if self.reloader is not None else None
-        return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed)
+        invalid, checks = (self.reloader.invalid, self.reloader.checks) if self.reloader is not None else (None, 0)
+        return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed, checks)
 
     def driver_facts(self) -> DriverFacts:
         """The NVIDIA side for /status, from what the agent found out (it asks NVML nothing for this): whether the

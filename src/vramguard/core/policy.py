@@ -11,9 +11,9 @@ Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.core.quanti
 Errors are collected, not raised one at a time: `PolicyError.errors` lists every problem, each naming the field
 path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid quantity (...)`.
 
-The YAML is read under `vramguard.core.documents`' rules (bounded; no anchors, aliases, merge keys or tags; no
-duplicate keys, which plain `yaml.safe_load` resolves silently in favour of the last one), with YAML 1.1's typing
-of plain scalars.
+The file is read by `vramguard.base.policyfile` (a regular file of at most `MAX_POLICY_BYTES`), and its YAML under
+`vramguard.core.documents`' rules (bounded; no anchors, aliases, merge keys or tags; no duplicate keys, which plain
+`yaml.safe_load` resolves silently in favour of the last one), with YAML 1.1's typing of plain scalars.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
-from vramguard.core.documents import MAX_BYTES, DocumentError, Scalars, load_yaml
+from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import (
     DefaultKind,
     DefaultQuota,
     DriverLimits,
     EvictionRefused,
+    MiB,
     Mode,
     NamespacePolicy,
     OnRepeat,
@@ -119,34 +119,14 @@ def parse_policy(data: object) -> Policy:
     return policy
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file. An empty file is the default policy.
-
-    Raises PolicyError naming the file when it cannot be read, is not YAML, or is not a valid policy.
-    """
-    return read_policy(path)[0]
-
-
-def read_policy(path: str | Path) -> tuple[Policy, bytes]:
-    """`load_policy`, with the bytes the policy was read from (to know the content a reload compares with)."""
-    source = str(path)
-    try:
-        text = read_policy_bytes(path)
-    except OSError as e:
-        raise PolicyError([FieldError("", None, f"cannot read the file: {e.strerror or e}", show=False)], source) from e
-    return policy_from_bytes(text, source), text
-
-
-def read_policy_bytes(path: str | Path) -> bytes:
-    """The file's bytes, one over `MAX_BYTES` at most (for the loader to refuse). Raises OSError."""
-    with open(path, "rb") as f:
-        return f.read(MAX_BYTES + 1)
+# A ConfigMap holds 1 MiB at most, a policy a few KiB: a bigger file is a mistake, and reading it costs memory.
+MAX_POLICY_BYTES: Final = MiB
 
 
 def policy_from_bytes(text: bytes, source: str) -> Policy:
-    """A policy file's bytes (`read_policy_bytes`) → a validated Policy; PolicyError names `source`."""
+    """A policy file's bytes (`base.policyfile.read_policy_file`) → a validated Policy; PolicyError names `source`."""
     try:
-        data = load_yaml(text, scalars=Scalars.YAML_1_1)
+        data = load_yaml(text, scalars=Scalars.YAML_1_1, max_bytes=MAX_POLICY_BYTES)
     except DocumentError as e:
         raise PolicyError([FieldError("", None, f"is not valid YAML: {e}", show=False)], source) from e
     try:
@@ -175,15 +155,6 @@ class Overrides:
         if self.agent_namespace:
             policy = replace(policy, exempt_namespaces=policy.exempt_namespaces | {self.agent_namespace})
         return policy
-
-
-def check_policy_file(path: str | Path) -> list[str]:
-    """Human-readable problems of a policy file, one per line, [] when valid. The caller prefixes the file name."""
-    try:
-        load_policy(path)
-    except PolicyError as e:
-        return [str(error) for error in e.errors]
-    return []
 
 
 # --------------------------------------------------------------------------------------------------------------

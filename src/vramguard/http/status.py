@@ -68,13 +68,14 @@ class DriverFacts:
 @dataclass(frozen=True, slots=True)
 class PolicyFacts:
     """The policy in force, which a reload of the policy file changes: its mode, the hash of the file's content
-    (None: no file), why the file's current content is refused (None: it is in force), and the fields whose new
-    value waits for a restart."""
+    (None: no file), why the file's current content is refused (None: it is in force), the fields whose new
+    value waits for a restart, and how many looks at the file the reloader has completed (a count that grows)."""
 
     mode: str
     digest: str | None = None
     invalid: str | None = None
     restart_needed: tuple[str, ...] = ()
+    checks: int = 0
 
 
 def policy_dict(policy: PolicyFacts) -> dict[str, object]:
@@ -83,6 +84,7 @@ def policy_dict(policy: PolicyFacts) -> dict[str, object]:
         "sha256": policy.digest,
         "invalid": cut(policy.invalid) if policy.invalid is not None else None,
         "restart_needed": list(policy.restart_needed),
+        "checks": policy.checks,
     }
 
 

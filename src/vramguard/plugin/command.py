@@ -18,9 +18,10 @@ import typer
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.policyfile import load_policy
 from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, load_policy, parse_policy
+from vramguard.core.policy import PolicyError, parse_policy
 from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
 from vramguard.core.text import cut, format_bytes, printable
 from vramguard.kube.client import describe

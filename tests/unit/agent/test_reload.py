@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from policy_fixtures import NOT_POLICY_FILES, Make, swap_in, unblocked, write_atomically
 from unit.agent.test_loop import FakeClaimSource, Node
 from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
 from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
@@ -52,7 +54,8 @@ class ConfigMapVolume:
 
 
 class Reloads:
-    """A reloader over a ConfigMap volume, its counts, and its policies taken, checked by hand (`check`)."""
+    """A reloader over a ConfigMap volume, its counts, and its policies taken, checked by hand (`check`) after the
+    look its loop takes at start."""
 
     def __init__(self, tmp_path: Path, content: str = "mode: warn\n", overrides: Overrides | None = None) -> None:
         overrides = overrides if overrides is not None else Overrides()
@@ -65,6 +68,7 @@ class Reloads:
             clock=FakeClock(),
             count=self.counted.append,
         )
+        self.reloader.check()
 
     def check(self) -> float:
         return self.reloader.check()
@@ -92,13 +96,94 @@ def test_an_edit_in_place_of_the_same_size_is_seen(tmp_path: Path) -> None:
     """Each check reads the file: an edit that keeps its size and lands within one mtime tick is not missed."""
     path = tmp_path / "policy.yaml"
     path.write_text("mode: warn\n")
-    reloader = PolicyReloader(path, Overrides().apply, digest_of(b"mode: warn\n"), clock=FakeClock())
+    clock = FakeClock()
+    reloader = PolicyReloader(path, Overrides().apply, digest_of(b"mode: warn\n"), clock=clock)
+    reloader.check()
     before = path.stat()
     path.write_text("mode: kill\n")
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    reloader.check()
+    for _ in range(2):
+        clock.step(reloader.check())
     loaded = reloader.take()
     assert loaded is not None and loaded.policy.mode is Mode.KILL
+
+
+START = "mode: kill\nexempt_namespaces:\n  - kube-system\n  - research\n"
+HALF = "mode: kill\nexempt_namespaces:\n  - kube-system\n  - ops\n"  # cut before its last entry, and a policy
+REST = "  - research\n"
+WHOLE = HALF + REST
+
+
+def in_place(content: str) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.write_text(content)  # truncated and written: the same inode
+
+    return write
+
+
+def appended(text: str) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        with path.open("a") as f:
+            f.write(text)
+
+    return write
+
+
+def renamed(content: str) -> Callable[[Path], None]:
+    return lambda path: write_atomically(path, content)
+
+
+def nothing(path: Path) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [(0.0, in_place(HALF), None), (1.0, appended(REST), None), (2.0, nothing, WHOLE)],
+            id="in-place-in-two-steps-applied-whole-an-interval-after-the-last",
+        ),
+        pytest.param(
+            [(0.0, in_place(WHOLE), None), (1.0, nothing, None), (1.0, nothing, WHOLE)],
+            id="in-place-settles-on-the-clock-not-on-the-looks",
+        ),
+        pytest.param([(0.0, renamed(WHOLE), WHOLE)], id="renamed-over-the-path-applied-at-once"),
+        pytest.param(
+            [(0.0, in_place(HALF), None), (1.0, renamed(WHOLE), WHOLE)],
+            id="renamed-over-an-edit-in-place-applied-at-once",
+        ),
+        pytest.param(
+            [(0.0, renamed(HALF), HALF), (2.0, appended(REST), None), (2.0, nothing, WHOLE)],
+            id="a-renamed-file-edited-in-place-after-waits",
+        ),
+        pytest.param(
+            [(0.0, in_place(HALF), None), (1.0, in_place(START), None), (2.0, nothing, None)],
+            id="in-place-back-to-the-content-in-force-changes-nothing",
+        ),
+        pytest.param(
+            [(0.0, in_place(HALF), None), (2.0, nothing, HALF)],
+            id="in-place-stalled-for-an-interval-is-applied-as-no-reader-can-tell",
+        ),
+    ],
+)
+def test_a_policy_is_put_in_force_only_when_whole_as_far_as_a_reader_can_tell(
+    tmp_path: Path, steps: list[tuple[float, Callable[[Path], None], str | None]]
+) -> None:
+    """A file changed in place (same inode) is parsed only once it has stayed the same for an interval on the
+    clock, so a writer that pauses for less is never caught halfway; a file renamed over the path is whole and in
+    force at once. Each step: the clock moves, the file is written, the reloader looks, and hands over that."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(START)
+    clock = FakeClock()
+    reloader = PolicyReloader(path, Overrides().apply, digest_of(START.encode()), clock=clock)
+    reloader.check()  # the loop's look at start
+    for seconds, write, handed in steps:
+        clock.step(seconds)
+        write(path)
+        reloader.check()
+        loaded = reloader.take()
+        assert (loaded.digest if loaded is not None else None) == (digest_of(handed.encode()) if handed else None)
 
 
 def test_the_flags_override_every_reload_as_they_did_at_start(tmp_path: Path) -> None:
@@ -154,6 +239,38 @@ def test_a_file_gone_mid_swap_is_read_again_soon_and_reported_only_when_it_stays
     hidden.rename(target)
     assert r.check() == 2.0
     assert r.reloader.invalid is None and r.taken() is None, "back as it was: nothing to reload"
+
+
+@pytest.mark.parametrize(("make", "says"), NOT_POLICY_FILES)
+def test_what_is_not_a_policy_file_is_refused_once_and_a_good_file_after_it_is_in_force_at_once(
+    tmp_path: Path, make: Make, says: str
+) -> None:
+    """A FIFO, a device, a socket, a directory or a file over 1 MiB at the path is refused without blocking and
+    without reading it whole: one log line naming the path and what is there, counted once, shown until a good
+    file is swapped in, which the next look (within one interval) hands over."""
+    path = tmp_path / "policy.yaml"
+    (tmp_path / "good").write_text("mode: warn\n")
+    swap_in(path, tmp_path / "good")
+    counted: list[str] = []
+    reloader = PolicyReloader(
+        path, Overrides().apply, digest_of(b"mode: warn\n"), clock=FakeClock(), count=counted.append
+    )
+    make(tmp_path / "bad")
+    swap_in(path, tmp_path / "bad")
+    with capture_logs() as logs:
+        waits = [unblocked(reloader.check) for _ in range(3)]
+    assert waits == [2.0] * 3, "looked at again at the interval, for a good file swapped in"
+    assert reloader.take() is None, "the last good policy stays in force"
+    assert [(e["event"], e["path"]) for e in logs] == [("policy_refused", str(path))]
+    assert says in logs[0]["error"] and logs[0]["keeping"] == "last good policy"
+    assert counted == ["invalid"] and says in (reloader.invalid or "")
+
+    (tmp_path / "fixed").write_text("mode: kill\n")
+    swap_in(path, tmp_path / "fixed")
+    unblocked(reloader.check)
+    loaded = reloader.take()
+    assert loaded is not None and loaded.policy.mode is Mode.KILL
+    assert reloader.invalid is None
 
 
 def test_the_reloader_runs_on_its_background_loop(tmp_path: Path) -> None:
@@ -309,7 +426,7 @@ def test_the_probes_show_the_policy_in_force_and_read_require_from_it(tmp_path: 
     r.check()
     n.run_gpu()
     n.agent.scan()
-    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",))
+    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",), checks=2)
     assert probes.readyz() == (
         False,
         "driver limits required by the reloaded policy: they apply after a restart of the agent",

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vramguard.base.policyfile import load_policy
 from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
     DefaultKind,
@@ -23,10 +24,7 @@ from vramguard.core.policy import (
     TOP_LEVEL_FIELDS,
     Overrides,
     PolicyError,
-    check_policy_file,
-    load_policy,
     parse_policy,
-    read_policy,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
@@ -485,31 +483,6 @@ def test_yaml_1_1_numbers_are_numbers(tmp_path: Path) -> None:
     assert (policy.triggered_scans_per_second, policy.max_actions_per_scan) == (2.5, 3)
 
 
-def test_load_policy_missing_file(tmp_path: Path) -> None:
-    """A missing file is a PolicyError naming the file, not an OSError."""
-    path = tmp_path / "absent.yaml"
-    with pytest.raises(PolicyError, match="cannot read the file: No such file or directory") as info:
-        load_policy(path)
-    assert info.value.source == str(path)
-
-
-def test_check_policy_file(tmp_path: Path) -> None:
-    """`policy check` lines: none for a valid file, one per error, each naming the field and the value."""
-    assert check_policy_file(EXAMPLE) == []
-    path = tmp_path / "bad.yaml"
-    path.write_text("mode: wran\nnamespaces:\n  team-a: {max_quota: 16GB}\n")
-    assert check_policy_file(path) == [
-        'mode: "wran" must be one of warn, evict, kill',
-        'namespaces.team-a.max_quota: "16GB" is not a valid quantity (GB is not a Kubernetes suffix; '
-        "write 16Gi or 17179869184 for 16 GiB, or 16G for 16e9 bytes)",
-    ]
-
-
-def test_check_policy_file_unreadable(tmp_path: Path) -> None:
-    """A missing file is one line saying so, not an exception."""
-    assert check_policy_file(tmp_path / "absent.yaml") == ["cannot read the file: No such file or directory"]
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Every field at once
 
@@ -583,9 +556,3 @@ def test_overrides_set_the_flags_over_the_file_and_exempt_the_agents_namespace()
     got = Overrides(Mode.KILL, DriverLimits.OFF, 0.0, "vramguard-system").apply(file)
     assert (got.mode, got.driver_limits, got.watch_interval_s) == (Mode.KILL, DriverLimits.OFF, 0.0)
     assert got.exempt_namespaces == {"kube-system", "vramguard-system"}
-
-
-def test_read_policy_gives_the_bytes_it_read(tmp_path: Path) -> None:
-    path = tmp_path / "policy.yaml"
-    path.write_bytes(b"mode: evict\n")
-    assert read_policy(path) == (Policy(mode=Mode.EVICT), b"mode: evict\n")

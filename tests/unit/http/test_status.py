@@ -285,13 +285,14 @@ def test_the_peaks_since_the_agents_start_are_in_the_document() -> None:
 def test_the_policy_in_force_is_in_the_agents_part() -> None:
     """A reloaded policy's mode replaces the start's; a refused file and the fields waiting for a restart show."""
     refused = "invalid policy in /etc/vramguard/policy.yaml: mode: ..."
-    facts = PolicyFacts("evict", "ab" * 32, refused, ("driver_limits",))
+    facts = PolicyFacts("evict", "ab" * 32, refused, ("driver_limits",), checks=7)
     doc = json.loads(render(FACTS, None, scan_json(None, {}), DRIVER, facts))
     assert doc["agent"]["mode"] == "evict"
     assert doc["agent"]["policy"] == {
         "sha256": "ab" * 32,
         "invalid": refused,
         "restart_needed": ["driver_limits"],
+        "checks": 7,
     }
     assert "policy" not in json.loads(render(FACTS, None, scan_json(None, {}), DRIVER)), "no reloads: no part"
 
