@@ -493,7 +493,7 @@ def test_metrics_exposition_names_carry_units() -> None:
         "vramguard_scans_failed_total",
         "vramguard_nvml_errors_total",
     } <= names
-    counts = {"vramguard_driver_limits_failing", "vramguard_events_queued"}
+    counts = {"vramguard_driver_limits_failing", "vramguard_events_queued", "vramguard_pod_mirror_claims_refused"}
     states = {"vramguard_gpu_healthy", "vramguard_watch_stuck", "vramguard_policy_invalid"}
     states |= {"vramguard_policy_restart_needed"}
     for name in names - {*states, *counts}:  # states, counts: no unit
