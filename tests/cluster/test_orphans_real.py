@@ -207,8 +207,9 @@ def test_a_pod_deleted_while_its_kubelet_is_stopped_is_reclaimed_after_the_grace
 
 def test_an_agent_started_after_the_deletion_reclaims_a_pod_it_never_saw(cluster: Cluster) -> None:
     """With the kubelet stopped, the pod is force-deleted and then the agent's container is killed and started
-    again (the same container, a fresh process): the new agent never had the pod in its cache, and kills its
-    process `orphan_grace` after its own start at the earliest, naming the pod by its UID."""
+    again (the same container, a fresh process): the new agent never had the pod in its cache, but the first one
+    noted its UID as the API server's in the state directory (a hostPath), so the new one kills its process
+    `orphan_grace` after its own start at the earliest, naming the pod by its UID."""
     cluster.helm_install(**POLICY)
     ns = cluster.namespace("orphan-agent-restart")
     pod, process = gpu_workload(cluster, ns, "trainer")
