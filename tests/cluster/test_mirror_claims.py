@@ -115,7 +115,7 @@ def test_a_forged_claim_on_a_deleted_pods_uid_shields_none_of_its_leftovers(
     wait_until(lambda: not left.alive(), GRACE_S + 30, what="the deleted pod's leftover reclaimed")
     wait_scans(node, int(GRACE_S / POLL_S) + 4)
     assert kept.alive(), "a static pod without a mirror is no orphan"
+    assert metric(node, "vramguard_orphan_reclaims_total", result="ok") == 1.0
     agent.terminate()
     logs = json_logs(agent)
     assert [e["pids"] for e in logs if e.get("event") == "orphan_reclaimed"] == [[left.pid]]
-    assert metric(node, "vramguard_orphan_reclaims_total", result="ok") == 1.0
