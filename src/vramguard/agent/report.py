@@ -18,6 +18,9 @@ from vramguard.core.orphans import NO_ORPHANS, OrphanScan
 from vramguard.core.peaks import Highest
 from vramguard.node.describe import ProcessDetail, describe_process
 
+# The container cell of a static pod the API server holds no mirror of: its containers are unknown.
+MIRRORLESS = "(static pod, no mirror)"
+
 
 @dataclass(frozen=True, slots=True)
 class ScanReport:
@@ -99,7 +102,7 @@ def rows_from_report(
                 gpu=device.label,
                 namespace=u.pod.namespace,
                 pod=u.pod.name,
-                container=u.container or "?",
+                container=u.container or (MIRRORLESS if u.pod.mirrorless else "?"),
                 processes=tuple(describe(p.pid) for p in u.processes),
                 used_bytes=u.used_bytes,
                 quota_bytes=quota.limit_for(device.total_bytes) if quota is not None else None,

@@ -255,6 +255,9 @@ class PodInfo:
     claims: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
     # A static pod's: its mirror pod's own metadata.uid, which differs from `uid`. None for any other pod.
     mirror_uid: str | None = None
+    # A static pod the API server holds no believed mirror of, known from the node alone (`ports.KubeletPods`): its
+    # namespace and name are the kubelet's, its containers unknown (its quota is pod-wide: `core/quota.py`).
+    mirrorless: bool = False
     # Derived index: attribution looks containers up by runtime ID once per GPU process per scan.
     _by_id: Mapping[str, ContainerInfo] = field(init=False, repr=False, compare=False)
 
@@ -267,8 +270,8 @@ class PodInfo:
 
     @property
     def static(self) -> bool:
-        """Run by the kubelet from a manifest on the node; the API server holds only its mirror pod."""
-        return self.mirror_uid is not None
+        """Run by the kubelet from a manifest on the node; the API server holds only its mirror pod, if that."""
+        return self.mirror_uid is not None or self.mirrorless
 
     @property
     def object_uid(self) -> str:

@@ -83,6 +83,10 @@ class KubeletPods(Protocol):
         """The namespace and name the kubelet runs `uid` as; None when it runs no pod of that UID (or cannot say)."""
         ...
 
+    def pods(self) -> Mapping[str, KubeletPod]:
+        """Every pod the kubelet runs, by UID, as last read."""
+        ...
+
 
 class ApiUidRecord(Protocol):
     """The UIDs the API server gave this node's pods, as this node's agents saw them (`node/api_uids.py`)."""

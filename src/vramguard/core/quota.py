@@ -103,6 +103,11 @@ def resolve_pod_quota(
             if default is not None:
                 containers[container.name] = default
 
+    if pod.mirrorless and pod_quota is None:
+        # Its containers are unknown (`PodInfo.mirrorless`): what a container declaring nothing gets, pod-wide.
+        pod_quota = _default_quota(pod, policy, node_labels, findings)
+        if pod_quota is None and cap is not None:
+            pod_quota = Quota(limit_bytes=cap, source=f"namespace max_quota {format_quantity(cap)} (no valid quota)")
     containers, per_gpu, pod_quota = _apply_burst(pod, containers, per_gpu, pod_quota, cap, findings)
     applies = {name: _describe(q, cap) for name, q in containers.items()}
     applies |= {name: "; ".join(_describe(q, cap) for q in gpus.values()) for name, gpus in per_gpu.items()}

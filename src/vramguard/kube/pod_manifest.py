@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import structlog
 
-from vramguard.core.model import ClaimUse, ContainerInfo, PodInfo
+from vramguard.core.model import ClaimUse, ContainerInfo, KubeletPod, PodInfo
 from vramguard.core.ports import KubeletPods
 from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 from vramguard.core.text import MAX_TEXT_CHARS, cut
@@ -32,6 +32,7 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 # manifest may set its own metadata.uid). A value of another form names no cgroup the agent reads: ignored.
 _MIRROR_UID: Final = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 _MIRROR_UID_CHARS: Final = 36
+_KUBELET_HASH: Final = re.compile(r"[0-9a-f]{32}")  # what the kubelet makes a static pod's UID of, no API server
 
 
 class PodSourceError(Exception):
@@ -142,7 +143,18 @@ def index_pods(
         else:
             why = why or "another pod's claim on it is believed"
             refused[pod.object_uid] = f"pod {pod.key} claims to be the mirror of UID {pod.uid}: {why}"
+    for uid, runs in (kubelet.pods() if kubelet is not None else {}).items():
+        if uid not in by_uid and _KUBELET_HASH.fullmatch(uid):
+            by_uid[uid] = mirrorless_static_pod(uid, runs)
     return PodIndex(by_uid, refused)
+
+
+def mirrorless_static_pod(uid: str, runs: KubeletPod) -> PodInfo:
+    """A static pod the kubelet runs under its hash of the manifest (which no API server gives) with no believed
+    mirror: governed under its namespace (the policy's default quota and the namespace's cap, pod-wide: its
+    containers are unknown). A UID of a UUID's form is not taken so: it may be an API server pod the watch has not
+    delivered yet, whose own quota is not known."""
+    return PodInfo(uid=uid, namespace=runs.namespace, name=runs.name, mirrorless=True)
 
 
 def _refusal(

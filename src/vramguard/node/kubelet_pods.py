@@ -72,6 +72,9 @@ class KubeletPods:
     def runs(self, uid: str) -> KubeletPod | None:
         return self._pods.get(uid)
 
+    def pods(self) -> Mapping[str, KubeletPod]:
+        return self._pods
+
     def refresh(self) -> bool:
         """List the directory now; True when the listing changed (`on_change` was called)."""
         with self._lock:

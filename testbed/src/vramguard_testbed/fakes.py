@@ -138,11 +138,14 @@ class FakeKubeletPods:
     """What the node says its kubelet runs (`ports.KubeletPods`): UID → (namespace, name), as the test sets it."""
 
     def __init__(self, pods: Mapping[str, tuple[str, str]] | None = None) -> None:
-        self.pods: dict[str, tuple[str, str]] = dict(pods or {})
+        self.running: dict[str, tuple[str, str]] = dict(pods or {})
 
     def runs(self, uid: str) -> KubeletPod | None:
-        found = self.pods.get(uid)
+        found = self.running.get(uid)
         return KubeletPod(*found) if found is not None else None
+
+    def pods(self) -> Mapping[str, KubeletPod]:
+        return {uid: KubeletPod(*found) for uid, found in self.running.items()}
 
 
 class FakePodSource:

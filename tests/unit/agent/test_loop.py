@@ -16,19 +16,24 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
+from vramguard.agent.report import rows_from_report
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
 from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
 from vramguard.core.model import (
     ActionKind,
+    DefaultKind,
+    DefaultQuota,
     EvictionRefused,
     GiB,
     GpuMemory,
     GpuProcess,
     GpuSample,
     KillRecord,
+    KubeletPod,
     Mode,
+    NamespacePolicy,
     OnRepeat,
     Orphans,
     PodInfo,
@@ -38,6 +43,8 @@ from vramguard.core.model import (
 )
 from vramguard.core.ports import KillResult
 from vramguard.core.shares import PodShares, Share
+from vramguard.kube.pod_manifest import mirrorless_static_pod
+from vramguard.node.describe import ProcessDetail
 from vramguard_testbed.fakes import (
     FakeClock,
     FakeEvictor,
@@ -794,3 +801,31 @@ def test_a_failed_read_confirms_nothing() -> None:
     n.pods.read_error = OSError("connection refused")
     scans_past_the_grace(n)
     assert n.killer.killed == [] and n.pods.reads == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "used", "killed"),
+    [
+        pytest.param(Policy(mode=Mode.KILL, default=DefaultQuota(DefaultKind.FIXED, 4 * GiB)), 5, True,
+                     id="over-the-policy-default-killed"),
+        pytest.param(Policy(mode=Mode.KILL, default=DefaultQuota(DefaultKind.FIXED, 4 * GiB)), 3, False,
+                     id="within-the-policy-default-untouched"),
+        pytest.param(Policy(mode=Mode.KILL, namespaces={"infra": NamespacePolicy(max_quota_bytes=2 * GiB)}), 3, True,
+                     id="over-its-namespaces-cap-killed"),
+        pytest.param(Policy(mode=Mode.KILL), 30, False, id="no-default-unmanaged"),
+    ],
+)  # fmt: skip
+def test_a_static_pod_without_a_mirror_is_governed_under_its_own_namespace(
+    policy: Policy, used: int, killed: bool
+) -> None:
+    """A static pod whose mirror the API server lacks (`mirrorless_static_pod`, from the kubelet's word) gets the
+    policy's default quota and its namespace's cap, as any pod that declares none; its kill names it."""
+    n = Node(policy)
+    static = mirrorless_static_pod("5d41402abc4b2a76b9719d911017c592", KubeletPod("infra", "etcd-gpu-node-1"))
+    n.pods.set_pods([static])
+    n.ids.add(100, static.uid, "ab" * 32)
+    n.run_gpu((100, used * GiB))
+    report = n.agent.scan()
+    assert [t.pod_uid for t in n.killer.killed] == ([static.uid] if killed else [])
+    (row,) = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "root", "etcd"))
+    assert (row.namespace, row.pod, row.container) == ("infra", "etcd-gpu-node-1", "(static pod, no mirror)")

@@ -299,10 +299,25 @@ def test_which_mirror_claims_are_believed(
     on a UID the API server gave a pod (live, or gone: `api_uids`) is refused; a refused claim changes nothing.
     Each refusal, keyed by the claimant's own UID, says why."""
     index = index_pods((pod_info_from_manifest(p) for p in pods), kubelet=KUBELET, api_uids={GONE})
-    assert {uid: p.key for uid, p in index.pods.items()} == served
+    assert {uid: p.key for uid, p in index.pods.items() if not p.mirrorless} == served
     assert set(index.refused) == set(refused)
     for uid, words in refused.items():
         assert words in index.refused[uid]
+
+
+def test_a_static_pod_without_a_believed_mirror_is_governed_under_the_kubelets_namespace_and_name() -> None:
+    """A static pod the kubelet runs under its hash, whose mirror is missing or forged, is served as the kubelet
+    names it, mirrorless (its containers unknown), so its namespace's default and cap apply; a pod of a
+    UUID the watch has not delivered is not served so (its own quota is not known), nor is one with a mirror."""
+    forged = manifest("forger", FORGED, STATIC, "tenant")
+    index = index_pods([pod_info_from_manifest(forged)], kubelet=KUBELET)
+    served = {uid: (p.key, p.mirrorless, p.static, [c.name for c in p.containers]) for uid, p in index.pods.items()}
+    assert served == {
+        STATIC: ("ml/job-gpu-1", True, True, []),
+        OTHER_STATIC: ("ml/other", True, True, []),
+    }
+    with_mirror = index_pods([pod_info_from_manifest(GENUINE)], kubelet=KUBELET).pods[STATIC]
+    assert (with_mirror.mirrorless, with_mirror.mirror_uid) == (False, MIRROR)
 
 
 def test_without_the_kubelets_word_no_claim_is_believed() -> None:
