@@ -51,7 +51,7 @@ def test_spawned_process_is_attributed_to_its_container(
     ref, identity = found
     assert ref.pid == proc.pid
     assert ref.start_time == (read_stat(proc.pid) or ("?", None))[1]
-    assert identity is not None
+    assert isinstance(identity, CgroupIdentity)
     assert (identity.pod_uid, identity.container_id) == (pod.uid, ctr.container_id)
     assert identity == ctr.identity
     assert ctr.pids() == [proc.pid]
