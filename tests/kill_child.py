@@ -1,10 +1,13 @@
 """Runs `PidfdKiller.kill` in a process of its own, for tests that squeeze its fds or give it another cgroup view.
 
     python kill_child.py '{"pod_uid": ..., "container_ids": [...], "processes": [[pid, start_time], ...],
-                           "device_prefix": ..., "cgroup_root": ..., "nofile": 64, "free_fds": null}'
+                           "device_prefix": ..., "cgroup_root": ..., "kubelet_cgroup_root": "/kubelet",
+                           "nofile": 64, "free_fds": null}'
 
-`nofile` lowers RLIMIT_NOFILE before the kill; `free_fds` then fills the fd table but for that many slots. The
-KillResult goes to stdout as JSON. Not a test module: the tests in test_kill.py start it.
+The killer places paths as the agent does: below the kubelet's `kubelet_cgroup_root` ("/" unless given), read
+from wherever this process's cgroup namespace is rooted (`find_namespace`). `nofile` lowers RLIMIT_NOFILE before
+the kill; `free_fds` then fills the fd table but for that many slots. The KillResult goes to stdout as JSON. Not a
+test module: the tests in test_kill.py start it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import resource
 import sys
 
 from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.node.cgroup import KubeletTree, find_namespace, kubelet_root
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import PidfdKiller
 
@@ -28,11 +32,15 @@ def main(spec: dict[str, object]) -> None:
         container_ids=tuple(str(c) for c in container_ids),
         processes=tuple(ProcessRef(int(pid), int(start)) for pid, start in processes),
     )
+    cgroup_root = str(spec.get("cgroup_root") or "/sys/fs/cgroup")
+    root = kubelet_root(str(spec.get("kubelet_cgroup_root") or "/"))
+    kubelet = KubeletTree(root, find_namespace("/proc", cgroup_root, os.getpid()))
     killer = PidfdKiller(
         device_prefix=str(spec["device_prefix"]),
-        cgroup_root=str(spec.get("cgroup_root") or "/sys/fs/cgroup"),
+        cgroup_root=cgroup_root,
         exit_timeout_s=10.0,
-        journal=FreezeJournal(str(spec["journal"])) if spec.get("journal") else None,
+        journal=FreezeJournal(str(spec["journal"]), cgroup_root, kubelet) if spec.get("journal") else None,
+        kubelet=kubelet,
     )
     nofile = spec.get("nofile")
     if isinstance(nofile, int):

@@ -275,7 +275,7 @@ class RealNode:
             "kind": "KubeletConfiguration",
             "cgroupDriver": "cgroupfs",  # PID 1 is not systemd
             "cgroupsPerQOS": True,
-            "cgroupRoot": "/",
+            "cgroupRoot": "/",  # what the agents here take as --kubelet-cgroup-root (its default, the chart's too)
             "failSwapOn": False,
             # This host's cgroups are hybrid (v1 controllers, the v2 hierarchy at unified/): kubelets from 1.35 on
             # refuse to run on it unless told to. Pods' cgroups are still made in the v2 hierarchy too.

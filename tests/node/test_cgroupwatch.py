@@ -4,6 +4,7 @@ not entered."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from cgroup_fixtures import CgroupsFactory, need_cgroups
 from fd_fixtures import open_fds
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.core.model import CgroupIdentity
-from vramguard.node.cgroup import v2_root
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard_testbed.cgroups import KubeletCgroups
 from vramguard_testbed.fakes import FakeClock
@@ -40,18 +41,25 @@ class Seen:
             return [(p, i.container_id) for p, i in self.calls if i.pod_uid == uid]
 
 
-@pytest.fixture
-def watched() -> Iterator[Seen]:
+@contextlib.contextmanager
+def watching(kubelet: KubeletTree = HOST_KUBELET) -> Iterator[Seen]:
+    """What a watcher of the real v2 tree reports, for the kubelet whose --cgroup-root `kubelet` names."""
     need_cgroups(2)
     root = v2_root("/sys/fs/cgroup")
     assert root is not None
     seen = Seen()
-    watcher = CgroupWatcher(root, seen)
+    watcher = CgroupWatcher(root, seen, kubelet=kubelet)
     watcher.start()
     assert watcher.walked.wait(10), "the walk of the cgroups there at start"
     yield seen
     watcher.stop(SYSTEM_CLOCK.now() + 2.0)
     assert not watcher.running
+
+
+@pytest.fixture
+def watched() -> Iterator[Seen]:
+    with watching() as seen:
+        yield seen
 
 
 @pytest.mark.parametrize(
@@ -62,16 +70,28 @@ def watched() -> Iterator[Seen]:
         pytest.param("systemd", True, id="kind-systemd"),
     ],
 )
-def test_new_pod_and_container_cgroups_are_reported_once(
-    watched: Seen, make_cgroups: CgroupsFactory, driver: str, kind: bool
-) -> None:
-    cgroups: KubeletCgroups = make_cgroups(driver=driver, version=2, kind=kind)
-    pod = cgroups.pod(qos="burstable")
-    first, second = pod.container(), pod.container()  # made at once: the second may precede the pod's watch
-    expected = [(pod.dirs[0], None), (first.dirs[0], first.container_id), (second.dirs[0], second.container_id)]
-    wait_until(lambda: len(watched.of(pod.uid)) >= 3, what="the pod and both containers reported")
-    assert sorted(watched.of(pod.uid), key=str) == sorted(expected, key=str)
-    assert all(watched.fresh[p] for p, _ in expected), "created while watched"
+def test_new_pod_and_container_cgroups_are_reported_once(make_cgroups: CgroupsFactory, driver: str, kind: bool) -> None:
+    """Each pod and container cgroup the kubelet makes below its root is reported once, fresh."""
+    with watching(KubeletTree(root=("kubelet",)) if kind else HOST_KUBELET) as watched:
+        cgroups: KubeletCgroups = make_cgroups(driver=driver, version=2, kind=kind)
+        pod = cgroups.pod(qos="burstable")
+        first, second = pod.container(), pod.container()  # made at once: the second may precede the pod's watch
+        expected = [(pod.dirs[0], None), (first.dirs[0], first.container_id), (second.dirs[0], second.container_id)]
+        wait_until(lambda: len(watched.of(pod.uid)) >= 3, what="the pod and both containers reported")
+        assert sorted(watched.of(pod.uid), key=str) == sorted(expected, key=str)
+        assert all(watched.fresh[p] for p, _ in expected), "created while watched"
+
+
+def test_look_alikes_outside_the_kubelets_tree_are_never_reported(watched: Seen, make_cgroups: CgroupsFactory) -> None:
+    """Pod-shaped cgroups under a user slice or kind's root, made for a kubelet rooted at /, are never reported: a
+    pod of the kubelet's made after them is, and they were not."""
+    forged = [
+        make_cgroups("systemd", 2, under="/user.slice/user-64957.slice/user@64957.service").pod().container(),
+        make_cgroups("cgroupfs", 2, kind=True).pod().container(),
+    ]
+    later = make_cgroups("cgroupfs", 2).pod(qos="besteffort")  # an event after theirs: theirs would have come first
+    wait_until(lambda: len(watched.of(later.uid)) >= 1, what="the kubelet's pod reported")
+    assert [watched.of(c.pod.uid) for c in forged if c.pod is not None] == [[], []]
 
 
 def test_cgroups_there_before_the_start_are_reported_not_fresh(make_cgroups: CgroupsFactory) -> None:

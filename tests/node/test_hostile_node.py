@@ -1,5 +1,6 @@
 """The agent on a node that tries to blind it: few file descriptors, a thousand GPU processes, idle connections on
-its port, a parent forking while it is killed, and tenant input measured in megabytes.
+its port, a parent forking while it is killed, tenant input measured in megabytes, and pod cgroups made outside the
+kubelet's tree.
 
 Everything is real but the GPU: `vramguard run` as a subprocess, real processes in real cgroups, the test NVML.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from cgroup_fixtures import CgroupsFactory, need_cgroups
 from vramguard.core.model import GiB, MiB
+from vramguard_testbed.cgroups import KubeletCgroups, device_holder_argv
 from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
@@ -243,3 +247,68 @@ def test_sighup_stops_the_agent_like_sigterm(sim_node: SimulatedNode) -> None:
     _, err = agent.communicate(timeout=10)
     assert agent.returncode == 0
     assert '"event": "stopped"' in err
+
+
+ROOTLESS = "/user.slice/user-64957.slice/user@64957.service"  # where a rootless kubelet makes its pods' cgroups
+GRACE_S = 10.0  # the policy's least orphan_grace
+
+
+def _look_alike(node: SimulatedNode, kc: KubeletCgroups, used_bytes: int, pod: SimPod | None = None) -> SimProcess:
+    """A GPU process in a pod-shaped cgroup of `kc` (outside the kubelet's tree): naming `pod`'s UID and its main
+    container's ID, or a pod this node's API server never had."""
+    forged = kc.pod(uid=pod.uid if pod is not None else None, qos=pod.qos if pod is not None else "burstable")
+    ctr = forged.container(container_id=pod.containers["main"].container_id if pod is not None else None)
+    popen = ctr.spawn(device_holder_argv(str(node.device_path)), stdout=subprocess.DEVNULL)
+    proc = SimProcess(popen=popen, gpu=0, used_bytes=used_bytes)
+    node.processes.append(proc)
+    node.sync()
+    return proc
+
+
+def test_a_look_alike_naming_a_live_pod_is_charged_to_no_pod(tmp_path: Path, make_cgroups: CgroupsFactory) -> None:
+    """A process under a user slice (the rootless shape) naming a live pod's UID and container ID, holding 39.5 GiB,
+    is reported as outside the kubelet: the live pod stays at its own 1 GiB of its 40Gi quota, and nothing is
+    killed."""
+    need_cgroups(2)
+    with SimulatedNode(tmp_path / "node", gpu_total_bytes=80 * GiB) as node:
+        live = node.add_pod("trainer", "ml", annotations={"vramguard.io/vram-limit": "40Gi"})
+        own = node.spawn(live, "main", 1 * GiB)
+        impostor = _look_alike(node, make_cgroups("systemd", 2, under=ROOTLESS), int(39.5 * GiB), live)
+        node.start_agent("--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+        node.wait_ready()
+        node.wait_scans(8)
+
+        assert own.alive() and impostor.alive(), "nothing is killed"
+        assert _metric(node, "vramguard_container_gpu_memory_used_bytes", pod="trainer", gpu="0") == 1 * GiB
+        outside = _metric(node, "vramguard_unattributed_gpu_memory_bytes", gpu="0", reason="outside-kubelet")
+        assert outside == 39.5 * GiB
+        assert _metric(node, "vramguard_actions_total", action="kill") in (None, 0.0)
+
+
+def test_look_alikes_of_pod_cgroups_are_never_reclaimed_as_orphans(
+    sim_node: SimulatedNode, make_cgroups: CgroupsFactory, tmp_path: Path
+) -> None:
+    """Pod cgroups under a user slice and under a nested node's /docker/<id>/kubepods, of pods this agent's API server
+    never had, are outside the kubelet: a deleted pod's leftover of this kubelet is reclaimed after the grace, and
+    eight scans later the look-alikes still run, reported as outside the kubelet."""
+    gone = sim_node.add_pod("trainer", "ml")
+    leftover = sim_node.spawn(gone, "main", 3 * GiB)
+    rootless = _look_alike(sim_node, make_cgroups("systemd", 2, under=ROOTLESS), 2 * GiB)
+    nested = _look_alike(sim_node, make_cgroups("cgroupfs", 2, under=f"/docker/{secrets.token_hex(32)}"), 1 * GiB)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"mode: kill\norphan_grace: {GRACE_S:g}s\nexempt_namespaces: []\n")
+    sim_node.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.DEVNULL)
+    sim_node.wait_ready()
+    sim_node.wait_scans(2)
+
+    sim_node.pods.remove(gone)
+    sim_node.sync()
+    everyone = (leftover, rootless, nested)
+    wait_until(lambda: not all(p.alive() for p in everyone), GRACE_S + 10.0, what="an orphan reclaimed")
+    sim_node.wait_scans(8)
+
+    assert rootless.alive() and nested.alive(), "a look-alike is never an orphan"
+    assert not leftover.alive(), "the deleted pod's leftover is"
+    assert _metric(sim_node, "vramguard_orphan_reclaims_total", result="ok") == 1.0
+    assert _metric(sim_node, "vramguard_unattributed_gpu_memory_bytes", gpu="0", reason="outside-kubelet") == 3 * GiB
+    assert _metric(sim_node, "vramguard_orphaned_gpu_memory_bytes", gpu="0") == 0.0

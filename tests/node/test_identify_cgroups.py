@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups, pidfd_exited
-from vramguard.core.model import CgroupIdentity, ProcessRef
+from vramguard.core.model import LOOK_ALIKE, CgroupIdentity, ProcessRef
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.procfs import read_stat
 from vramguard_testbed.cgroups import (
     TEST_UID_PREFIX,
+    ContainerCgroup,
     KubeletCgroups,
     pod_cgroup_path,
     remove_stale_test_cgroups,
@@ -45,13 +49,14 @@ def test_spawned_process_is_attributed_to_its_container(
     ctr = pod.container(runtime=runtime)
     proc = ctr.spawn(["sleep", "60"])
 
-    found = ProcIdentifier(proc_root="/proc").identify(proc.pid)
+    kubelet = KubeletTree(root=("kubelet",)) if kind else HOST_KUBELET
+    found = ProcIdentifier(proc_root="/proc", kubelet=kubelet).identify(proc.pid)
 
     assert found is not None
     ref, identity = found
     assert ref.pid == proc.pid
     assert ref.start_time == (read_stat(proc.pid) or ("?", None))[1]
-    assert identity is not None
+    assert isinstance(identity, CgroupIdentity)
     assert (identity.pod_uid, identity.container_id) == (pod.uid, ctr.container_id)
     assert identity == ctr.identity
     assert ctr.pids() == [proc.pid]
@@ -216,6 +221,100 @@ def test_unmarked_parent_is_never_removed_by_a_run_that_did_not_create_it() -> N
         for d in (qos_dir, os.path.dirname(qos_dir), os.path.dirname(os.path.dirname(qos_dir))) if qos_dir else ():
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+
+
+ROOTLESS = "/user.slice/user-64957.slice/user@64957.service"  # a rootless kubelet's tree, in a user's service
+KIND = KubeletTree(root=("kubelet",))
+
+
+@pytest.mark.parametrize(
+    ("driver", "version", "kind", "under", "kubelet"),
+    [
+        pytest.param("systemd", 2, False, ROOTLESS, HOST_KUBELET, id="v2-rootless-user-slice-systemd"),
+        pytest.param("cgroupfs", 2, False, ROOTLESS, HOST_KUBELET, id="v2-rootless-user-slice-cgroupfs"),
+        pytest.param("cgroupfs", 2, False, f"/docker/{'5e' * 32}", HOST_KUBELET, id="v2-nested-node-docker-kubepods"),
+        pytest.param("systemd", 2, True, f"/docker/{'5e' * 32}", KIND, id="v2-kind-tree-nested-in-docker"),
+        pytest.param("cgroupfs", 1, False, ROOTLESS, HOST_KUBELET, id="v1-rootless-user-slice-cgroupfs"),
+        pytest.param("systemd", 2, True, "", HOST_KUBELET, id="v2-kind-tree-to-a-kubelet-rooted-at-slash"),
+        pytest.param("cgroupfs", 2, False, "", KIND, id="v2-host-tree-to-kinds-kubelet"),
+    ],
+)
+def test_a_look_alike_naming_a_live_pod_is_outside_the_kubelet(
+    make_cgroups: CgroupsFactory, driver: str, version: int, kind: bool, under: str, kubelet: KubeletTree
+) -> None:
+    """A real process in a pod-shaped cgroup outside this kubelet's tree, naming a live pod's UID and container ID,
+    is a look-alike: no pod's, whatever it names; the live pod's own process is still the pod's."""
+    live = make_cgroups(driver, version, kind=kubelet is KIND).pod(qos="burstable")
+    ctr = live.container()
+    own = ctr.spawn(["sleep", "60"])
+    forged = make_cgroups(driver, version, kind=kind, under=under).pod(uid=live.uid, qos="burstable")
+    impostor = forged.container(container_id=ctr.container_id).spawn(["sleep", "60"])
+    identifier = ProcIdentifier(kubelet=kubelet)
+
+    found = identifier.scan([impostor.pid, own.pid])
+
+    assert found[impostor.pid][1] is LOOK_ALIKE
+    assert found[own.pid][1] == ctr.identity
+
+
+# An agent's identify stage in a process of its own: paths placed as `vramguard run` places them (the kubelet's root
+# from argv[1], the namespace found at start), each PID's identity (pod UID, container ID), "look-alike" or null.
+IDENTIFY_CHILD = """
+import json, os, sys
+from vramguard.core.model import CgroupIdentity
+from vramguard.node.cgroup import KubeletTree, find_namespace, kubelet_root
+from vramguard.node.identify import ProcIdentifier
+tree = KubeletTree(kubelet_root(sys.argv[1]), find_namespace("/proc", "/sys/fs/cgroup", os.getpid()))
+found = ProcIdentifier(kubelet=tree).scan(int(p) for p in sys.argv[2:])
+def show(c):
+    return [c.pod_uid, c.container_id] if isinstance(c, CgroupIdentity) else None if c is None else c.value
+own = open("/proc/self/cgroup").read()
+print(json.dumps({"own": own, "found": {str(p): show(c) for p, (_, c) in found.items()}}))
+"""
+
+
+def _identify_in_namespace(agent_ctr: ContainerCgroup, kubelet_root: str, pids: list[int]) -> dict[str, Any]:
+    """What an agent in `agent_ctr`, in a cgroup namespace of its own (`unshare --cgroup`), finds for `pids`."""
+    argv = ["unshare", "--cgroup", sys.executable, "-c", IDENTIFY_CHILD, kubelet_root, *map(str, pids)]
+    proc = agent_ctr.spawn(argv, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    return dict(json.loads(out))
+
+
+@pytest.mark.parametrize(
+    ("driver", "kind"),
+    [
+        pytest.param("cgroupfs", False, id="cgroupfs-kubelet-at-slash"),
+        pytest.param("systemd", False, id="systemd-kubelet-at-slash"),
+        pytest.param("systemd", True, id="kind-systemd-kubelet-at-kubelet"),
+    ],
+)
+def test_an_agent_in_its_own_cgroup_namespace_places_paths_from_its_root(
+    make_cgroups: CgroupsFactory, driver: str, kind: bool
+) -> None:
+    """An agent in a pod with a private cgroup namespace reads other processes' paths as /../..: it finds where its
+    namespace is rooted, so pods of its own QoS and of another are the kubelet's, and a look-alike under a user
+    slice naming one of them is not."""
+    kc = make_cgroups(driver, 2, kind=kind)
+    agent_ctr = kc.pod(qos="besteffort").container()
+    sibling_pod, other_pod = kc.pod(qos="besteffort"), kc.pod(qos="burstable")  # the first shares the agent's QoS
+    sibling, other = sibling_pod.container(), other_pod.container()
+    forged = make_cgroups(driver, 2, under=ROOTLESS).pod(uid=other_pod.uid, qos="burstable")
+    procs = {
+        "sibling": sibling.spawn(["sleep", "60"]),
+        "other": other.spawn(["sleep", "60"]),
+        "impostor": forged.container(container_id=other.container_id).spawn(["sleep", "60"]),
+    }
+
+    seen = _identify_in_namespace(agent_ctr, "/kubelet" if kind else "/", [p.pid for p in procs.values()])
+
+    assert seen["own"].splitlines()[-1] == "0::/", "the agent reads its own cgroup as its namespace's root"
+    assert {name: seen["found"][str(p.pid)] for name, p in procs.items()} == {
+        "sibling": [sibling_pod.uid, sibling.container_id],
+        "other": [other_pod.uid, other.container_id],
+        "impostor": "look-alike",
+    }
 
 
 def spawn_with_pid(pid: int, argv: list[str], attempts: int = 50) -> subprocess.Popen[Any] | None:

@@ -514,12 +514,12 @@ def test_container_is_thawed_even_when_a_check_raises(
         world.close()
 
 
-def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
+def test_killer_in_a_private_cgroup_namespace_places_paths_from_its_own_root(
     make_cgroups: CgroupsFactory, tmp_path: Path
 ) -> None:
-    """Through a private cgroup namespace the path starts with /..; a look-alike directory tried first (same pod UID
-    and container ID, one level higher) is rejected because it does not list the victim: it is neither frozen nor
-    emptied, and the real container is."""
+    """An agent in kind (--kubelet-cgroup-root /kubelet) with its own cgroup namespace reads paths starting with /..;
+    it places them from its namespace's root, so the host kubelet's directory with the same pod UID and container ID
+    is never frozen or signalled, and the kind kubelet's container is emptied."""
     device = tmp_path / "dev" / "nvidia0"
     device.parent.mkdir()
     device.touch()
@@ -535,9 +535,10 @@ def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
         spec = {
             "pod_uid": pod.uid,
             "container_ids": [ctr.container_id],
-            "processes": [[victims[0].pid, victims[0].ref.start_time]],
+            "processes": [[victims[0].pid, victims[0].ref.start_time], [bystander.pid, bystander.ref.start_time]],
             "device_prefix": real.device_prefix,
             "journal": str(tmp_path / "freezes"),
+            "kubelet_cgroup_root": "/kubelet",
         }
         agent = agent_ctr.spawn(
             ["unshare", "--cgroup", sys.executable, str(KILL_CHILD), json.dumps(spec)],
@@ -549,6 +550,7 @@ def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
         result = json.loads(out)
 
         assert sorted(pid for pid, _ in result["killed"]) == sorted(p.pid for p in victims)
+        assert [(pid, reason) for pid, _, reason in result["skipped"]] == [(bystander.pid, SKIP_NOT_IN_CONTAINER)]
         assert result["ok"]
         assert all(p.died_of_sigkill() for p in victims)
         assert bystander.alive()
@@ -556,6 +558,49 @@ def test_killer_in_a_private_cgroup_namespace_rejects_a_look_alike(
     finally:
         real.close()
         decoys.close()
+
+
+ROOTLESS = "/user.slice/user-64957.slice/user@64957.service"  # a rootless kubelet's tree, in a user's service
+
+
+@pytest.mark.parametrize(
+    ("driver", "under", "real_container"),
+    [
+        pytest.param("systemd", ROOTLESS, True, id="user-slice-beside-the-real-container"),
+        pytest.param("systemd", ROOTLESS, False, id="user-slice-and-no-real-container-directory"),
+        pytest.param("cgroupfs", f"/docker/{'5e' * 32}", False, id="nested-node-and-no-real-container-directory"),
+    ],
+)
+def test_a_look_alike_naming_the_violating_container_is_never_signalled(
+    make_cgroups: CgroupsFactory, tmp_path: Path, driver: str, under: str, real_container: bool
+) -> None:
+    """A process in a look-alike cgroup outside the kubelet's tree, naming the violating pod's UID and container ID
+    and sampled with it, is never signalled: not beside the real container, nor when the container has no directory
+    in the kubelet's tree to find (the killer then walks /proc, and still goes by the kubelet's tree only)."""
+    device = tmp_path / "dev" / "nvidia0"
+    device.parent.mkdir()
+    device.touch()
+    real = World(make_cgroups(driver, 2), device)
+    elsewhere = World(make_cgroups(driver, 2, under=under), device)
+    try:
+        pod = real.kc.pod(qos="burstable")
+        ctr = pod.container() if real_container else None
+        container_id = ctr.container_id if ctr is not None else "5a" * 32
+        look_alike = elsewhere.kc.pod(uid=pod.uid, qos="burstable").container(container_id=container_id)
+        (impostor,) = elsewhere.holder(look_alike)
+        victims = real.holder(ctr) if ctr is not None else []
+        target = KillTarget(pod.uid, (container_id,), tuple(p.ref for p in [*victims, impostor]))
+
+        result = killer(real).kill(target)
+
+        assert [r.pid for r in result.killed] == [p.pid for p in victims]
+        assert [(r.pid, reason) for r, reason in result.skipped] == [(impostor.pid, SKIP_NOT_IN_CONTAINER)]
+        assert all(p.died_of_sigkill() for p in victims)
+        assert impostor.alive()
+        assert (Path(look_alike.dirs[0]) / "cgroup.freeze").read_text().strip() == "0"
+    finally:
+        real.close()
+        elsewhere.close()
 
 
 UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"

@@ -31,6 +31,7 @@ from vramguard.core.limit_plan import LimitOutcome, LimitPlanner, LimitTarget, U
 from vramguard.core.model import (
     Action,
     ActionKind,
+    CgroupIdentity,
     GpuSample,
     PodInfo,
     PodQuota,
@@ -112,7 +113,7 @@ class Agent:
         self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
         # The agent finds its own pod the way it finds everyone else's: through its cgroup.
         me = self.identifier.identify(self.agent_pid)
-        self.agent_pod_uid = me[1].pod_uid if me is not None and me[1] is not None else None
+        self.agent_pod_uid = me[1].pod_uid if me is not None and isinstance(me[1], CgroupIdentity) else None
         self.quotas = QuotaBook(policy)
         self.peaks = PeakWindow()  # each subject's highest usage over the last minute, for the metric
         self.exited = ExitedTracker(exited_hold_s)  # how long exited PIDs have held GPU memory: a GPU to reset
@@ -327,7 +328,7 @@ class Agent:
             found = self.identifier.identify(ref.pid)
             if found is None:
                 continue  # gone since the sample: nothing of it left to act on (the killer reports it)
-            if found[0] != ref or found[1] is None or found[1].pod_uid != v.pod.uid:
+            if found[0] != ref or not isinstance(found[1], CgroupIdentity) or found[1].pod_uid != v.pod.uid:
                 self.log.warning("evidence_changed", pod=v.pod.key, pid=ref.pid, action=action.kind.value)
                 return False
         return True
@@ -383,7 +384,7 @@ class Agent:
         """Whether `pid` is a process of the violation's pod (of one of its containers, when it names them)."""
         found = self.identifier.identify(pid)
         cgroup = found[1] if found is not None else None
-        if cgroup is None or cgroup.pod_uid != v.pod.uid:
+        if not isinstance(cgroup, CgroupIdentity) or cgroup.pod_uid != v.pod.uid:
             return False
         return not v.container_ids or cgroup.container_id in v.container_ids
 

@@ -117,6 +117,7 @@ class _ScanCollector(Collector):
         unattributed = GaugeMetricFamily(
             "vramguard_unattributed_gpu_memory_bytes",
             "GPU memory used by processes outside any known pod, by reason: not-in-pod (a host process), "
+            "outside-kubelet (in a pod-shaped cgroup outside this node's kubelet's: a host process too), "
             "pod-not-in-cache (a pod the agent does not know yet), orphaned (a pod that is gone: reclaimed or "
             "reported, vramguard_orphaned_gpu_memory_bytes), process-exited (NVML lists a PID that has no process). "
             "Only orphaned memory is ever acted on.",

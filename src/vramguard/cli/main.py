@@ -29,6 +29,7 @@ from vramguard.cli.wiring import (
     ask_limits,
     build_agent,
     connect,
+    kubelet_tree,
     nvidia_side,
     open_nvml,
     policy_file,
@@ -42,6 +43,7 @@ from vramguard.core.policy import Overrides, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json
+from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.describe import describer
 from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR
 from vramguard.node.limiter import read_held_limits
@@ -94,6 +96,16 @@ PodLogsDirOpt = Annotated[
         envvar="VRAMGUARD_POD_LOGS_DIR",
         help="Where the host's kubelet pod logs directory is mounted (the kubelet's podLogsDir, /var/log/pods by "
         "default): its <namespace>_<name>_<uid> entries tell a static pod's genuine mirror pod from a forgery.",
+    ),
+]
+KubeletCgroupRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--kubelet-cgroup-root",
+        envvar="VRAMGUARD_KUBELET_CGROUP_ROOT",
+        help="The kubelet's own --cgroup-root (cgroupRoot) on this node: / by default (pods under /kubepods or "
+        "/kubepods.slice), /kubelet in kind. Only cgroups below it are pods'; a pod-shaped cgroup anywhere else "
+        "is reported as outside the kubelet, never attributed or killed.",
     ),
 ]
 PodsFileOpt = Annotated[
@@ -153,6 +165,7 @@ def run(
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
     pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
+    kubelet_cgroup_root: KubeletCgroupRootOpt = "/",
     driver_root: DriverRootOpt = "",
     nvml_library: NvmlLibraryOpt = "",
     log_format: Annotated[str, typer.Option("--log-format", help="json, console or auto.")] = "auto",
@@ -246,6 +259,7 @@ def run(
             nvml_location=NvmlLocation(driver_root, nvml_library),
             exited_hold_s=exited_hold,
             pod_logs_dir=pod_logs_dir,
+            kubelet=_or_exit(lambda: kubelet_tree(kubelet_cgroup_root, proc_root, cgroup_root)),
         ),
         policy_path=policy_path,
         overrides=overrides,
@@ -270,6 +284,7 @@ def top(
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
     pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
+    kubelet_cgroup_root: KubeletCgroupRootOpt = "/",
     driver_root: DriverRootOpt = "",
     nvml_library: NvmlLibraryOpt = "",
     pods_file: PodsFileOpt = None,
@@ -286,8 +301,10 @@ def top(
     describe = describer(proc_root, command_lines=True)
     policy = _or_exit(lambda: policy_file(policy_path, Overrides())[0])
     # The agent here is this command's own: dry run, scanning every refresh, with none of `serve`'s parts.
+    kubelet = _or_exit(lambda: kubelet_tree(kubelet_cgroup_root, proc_root, cgroup_root))
     setup = ScanSetup(node_name, policy, True, proc_root, cgroup_root, pods_file, kubeconfig,
-                      nvml_location=NvmlLocation(driver_root, nvml_library), pod_logs_dir=pod_logs_dir)  # fmt: skip
+                      nvml_location=NvmlLocation(driver_root, nvml_library), kubelet=kubelet,
+                      pod_logs_dir=pod_logs_dir)  # fmt: skip
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(setup, metrics))
     services = Services()
@@ -303,12 +320,15 @@ def top(
             _fail(str(e), 1)
         agent = build_agent(setup, sampler, cluster, metrics)
         memory = services.start("nvml-limits", NvmlMemoryLimiter())
+        cgroups = CgroupfsTree(cgroup_root, kubelet)
         facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
         driver: DriverFacts | None = None  # asked once, at the first scan's GPUs
         with stop_on_signals() as stop:
             while not stop.is_set():
                 report = agent.scan()
-                held = read_held_limits(memory, cgroup_root, report.snapshot.containers, report.snapshot.devices)
+                held = read_held_limits(
+                    memory, cgroup_root, report.snapshot.containers, report.snapshot.devices, tree=cgroups
+                )
                 if as_json:
                     if driver is None:
                         support = ask_limits(memory, cgroup_root, report.snapshot.devices)

@@ -8,6 +8,7 @@ within `SHUTDOWN_BUDGET_S`; one `Clock` is handed to every part that reads time.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import threading
@@ -49,6 +50,7 @@ from vramguard.core.ports import (
     PodSource,
 )
 from vramguard.core.quota import reads_claims
+from vramguard.core.text import show_value
 from vramguard.http.server import BindError, HealthServer
 from vramguard.http.status import AgentFacts, DriverFacts, PolicyFacts, StatusPage
 from vramguard.kube.capacity import KubeCapacityPublisher
@@ -59,7 +61,7 @@ from vramguard.kube.eviction import KubeEvictor
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.pods_file import FilePodSource
 from vramguard.node.api_uids import ApiUids
-from vramguard.node.cgroup import v2_root
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, find_namespace, kubelet_root, v2_root
 from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard.node.describe import describer
@@ -133,6 +135,7 @@ class ScanSetup:
     nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
     exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
     pod_logs_dir: str = DEFAULT_POD_LOGS_DIR  # the kubelet's, as mounted here: what backs a mirror pod's claim
+    kubelet: KubeletTree = HOST_KUBELET  # where this node's kubelet makes pod cgroups (`kubelet_tree`)
 
 
 @dataclass
@@ -155,6 +158,40 @@ class Cluster:
         """Start the background parts in `services`, which stops them in reverse."""
         for name, part in self.parts:
             services.start(name, part)
+
+
+def kubelet_tree(kubelet_cgroup_root: str, proc_root: str, cgroup_root: str) -> KubeletTree:
+    """Where this node's kubelet makes pod cgroups: below its --cgroup-root (`kubelet_cgroup_root`, checked), read
+    from wherever this agent's cgroup namespace is rooted (`cgroup.find_namespace`, once). Logged once; a
+    hierarchy read through a namespace that could not be placed is a warning: none of its paths is a pod's."""
+    log = structlog.get_logger(__name__)
+    try:
+        root = kubelet_root(kubelet_cgroup_root)
+    except ValueError as e:
+        raise WiringError(f"--kubelet-cgroup-root: {show_value(kubelet_cgroup_root)} {e}") from None
+    try:
+        namespace = find_namespace(proc_root, cgroup_root, os.getpid())
+    except OSError as e:
+        # Without the host's PID 1 the agent sees no host process anyway: nothing to place.
+        log.warning("cgroup_namespace_unknown", error=e.strerror or repr(e), proc_root=proc_root)
+        namespace = ()
+    tree = KubeletTree(root, namespace)
+    log.info(
+        "kubelet_cgroups",
+        kubelet_cgroup_root="/" + "/".join(root),
+        cgroup_namespace={hid: None if at is None else "/" + "/".join(at) for hid, at in namespace} or "host",
+    )
+    for hid, at in namespace:
+        if at is None:
+            log.warning(
+                "cgroup_namespace_unplaced",
+                hierarchy=hid,
+                cgroup_root=cgroup_root,
+                consequence="no process read through it is attributed to a pod",
+                fix="mount the host's cgroup filesystem at --cgroup-root, or run the agent in the host's cgroup "
+                "namespace",
+            )
+    return tree
 
 
 def policy_file(path: Path | None, overrides: Overrides) -> tuple[Policy, str | None]:
@@ -309,6 +346,7 @@ def build_agent(
         device_prefix=setup.device_prefix,
         journal=serves.journal,
         clock=clock,
+        kubelet=setup.kubelet,
     )
     enforcer = Enforcer(
         killer=killer,
@@ -321,7 +359,7 @@ def build_agent(
     )
     return Agent(
         sampler=sampler,
-        identifier=ProcIdentifier(proc_root=setup.proc_root),
+        identifier=ProcIdentifier(proc_root=setup.proc_root, kubelet=setup.kubelet),
         pods=cluster.pods,
         policy=setup.policy,
         enforcer=enforcer,
@@ -354,14 +392,20 @@ def memory_watch(
     return MemoryWatch(sampler.memory, ScanTrigger(policy), policy.watch_interval_s, clock, calls=calls)
 
 
-def watch_cgroups(limiter: DriverLimiter | None, cgroup_root: str, services: Services, clock: Clock) -> None:
-    """Limits at cgroup creation: the kubelet's cgroup v2 tree watched with inotify (started in `services`), each
-    new pod and container cgroup handed to the limiter. Nothing where there is nothing to program or no way to
-    watch (then the limiter programs each container once the pod's status names it)."""
+def watch_cgroups(
+    limiter: DriverLimiter | None,
+    cgroup_root: str,
+    services: Services,
+    clock: Clock,
+    kubelet: KubeletTree = HOST_KUBELET,
+) -> None:
+    """Limits at cgroup creation: the kubelet's cgroup v2 tree (`kubelet`) watched with inotify (started in
+    `services`), each new pod and container cgroup handed to the limiter. Nothing where there is nothing to program
+    or no way to watch (then the limiter programs each container once the pod's status names it)."""
     root = v2_root(cgroup_root)
     if limiter is None or root is None:
         return
-    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock)
+    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock, kubelet=kubelet)
     log = structlog.get_logger(__name__)
     try:
         services.start("cgroup-watch", watcher)
@@ -379,6 +423,7 @@ def driver_limiter(
     cgroup_root: str,
     services: Services,
     clock: Clock = SYSTEM_CLOCK,
+    kubelet: KubeletTree = HOST_KUBELET,
 ) -> DriverLimiter | None:
     """The driver-limits programmer (not started), where the policy enforces anywhere (evict or kill) and allows
     them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. A cgroup that appears is
@@ -387,7 +432,7 @@ def driver_limiter(
     if not uses_limiter(policy, dry_run):
         return None
     memory = services.start("nvml-limits", NvmlMemoryLimiter())
-    return DriverLimiter(memory, cgroup_root, clock=clock, plan=planner.plan)
+    return DriverLimiter(memory, clock=clock, plan=planner.plan, tree=CgroupfsTree(cgroup_root, kubelet))
 
 
 def capacity_publisher(
@@ -679,7 +724,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     if config.advertise_capacity and setup.pods_file is not None:
         raise WiringError("--advertise-capacity needs the API server, not --pods-file")
     open_files = raise_open_file_limit()
-    journal = None if setup.dry_run else freeze_journal(config.state_dir, setup.cgroup_root)
+    journal = None if setup.dry_run else freeze_journal(config.state_dir, setup.cgroup_root, setup.kubelet)
     metrics = Metrics()
     # What earlier agents on this node saw the API server give its pods: a restarted agent still reclaims those.
     cluster = connect(setup, metrics, clock, ApiUids(None if setup.dry_run else config.state_dir))
@@ -745,14 +790,16 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             return
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
         planner = LimitPlanner(cluster.pods, cluster.claims, setup.policy, dry_run=setup.dry_run)
-        limiter = driver_limiter(planner, setup.policy, setup.dry_run, setup.cgroup_root, services, clock)
+        limiter = driver_limiter(
+            planner, setup.policy, setup.dry_run, setup.cgroup_root, services, clock, setup.kubelet
+        )
         serving = Serving(
             planner,
             limiter,
             capacity if config.advertise_capacity else None,
             journal,
             # Repeats survive a restart; what was killed is checked against the node's processes when read.
-            None if setup.dry_run else KillFile(config.state_dir, proc_root=setup.proc_root),
+            None if setup.dry_run else KillFile(config.state_dir, proc_root=setup.proc_root, kubelet=setup.kubelet),
             reloader,
             config.policy_digest,
         )
@@ -764,7 +811,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             services.start("watch", agent.watch)
         if limiter is not None:
             services.start("driver-limits", limiter)
-            watch_cgroups(limiter, setup.cgroup_root, services, clock)  # after the limiter it feeds
+            watch_cgroups(limiter, setup.cgroup_root, services, clock, setup.kubelet)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         started.publish(Running(agent, nvidia_side(sampler)))

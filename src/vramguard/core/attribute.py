@@ -17,6 +17,7 @@ from vramguard.core.model import (
     ContainerUsage,
     GpuSample,
     Identity,
+    LookAlike,
     PodInfo,
     ProcessRef,
     Snapshot,
@@ -26,6 +27,7 @@ from vramguard.core.model import (
 
 # The reasons an UnattributedProcess carries (`model.UnattributedReason`).
 NOT_IN_POD = UnattributedReason.NOT_IN_POD
+OUTSIDE_KUBELET = UnattributedReason.OUTSIDE_KUBELET
 POD_NOT_IN_CACHE = UnattributedReason.POD_NOT_IN_CACHE
 ORPHANED = UnattributedReason.ORPHANED
 PROCESS_GONE = UnattributedReason.PROCESS_EXITED  # NVML lists the PID; /proc has no process of that number
@@ -40,7 +42,8 @@ def attribute(
     orphaned: frozenset[str] = frozenset(),
 ) -> Snapshot:
     """Sum each container's GPU memory per device; report every other GPU process as unattributed (in a pod
-    cgroup whose pod UID is among `orphaned`: orphaned, `core/orphans.py`).
+    cgroup whose pod UID is among `orphaned`: orphaned, `core/orphans.py`; in a look-alike of one outside the
+    kubelet's: outside the kubelet, with no pod cgroup, as a host process).
 
     Pure: no I/O. Equal inputs give equal snapshots (rows in NVML's order, unattributed processes sorted).
     Processes of unhealthy devices are already absent from the sample, so nothing here can act on a GPU in that
@@ -61,6 +64,9 @@ def attribute(
         ref, cgroup = found
         if cgroup is None:
             unattributed.append(UnattributedProcess(ref, device_uuid, used_bytes, NOT_IN_POD))
+            continue
+        if isinstance(cgroup, LookAlike):  # the pod it names is nobody's word: a host process, never a pod's
+            unattributed.append(UnattributedProcess(ref, device_uuid, used_bytes, OUTSIDE_KUBELET))
             continue
         if cgroup.pod_uid not in pods:
             reason = ORPHANED if cgroup.pod_uid in orphaned else POD_NOT_IN_CACHE

@@ -212,8 +212,20 @@ class KubeletPod(NamedTuple):
         return f"{self.namespace}/{self.name}"
 
 
-Identity = tuple[ProcessRef, CgroupIdentity | None]
-"""A process's reuse-proof reference and where it lives (the identify stage's answer); None outside any pod."""
+class LookAlike(enum.Enum):
+    """A cgroup shaped like a kubelet pod's outside this node's kubelet's pod cgroups (a rootless kubelet's, a nested
+    node's, anyone's ``mkdir``): the pod and container it names are nobody's word, so it is no pod's. The identify
+    stage's answer for such a process; attribution reports it as a host process
+    (`UnattributedReason.OUTSIDE_KUBELET`)."""
+
+    CGROUP = "look-alike"
+
+
+LOOK_ALIKE = LookAlike.CGROUP
+
+Identity = tuple[ProcessRef, CgroupIdentity | LookAlike | None]
+"""A process's reuse-proof reference and where it lives (the identify stage's answer): a pod cgroup of this node's
+kubelet, a look-alike outside it, or None outside any pod."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -576,6 +588,7 @@ class UnattributedReason(str, enum.Enum):
     no second list."""
 
     NOT_IN_POD = "not-in-pod"  # a host process, or the agent cannot see the host's PID namespace
+    OUTSIDE_KUBELET = "outside-kubelet"  # a pod-shaped cgroup outside this node's kubelet's (`LookAlike`)
     POD_NOT_IN_CACHE = "pod-not-in-cache"  # a pod cgroup whose pod the cache does not hold (yet)
     ORPHANED = "orphaned"  # a pod cgroup whose pod is gone: absent from the cache and the API server (`orphans.py`)
     PROCESS_EXITED = "process-exited"  # NVML lists a PID /proc does not have: torn down, or stuck in the driver
@@ -588,6 +601,7 @@ class UnattributedReason(str, enum.Enum):
 
 _UNATTRIBUTED_WHY = {
     UnattributedReason.NOT_IN_POD: "not in a pod cgroup",
+    UnattributedReason.OUTSIDE_KUBELET: "a pod-shaped cgroup outside this node's kubelet",
     UnattributedReason.POD_NOT_IN_CACHE: "pod not in cache",
     UnattributedReason.ORPHANED: "orphaned: its pod is gone",
     UnattributedReason.PROCESS_EXITED: "held by an exited process",

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
-from vramguard.node.cgroup import leaf_container_id, locate_cgroups, v2_root
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, leaf_container_id, locate_cgroups, v2_root
 
 
 class CgroupTree(Protocol):
@@ -45,10 +45,12 @@ class CgroupTree(Protocol):
 
 
 class CgroupfsTree:
-    """The cgroup filesystem mounted at `root` (``/sys/fs/cgroup``, or under ``--host-root``)."""
+    """The cgroup filesystem mounted at `root` (``/sys/fs/cgroup``, or under ``--host-root``), where the kubelet
+    makes pod cgroups as `kubelet` says."""
 
-    def __init__(self, root: str = "/sys/fs/cgroup") -> None:
+    def __init__(self, root: str = "/sys/fs/cgroup", kubelet: KubeletTree = HOST_KUBELET) -> None:
         self._root = root
+        self._kubelet = kubelet
 
     @property
     def root(self) -> str:
@@ -58,7 +60,7 @@ class CgroupfsTree:
         return v2_root(self._root)
 
     def locate(self, hierarchy: str, pod_uids: Iterable[str]) -> dict[tuple[str, str | None], str]:
-        return locate_cgroups(hierarchy, pod_uids)
+        return locate_cgroups(hierarchy, pod_uids, self._kubelet)
 
     def exists(self, path: str) -> bool:
         return os.path.isdir(path)

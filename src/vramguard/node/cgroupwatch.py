@@ -22,7 +22,7 @@ import structlog
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.model import CgroupIdentity
-from vramguard.node.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, Level, kubelet_cgroup
 
 _IN_CREATE = 0x00000100
 _IN_MOVED_TO = 0x00000080
@@ -66,9 +66,9 @@ class _Inotify:
 
 class CgroupWatcher:
     """Calls `appeared(path, identity, fresh)` on its own thread for each pod or container cgroup created under the
-    v2 `root` (`fresh`), and once at start for each that already exists (not `fresh`: it may have run for long);
-    calls `tick()` every `tick_s` on `clock` while it returns True (the limiter's retry of cgroups whose pod it did
-    not know yet)."""
+    v2 `root` (`fresh`), and once at start for each that already exists (not `fresh`: it may have run for long),
+    in the kubelet's tree (`kubelet`) only; calls `tick()` every `tick_s` on `clock` while it returns True (the
+    limiter's retry of cgroups whose pod it did not know yet)."""
 
     def __init__(
         self,
@@ -79,8 +79,10 @@ class CgroupWatcher:
         tick_s: float = 0.1,
         clock: Clock = SYSTEM_CLOCK,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        kubelet: KubeletTree = HOST_KUBELET,
     ) -> None:
         self.root = root.rstrip("/") or "/"
+        self.kubelet = kubelet
         self.appeared = appeared
         self.tick = tick
         self.tick_s = tick_s
@@ -211,17 +213,15 @@ class CgroupWatcher:
         if path in self._seen:
             return
         relative = path[len(self.root) :] if self.root != "/" else path
-        depth = relative.count("/")
-        identity = parse_cgroup_path(relative)
-        if identity is None and not os.path.basename(path).startswith(KUBELET_LEVELS):
+        found = kubelet_cgroup(relative.split("/")[1:], self.kubelet.root)
+        if not isinstance(found, CgroupIdentity) and found is not Level.ABOVE_PODS:
             return
         self._seen.add(path)
-        if identity is not None:
-            self.appeared(path, identity, fresh)
-            if identity.container_id is not None:
+        if isinstance(found, CgroupIdentity):
+            self.appeared(path, found, fresh)
+            if found.container_id is not None:
                 return  # a container: not entered
-        if depth < MAX_POD_DEPTH:
-            self._watch(path, fresh=fresh)
+        self._watch(path, fresh=fresh)
 
     def _watch(self, directory: str, *, fresh: bool) -> None:
         assert self._inotify is not None

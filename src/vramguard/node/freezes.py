@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from vramguard.core.text import cut
-from vramguard.node.cgroup import KUBELET_LEVELS, MAX_POD_DEPTH, parse_cgroup_path, v2_root
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, container_segments, v2_root
 from vramguard.node.freezer import Control, is_frozen
 from vramguard.node.procfs import read_stat
 
@@ -113,32 +113,27 @@ def _own_start_time() -> int:
     return state[1]
 
 
-def _is_container_leaf(relative: str) -> bool:
+def _is_container_leaf(relative: str, kubelet: KubeletTree) -> bool:
     """Whether `relative` (below a hierarchy's mount: "/kubepods/burstable/pod<uid>/<id>") is a directory the
-    killer freezes: one `cgroup.pod_cgroups` yields for a container, reached through the kubelet's levels, at most
-    `MAX_POD_DEPTH` deep, ending at the container's own leaf (not the root, a pod, or a sub-cgroup)."""
+    killer freezes: a container's own cgroup in the kubelet's tree (`cgroup.kubelet_cgroup`), not the root, a pod,
+    a sub-cgroup, or anything outside the kubelet's tree."""
     segments = relative.split("/")
-    if segments[0] != "" or not 1 < len(segments) <= MAX_POD_DEPTH + 1:
+    if segments[0] != "":
         return False
-    for end in range(2, len(segments) + 1):
-        identity = parse_cgroup_path("/".join(segments[:end]))
-        if end == len(segments):
-            return identity is not None and identity.container_id is not None
-        if identity is None and not segments[end - 1].startswith(KUBELET_LEVELS):
-            return False  # pod_cgroups never enters it
-        if identity is not None and identity.container_id is not None:
-            return False  # below a container's leaf
-    return False
+    return container_segments(segments[1:], kubelet.root) == tuple(segments[1:])
 
 
 class FreezeJournal:
-    """Entries under `directory` (created on first use), for cgroups below `cgroup_root` (the killer's: the v2
-    hierarchy there, or v1's freezer). `record` raises OSError when the disk says no, ValueError for a cgroup the
-    journal would not honour: either way the killer does not freeze."""
+    """Entries under `directory` (created on first use), for containers' cgroups of the kubelet (`kubelet`) below
+    `cgroup_root` (the killer's: the v2 hierarchy there, or v1's freezer). `record` raises OSError when the disk
+    says no, ValueError for a cgroup the journal would not honour: either way the killer does not freeze."""
 
-    def __init__(self, directory: str, cgroup_root: str = "/sys/fs/cgroup") -> None:
+    def __init__(
+        self, directory: str, cgroup_root: str = "/sys/fs/cgroup", kubelet: KubeletTree = HOST_KUBELET
+    ) -> None:
         self.directory = directory
         self.cgroup_root = cgroup_root.rstrip("/") or "/"
+        self.kubelet = kubelet
         self._pid = os.getpid()
         self._start_time = _own_start_time()
 
@@ -327,7 +322,7 @@ class FreezeJournal:
         relative = cgroup[len(mount) :]
         if any(s in ("", ".", "..") for s in relative.split("/")[1:]):
             raise _Refused(Junk.OUTSIDE)  # the killer writes plain paths; these are crafted to climb out
-        if not _is_container_leaf(relative):
+        if not _is_container_leaf(relative, self.kubelet):
             raise _Refused(Junk.NOT_A_CONTAINER)
         try:
             real_mount = os.path.realpath(mount)
@@ -346,12 +341,12 @@ class FreezeJournal:
         return resolved
 
 
-def freeze_journal(state_dir: str, cgroup_root: str) -> FreezeJournal | None:
+def freeze_journal(state_dir: str, cgroup_root: str, kubelet: KubeletTree = HOST_KUBELET) -> FreezeJournal | None:
     """The journal of this agent's freezes (`<state_dir>/freezes`), after thawing every container an earlier agent
     left frozen (killed mid-kill); None, and no freezing, where the state directory cannot be used. Junk in the
     journal's directory (it is a hostPath others may write) is refused and reported in one line."""
     log = structlog.get_logger(__name__)
-    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root)
+    journal = FreezeJournal(f"{state_dir.rstrip('/')}/freezes", cgroup_root=cgroup_root, kubelet=kubelet)
     try:
         journal.ensure()
         recovery = journal.thaw_abandoned()

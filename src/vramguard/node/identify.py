@@ -1,9 +1,10 @@
 """Identify: which container and pod each GPU process belongs to, read from /proc and cached.
 
 `ProcIdentifier` implements the `ProcessIdentifier` seam: it reads /proc/<pid>/stat (the start time, which with
-the PID makes a reuse-proof `ProcessRef`) and /proc/<pid>/cgroup (parsed by `cgroup.parse_cgroup` into the
-pod UID and container ID), and keeps a cache keyed by (pid, start time), so a warm scan parses no cgroup file
-while a recycled PID (same number, new start time) is read afresh. Once per scan::
+the PID makes a reuse-proof `ProcessRef`) and /proc/<pid>/cgroup (placed by `cgroup.place_cgroup` in a pod and
+container of this node's kubelet, a look-alike of one, or neither), and keeps a cache keyed by (pid, start time),
+so a warm scan parses no cgroup file while a recycled PID (same number, new start time) is read afresh. Once per
+scan::
 
     identities = identifier.scan(p.pid for p in sample.processes)
 """
@@ -16,7 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from vramguard.core.model import Identity, ProcessRef
-from vramguard.node.cgroup import parse_cgroup
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, parse_cgroup, place_cgroup
 from vramguard.node.procfs import (
     PidCursor,
     boot_ticks,
@@ -88,7 +89,7 @@ class ProcIdentifier:
     since the previous scan (the PID cursor), plus `audit_per_scan` of the least recently checked; the cursor
     is used only when `proc_root` is of the agent's own PID namespace. Why that keeps every entry true, and what
     can defeat it: `docs/design.md` "Identifying GPU processes". The killer never relies on this cache: it
-    re-reads the cgroup right before signalling.
+    re-reads the cgroup right before signalling. `kubelet`: where this node's kubelet makes pod cgroups.
     """
 
     def __init__(
@@ -98,8 +99,10 @@ class ProcIdentifier:
         *,
         use_pid_cursor: bool | None = None,
         audit_per_scan: int = 2,
+        kubelet: KubeletTree = HOST_KUBELET,
     ) -> None:
         self._proc_root = proc_root.rstrip("/") or "/"
+        self._kubelet = kubelet
         self._max_entries = max_entries
         self._use_cursor = same_pid_namespace(self._proc_root) if use_pid_cursor is None else use_pid_cursor
         self._audit_per_scan = audit_per_scan
@@ -236,7 +239,7 @@ class ProcIdentifier:
             except ValueError:
                 return None
             self._misses += 1
-            identity: Identity = (ProcessRef(pid, start_time), parse_cgroup(text))
+            identity: Identity = (ProcessRef(pid, start_time), place_cgroup(text, self._kubelet))
             if len(self._cache) >= self._max_entries:
                 # Only reachable when identify() is used without scan(): drop the oldest entry.
                 del self._cache[next(iter(self._cache))]
@@ -246,11 +249,15 @@ class ProcIdentifier:
 
 
 def device_holders(
-    proc_root: str, pod_uid: str, container_ids: AbstractSet[str], device_prefix: str = "/dev/nvidia"
+    proc_root: str,
+    pod_uid: str,
+    container_ids: AbstractSet[str],
+    device_prefix: str = "/dev/nvidia",
+    kubelet: KubeletTree = HOST_KUBELET,
 ) -> list[ProcessRef]:
-    """The processes of the pod's `container_ids` holding a GPU device file, by one walk of `proc_root`, in PID
-    order. It only reports (the killer's list of what it left in a /proc of another PID namespace): a process
-    that cannot be read is left out."""
+    """The processes of the pod's `container_ids` (in the kubelet's tree) holding a GPU device file, by one walk of
+    `proc_root`, in PID order. It only reports (the killer's list of what it left in a /proc of another PID
+    namespace): a process that cannot be read is left out."""
     found = []
     try:
         pids = list_pids(proc_root)
@@ -259,7 +266,7 @@ def device_holders(
     for pid in pids:
         try:
             text = read_cgroup(pid, proc_root)
-            identity = parse_cgroup(text) if text is not None else None
+            identity = parse_cgroup(text, kubelet) if text is not None else None
             if identity is None or identity.pod_uid != pod_uid or identity.container_id not in container_ids:
                 continue
             if holds_device(pid, proc_root, device_prefix):

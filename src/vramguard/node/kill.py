@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
 from vramguard.core.model import UNKNOWN_START_TIME, KillTarget, ProcessRef
 from vramguard.core.ports import KillResult
-from vramguard.node.cgroup import ContainerCgroup, find_container_cgroup, parse_cgroup
+from vramguard.node.cgroup import HOST_KUBELET, ContainerCgroup, KubeletTree, find_container_cgroup, parse_cgroup
 from vramguard.node.freezer import Freezer
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.identify import device_holders
@@ -59,6 +59,7 @@ class _Run:
 
     pod_uid: str
     container_ids: frozenset[str]
+    kubelet: KubeletTree
     deadline: float
     io: FdRetry  # every call that opens a file: out of fds, it waits a little (`_FD_WAIT_S` per kill in all)
     every_process: bool = False  # every process of the containers, not only the device holders
@@ -71,7 +72,8 @@ class _Run:
     spared: set[int] = field(default_factory=set)
 
     def belongs(self, cgroup_text: str) -> bool:
-        identity = parse_cgroup(cgroup_text)
+        """Whether the process is in a violating container, in the kubelet's tree (a look-alike never is)."""
+        identity = parse_cgroup(cgroup_text, self.kubelet)
         return identity is not None and identity.pod_uid == self.pod_uid and identity.container_id in self.container_ids
 
 
@@ -92,7 +94,8 @@ class PidfdKiller:
     it the killer still works, by rounds of /proc walks, but cannot freeze. `device_prefix` names the GPU
     device files (tests stand a temporary file in); `self_pid` the process never to signal or freeze;
     `journal` where each freeze is written down first: without one, nothing is frozen (the rounds alone); it
-    must be given this `cgroup_root`, or it refuses to record (and nothing is frozen either).
+    must be given this `cgroup_root`, or it refuses to record (and nothing is frozen either). `kubelet`: where
+    this node's kubelet makes pod cgroups; a process is signalled only in a violating container there.
     """
 
     def __init__(
@@ -107,8 +110,10 @@ class PidfdKiller:
         max_rounds: int = 5,
         journal: FreezeJournal | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        kubelet: KubeletTree = HOST_KUBELET,
     ) -> None:
         self.clock = clock
+        self._kubelet = kubelet
         self._proc_root = proc_root.rstrip("/") or "/"
         self._cgroup_root = cgroup_root.rstrip("/") or "/"
         self._device_prefix = device_prefix
@@ -129,13 +134,16 @@ class PidfdKiller:
         sampled = _dedupe(target.processes)
         if not same_pid_namespace(self._proc_root):
             sampled_pids = {r.pid for r in sampled}
-            holders = device_holders(self._proc_root, target.pod_uid, set(target.container_ids), self._device_prefix)
+            holders = device_holders(
+                self._proc_root, target.pod_uid, set(target.container_ids), self._device_prefix, self._kubelet
+            )
             found = [r for r in holders if r.pid not in sampled_pids]
             candidates = sorted([*sampled, *found], key=lambda r: r.pid)
             return KillResult(killed=(), skipped=tuple((r, SKIP_PID_NAMESPACE) for r in candidates), exited=True)
         run = _Run(
             pod_uid=target.pod_uid,
             container_ids=frozenset(target.container_ids),
+            kubelet=self._kubelet,
             deadline=self.clock.now() + self._exit_timeout_s,
             io=FdRetry(self.clock, _FD_WAIT_S),
             every_process=every_process,
@@ -182,7 +190,7 @@ class PidfdKiller:
             except OSError:
                 text = None  # the check before signalling will say why
             if text is not None and run.belongs(text):
-                identity = parse_cgroup(text)
+                identity = parse_cgroup(text, run.kubelet)
                 assert identity is not None and identity.container_id is not None
                 container_id = identity.container_id
                 if container_id not in located:
@@ -192,7 +200,9 @@ class PidfdKiller:
 
     def _locate(self, run: _Run, text: str, pid: int, located: dict[str, ContainerCgroup]) -> None:
         try:
-            found = run.io(find_container_cgroup, text, pid, run.pod_uid, run.container_ids, self._cgroup_root)
+            found = run.io(
+                find_container_cgroup, text, pid, run.pod_uid, run.container_ids, self._cgroup_root, run.kubelet
+            )
         except OSError:
             return
         if found is not None:
@@ -213,7 +223,9 @@ class PidfdKiller:
                     continue
                 for pid in members:
                     self._consider_pid(run, sweep, pid, kill=kill)
-        # Containers without a directory: walk /proc; processes whose container is unknown are checked too.
+        # Containers without a directory (no cgroup filesystem, or not found there): walk /proc; processes whose
+        # container is unknown are checked too. Each is signalled only if its cgroup, read again right before
+        # (`_verify`), is a violating container's in the kubelet's tree: a look-alike elsewhere never is.
         unlocated = run.container_ids - located.keys()
         for key, refs in sampled.items():
             if key is None or key in unlocated:
@@ -242,7 +254,7 @@ class PidfdKiller:
                 continue
             if text is None or not any(n in text for n in needles) or not run.belongs(text):
                 continue
-            identity = parse_cgroup(text)
+            identity = parse_cgroup(text, run.kubelet)
             if identity is None or identity.container_id not in container_ids:
                 continue
             if identity.container_id not in located:

@@ -27,7 +27,7 @@ import structlog
 
 from vramguard.base.logs import FailureRun
 from vramguard.core.model import KillRecord, ProcessRef
-from vramguard.node.cgroup import parse_cgroup
+from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, parse_cgroup
 from vramguard.node.procfs import EXITED_STATES, boot_ticks, list_pids, read_cgroup, read_stat
 
 FILE_NAME: Final = "kills.json"
@@ -157,11 +157,17 @@ class NodeView:
     oldest: Mapping[str, int]  # container ID asked about → start time of its oldest process not exited (its init)
 
 
-def read_node(proc_root: str, pids: Iterable[int], container_ids: Iterable[str], now_ticks: int) -> NodeView:
-    """What `proc_root` shows of these PIDs and of these containers' processes, at `now_ticks` (clock ticks since
-    boot, read before it: a process it sees started then or before). One pass over every process (a stat and a
-    cgroup read each), once at start. Raises OSError when `proc_root` cannot be listed; a process that cannot be
-    read is skipped (named in `unreadable` when it was asked about)."""
+def read_node(
+    proc_root: str,
+    pids: Iterable[int],
+    container_ids: Iterable[str],
+    now_ticks: int,
+    kubelet: KubeletTree = HOST_KUBELET,
+) -> NodeView:
+    """What `proc_root` shows of these PIDs and of these containers' processes (in the kubelet's tree), at
+    `now_ticks` (clock ticks since boot, read before it: a process it sees started then or before). One pass over
+    every process (a stat and a cgroup read each), once at start. Raises OSError when `proc_root` cannot be listed;
+    a process that cannot be read is skipped (named in `unreadable` when it was asked about)."""
     wanted, containers = set(pids), set(container_ids)
     running: dict[int, int] = {}
     unreadable: set[int] = set()
@@ -178,13 +184,13 @@ def read_node(proc_root: str, pids: Iterable[int], container_ids: Iterable[str],
         start_time = found[1]
         if pid in wanted:
             running[pid] = start_time
-        if containers and (cid := _container_of(pid, found, proc_root)) in containers:
+        if containers and (cid := _container_of(pid, found, proc_root, kubelet)) in containers:
             assert cid is not None
             oldest[cid] = min(start_time, oldest.get(cid, start_time))
     return NodeView(now_ticks, running, frozenset(unreadable), oldest)
 
 
-def _container_of(pid: int, stat: tuple[str, int], proc_root: str) -> str | None:
+def _container_of(pid: int, stat: tuple[str, int], proc_root: str, kubelet: KubeletTree) -> str | None:
     """The container `pid` is in, when its cgroup can be read and still belongs to the process `stat` was read of."""
     try:
         text = read_cgroup(pid, proc_root)
@@ -192,7 +198,7 @@ def _container_of(pid: int, stat: tuple[str, int], proc_root: str) -> str | None
             return None
     except OSError:
         return None
-    identity = parse_cgroup(text)
+    identity = parse_cgroup(text, kubelet)
     return identity.container_id if identity is not None else None
 
 
@@ -261,11 +267,14 @@ class KillFile:
         boot_id_path: str = BOOT_ID_PATH,
         now_ticks: Callable[[], int] = boot_ticks,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        kubelet: KubeletTree = HOST_KUBELET,
     ) -> None:
-        """`now_ticks`: now in clock ticks since boot, as `proc_root`'s start times count (CLOCK_BOOTTIME)."""
+        """`now_ticks`: now in clock ticks since boot, as `proc_root`'s start times count (CLOCK_BOOTTIME);
+        `kubelet`: where this node's kubelet makes pod cgroups."""
         self.directory = directory
         self.path = os.path.join(directory, FILE_NAME)
         self.proc_root = proc_root
+        self.kubelet = kubelet
         self.now_ticks = now_ticks
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.boot_id = _read_boot_id(boot_id_path)
@@ -310,7 +319,7 @@ class KillFile:
     def _check(self, found: Remembered) -> Remembered:
         pids = {r.pid for record in found.kills.values() for r in record.killed}
         try:
-            node = read_node(self.proc_root, pids, found.kills, self.now_ticks())
+            node = read_node(self.proc_root, pids, found.kills, self.now_ticks(), self.kubelet)
         except OSError as e:
             why = f"cannot read {self.proc_root}: {e.strerror or e}"
             return replace(found, kills={}, refused=(*found.refused, *((c, why) for c in found.kills)))

@@ -37,7 +37,9 @@ qos="guaranteed")``, and its container ``pod.container(container_id=<ID from the
 
 The layouts: ``driver`` "systemd" (``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_>.slice/
 cri-containerd-<id>.scope``) or "cgroupfs" (``kubepods/burstable/pod<uid>/<id>``); ``kind=True`` nests them the
-way kind does (``kubelet.slice/kubelet-kubepods.slice/...``, ``kubelet/kubepods/...``). ``version=2`` uses the
+way kind does (``kubelet.slice/kubelet-kubepods.slice/...``, ``kubelet/kubepods/...``); ``under`` puts the whole
+tree below another cgroup, as a look-alike no kubelet of this node made (``under="/user.slice/user-1000.slice/
+user@1000.service"``: a rootless kubelet's; ``under="/docker/<id>"``: a nested node's). ``version=2`` uses the
 unified hierarchy (``/sys/fs/cgroup`` on a pure v2 host, ``/sys/fs/cgroup/unified`` on a hybrid one);
 ``version=1`` uses the v1 hierarchies named by ``v1_hierarchies`` (default: ``pids`` and the named ``systemd``
 one), leaving the process at ``0::/`` in v2, as on a hybrid node. Controllers that change how the test machine
@@ -280,7 +282,8 @@ class ContainerCgroup(_Target):
 
     @property
     def identity(self) -> CgroupIdentity | None:
-        """What parse_cgroup must say about a process here (None for conmon)."""
+        """What parse_cgroup must say about a process here (None for conmon), for the kubelet whose tree this is
+        (kind's for `kind`; for `under`, no kubelet's: it is a look-alike)."""
         assert self.pod is not None
         if self.conmon:
             return None
@@ -301,12 +304,16 @@ class KubeletCgroups:
         version: int = 2,
         *,
         kind: bool = False,
+        under: str = "",
         cgroup_root: str = DEFAULT_CGROUP_ROOT,
         v1_hierarchies: Sequence[str] = DEFAULT_V1_HIERARCHIES,
     ) -> None:
+        if under and (not under.startswith("/") or under.endswith("/")):
+            raise ValueError(f"under must be a cgroup path like /user.slice, not {under!r}")
         self.driver = CgroupDriver(driver)
         self.version = version
         self.kind = kind
+        self.under = under
         self.hierarchies = find_hierarchies(version, cgroup_root, v1_hierarchies)
         if not self.hierarchies:
             raise RuntimeError(cgroups_unavailable(version, cgroup_root, v1_hierarchies) or "no cgroup hierarchy")
@@ -346,7 +353,7 @@ class KubeletCgroups:
             if existing.qos is not qos:
                 raise ValueError(f"pod {uid} already exists with QoS {existing.qos.value}")
             return existing
-        path = pod_cgroup_path(self.driver, qos, uid, self.kind)
+        path = self.under + pod_cgroup_path(self.driver, qos, uid, self.kind)
         pod = PodCgroup(owner=self, path=path, dirs=self._make(path), uid=uid, qos=qos)
         self._pods[uid] = pod
         return pod
@@ -586,7 +593,8 @@ def remove_stale_test_cgroups(
     now = time.time()
     hierarchies = find_hierarchies(2, cgroup_root) + find_hierarchies(1, cgroup_root, v1_hierarchies)
     for h in hierarchies:
-        for top in ("kubepods.slice", "kubepods", "kubelet.slice", "kubelet"):
+        # The kubelet's trees, kind's, and where the look-alikes (`under`) go.
+        for top in ("kubepods.slice", "kubepods", "kubelet.slice", "kubelet", "user.slice", "docker"):
             for dirpath, _, _ in os.walk(os.path.join(h.mount, top), topdown=False):
                 name = os.path.basename(dirpath)
                 if not (name.startswith(f"pod{uid_prefix}") or f"-pod{uid_prefix.replace('-', '_')}" in name):

@@ -133,6 +133,7 @@ def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -
     unattributed = "vramguard_unattributed_gpu_memory_bytes"
     assert {r.value: value(unattributed, device, reason=r.value) for r in UnattributedReason} == {
         "not-in-pod": 3 * GiB,
+        "outside-kubelet": 0,
         "pod-not-in-cache": 0,
         "orphaned": 4 * GiB,
         "process-exited": 3 * GiB,

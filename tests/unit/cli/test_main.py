@@ -53,6 +53,17 @@ def test_run_refuses_an_invalid_policy(tmp_path: Path) -> None:
     assert "max_actions_per_scan" in result.output
 
 
+@pytest.mark.parametrize("command", ["run", "top"])
+def test_a_kubelet_cgroup_root_that_cannot_be_one_is_refused(tmp_path: Path, command: str) -> None:
+    """`--kubelet-cgroup-root` naming the kubelet's pods directory instead of its root exits 2, naming the flag, the
+    value and what to give instead, before touching anything."""
+    argv = [command, "--kubelet-cgroup-root", "/kubepods.slice", "--pods-file", str(tmp_path / "p.yaml")]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    assert '--kubelet-cgroup-root: "/kubepods.slice" names the kubelet\'s pods directory' in result.output
+    assert "the root is /" in result.output
+
+
 def test_version_exits_0_whatever_nvml_says() -> None:
     """`version` prints four lines, the package's version first, and exits 0 with or without NVML on this machine;
     `--json` is one object with the NVIDIA side's keys, null or not."""

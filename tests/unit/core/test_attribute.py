@@ -9,6 +9,7 @@ import pytest
 from vramguard.core.attribute import (
     NOT_IN_POD,
     ORPHANED,
+    OUTSIDE_KUBELET,
     POD_NOT_IN_CACHE,
     PROCESS_GONE,
     Awaited,
@@ -16,6 +17,7 @@ from vramguard.core.attribute import (
     awaited,
 )
 from vramguard.core.model import (
+    LOOK_ALIKE,
     UNKNOWN_START_TIME,
     CgroupIdentity,
     ContainerInfo,
@@ -159,6 +161,14 @@ ATTRIBUTE_CASES = [
         ],
         id="gone-process-is-unattributed-per-device",
     ),
+    pytest.param(
+        [gp(33, 40 << 30), gp(34, 1 << 30)],
+        {33: (ProcessRef(33, 9), LOOK_ALIKE), **ids((34, 5, UID_A, CID_A1))},
+        PODS,
+        [usage(POD_A, "main", CID_A1, "GPU-0", 1 << 30, (34, 5))],
+        [UnattributedProcess(ProcessRef(33, 9), "GPU-0", 40 << 30, OUTSIDE_KUBELET)],
+        id="look-alike-outside-the-kubelet-is-a-host-process-never-the-pod-it-names",
+    ),
     pytest.param([], {}, PODS, [], [], id="no-gpu-processes-empty-snapshot"),
 ]
 
@@ -258,6 +268,12 @@ def test_a_pod_version_names_what_is_awaited(pod: PodInfo, named: bool) -> None:
     ("reason", "label", "why"),
     [
         pytest.param(NOT_IN_POD, "not-in-pod", "not in a pod cgroup", id="a-host-process"),
+        pytest.param(
+            OUTSIDE_KUBELET,
+            "outside-kubelet",
+            "a pod-shaped cgroup outside this node's kubelet",
+            id="a-look-alike-of-a-pod-cgroup",
+        ),
         pytest.param(POD_NOT_IN_CACHE, "pod-not-in-cache", "pod not in cache", id="a-pod-not-known-yet"),
         pytest.param(PROCESS_GONE, "process-exited", "held by an exited process", id="a-pid-without-a-process"),
     ],

@@ -151,6 +151,7 @@ NEVER = {
     "a-pod-no-agent-saw-the-api-server-give": row(NEVER_SEEN),
     "the-agents-own-pod": row(AGENT),
     "a-process-outside-any-pod-cgroup": row(None, reason=UnattributedReason.NOT_IN_POD),
+    "a-look-alike-outside-the-kubelet": row(None, reason=UnattributedReason.OUTSIDE_KUBELET),
     "a-process-that-exited": row(None, reason=UnattributedReason.PROCESS_EXITED),
 }
 
