@@ -307,7 +307,11 @@ class FilePodSource:
             raise PodSourceError("not a regular file")  # a FIFO would block the loop; a device could be endless
         if st.st_size > self.max_bytes:
             raise PodSourceError(f"{format_bytes(st.st_size)} is over the {format_bytes(self.max_bytes)} bound")
-        with open(self.path, "rb") as f:
+        # Without blocking, and the opened file checked again: a FIFO swapped in since the stat would hold the loop.
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with open(fd, "rb", closefd=True) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PodSourceError("not a regular file")
             data = f.read(self.max_bytes + 1)
         if len(data) > self.max_bytes:
             raise PodSourceError(f"grew over the {format_bytes(self.max_bytes)} bound while being read")

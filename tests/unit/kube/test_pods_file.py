@@ -472,3 +472,15 @@ def test_a_stop_during_a_parse_drops_its_result(tmp_path: Path) -> None:
     source.loop.run()
     assert source.reads == 1 and clock.waits == []
     assert not source.synced() and source.pods() == {} and source.problem() == f"pods file {path}: not read yet"
+
+
+def test_a_fifo_swapped_in_after_the_stat_is_refused_without_blocking(tmp_path: Path) -> None:
+    """The loop stats the file, then reads it: a FIFO put at the path in between is opened without blocking and
+    refused, so the loop never waits for a writer."""
+    path = tmp_path / "pods.yaml"
+    write(path, as_yaml(pod_list(POD)))
+    looked = os.stat(path)
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(PodSourceError, match="not a regular file"):
+        source_of(path)._read(looked)
