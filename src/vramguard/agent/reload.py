@@ -1,7 +1,7 @@
-"""The policy file, watched: an edit, or the kubelet's swap of a ConfigMap volume (`..data` renamed onto a new
-`..<timestamp>` directory), is read, checked and put through the flags' overrides on a thread of its own, and
-handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
-on the file.
+"""The policy file (or a policy ConfigMap's directory, every key of it), watched: an edit, or the kubelet's swap of
+a ConfigMap volume (`..data` renamed onto a new `..<timestamp>` directory), is read, checked and put through the
+flags' overrides on a thread of its own, and handed to the scan loop ready; the loop swaps it in at the start of its
+next scan (`Agent.scan`) and never waits on the file.
 
 Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (bounded; a ConfigMap holds 1 MiB
 at most, a policy a few KiB) and hashed, and parsed only when the hash is not the one seen last. Reading whole
@@ -33,7 +33,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.limit_plan import uses_limiter
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_bytes, read_policy_bytes
+from vramguard.core.policy import PolicyError, policy_from_text, read_policy_text
 from vramguard.core.quota import reads_claims
 
 # How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
@@ -142,20 +142,20 @@ class PolicyReloader:
         """One look at the file; the seconds until the next."""
         self.checks += 1
         try:
-            text = read_policy_bytes(self.path)
+            text = read_policy_text(self.path)
         except OSError as e:
             return self._failed(f"cannot read the file: {e.strerror or e}")
         self._failures = 0
         self._retry.reset()
         if self._unreadable.ok():
             self.log.info("policy_readable", path=self.path)
-        digest = digest_of(text)
+        digest = digest_of(text.content)
         if digest == self._seen:
             self.invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
             return self.interval_s
         self._seen = digest
         try:
-            policy = self.overrides(policy_from_bytes(text, self.path))
+            policy = self.overrides(policy_from_text(text, self.path))
         except PolicyError as e:
             self._refuse(digest, [str(error) for error in e.errors])
             return self.interval_s

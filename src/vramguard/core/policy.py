@@ -14,6 +14,11 @@ path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid qua
 The YAML is read under `vramguard.core.documents`' rules (bounded; no anchors, aliases, merge keys or tags; no
 duplicate keys, which plain `yaml.safe_load` resolves silently in favour of the last one), with YAML 1.1's typing
 of plain scalars.
+
+A policy is a file, or a policy ConfigMap mounted as a directory (the chart's): the document in its key
+`policy.yaml`, and each field that the quota admission policy reads too (`DOOR_KEYS`) in a key of its own, named by
+the field's path. CEL cannot read YAML, so the door and the agents read those fields from the same keys, and one
+edit changes both; in a ConfigMap such a field written in `policy.yaml` is an error.
 """
 
 from __future__ import annotations
@@ -80,6 +85,15 @@ DEFAULT_FIELDS: Final = ("kind", "bytes")
 
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes requires
 
+# A policy ConfigMap's key for the document, and the keys of the fields the admission policy reads as well
+# (deploy/helm/vramguard/templates/quotaadmission.yaml reads the same names and splits lists as `LIST_ITEM` does).
+DOCUMENT_KEY: Final = "policy.yaml"
+DOOR_KEYS: Final = ("exempt_namespaces", "quota_sources", "namespaces.<namespace>.max_quota")
+_DOOR_KEY = re.compile(r"exempt_namespaces|quota_sources|namespaces\.(?P<namespace>[^.]+)\.max_quota")
+LIST_ITEM: Final = re.compile(r"[^ \t\r\n,]+")  # a list in a key: items apart by spaces, tabs, line breaks or commas
+# The kubelet's link to the current version of a ConfigMap volume: every key read through it is of one version.
+_CONFIG_MAP_DATA: Final = "..data"
+
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
@@ -119,22 +133,59 @@ def parse_policy(data: object) -> Policy:
     return policy
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyText:
+    """A policy as read, not yet parsed: a file's bytes (`keys` None), or a policy ConfigMap's: `document` its
+    `DOCUMENT_KEY` (empty where it has none) and `keys` every other key."""
+
+    document: bytes
+    keys: Mapping[str, bytes] | None = None
+
+    @property
+    def content(self) -> bytes:
+        """What a reload compares and /status hashes: the file, or each key of the ConfigMap by name (name, length,
+        bytes), so that no two ConfigMaps read alike."""
+        if self.keys is None:
+            return self.document
+        every = sorted({DOCUMENT_KEY: self.document, **self.keys}.items())
+        return b"".join(f"{name}\0{len(value)}\0".encode() + value for name, value in every)
+
+    @classmethod
+    def of_config_map(cls, data: Mapping[str, str]) -> PolicyText:
+        """A policy ConfigMap's `data`, as an agent that mounts it reads it."""
+        keys = {name: value.encode() for name, value in data.items()}
+        return cls(keys.pop(DOCUMENT_KEY, b""), keys)
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file. An empty file is the default policy.
+    """Read and validate a policy file or a policy ConfigMap's directory. An empty file is the default policy.
 
     Raises PolicyError naming the file when it cannot be read, is not YAML, or is not a valid policy.
     """
     return read_policy(path)[0]
 
 
-def read_policy(path: str | Path) -> tuple[Policy, bytes]:
-    """`load_policy`, with the bytes the policy was read from (to know the content a reload compares with)."""
+def read_policy(path: str | Path) -> tuple[Policy, PolicyText]:
+    """`load_policy`, with what the policy was read from (to know the content a reload compares with)."""
     source = str(path)
     try:
-        text = read_policy_bytes(path)
+        text = read_policy_text(path)
     except OSError as e:
         raise PolicyError([FieldError("", None, f"cannot read the file: {e.strerror or e}", show=False)], source) from e
-    return policy_from_bytes(text, source), text
+    return policy_from_text(text, source), text
+
+
+def read_policy_text(path: str | Path) -> PolicyText:
+    """The file at `path`, or each key of the ConfigMap mounted there (`PolicyText`). Raises OSError."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return PolicyText(read_policy_bytes(path))
+    data = directory / _CONFIG_MAP_DATA
+    # The kubelet swaps `..data` onto a new version with a rename: resolved once, every key is of that version.
+    root = data.resolve() if data.is_dir() else directory
+    names = sorted(entry.name for entry in root.iterdir() if not entry.name.startswith("."))
+    keys = {name: read_policy_bytes(root / name) for name in names}
+    return PolicyText(keys.pop(DOCUMENT_KEY, b""), keys)
 
 
 def read_policy_bytes(path: str | Path) -> bytes:
@@ -143,16 +194,68 @@ def read_policy_bytes(path: str | Path) -> bytes:
         return f.read(MAX_BYTES + 1)
 
 
-def policy_from_bytes(text: bytes, source: str) -> Policy:
-    """A policy file's bytes (`read_policy_bytes`) → a validated Policy; PolicyError names `source`."""
+def policy_from_text(text: PolicyText, source: str) -> Policy:
+    """A policy as read (`read_policy_text`) → a validated Policy; PolicyError names `source`."""
+    where = f"{DOCUMENT_KEY}: " if text.keys is not None else ""
     try:
-        data = load_yaml(text, scalars=Scalars.YAML_1_1)
+        data = load_yaml(text.document, scalars=Scalars.YAML_1_1)
     except DocumentError as e:
-        raise PolicyError([FieldError("", None, f"is not valid YAML: {e}", show=False)], source) from e
+        raise PolicyError([FieldError("", None, f"{where}is not valid YAML: {e}", show=False)], source) from e
+    data = {} if data is None else data
+    errors: list[FieldError] = []
+    if text.keys is not None:
+        data, errors = _with_door_keys(data, text.keys)
     try:
-        return parse_policy({} if data is None else data)
+        policy = parse_policy(data)
     except PolicyError as e:
-        raise PolicyError(e.errors, source) from None
+        errors += e.errors
+    if errors:
+        raise PolicyError(errors, source)
+    return policy
+
+
+def _with_door_keys(data: object, keys: Mapping[str, bytes]) -> tuple[object, list[FieldError]]:
+    """The document with a ConfigMap's door keys (`DOOR_KEYS`) put in as the fields they name, and what is wrong:
+    a door field written in the document (the admission policy would not see it), or a key that is no door key."""
+    errors: list[FieldError] = []
+    if not isinstance(data, dict):
+        return data, errors  # parse_policy says what the document should be
+    merged = dict(data)
+    written = {name: data[name] for name in ("exempt_namespaces", "quota_sources") if name in data}
+    entries = data.get("namespaces")
+    if isinstance(entries, dict):
+        written |= {
+            f"namespaces.{name}.max_quota": entry["max_quota"]
+            for name, entry in entries.items()
+            if isinstance(entry, dict) and "max_quota" in entry
+        }
+    for path, value in written.items():
+        message = f"belongs in the ConfigMap's key {path}, which the admission policy reads too, not in {DOCUMENT_KEY}"
+        errors.append(FieldError(f"{DOCUMENT_KEY}: {path}", value, message))
+    caps: dict[str, str] = {}
+    for name, raw in sorted(keys.items()):
+        match = _DOOR_KEY.fullmatch(name)
+        if match is None:
+            known = ", ".join((DOCUMENT_KEY, *DOOR_KEYS))
+            errors.append(FieldError(name, None, f"is not a key of a policy ConfigMap ({known})", show=False))
+            continue
+        try:
+            value = raw.decode()
+        except UnicodeDecodeError:
+            errors.append(FieldError(name, None, "is not UTF-8 text", show=False))
+            continue
+        if match["namespace"] is None:
+            merged[name] = LIST_ITEM.findall(value)
+        else:
+            caps[match["namespace"]] = value
+    if caps and isinstance(entries, dict | None):
+        namespaces = dict(entries or {})
+        for name, cap in caps.items():
+            entry = namespaces.get(name)
+            if entry is None or isinstance(entry, dict):
+                namespaces[name] = {**(entry or {}), "max_quota": cap}
+        merged["namespaces"] = namespaces
+    return merged, errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,8 @@ import typer
 from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, load_policy, parse_policy
+from vramguard.core.policy import PolicyError, load_policy, policy_from_text
 from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
 from vramguard.core.text import printable
 from vramguard.kube.client import describe
@@ -89,10 +88,9 @@ def _agents_policy(reader: KubeReader, agents: list[AgentPod]) -> tuple[Policy, 
     if text is None:
         return Policy(), f"the default policy: {where}"
     try:
-        data = load_yaml(text, scalars=Scalars.YAML_1_1)
-        return parse_policy({} if data is None else data), None
-    except (DocumentError, PolicyError) as e:
-        return Policy(), f"the default policy: {where} is not a valid policy ({str(e).splitlines()[0]})"
+        return policy_from_text(text, where), None
+    except PolicyError as e:
+        return Policy(), f"the default policy: {where} is not a valid policy ({e.errors[0]})"
 
 
 def _agents_peaks(fetched: list[Fetched]) -> tuple[list[PeakSeries], list[str]]:

@@ -20,6 +20,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 
 from vramguard import __version__
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.core.policy import PolicyText
 from vramguard.core.text import cut
 from vramguard.kube.client import describe, status_message
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
@@ -27,7 +28,6 @@ from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
 AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
 PORT_NAME = "metrics"  # the chart's name for the agent's metrics port
 POLICY_VOLUME = "policy"  # the chart's name for the volume of the agent's policy file
-POLICY_KEY = "policy.yaml"
 DEFAULT_PORT = 9400
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the agent keeps its document well under this
 CHUNK_BYTES = 64 * 1024
@@ -234,8 +234,9 @@ class KubeReader:
                 return items
             match["_continue"] = cont
 
-    def policy_text(self, agents: Sequence[AgentPod]) -> tuple[bytes | None, str]:
-        """The policy file the agents run with (the first agent's ConfigMap), or None and why not."""
+    def policy_text(self, agents: Sequence[AgentPod]) -> tuple[PolicyText | None, str]:
+        """The policy the agents run with (the first agent's ConfigMap, read as they mount it), or None and why
+        not."""
         named = [a for a in agents if a.policy_config_map]
         if not named:
             return None, "no agent pod mounts a policy ConfigMap"
@@ -249,10 +250,7 @@ class KubeReader:
             return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {_api_error(e)}{hint}"
         except Exception as e:  # the API server unreachable: the caller says so, with the default policy
             return None, f"cannot read {agent.ref.namespace}/{agent.policy_config_map}: {describe(e)}"
-        text = (config_map.data or {}).get(POLICY_KEY)
-        if text is None:
-            return None, f"{agent.ref.namespace}/{agent.policy_config_map} has no {POLICY_KEY}"
-        return text.encode(), f"{agent.ref.namespace}/{agent.policy_config_map}"
+        return PolicyText.of_config_map(config_map.data or {}), f"{agent.ref.namespace}/{agent.policy_config_map}"
 
 
 def connect_reader(kubeconfig: str | None, context: str | None) -> tuple[KubeReader, Any, str]:

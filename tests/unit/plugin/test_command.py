@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vramguard.core.model import GiB
+from vramguard.core.policy import PolicyText
 from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
 from vramguard.plugin.merge import Failure, Fetched
@@ -128,8 +129,10 @@ class FakeReader(fetch.KubeReader):
         items = self.objects.get(kind, [])
         return [o for o in items if namespace is None or o["metadata"]["namespace"] == namespace]
 
-    def policy_text(self, agents: Sequence[fetch.AgentPod]) -> tuple[bytes | None, str]:
-        return (self.policy, "vramguard/vramguard-policy") if self.policy else (None, "cannot read it: 403 Forbidden")
+    def policy_text(self, agents: Sequence[fetch.AgentPod]) -> tuple[PolicyText | None, str]:
+        if not self.policy:
+            return None, "cannot read it: 403 Forbidden"
+        return PolicyText.of_config_map({"policy.yaml": self.policy.decode()}), "vramguard/vramguard-policy"
 
 
 def peaks_answer(node: str, peaks: list[dict[str, Any]], cover_s: float) -> Fetched:
