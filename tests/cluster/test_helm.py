@@ -324,12 +324,29 @@ def _condition(spec: dict[str, Any], name: str) -> str:
     return expression
 
 
+def test_a_nodes_mirror_pods_are_judged_by_a_policy_that_only_warns(helm: Path) -> None:
+    """The quota policy skips a node's own mirror pods; a second one, alike but for its match condition, judges
+    them and only warns (also with `admission.action: Deny`), since refusing a mirror never stops its static pod."""
+    objects = render(helm)
+    spec, binding = _quota_policy(objects)
+    mirrors = one(objects, "ValidatingAdmissionPolicy", "-quota-values-mirrors")["spec"]
+    mirrors_binding = one(objects, "ValidatingAdmissionPolicyBinding", "-quota-values-mirrors")["spec"]
+    assert mirrors_binding["validationActions"] == ["Warn", "Audit"] and binding["validationActions"] == ["Deny"]
+    assert mirrors_binding["paramRef"] == binding["paramRef"]
+    node_mirror = _condition(mirrors, "a-nodes-mirror-pod")
+    assert _condition(spec, "not-a-nodes-mirror-pod") == f"!{node_mirror}"
+    for part in ("startsWith('system:node:')", "'system:nodes' in", "'kubernetes.io/config.mirror' in", "nodeName"):
+        assert part in node_mirror
+    assert {**mirrors, "matchConditions": None} == {**spec, "matchConditions": None}
+
+
 def test_quota_admission_values(helm: Path) -> None:
     """`admission.action: Warn` binds the policy to warn; `admission.enabled: false` renders no policy at all."""
     _, binding = _quota_policy(render(helm, "admission.action=Warn"))
     assert binding["validationActions"] == ["Warn"]
     kinds = {(o["kind"], o["metadata"]["name"]) for o in render(helm, "admission.enabled=false")}
     assert ("ValidatingAdmissionPolicy", "vramguard-quota-values") not in kinds
+    assert ("ValidatingAdmissionPolicy", "vramguard-quota-values-mirrors") not in kinds
     assert ("ValidatingAdmissionPolicy", "vramguard-own-node-only") in kinds
 
 

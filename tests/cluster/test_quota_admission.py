@@ -11,6 +11,7 @@ reads its caps from), then deleted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -30,11 +31,12 @@ from vramguard.core.policy import PolicyText, policy_from_text
 from vramguard.core.quota import invalid_message, resolve_pod_quota
 from vramguard_testbed.waiting import wait_until
 
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, kubeconfig_api_client
 from .kube_fixtures import AGENT_NAMESPACE, MERGE, pod_info
 
 EXEMPT = "kube-system"  # exempt in every rendering of the chart, as in the agent's default policy
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+MIRROR = "kubernetes.io/config.mirror"
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,10 @@ def _create_door(api: client.ApiClient, values: Mapping[str, Any], probe_namespa
 def _delete_door(api: client.ApiClient, name: str) -> None:
     """Delete the quota policies and bindings of the door `name` (its namespace stays: no namespace controller)."""
     admission = client.AdmissionregistrationV1Api(api)
-    admission.delete_validating_admission_policy_binding(name)
-    admission.delete_validating_admission_policy(name)
+    for policy in (name, f"{name}-mirrors"):
+        with contextlib.suppress(client.ApiException):  # the mirrors' policy is not in every rendering
+            admission.delete_validating_admission_policy_binding(policy)
+            admission.delete_validating_admission_policy(policy)
 
 
 def _agent_policy(data: Mapping[str, str]) -> Policy:
@@ -265,6 +269,78 @@ def test_warn_admits_and_kubectl_prints_the_agents_words(deployed: ControlPlane)
                 assert any(f"'{name}'" in w and expected in w for w in _warnings(headers)), _warnings(headers)
         finally:
             _delete_door(api, name)
+
+
+def _mirror_of(pod: dict[str, Any], node: client.V1Node, node_name: str) -> dict[str, Any]:
+    """`pod` as the kubelet of `node` makes the mirror of a static pod, bound to `node_name`: the mirror annotation
+    (the static pod's hash), and the Node as its controlling owner, as NodeRestriction demands of a node's pod."""
+    assert node.metadata is not None
+    mirror: dict[str, Any] = json.loads(json.dumps(pod))
+    mirror["metadata"]["annotations"][MIRROR] = uuid.uuid4().hex
+    mirror["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name, "uid": node.metadata.uid, "controller": True}
+    ]
+    mirror["spec"]["nodeName"] = node_name
+    return mirror
+
+
+def _tenant_core(control_plane: ControlPlane, api: client.ApiClient, namespace: str) -> client.ApiClient:
+    """An ApiClient of a tenant: ServiceAccount `tenant` of `namespace`, which RBAC lets create pods there."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    rule = client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["create"])
+    rbac.create_namespaced_role(namespace, client.V1Role(metadata=client.V1ObjectMeta(name="tenant"), rules=[rule]))
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="tenant"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="tenant"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=namespace)],
+    )
+    rbac.create_namespaced_role_binding(namespace, binding)
+    return kubeconfig_api_client(control_plane.service_account_kubeconfig(namespace, "tenant"))
+
+
+@pytest.mark.parametrize(
+    ("by", "mirror", "on_itself", "admitted"),
+    [
+        pytest.param("node", True, True, True, id="a-nodes-own-mirror-is-admitted-with-a-warning"),
+        pytest.param("tenant", True, True, False, id="a-tenants-mirror-is-refused"),
+        pytest.param("node", True, False, False, id="a-nodes-mirror-bound-to-another-node-is-refused"),
+        pytest.param("node", False, True, False, id="a-nodes-pod-that-is-no-mirror-is-refused"),
+    ],
+)
+def test_a_nodes_own_mirror_pod_is_only_warned_about(
+    control_plane: ControlPlane, door: Door, by: str, mirror: bool, on_itself: bool, admitted: bool
+) -> None:
+    """A node's mirror of its static pod, 32Gi in a namespace capped at 16Gi, is admitted with the agent's words as
+    a warning: refusing it would not stop the static pod, only hide it from the agent, which enforces its quota. A
+    pod with the mirror annotation from a tenant, one a node binds to another node, and a node's pod without the
+    annotation are judged as any pod (the test API server runs without NodeRestriction, so they reach the door)."""
+    namespace = door.namespaces["16Gi"]
+    node_name = f"static-{uuid.uuid4().hex[:8]}"
+    node = control_plane.add_node(node_name)
+    pod = BY_NAME[LIMIT].pod("32Gi", f"static-{node_name}", namespace)
+    if mirror:
+        pod = _mirror_of(pod, node, node_name if on_itself else "another-node")
+    else:
+        pod["spec"]["nodeName"] = node_name
+    (expected,) = agent_says(door, pod) or [""]
+    assert expected == f'metadata.annotations[{LIMIT}]: "32Gi" is over the namespace max_quota 16Gi'
+    with contextlib.ExitStack() as stack:
+        if by == "node":
+            api = stack.enter_context(kubeconfig_api_client(control_plane.node_kubeconfig(node_name)))
+        else:
+            with control_plane.api_client() as admin:
+                api = stack.enter_context(_tenant_core(control_plane, admin, namespace))
+        core = client.CoreV1Api(api)
+        try:
+            _, status, headers = core.create_namespaced_pod_with_http_info(namespace, _body(pod), dry_run="All")
+        except client.ApiException as e:
+            assert not admitted, f"refused: {e.body}"
+            message = str(json.loads(e.body or "{}")["message"])
+            assert e.status == 422 and f"ValidatingAdmissionPolicy '{door.name}'" in message and expected in message
+            return
+    assert admitted and status == 201
+    warnings = _warnings(headers)
+    assert any(f"'{door.name}-mirrors'" in w and expected in w for w in warnings), warnings
 
 
 @pytest.fixture
