@@ -33,8 +33,8 @@ NOT_POLICY_FILES = [
     pytest.param(lambda path: path.symlink_to("/dev/null"), "is a character device", id="dev-null"),
     pytest.param(lambda path: path.symlink_to("/dev/zero"), "is a character device", id="dev-zero"),
     pytest.param(make_socket, "is a socket", id="socket"),
-    pytest.param(Path.mkdir, "is a directory", id="directory"),
-    pytest.param(make_big_file, "over the 1.0MiB a policy file may hold", id="over-1MiB"),
+    pytest.param(Path.mkdir, "is a directory with no policy.yaml", id="directory"),
+    pytest.param(make_big_file, "over the 1.0MiB a policy may hold", id="over-1MiB"),
 ]
 
 Make = Callable[[Path], object]

@@ -18,8 +18,8 @@ import yaml
 from helm_fixtures import CHART, KUBE_VERSION, container, need_helm, one, render
 from vramguard.agent.metrics import Metrics
 from vramguard.core.decide import Decision
-from vramguard.core.model import DEFAULT_QUOTA_SOURCES, GiB, Mode
-from vramguard.core.policy import parse_policy
+from vramguard.core.model import DEFAULT_QUOTA_SOURCES, GiB, Mode, NamespacePolicy, Policy
+from vramguard.core.policy import PolicyText, policy_from_text
 from vramguard.core.quota import BURST_ANNOTATION
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
@@ -69,12 +69,43 @@ def test_plain_manifest_is_the_rendered_chart(helm: Path, tmp_path: Path) -> Non
             lambda p: p.cap_for("team-a") == 16 * 2**30,
             id="add-a-namespace",
         ),
+        pytest.param(
+            ("policy.namespaces.team-a.max_quota=16Gi", "policy.namespaces.team-a.mode=kill"),
+            lambda p: p.namespaces["team-a"] == NamespacePolicy(mode=Mode.KILL, max_quota_bytes=16 * GiB),
+            id="a-namespace-in-both-parts",
+        ),
+        pytest.param(
+            ("policy.exempt_namespaces={kube-system,infra}", "policy.quota_sources={annotation:gpu-memory}"),
+            lambda p: p.exempt_namespaces == {"kube-system", "infra"} and p.quota_sources == ("annotation:gpu-memory",),
+            id="lists",
+        ),
     ],
 )
 def test_policy_values_are_the_policy_file(helm: Path, sets: tuple[str, ...], check: Any) -> None:
-    """`policy` is the whole policy file as a map; what it renders is a policy the agent accepts."""
-    data = one(render(helm, *sets), "ConfigMap")["data"]["policy.yaml"]
-    assert check(parse_policy(yaml.safe_load(data)))
+    """`policy` is the whole policy file as a map; what it renders is a policy the agent, pointed at the ConfigMap's
+    volume, accepts."""
+    objects = render(helm, *sets)
+    assert "--policy=/etc/vramguard" in container(objects)["args"]
+    assert check(policy_from_text(PolicyText.of_config_map(one(objects, "ConfigMap")["data"]), "chart"))
+
+
+def test_the_doors_fields_are_keys_of_their_own(helm: Path) -> None:
+    """The fields the quota admission policy reads are the ConfigMap's keys, as written in the values, and not in
+    policy.yaml; a namespace with nothing but a cap is left out of it."""
+    values = {
+        "policy": {
+            "exempt_namespaces": ["kube-system", "infra"],
+            "namespaces": {"ml": {"max_quota": 17179869184}, "web": {"max_quota": "1.5Gi", "mode": "kill"}},
+        }
+    }
+    data = one(render(helm, values=values), "ConfigMap")["data"]
+    assert {k: v for k, v in data.items() if k != "policy.yaml"} == {
+        "exempt_namespaces": "kube-system, infra",
+        "namespaces.ml.max_quota": "17179869184",
+        "namespaces.web.max_quota": "1.5Gi",
+    }
+    document = yaml.safe_load(data["policy.yaml"])
+    assert document["namespaces"] == {"web": {"mode": "kill"}} and "exempt_namespaces" not in document
 
 
 def test_a_policy_value_the_agent_would_refuse_is_refused_at_install(helm: Path) -> None:
@@ -262,50 +293,60 @@ def _read(fields: str) -> list[str]:
     return [f"resource:{r}" if r else f"annotation:{a}" for r, a in found]
 
 
-def test_quota_admission_policy_reads_the_agents_quota_sources(helm: Path) -> None:
-    """By default the policy reads DEFAULT_QUOTA_SOURCES and the burst annotation, refuses (Deny), and skips the
-    namespaces the agent exempts: kube-system and the release's."""
-    spec, binding = _quota_policy(render(helm, release="gpu-guard", namespace="ops"))
+def test_quota_admission_policy_reads_the_agents_policy_config_map(helm: Path) -> None:
+    """The policy takes the release's policy ConfigMap as its parameters, judges every field of a known source
+    (those the ConfigMap's quota_sources names, by default DEFAULT_QUOTA_SOURCES) and the burst annotation, refuses
+    (Deny), and skips the namespaces the agent exempts: the ConfigMap's exempt_namespaces (by default the agent's
+    default) and the release's."""
+    objects = render(helm, release="gpu-guard", namespace="ops")
+    spec, binding = _quota_policy(objects)
     assert _read(_fields(spec)) == [*DEFAULT_QUOTA_SOURCES, f"annotation:{BURST_ANNOTATION}"]
+    assert spec["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert binding["paramRef"] == {"name": "gpu-guard-policy", "namespace": "ops", "parameterNotFoundAction": "Deny"}
+    config_map = one(objects, "ConfigMap")["metadata"]
+    assert (config_map["name"], config_map["namespace"]) == ("gpu-guard-policy", "ops")
     assert binding["validationActions"] == ["Deny"] and binding["policyName"] == "gpu-guard-quota-values"
-    (exempt,) = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
-    assert exempt == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "ops"]}
+    (release,) = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert release == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["ops"]}
+    exempt = _condition(spec, "not-exempt")
+    assert "params.data['exempt_namespaces']" in exempt
+    assert f"'{', '.join(sorted(Policy().exempt_namespaces))}'" in exempt, "the agent's default without the key"
+    (sources,) = [v["expression"] for v in spec["variables"] if v["name"] == "sources"]
+    assert f"'{', '.join(DEFAULT_QUOTA_SOURCES)}'" in sources, "the agent's default without the key"
+    (cap,) = [v["expression"] for v in spec["variables"] if v["name"] == "capText"]
+    assert cap == "variables.keys[?'namespaces.' + request.namespace + '.max_quota'].orValue('')"
     assert spec["failurePolicy"] == "Ignore"
 
 
-@pytest.mark.parametrize(
-    ("values", "expected"),
-    [
-        pytest.param(
-            {"quota_sources": ["claim:gpu.nvidia.com", "annotation:gpu-memory", "resource:nvidia.com/gpumem"]},
-            ["annotation:gpu-memory", "resource:nvidia.com/gpumem"],
-            id="claims-are-not-pod-fields",
-        ),
-        pytest.param({"quota_sources": []}, [], id="no-sources-only-the-burst"),
-    ],
-)
-def test_quota_admission_policy_reads_the_policys_sources(
-    helm: Path, values: dict[str, Any], expected: list[str]
-) -> None:
-    spec, _ = _quota_policy(render(helm, values={"policy": values}))
-    # The resources come first in the rendering; the order of the fields only orders the message.
-    assert sorted(_read(_fields(spec))) == sorted([*expected, f"annotation:{BURST_ANNOTATION}"])
+def _condition(spec: dict[str, Any], name: str) -> str:
+    (expression,) = [c["expression"] for c in spec["matchConditions"] if c["name"] == name]
+    assert isinstance(expression, str)
+    return expression
+
+
+def test_a_nodes_mirror_pods_are_judged_by_a_policy_that_only_warns(helm: Path) -> None:
+    """The quota policy skips a node's own mirror pods; a second one, alike but for its match condition, judges
+    them and only warns (also with `admission.action: Deny`), since refusing a mirror never stops its static pod."""
+    objects = render(helm)
+    spec, binding = _quota_policy(objects)
+    mirrors = one(objects, "ValidatingAdmissionPolicy", "-quota-values-mirrors")["spec"]
+    mirrors_binding = one(objects, "ValidatingAdmissionPolicyBinding", "-quota-values-mirrors")["spec"]
+    assert mirrors_binding["validationActions"] == ["Warn", "Audit"] and binding["validationActions"] == ["Deny"]
+    assert mirrors_binding["paramRef"] == binding["paramRef"]
+    node_mirror = _condition(mirrors, "a-nodes-mirror-pod")
+    assert _condition(spec, "not-a-nodes-mirror-pod") == f"!{node_mirror}"
+    for part in ("startsWith('system:node:')", "'system:nodes' in", "'kubernetes.io/config.mirror' in", "nodeName"):
+        assert part in node_mirror
+    assert {**mirrors, "matchConditions": None} == {**spec, "matchConditions": None}
 
 
 def test_quota_admission_values(helm: Path) -> None:
-    """`admission.action: Warn` binds the policy to warn; `exempt_namespaces` replaces kube-system; a namespace's
-    max_quota reaches the policy as written; `admission.enabled: false` renders no policy at all."""
-    values = {
-        "admission": {"action": "Warn"},
-        "policy": {"exempt_namespaces": ["infra"], "namespaces": {"ml": {"max_quota": 17179869184}}},
-    }
-    spec, binding = _quota_policy(render(helm, values=values))
+    """`admission.action: Warn` binds the policy to warn; `admission.enabled: false` renders no policy at all."""
+    _, binding = _quota_policy(render(helm, "admission.action=Warn"))
     assert binding["validationActions"] == ["Warn"]
-    assert spec["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["infra", "vramguard"]
-    (cap,) = [v["expression"] for v in spec["variables"] if v["name"] == "capText"]
-    assert cap == '{"ml": "17179869184"}[?request.namespace].orValue(\'\')'
     kinds = {(o["kind"], o["metadata"]["name"]) for o in render(helm, "admission.enabled=false")}
     assert ("ValidatingAdmissionPolicy", "vramguard-quota-values") not in kinds
+    assert ("ValidatingAdmissionPolicy", "vramguard-quota-values-mirrors") not in kinds
     assert ("ValidatingAdmissionPolicy", "vramguard-own-node-only") in kinds
 
 

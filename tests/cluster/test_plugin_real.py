@@ -70,7 +70,7 @@ def agent_rows(cluster: Cluster) -> list[tuple[Any, ...]]:
     assert agent is not None
     top = cluster.node.kubectl(
         "exec", "--namespace", AGENT_NS, agent["metadata"]["name"], "--",
-        "vramguard", "top", "--once", "--json", "--policy=/etc/vramguard/policy.yaml",
+        "vramguard", "top", "--once", "--json", "--policy=/etc/vramguard",
     )  # fmt: skip
     document = json.loads(top.stdout)
     assert document["kind"] == "VramguardStatus", document

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helm_fixtures import need_helm
 from real_parts import need
+from vramguard.core.policy import PolicyText
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .node import raw
@@ -62,11 +63,18 @@ def metric(cluster: Cluster, name: str, **labels: str) -> float | None:
 
 
 def write_policy(cluster: Cluster, text: str) -> float:
-    """Replace the policy ConfigMap's file, as `kubectl apply` would; when the API server took it (monotonic)."""
+    """Replace the policy ConfigMap's document, its other keys kept, as `kubectl apply` would; when the API server
+    took it (monotonic)."""
     configmap = cluster.core.read_namespaced_config_map(CONFIGMAP, AGENT_NS)
-    configmap.data = {"policy.yaml": text}
+    configmap.data = {**(configmap.data or {}), "policy.yaml": text}
     cluster.core.replace_namespaced_config_map(CONFIGMAP, AGENT_NS, configmap)
     return time.monotonic()
+
+
+def sha256_of(cluster: Cluster) -> str:
+    """The hash /status shows of the policy ConfigMap as it is now: of every key, as the agent reads its volume."""
+    data = cluster.core.read_namespaced_config_map(CONFIGMAP, AGENT_NS).data or {}
+    return hashlib.sha256(PolicyText.of_config_map(data).content).hexdigest()
 
 
 def the_agent(cluster: Cluster) -> tuple[str, int, int]:
@@ -106,10 +114,11 @@ def test_a_policy_edit_is_in_force_without_a_restart_and_a_broken_one_is_refused
     # An edit: in force at a scan after the kubelet swapped the volume, in the same process.
     good = yaml.safe_dump({**policy, "mode": "evict", "driver_limits": "off", "cooldown": "2m"})
     applied = write_policy(cluster, good)
+    good_sha256 = sha256_of(cluster)
 
     def in_force() -> dict[str, Any] | None:
         agent = agent_part(cluster)
-        return agent if agent["policy"]["sha256"] == hashlib.sha256(good.encode()).hexdigest() else None
+        return agent if agent["policy"]["sha256"] == good_sha256 else None
 
     agent = wait_until(in_force, IN_FORCE_S, what="the edited policy in force", interval_s=0.1)
     in_force_s = time.monotonic() - applied
@@ -128,7 +137,7 @@ def test_a_policy_edit_is_in_force_without_a_restart_and_a_broken_one_is_refused
     )
     print(f"policy broken: {time.monotonic() - refused_at:.1f} s from the API server taking it to refused")
     assert "mode" in agent["policy"]["invalid"] and "evcit" in agent["policy"]["invalid"], "names field and value"
-    assert agent["mode"] == "evict" and agent["policy"]["sha256"] == hashlib.sha256(good.encode()).hexdigest()
+    assert agent["mode"] == "evict" and agent["policy"]["sha256"] == good_sha256
     assert metric(cluster, "vramguard_policy_invalid") == 1.0
     assert metric(cluster, "vramguard_policy_reloads_total", result="invalid") == 1.0
     assert the_agent(cluster) == before, "enforcement never stopped: the same process"

@@ -5,11 +5,13 @@ Every row of tests/quota_values.py is created with a server-side dry run (throug
 invalid row is refused with exactly the text of the agent's VRAMQuotaInvalid Event, less what applies instead,
 computed here by the agent's own code from the pod as the API server stores it (a dry run in kube-system, which
 every quota policy exempts, gives its canonical spelling); a valid row is admitted. The policy is rendered from the
-chart with max_quotas on this module's namespaces and created alone (with its binding), then deleted.
+chart with max_quotas on this module's namespaces and created alone (with its bindings and the policy ConfigMap it
+reads its caps from), then deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -20,21 +22,21 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
-import yaml
 from kubernetes import client, utils
 
 from helm_fixtures import need_helm, one, render
 from quota_values import BY_NAME, CAPS, KAI, LIMIT, ROWS, VRAM, Row
 from vramguard.core.model import Policy
-from vramguard.core.policy import parse_policy
+from vramguard.core.policy import PolicyText, policy_from_text
 from vramguard.core.quota import invalid_message, resolve_pod_quota
 from vramguard_testbed.waiting import wait_until
 
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, kubeconfig_api_client
 from .kube_fixtures import AGENT_NAMESPACE, MERGE, pod_info
 
 EXEMPT = "kube-system"  # exempt in every rendering of the chart, as in the agent's default policy
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+MIRROR = "kubernetes.io/config.mirror"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Door:
     name: str  # of the ValidatingAdmissionPolicy and its binding
     policy: Policy  # the agent's, from the same values (the rendered ConfigMap)
     namespaces: Mapping[str | None, str]  # a row's cap (a key of CAPS, None for none) → its namespace
+    config_map: tuple[str, str] = ("", "")  # the policy ConfigMap's namespace and name, which both read
 
 
 def _body(pod: dict[str, Any]) -> client.V1Pod:
@@ -53,15 +56,19 @@ def _body(pod: dict[str, Any]) -> client.V1Pod:
 
 
 def _create_door(api: client.ApiClient, values: Mapping[str, Any], probe_namespace: str, *, warn: bool) -> str:
-    """Render the chart with `values`, create its quota policy and binding alone, and wait until the API server
-    enforces them (a 32Gi vram-limit in `probe_namespace`, capped at 16Gi there, is refused or warned about).
-    Returns the policy's name."""
+    """Render the chart with `values` as release `door-<hex>` in a namespace of that name, create its policy
+    ConfigMap and its quota policies and bindings alone, and wait until the API server enforces them (a 32Gi
+    vram-limit in `probe_namespace`, capped at 16Gi there, is refused or warned about). Returns the policy's name,
+    `<release>-quota-values`."""
     release = f"door-{uuid.uuid4().hex[:8]}"
     objects = render(need_helm(), release=release, namespace=release, values=values)
-    for kind in POLICY_KINDS:
-        utils.create_from_dict(api, one(objects, kind, "-quota-values"))  # type: ignore[no-untyped-call]
-    name = f"{release}-quota-values"
     core = client.CoreV1Api(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=release)))
+    utils.create_from_dict(api, one(objects, "ConfigMap", "-policy"))  # type: ignore[no-untyped-call]
+    for obj in objects:
+        if obj["kind"] in POLICY_KINDS and "-quota-values" in obj["metadata"]["name"]:
+            utils.create_from_dict(api, obj)  # type: ignore[no-untyped-call]
+    name = f"{release}-quota-values"
     probe = BY_NAME[LIMIT].pod("32Gi", f"probe-{release}", probe_namespace)
 
     def enforced() -> bool:
@@ -78,14 +85,22 @@ def _create_door(api: client.ApiClient, values: Mapping[str, Any], probe_namespa
 
 
 def _delete_door(api: client.ApiClient, name: str) -> None:
+    """Delete the quota policies and bindings of the door `name` (its namespace stays: no namespace controller)."""
     admission = client.AdmissionregistrationV1Api(api)
-    admission.delete_validating_admission_policy_binding(name)
-    admission.delete_validating_admission_policy(name)
+    for policy in (name, f"{name}-mirrors"):
+        with contextlib.suppress(client.ApiException):  # the mirrors' policy is not in every rendering
+            admission.delete_validating_admission_policy_binding(policy)
+            admission.delete_validating_admission_policy(policy)
 
 
-def _agent_policy(values: Mapping[str, Any]) -> Policy:
+def _agent_policy(data: Mapping[str, str]) -> Policy:
+    """The policy an agent that mounts a policy ConfigMap of `data` loads, as the chart points it at the volume."""
+    return policy_from_text(PolicyText.of_config_map(data), "the policy ConfigMap")
+
+
+def _chart_policy(values: Mapping[str, Any]) -> Policy:
     """The policy the agent would load from a rendering of the chart with `values`."""
-    return parse_policy(yaml.safe_load(one(render(need_helm(), values=values), "ConfigMap")["data"]["policy.yaml"]))
+    return _agent_policy(one(render(need_helm(), values=values), "ConfigMap", "-policy")["data"])
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +125,17 @@ def door(control_plane: ControlPlane) -> Iterator[Door]:
         core.create_namespaced_pod(capped, _body(BY_NAME[LIMIT].pod("32Gi", "old", capped)))
         name = _create_door(api, values, capped, warn=False)
         try:
-            yield Door(core, name, _agent_policy(values), namespaces)
+            yield Door(core, name, _chart_policy(values), namespaces)
         finally:
             _delete_door(api, name)
             core.delete_namespaced_pod("old", capped)
 
 
-def agent_says(door: Door, pod: dict[str, Any]) -> list[str] | None:
-    """The agent's VRAMQuotaInvalid texts for `pod`, less what applies instead, as it reads the pod the API server
-    stores; None when the API server refuses the pod itself."""
+def agent_says(door: Door, pod: dict[str, Any], policy: Policy | None = None) -> list[str] | None:
+    """The agent's VRAMQuotaInvalid texts for `pod` under `policy` (the door's unless given), less what applies
+    instead, as it reads the pod the API server stores ([] in a namespace it exempts); None when the API server
+    refuses the pod itself."""
+    policy = policy if policy is not None else door.policy
     namespace = pod["metadata"]["namespace"]
     exempt = json.loads(json.dumps(pod))
     exempt["metadata"]["namespace"] = EXEMPT
@@ -126,8 +143,10 @@ def agent_says(door: Door, pod: dict[str, Any]) -> list[str] | None:
         stored = door.core.create_namespaced_pod(EXEMPT, _body(exempt), dry_run="All")
     except client.ApiException:
         return None
+    if namespace in policy.exempt_namespaces:
+        return []
     info = dataclasses.replace(pod_info(stored), namespace=namespace)
-    errors = resolve_pod_quota(info, door.policy, {}).errors
+    errors = resolve_pod_quota(info, policy, {}).errors
     return [invalid_message(dataclasses.replace(e, applies="")) for e in errors]
 
 
@@ -239,7 +258,7 @@ def test_warn_admits_and_kubectl_prints_the_agents_words(deployed: ControlPlane)
     with deployed.api_client() as api:
         name = _create_door(api, values, AGENT_NAMESPACE, warn=True)
         try:
-            door = Door(client.CoreV1Api(api), name, _agent_policy(values), {})
+            door = Door(client.CoreV1Api(api), name, _chart_policy(values), {})
             for row in rows:
                 pod = row.field.pod(row.value, "row", AGENT_NAMESPACE)
                 (expected,) = agent_says(door, pod) or [""]
@@ -250,6 +269,131 @@ def test_warn_admits_and_kubectl_prints_the_agents_words(deployed: ControlPlane)
                 assert any(f"'{name}'" in w and expected in w for w in _warnings(headers)), _warnings(headers)
         finally:
             _delete_door(api, name)
+
+
+def _mirror_of(pod: dict[str, Any], node: client.V1Node, node_name: str) -> dict[str, Any]:
+    """`pod` as the kubelet of `node` makes the mirror of a static pod, bound to `node_name`: the mirror annotation
+    (the static pod's hash), and the Node as its controlling owner, as NodeRestriction demands of a node's pod."""
+    assert node.metadata is not None
+    mirror: dict[str, Any] = json.loads(json.dumps(pod))
+    mirror["metadata"]["annotations"][MIRROR] = uuid.uuid4().hex
+    mirror["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node.metadata.name, "uid": node.metadata.uid, "controller": True}
+    ]
+    mirror["spec"]["nodeName"] = node_name
+    return mirror
+
+
+def _tenant_core(control_plane: ControlPlane, api: client.ApiClient, namespace: str) -> client.ApiClient:
+    """An ApiClient of a tenant: ServiceAccount `tenant` of `namespace`, which RBAC lets create pods there."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    rule = client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["create"])
+    rbac.create_namespaced_role(namespace, client.V1Role(metadata=client.V1ObjectMeta(name="tenant"), rules=[rule]))
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="tenant"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="tenant"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=namespace)],
+    )
+    rbac.create_namespaced_role_binding(namespace, binding)
+    return kubeconfig_api_client(control_plane.service_account_kubeconfig(namespace, "tenant"))
+
+
+@pytest.mark.parametrize(
+    ("by", "mirror", "on_itself", "admitted"),
+    [
+        pytest.param("node", True, True, True, id="a-nodes-own-mirror-is-admitted-with-a-warning"),
+        pytest.param("tenant", True, True, False, id="a-tenants-mirror-is-refused"),
+        pytest.param("node", True, False, False, id="a-nodes-mirror-bound-to-another-node-is-refused"),
+        pytest.param("node", False, True, False, id="a-nodes-pod-that-is-no-mirror-is-refused"),
+    ],
+)
+def test_a_nodes_own_mirror_pod_is_only_warned_about(
+    control_plane: ControlPlane, door: Door, by: str, mirror: bool, on_itself: bool, admitted: bool
+) -> None:
+    """A node's mirror of its static pod, 32Gi in a namespace capped at 16Gi, is admitted with the agent's words as
+    a warning: refusing it would not stop the static pod, only hide it from the agent, which enforces its quota. A
+    pod with the mirror annotation from a tenant, one a node binds to another node, and a node's pod without the
+    annotation are judged as any pod (the test API server runs without NodeRestriction, so they reach the door)."""
+    namespace = door.namespaces["16Gi"]
+    node_name = f"static-{uuid.uuid4().hex[:8]}"
+    node = control_plane.add_node(node_name)
+    pod = BY_NAME[LIMIT].pod("32Gi", f"static-{node_name}", namespace)
+    if mirror:
+        pod = _mirror_of(pod, node, node_name if on_itself else "another-node")
+    else:
+        pod["spec"]["nodeName"] = node_name
+    (expected,) = agent_says(door, pod) or [""]
+    assert expected == f'metadata.annotations[{LIMIT}]: "32Gi" is over the namespace max_quota 16Gi'
+    with contextlib.ExitStack() as stack:
+        if by == "node":
+            api = stack.enter_context(kubeconfig_api_client(control_plane.node_kubeconfig(node_name)))
+        else:
+            with control_plane.api_client() as admin:
+                api = stack.enter_context(_tenant_core(control_plane, admin, namespace))
+        core = client.CoreV1Api(api)
+        try:
+            _, status, headers = core.create_namespaced_pod_with_http_info(namespace, _body(pod), dry_run="All")
+        except client.ApiException as e:
+            assert not admitted, f"refused: {e.body}"
+            message = str(json.loads(e.body or "{}")["message"])
+            assert e.status == 422 and f"ValidatingAdmissionPolicy '{door.name}'" in message and expected in message
+            return
+    assert admitted and status == 201
+    warnings = _warnings(headers)
+    assert any(f"'{door.name}-mirrors'" in w and expected in w for w in warnings), warnings
+
+
+@pytest.fixture
+def own_door(control_plane: ControlPlane) -> Iterator[Door]:
+    """A door of its own, for a test that edits its policy ConfigMap: one namespace, capped at 16Gi."""
+    namespace = f"edited-{uuid.uuid4().hex[:8]}"
+    values = {"policy": {"exempt_namespaces": [EXEMPT], "namespaces": {namespace: {"max_quota": "16Gi"}}}}
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        name = _create_door(api, values, namespace, warn=False)
+        release = name.removesuffix("-quota-values")
+        try:
+            yield Door(core, name, _chart_policy(values), {"16Gi": namespace}, (release, f"{release}-policy"))
+        finally:
+            _delete_door(api, name)
+
+
+@pytest.mark.parametrize(
+    ("edit", "value", "refused_after"),
+    [
+        pytest.param({"namespaces.{ns}.max_quota": "8Gi"}, "12Gi", True, id="a-lowered-cap-refuses"),
+        pytest.param({"namespaces.{ns}.max_quota": "32Gi"}, "24Gi", False, id="a-raised-cap-admits"),
+        pytest.param({"exempt_namespaces": "kube-system, {ns}"}, "24Gi", False, id="an-exempted-namespace-admits"),
+        pytest.param({"quota_sources": "resource:vramguard.io/vram"}, "24Gi", False, id="a-source-no-longer-read"),
+    ],
+)
+def test_an_edit_of_the_policy_config_map_is_in_force_at_the_door_within_a_minute(
+    own_door: Door, edit: dict[str, str], value: str, refused_after: bool
+) -> None:
+    """The door takes its caps, exempt namespaces and quota sources from the agents' policy ConfigMap: one edit of
+    it (README "Changing the policy") turns the door's verdict on a vram-limit annotation, within a minute, into
+    what an agent that reads the edited ConfigMap says."""
+    namespace = own_door.namespaces["16Gi"]
+    pod = BY_NAME[LIMIT].pod(value, "edited", namespace)
+    assert (refusal(own_door, pod) is not None) is not refused_after, "before the edit"
+    config_namespace, config_map = own_door.config_map
+    data = {key.format(ns=namespace): text.format(ns=namespace) for key, text in edit.items()}
+    edited = own_door.core.patch_namespaced_config_map(
+        config_map, config_namespace, {"data": data}, _content_type=MERGE
+    )
+    started = time.monotonic()
+    agent = agent_says(own_door, pod, _agent_policy(edited.data or {}))
+    assert agent is not None and bool(agent) is refused_after, f"the agent, reading the edited ConfigMap: {agent}"
+
+    def turned() -> bool:
+        refused = refusal(own_door, pod)
+        if refused is None:
+            return not refused_after
+        return refused_after and all(text in refused[1] for text in agent)
+
+    wait_until(turned, 60, what="the door's verdict after the edit", interval_s=0.1)
+    print(f"{edit}: in force at the door {time.monotonic() - started:.2f} s after the edit")
 
 
 def test_a_resource_quota_holds_the_namespace_total(control_plane: ControlPlane, namespace: str) -> None:

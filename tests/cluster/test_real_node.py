@@ -211,7 +211,7 @@ def test_kill_mode_on_real_containers(cluster: Cluster) -> None:
         "vramguard",
         "top",
         "--once",
-        "--policy=/etc/vramguard/policy.yaml",
+        "--policy=/etc/vramguard",
     )
     assert "notebook" in top.stdout and "3.0GiB" in top.stdout, top.stdout + top.stderr
 

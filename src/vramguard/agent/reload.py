@@ -1,7 +1,7 @@
-"""The policy file, watched: an edit, or the kubelet's swap of a ConfigMap volume (`..data` renamed onto a new
-`..<timestamp>` directory), is read, checked and put through the flags' overrides on a thread of its own, and
-handed to the scan loop ready; the loop swaps it in at the start of its next scan (`Agent.scan`) and never waits
-on the file.
+"""The policy file (or a policy ConfigMap's directory, every key of it), watched: an edit, or the kubelet's swap of
+a ConfigMap volume (`..data` renamed onto a new `..<timestamp>` directory), is read, checked and put through the
+flags' overrides on a thread of its own, and handed to the scan loop ready; the loop swaps it in at the start of its
+next scan (`Agent.scan`) and never waits on the file.
 
 Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`base.policyfile`: a regular
 file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash is not
@@ -44,7 +44,7 @@ from vramguard.base.logs import FailureRun
 from vramguard.base.policyfile import FileRefused, read_policy_file
 from vramguard.core.limit_plan import uses_limiter
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_bytes
+from vramguard.core.policy import PolicyError, policy_from_text
 from vramguard.core.quota import reads_claims
 
 # How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
@@ -173,7 +173,7 @@ class PolicyReloader:
         self._retry.reset()
         if self._unreadable.ok():
             self.log.info("policy_readable", path=self.path)
-        digest = digest_of(read.text)
+        digest = digest_of(read.text.content)
         # Another file (a rename over the path, a ConfigMap's `..data` swap) was whole before it appeared; the first
         # look knows no file before it, and takes a change for one in place.
         swapped = self._file is not None and read.file != self._file
@@ -187,7 +187,7 @@ class PolicyReloader:
         self._changed = None
         self._seen = digest
         try:
-            policy = self.overrides(policy_from_bytes(read.text, self.path))
+            policy = self.overrides(policy_from_text(read.text, self.path))
         except PolicyError as e:
             self._refuse(digest, [str(error) for error in e.errors])
             return self.interval_s

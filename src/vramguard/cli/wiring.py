@@ -203,7 +203,7 @@ def policy_file(path: Path | None, overrides: Overrides) -> tuple[Policy, str | 
         policy, text = read_policy(path)
     except PolicyError as e:
         raise WiringError(str(e)) from None
-    return overrides.apply(policy), digest_of(text)
+    return overrides.apply(policy), digest_of(text.content)
 
 
 def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> PolicyReloader | None:

@@ -11,7 +11,12 @@ Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.core.quanti
 Errors are collected, not raised one at a time: `PolicyError.errors` lists every problem, each naming the field
 path and the value, e.g. `namespaces.team-a.max_quota: "16GB" is not a valid quantity (...)`.
 
-The file is read by `vramguard.base.policyfile` (a regular file of at most `MAX_POLICY_BYTES`), and its YAML under
+A policy is a file, or a policy ConfigMap mounted as a directory (the chart's): the document in its key
+`policy.yaml`, and each field that the quota admission policy reads too (`DOOR_KEYS`) in a key of its own, named by
+the field's path. CEL cannot read YAML, so the door and the agents read those fields from the same keys, and one
+edit changes both; in a ConfigMap such a field written in `policy.yaml` is an error.
+
+It is read by `vramguard.base.policyfile` (regular files of at most `MAX_POLICY_BYTES` in all), and its YAML under
 `vramguard.core.documents`' rules (bounded; no anchors, aliases, merge keys or tags; no duplicate keys, which plain
 `yaml.safe_load` resolves silently in favour of the last one), with YAML 1.1's typing of plain scalars.
 """
@@ -80,6 +85,13 @@ DEFAULT_FIELDS: Final = ("kind", "bytes")
 
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes requires
 
+# A policy ConfigMap's key for the document, and the keys of the fields the admission policy reads as well
+# (deploy/helm/vramguard/templates/quotaadmission.yaml reads the same names and splits lists as `LIST_ITEM` does).
+DOCUMENT_KEY: Final = "policy.yaml"
+DOOR_KEYS: Final = ("exempt_namespaces", "quota_sources", "namespaces.<namespace>.max_quota")
+_DOOR_KEY = re.compile(r"exempt_namespaces|quota_sources|namespaces\.(?P<namespace>[^.]+)\.max_quota")
+LIST_ITEM: Final = re.compile(r"[^ \t\r\n,]+")  # a list in a key: items apart by spaces, tabs, line breaks or commas
+
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
@@ -123,16 +135,92 @@ def parse_policy(data: object) -> Policy:
 MAX_POLICY_BYTES: Final = MiB
 
 
-def policy_from_bytes(text: bytes, source: str) -> Policy:
-    """A policy file's bytes (`base.policyfile.read_policy_file`) → a validated Policy; PolicyError names `source`."""
+@dataclass(frozen=True, slots=True)
+class PolicyText:
+    """A policy as read, not yet parsed (`base.policyfile.read_policy_file`): a file's bytes (`keys` None), or a
+    policy ConfigMap's: `document` its `DOCUMENT_KEY` (empty where it has none) and `keys` every other key."""
+
+    document: bytes
+    keys: Mapping[str, bytes] | None = None
+
+    @property
+    def content(self) -> bytes:
+        """What a reload compares and /status hashes: the file, or each key of the ConfigMap by name (name, length,
+        bytes), so that no two ConfigMaps read alike."""
+        if self.keys is None:
+            return self.document
+        every = sorted({DOCUMENT_KEY: self.document, **self.keys}.items())
+        return b"".join(f"{name}\0{len(value)}\0".encode() + value for name, value in every)
+
+    @classmethod
+    def of_config_map(cls, data: Mapping[str, str]) -> PolicyText:
+        """A policy ConfigMap's `data`, as an agent that mounts it reads it."""
+        keys = {name: value.encode() for name, value in data.items()}
+        return cls(keys.pop(DOCUMENT_KEY, b""), keys)
+
+
+def policy_from_text(text: PolicyText, source: str) -> Policy:
+    """A policy as read (`base.policyfile.read_policy_file`) → a validated Policy; PolicyError names `source`."""
+    where = f"{DOCUMENT_KEY}: " if text.keys is not None else ""
     try:
-        data = load_yaml(text, scalars=Scalars.YAML_1_1, max_bytes=MAX_POLICY_BYTES)
+        data = load_yaml(text.document, scalars=Scalars.YAML_1_1, max_bytes=MAX_POLICY_BYTES)
     except DocumentError as e:
-        raise PolicyError([FieldError("", None, f"is not valid YAML: {e}", show=False)], source) from e
+        raise PolicyError([FieldError("", None, f"{where}is not valid YAML: {e}", show=False)], source) from e
+    data = {} if data is None else data
+    errors: list[FieldError] = []
+    if text.keys is not None:
+        data, errors = _with_door_keys(data, text.keys)
     try:
-        return parse_policy({} if data is None else data)
+        policy = parse_policy(data)
     except PolicyError as e:
-        raise PolicyError(e.errors, source) from None
+        errors += e.errors
+    if errors:
+        raise PolicyError(errors, source)
+    return policy
+
+
+def _with_door_keys(data: object, keys: Mapping[str, bytes]) -> tuple[object, list[FieldError]]:
+    """The document with a ConfigMap's door keys (`DOOR_KEYS`) put in as the fields they name, and what is wrong:
+    a door field written in the document (the admission policy would not see it), or a key that is no door key."""
+    errors: list[FieldError] = []
+    if not isinstance(data, dict):
+        return data, errors  # parse_policy says what the document should be
+    merged = dict(data)
+    written = {name: data[name] for name in ("exempt_namespaces", "quota_sources") if name in data}
+    entries = data.get("namespaces")
+    if isinstance(entries, dict):
+        written |= {
+            f"namespaces.{name}.max_quota": entry["max_quota"]
+            for name, entry in entries.items()
+            if isinstance(entry, dict) and "max_quota" in entry
+        }
+    for path, value in written.items():
+        message = f"belongs in the ConfigMap's key {path}, which the admission policy reads too, not in {DOCUMENT_KEY}"
+        errors.append(FieldError(f"{DOCUMENT_KEY}: {path}", value, message))
+    caps: dict[str, str] = {}
+    for name, raw in sorted(keys.items()):
+        match = _DOOR_KEY.fullmatch(name)
+        if match is None:
+            known = ", ".join((DOCUMENT_KEY, *DOOR_KEYS))
+            errors.append(FieldError(name, None, f"is not a key of a policy ConfigMap ({known})", show=False))
+            continue
+        try:
+            value = raw.decode()
+        except UnicodeDecodeError:
+            errors.append(FieldError(name, None, "is not UTF-8 text", show=False))
+            continue
+        if match["namespace"] is None:
+            merged[name] = LIST_ITEM.findall(value)
+        else:
+            caps[match["namespace"]] = value
+    if caps and isinstance(entries, dict | None):
+        namespaces = dict(entries or {})
+        for name, cap in caps.items():
+            entry = namespaces.get(name)
+            if entry is None or isinstance(entry, dict):
+                namespaces[name] = {**(entry or {}), "max_quota": cap}
+        merged["namespaces"] = namespaces
+    return merged, errors
 
 
 @dataclass(frozen=True, slots=True)

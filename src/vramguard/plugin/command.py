@@ -19,9 +19,8 @@ from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.policyfile import load_policy
-from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, parse_policy
+from vramguard.core.policy import PolicyError, policy_from_text
 from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
 from vramguard.core.text import cut, format_bytes, printable
 from vramguard.kube.client import describe
@@ -106,10 +105,9 @@ def _agents_policy(reader: KubeReader, release: Release, timeout: tuple[float, f
     if text is None:
         return Policy(), f"the default policy: {where}"
     try:
-        data = load_yaml(text, scalars=Scalars.YAML_1_1)
-        return parse_policy({} if data is None else data), None
-    except (DocumentError, PolicyError) as e:
-        return Policy(), f"the default policy: {where} is not a valid policy ({str(e).splitlines()[0]})"
+        return policy_from_text(text, where), None
+    except PolicyError as e:
+        return Policy(), f"the default policy: {where} is not a valid policy ({e.errors[0]})"
 
 
 def _gpu_totals(document: Mapping[str, Any]) -> dict[str, int]:

@@ -24,13 +24,13 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 from vramguard import __version__
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.documents import DocumentError, load_json
+from vramguard.core.policy import PolicyText
 from vramguard.core.text import cut
 from vramguard.kube.client import describe, status_message
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched
 
 AGENT_SELECTOR = "app.kubernetes.io/name=vramguard"
 PORT_NAME = "metrics"  # the chart's name for the agent's metrics port
-POLICY_KEY = "policy.yaml"
 MAX_LIST_BYTES = 64 * 1024 * 1024  # a page of LIST_PAGE objects; 500 pods are about 4 MB
 DEFAULT_PORT = 9400
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the agent keeps its document well under this
@@ -297,8 +297,11 @@ class KubeReader:
         config_map = client.CoreV1Api(self.api).read_namespaced_config_map(name, namespace, _request_timeout=timeout)
         return config_map.data or {}
 
-    def policy_text(self, release: Release, timeout: tuple[float, float] = LIST_TIMEOUT) -> tuple[bytes | None, str]:
-        """The policy file the release's agents run with (its ConfigMap, in its namespace), or None and why not."""
+    def policy_text(
+        self, release: Release, timeout: tuple[float, float] = LIST_TIMEOUT
+    ) -> tuple[PolicyText | None, str]:
+        """The policy the release's agents run with (its ConfigMap, in its namespace, every key of it as they
+        mount it), or None and why not."""
         where = f"{release.namespace}/{release.policy_config_map}"
         try:
             data = self.config_map_data(release.namespace, release.policy_config_map, timeout)
@@ -306,10 +309,7 @@ class KubeReader:
             return None, f"cannot read {where}: {_api_error(e, 'vramguard-recommender')}"
         except Exception as e:  # the API server unreachable: the caller says so, with the default policy
             return None, f"cannot read {where}: {describe(e)}"
-        text = data.get(POLICY_KEY)
-        if text is None:
-            return None, f"{where} has no {POLICY_KEY}"
-        return text.encode(), where
+        return PolicyText.of_config_map(data), where
 
 
 def connect_reader(kubeconfig: str | None, context: str | None) -> tuple[KubeReader, Any, str]:

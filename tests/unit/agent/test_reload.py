@@ -13,10 +13,12 @@ from structlog.testing import capture_logs
 from policy_fixtures import NOT_POLICY_FILES, Make, swap_in, unblocked, write_atomically
 from unit.agent.test_loop import FakeClaimSource, Node
 from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
+from vramguard.base.policyfile import read_policy_file
 from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
 from vramguard.core.model import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
 from vramguard.core.policy import Overrides
 from vramguard.http.status import PolicyFacts
+from vramguard_testbed import configmap
 from vramguard_testbed.fakes import FakeClock, pod
 
 GiB = 1024**3
@@ -90,6 +92,26 @@ def test_a_configmap_swap_is_read_and_handed_over_once(tmp_path: Path) -> None:
     r.check()
     assert r.taken() is None, "read again, unchanged: nothing new"
     assert r.counted == [] and r.reloader.invalid is None
+
+
+def test_a_config_map_directory_reloads_when_any_of_its_keys_changes(tmp_path: Path) -> None:
+    """Pointed at a policy ConfigMap's directory (as the chart points the agent), a changed cap in its own key is
+    a change like one in the document, and a key the policy ConfigMap cannot have is refused."""
+    data = {"policy.yaml": "mode: kill\n", "namespaces.ml.max_quota": "8Gi"}
+    volume = configmap.ConfigMapVolume(tmp_path, data)
+    counted: list[str] = []
+    started = digest_of(read_policy_file(tmp_path).text.content)
+    reloader = PolicyReloader(tmp_path, Overrides().apply, started, clock=FakeClock(), count=counted.append)
+    reloader.check()
+    assert reloader.take() is None, "the content the agent started with changes nothing"
+    volume.update({**data, "namespaces.ml.max_quota": "4Gi"})
+    reloader.check()
+    loaded = reloader.take()
+    assert loaded is not None and loaded.policy.cap_for("ml") == 4 * GiB
+    volume.update({**data, "namespace.ml.max_quota": "2Gi"})
+    reloader.check()
+    assert reloader.take() is None and counted == ["invalid"]
+    assert "namespace.ml.max_quota: is not a key of a policy ConfigMap" in (reloader.invalid or "")
 
 
 def test_an_edit_in_place_of_the_same_size_is_seen(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from vramguard.base.policyfile import (
     read_policy_file,
 )
 from vramguard.core.model import Mode, Policy
-from vramguard.core.policy import MAX_POLICY_BYTES, PolicyError
+from vramguard.core.policy import MAX_POLICY_BYTES, PolicyError, PolicyText
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 
@@ -26,7 +26,7 @@ def test_read_policy_gives_the_bytes_it_read(tmp_path: Path) -> None:
     """The policy and the bytes it came from (what /status hashes and a reload compares with)."""
     path = tmp_path / "policy.yaml"
     path.write_bytes(b"mode: evict\n")
-    assert read_policy(path) == (Policy(mode=Mode.EVICT), b"mode: evict\n")
+    assert read_policy(path) == (Policy(mode=Mode.EVICT), PolicyText(b"mode: evict\n"))
 
 
 def test_an_edit_in_place_keeps_the_file_and_a_rename_changes_it(tmp_path: Path) -> None:
@@ -39,7 +39,8 @@ def test_an_edit_in_place_keeps_the_file_and_a_rename_changes_it(tmp_path: Path)
     edited = read_policy_file(path)
     write_atomically(path, "mode: evict\n")
     renamed = read_policy_file(path)
-    assert (first.text, edited.text, renamed.text) == (b"mode: warn\n", b"mode: kill\n", b"mode: evict\n")
+    texts = (first.text.document, edited.text.document, renamed.text.document)
+    assert texts == (b"mode: warn\n", b"mode: kill\n", b"mode: evict\n")
     assert edited.file == first.file and renamed.file != first.file
     assert renamed.file == (os.stat(path).st_dev, os.stat(path).st_ino)
 

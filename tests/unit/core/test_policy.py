@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vramguard.base.policyfile import load_policy
+from vramguard.base.policyfile import load_policy, read_policy
 from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
     DefaultKind,
@@ -24,8 +24,11 @@ from vramguard.core.policy import (
     TOP_LEVEL_FIELDS,
     Overrides,
     PolicyError,
+    PolicyText,
     parse_policy,
+    policy_from_text,
 )
+from vramguard_testbed.configmap import ConfigMapVolume
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 
@@ -556,3 +559,153 @@ def test_overrides_set_the_flags_over_the_file_and_exempt_the_agents_namespace()
     got = Overrides(Mode.KILL, DriverLimits.OFF, 0.0, "vramguard-system").apply(file)
     assert (got.mode, got.driver_limits, got.watch_interval_s) == (Mode.KILL, DriverLimits.OFF, 0.0)
     assert got.exempt_namespaces == {"kube-system", "vramguard-system"}
+
+
+def test_read_policy_gives_the_bytes_it_read(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"mode: evict\n")
+    assert read_policy(path) == (Policy(mode=Mode.EVICT), PolicyText(b"mode: evict\n"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Policy ConfigMaps: the document, and the fields the admission policy reads too in keys of their own
+
+
+def config_map_errors(data: dict[str, str]) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        policy_from_text(PolicyText.of_config_map(data), "cm")
+    return [str(e) for e in info.value.errors]
+
+
+def test_a_config_map_directory_is_the_document_and_the_door_keys(tmp_path: Path) -> None:
+    """Mounted as the kubelet mounts it, a ConfigMap is read whole: the keys that the admission policy reads too
+    are the fields they name (a list apart by spaces, commas or line breaks), beside the document's own."""
+    ConfigMapVolume(
+        tmp_path,
+        {
+            "policy.yaml": "mode: kill\nnamespaces:\n  team-a: {mode: warn}\n",
+            "exempt_namespaces": "kube-system, gpu-infra\nops",
+            "quota_sources": "annotation:gpu-memory resource:nvidia.com/gpumem",
+            "namespaces.team-a.max_quota": "16Gi",
+            "namespaces.team-b.max_quota": "17179869184",
+        },
+    )
+    policy = load_policy(tmp_path)
+    assert policy.mode is Mode.KILL
+    assert policy.exempt_namespaces == {"kube-system", "gpu-infra", "ops"}
+    assert policy.quota_sources == ("annotation:gpu-memory", "resource:nvidia.com/gpumem")
+    assert policy.namespaces["team-a"] == NamespacePolicy(mode=Mode.WARN, max_quota_bytes=16 * GiB)
+    assert policy.cap_for("team-b") == 16 * GiB
+
+
+def test_a_config_map_without_door_keys_has_the_defaults_and_without_a_document_the_keys_alone() -> None:
+    """A missing key is the field's default, as the admission policy takes it; so is a missing document."""
+    assert policy_from_text(PolicyText.of_config_map({"policy.yaml": "mode: kill\n"}), "cm") == Policy(mode=Mode.KILL)
+    only_a_cap = policy_from_text(PolicyText.of_config_map({"namespaces.ml.max_quota": "8Gi"}), "cm")
+    assert only_a_cap == Policy(namespaces={"ml": NamespacePolicy(max_quota_bytes=8 * GiB)})
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        pytest.param(
+            "namespaces:\n  team-a: {mode: kill, max_quota: 8Gi}\n",
+            'policy.yaml: namespaces.team-a.max_quota: "8Gi" belongs in the ConfigMap\'s key'
+            " namespaces.team-a.max_quota, which the admission policy reads too, not in policy.yaml",
+            id="a-cap-in-the-document",
+        ),
+        pytest.param(
+            "exempt_namespaces: [kube-system, ml]\n",
+            'policy.yaml: exempt_namespaces: ["kube-system", "ml"] belongs in the ConfigMap\'s key exempt_namespaces',
+            id="exemptions-in-the-document",
+        ),
+        pytest.param(
+            "quota_sources: []\n",
+            "policy.yaml: quota_sources: [] belongs in the ConfigMap's key quota_sources",
+            id="sources-in-the-document",
+        ),
+    ],
+)
+def test_a_door_field_in_a_config_maps_document_is_refused(document: str, expected: str) -> None:
+    """In a ConfigMap, a field the admission policy reads is read from its own key only: written in the document,
+    the door would not see it, so the agent refuses the policy (the last good one stays in force) and says where
+    it belongs."""
+    (error,) = config_map_errors({"policy.yaml": document, "namespaces.team-a.max_quota": "16Gi"})
+    assert error.startswith(expected), error
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        pytest.param(
+            "namespace.ml.max_quota",
+            "8Gi",
+            "namespace.ml.max_quota: is not a key of a policy ConfigMap (policy.yaml, exempt_namespaces,"
+            " quota_sources, namespaces.<namespace>.max_quota)",
+            id="a-misspelt-key",
+        ),
+        pytest.param("mode", "kill", "mode: is not a key of a policy ConfigMap", id="a-field-of-the-document"),
+        pytest.param(
+            "namespaces.ml.max_quota", "8GB", 'namespaces.ml.max_quota: "8GB" is not a valid quantity', id="a-bad-cap"
+        ),
+        pytest.param(
+            "namespaces.ml.max_quota",
+            " 8Gi",
+            'namespaces.ml.max_quota: " 8Gi" is not a valid quantity',
+            id="a-cap-spaced",
+        ),
+        pytest.param(
+            "namespaces.ML.max_quota", "8Gi", 'namespaces: "ML" is not a valid namespace name', id="a-bad-namespace"
+        ),
+        pytest.param(
+            "exempt_namespaces",
+            "kube-system;ml",
+            'exempt_namespaces[0]: "kube-system;ml" is not a valid',
+            id="a-bad-list",
+        ),
+        pytest.param(
+            "quota_sources",
+            "resource:example.com/vram",
+            'quota_sources[0]: "resource:example.com/vram" is not a',
+            id="a-bad-source",
+        ),
+    ],
+)
+def test_a_bad_key_of_a_config_map_is_refused_by_its_name(key: str, value: str, expected: str) -> None:
+    """A key that names no field the admission policy reads, or holds what the field cannot be, is an error that
+    names the key as the ConfigMap spells it."""
+    (error,) = config_map_errors({"policy.yaml": "mode: kill\n", key: value})
+    assert error.startswith(expected), error
+
+
+def test_a_config_maps_content_is_every_key() -> None:
+    """A reload compares every key: a changed cap is a change, and no two ConfigMaps read alike."""
+    base = {"policy.yaml": "mode: kill\n", "namespaces.ml.max_quota": "8Gi"}
+    content = PolicyText.of_config_map(base).content
+    assert PolicyText.of_config_map({**base, "namespaces.ml.max_quota": "9Gi"}).content != content
+    assert PolicyText.of_config_map({**base, "exempt_namespaces": ""}).content != content
+    assert PolicyText.of_config_map({"policy.yaml": "mode: kill\nnamespaces.ml.max_quota8Gi"}).content != content
+    assert PolicyText(b"mode: kill\n").content == b"mode: kill\n", "a file's content is its bytes"
+
+
+def test_a_config_map_directory_is_read_from_one_version(tmp_path: Path) -> None:
+    """Every key comes through the kubelet's `..data` link: a key added or removed by an update is seen with the
+    version that has it."""
+    volume = ConfigMapVolume(tmp_path, {"policy.yaml": "mode: kill\n", "namespaces.ml.max_quota": "8Gi"})
+    assert load_policy(tmp_path).cap_for("ml") == 8 * GiB
+    volume.update({"policy.yaml": "mode: kill\n"})
+    assert load_policy(tmp_path).cap_for("ml") is None
+    (tmp_path / "namespaces.ml.max_quota").symlink_to("..data/policy.yaml")  # a stale link outside `..data`
+    assert load_policy(tmp_path).cap_for("ml") is None
+
+
+def test_the_readmes_config_map_is_a_policy() -> None:
+    """README "Changing the policy" shows a policy ConfigMap's data: the agent reads it as it says."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme[readme.index("The chart's ConfigMap is the policy in two parts") :]
+    start = section.index("```yaml\n") + len("```yaml\n")
+    block = section[start : section.index("\n```", start)]
+    policy = policy_from_text(PolicyText.of_config_map(yaml.safe_load(block)["data"]), "README")
+    assert policy.mode is Mode.KILL and policy.exempt_namespaces == {"kube-system", "gpu-infra"}
+    assert policy.namespaces["team-a"] == NamespacePolicy(mode=Mode.WARN, max_quota_bytes=16 * GiB)
+    assert policy.quota_sources == ("resource:vramguard.io/vram", "annotation:vramguard.io/vram-limit")

@@ -327,9 +327,9 @@ def test_without_prometheus_only_the_releases_agents_and_policy_are_read() -> No
     assert isinstance(good, Answer)
     core = FakeCore(pods, {"vramguard-node-a": good.document, "vramguard-a-node": tenant_doc,
                            "vramguard-node-x": tenant_doc})  # fmt: skip
-    release_policy = "namespaces:\n  ml:\n    max_quota: 2Gi\n"
-    reader = FakeReader(WEB, {POLICY: {"policy.yaml": release_policy}, ("tenant", "vramguard-policy"): {
-        "policy.yaml": "quota_sources: ['annotation:vramguard.io/vram-limit']\n"}})  # fmt: skip
+    release_policy = {"policy.yaml": "mode: warn\n", "namespaces.ml.max_quota": "2Gi"}  # as the chart writes it
+    reader = FakeReader(WEB, {POLICY: release_policy, ("tenant", "vramguard-policy"): {
+        "policy.yaml": "", "quota_sources": "annotation:vramguard.io/vram-limit"}})  # fmt: skip
     doc = json.loads(invoke_recommend("-o", "json", core=core, reader=reader).stdout)
     assert [(i["name"], i["peak_bytes"], i["quota_bytes"]) for i in doc["items"]] == [("web", 9 * GiB, 2 * GiB)]
     assert [name for name, _, _ in core.proxied] == ["vramguard-node-a:9400"]
