@@ -3,14 +3,16 @@ a ConfigMap volume (`..data` renamed onto a new `..<timestamp>` directory), is r
 flags' overrides on a thread of its own, and handed to the scan loop ready; the loop swaps it in at the start of its
 next scan (`Agent.scan`) and never waits on the file.
 
-Detection is a poll: every `CHECK_INTERVAL_S` the file is read through its links (`base.policyfile`: a regular
-file only, opened without blocking, 1 MiB at most as a ConfigMap) and hashed, and parsed only when the hash is not
+Detection is a poll: every `CHECK_INTERVAL_S` the file (or each key of the ConfigMap, below its `..data`) is read
+through its links (`base.policyfile`: regular files only, opened without blocking, 1 MiB at most as a ConfigMap)
+and hashed, and parsed only when the hash is not
 the one seen last. Reading whole each time, rather than trusting a stat, sees an edit in place that keeps
 the size within one mtime tick, and the kubelet's swap alike (`..data` renamed onto a new directory: an open
 through the links gets one whole version or the other).
 
 A policy is put in force only when it is whole, as far as a reader can tell. A file other than the last one read
-(its device and inode, from the open file: a rename over the path, the kubelet's swap) was whole before it
+(its device and inode, from the open file, or of a ConfigMap's version directory: a rename over the path, the
+kubelet's swap) was whole before it
 appeared, and is parsed at once. A file changed in place may be a writer halfway, and a half that parses is a
 policy (a list cut before its last entry): its content is parsed only once it has stayed the same for an interval
 (on the injected clock), so an edit in place costs one interval more. A writer that stalls halfway for longer looks
@@ -18,7 +20,8 @@ finished: no reader can tell, which is why the docs say to write a file whole an
 
 An invalid policy is refused: the last good one stays in force, the log says why once per distinct content, and
 `invalid` (the metric, /status) says so until the file is good again. What is never a policy file (a FIFO, which
-would block the read; a device, which may never end; a socket, a directory, a file over 1 MiB) is refused at once,
+would block the read; a device, which may never end; a socket, a directory that holds no policy.yaml, more than
+1 MiB) is refused at once,
 in the same way, once per run of one cause. A file that cannot be read (gone mid-swap) is tried again soon, and
 reported only when that keeps failing.
 
