@@ -15,16 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from helm_fixtures import one, render
 from real_parts import need
-from vramguard.agent.metrics import Metrics
-from vramguard.core.decide import Decision, owners
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import GiB, PodQuota, Quota
-from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
+from vramguard_testbed.reference import filled_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana-dashboard.json"
 PROMETHEUS_VERSION = "3.16.0"  # as scripts/prometheus.sh builds it
@@ -253,22 +248,9 @@ def name_mistakes(
 
 def agent_series() -> dict[str, frozenset[str]]:
     """Every series name the agent's registry exposes, with its label names: read back from the registry's own
-    exposition after a scan that fills every family (a container on a DRA claim's share, a driver limit, a claim
-    source) and with one child of each labelled counter and gauge."""
-    metrics = Metrics()
-    p = pod("trainer", "ml")
-    device = gpu(0)
-    snapshot = SnapshotBuilder().use(p, "main", device, GiB).build()
-    share = Quota(limit_bytes=2 * GiB, source="claim", share="uid/0", claim="gpu")
-    quotas = {p.uid: PodQuota(shares={"main": {device.uuid: share}})}
-    limit = LimitTarget(p, "main", "c1", 0, device.uuid, 2 * GiB, "claim")
-    decision = Decision(actions=(), violations=(), rows=owners(snapshot, quotas))
-    metrics.observe_scan(snapshot, decision, [limit], claim_source_up=True)
-    for wrapper in vars(metrics).values():
-        # client_python keeps a wrapper's label names only on this attribute; a child makes the family's series.
-        labelnames = getattr(wrapper, "_labelnames", ())
-        if isinstance(wrapper, MetricWrapperBase) and labelnames:
-            wrapper.labels(*("x" for _ in labelnames))
+    exposition with every family filled (`vramguard_testbed.reference.filled_metrics`, which the metrics reference
+    is generated from too)."""
+    metrics = filled_metrics()
     exposed: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
         for sample in family.samples:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helm_fixtures import need_helm
+from helm_fixtures import CHART, need_helm
 from monitoring_fixtures import (
     PROVIDED,
     agent_series,
@@ -86,6 +86,13 @@ class Case:
 
 def fired(summary: str, /, **labels: str) -> dict[str, Any]:
     return {"exp_labels": labels, "exp_annotations": {"summary": summary}}
+
+
+def runbook(alert: str) -> str:
+    """The runbook_url the chart gives an alert: its section of docs/operations.md (tests/unit/test_runbooks.py
+    checks that the heading exists)."""
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
+    return f"{home}/blob/main/docs/operations.md#{alert.lower()}"
 
 
 DOWN = f"vramguard on {NODE} cannot be scraped: GPU memory quotas are not enforced there"
@@ -481,7 +488,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
     [pytest.param(alert, case, id=f"{alert}-{name}") for alert, cases in CASES.items() for name, case in cases.items()],
 )
 def test_alert(rules: Path, tmp_path: Path, alert: str, case: Case) -> None:
-    """`promtool test rules`: at `case.at` exactly `case.fires` are firing, with their labels and summary."""
+    """`promtool test rules`: at `case.at` exactly `case.fires` are firing, with their labels, summary and runbook."""
+    fires = [{**f, "exp_annotations": {**f["exp_annotations"], "runbook_url": runbook(alert)}} for f in case.fires]
     test = {
         "rule_files": [str(rules)],
         "evaluation_interval": "1m",
@@ -489,7 +497,7 @@ def test_alert(rules: Path, tmp_path: Path, alert: str, case: Case) -> None:
             {
                 "interval": "1m",
                 "input_series": [{"series": s, "values": v} for s, v in case.series.items()],
-                "alert_rule_test": [{"eval_time": case.at, "alertname": alert, "exp_alerts": list(case.fires)}],
+                "alert_rule_test": [{"eval_time": case.at, "alertname": alert, "exp_alerts": fires}],
             }
         ],
     }

@@ -1,7 +1,8 @@
 """The policy file: YAML → a validated `model.Policy`.
 
 Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error, so a typo
-never passes silently. The schema, commented: `config/policy.example.yaml`.
+never passes silently. The keys are one table, `POLICY_KEYS` (and `NAMESPACE_KEYS`): the parser reads it, and
+docs/reference/policy.md is generated from it. The schema, commented: `config/policy.example.yaml`.
 
 Values: durations are `500ms`, `30s`, `5m`, `1h`, `1m30s` or a number of seconds; byte quantities are
 Kubernetes quantities (`16Gi`, `17179869184`, `12e9`; see `vramguard.core.quantity`). A quota (`default.bytes`,
@@ -33,6 +34,7 @@ from typing import Any, Final, TypeVar
 
 from vramguard.core.documents import DocumentError, Scalars, load_yaml
 from vramguard.core.model import (
+    DEFAULT_QUOTA_SOURCES,
     DefaultKind,
     DefaultQuota,
     DriverLimits,
@@ -57,30 +59,6 @@ from vramguard.core.text import show_value
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=enum.Enum)
 
-TOP_LEVEL_FIELDS: Final = (
-    "mode",
-    "hard_grace",
-    "soft_grace",
-    "pressure_threshold",
-    "pressure_transition_period",
-    "max_actions_per_scan",
-    "cooldown",
-    "repeat_window",
-    "on_repeat",
-    "on_eviction_refused",
-    "eviction_timeout",
-    "driver_limits",
-    "watch_interval",
-    "watch_rise",
-    "triggered_scans_per_second",
-    "exempt_namespaces",
-    "orphans",
-    "orphan_grace",
-    "quota_sources",
-    "default",
-    "namespaces",
-)
-NAMESPACE_FIELDS: Final = ("mode", "max_quota", "default", "on_repeat")
 DEFAULT_FIELDS: Final = ("kind", "bytes")
 
 _NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes requires
@@ -299,53 +277,7 @@ class _Parser:
             return None
         changes: dict[str, Any] = {}
         for key, value in fields.items():
-            if key == "mode":
-                changes["mode"] = self.convert(key, value, _choice(Mode))
-            elif key == "hard_grace":
-                changes["hard_grace_s"] = self.convert(key, value, parse_duration)
-            elif key == "soft_grace":
-                changes["soft_grace_s"] = self.convert(key, value, parse_duration)
-            elif key == "pressure_threshold":
-                pressure = self.pressure(key, value)
-                if pressure is not None:
-                    changes["pressure_free_bytes"], changes["pressure_free_ratio"] = pressure
-            elif key == "pressure_transition_period":
-                changes["pressure_transition_s"] = self.convert(key, value, parse_duration)
-            elif key == "max_actions_per_scan":
-                changes["max_actions_per_scan"] = self.convert(key, value, _positive_int)
-            elif key == "cooldown":
-                changes["cooldown_s"] = self.convert(key, value, parse_duration)
-            elif key == "repeat_window":
-                changes["repeat_window_s"] = self.convert(key, value, _repeat_window)
-            elif key == "on_repeat":
-                changes["on_repeat"] = self.convert(key, value, _choice(OnRepeat))
-            elif key == "on_eviction_refused":
-                changes["on_eviction_refused"] = self.convert(key, value, _choice(EvictionRefused))
-            elif key == "eviction_timeout":
-                changes["eviction_timeout_s"] = self.convert(key, value, _positive_duration)
-            elif key == "driver_limits":
-                changes["driver_limits"] = self.convert(key, value, _choice(DriverLimits))
-            elif key == "watch_interval":
-                changes["watch_interval_s"] = self.convert(key, value, parse_watch_interval)
-            elif key == "watch_rise":
-                rise = self.pressure(key, value)
-                if rise is not None:
-                    changes["watch_rise_bytes"], changes["watch_rise_ratio"] = rise
-            elif key == "triggered_scans_per_second":
-                changes["triggered_scans_per_second"] = self.convert(key, value, _scans_per_second)
-            elif key == "exempt_namespaces":
-                names = self.namespace_names(key, value)
-                changes["exempt_namespaces"] = frozenset(names) if names is not None else None
-            elif key == "orphans":
-                changes["orphans"] = self.convert(key, value, _choice(Orphans))
-            elif key == "orphan_grace":
-                changes["orphan_grace_s"] = self.convert(key, value, _orphan_grace)
-            elif key == "quota_sources":
-                changes["quota_sources"] = self.quota_sources(key, value)
-            elif key == "default":
-                changes["default"] = self.default(key, value)
-            elif key == "namespaces":
-                changes["namespaces"] = self.namespaces(key, value)
+            changes.update(_TOP_LEVEL[key].read(self, key, value))
         if self.errors:
             return None
         return replace(Policy(), **changes)
@@ -431,15 +363,7 @@ class _Parser:
                 continue
             changes: dict[str, Any] = {}
             for key, field_value in fields.items():  # in file order, so errors read top to bottom
-                field_path = _join(ns_path, key)
-                if key == "mode":
-                    changes["mode"] = self.convert(field_path, field_value, _choice(Mode))
-                elif key == "max_quota":
-                    changes["max_quota_bytes"] = self.convert(field_path, field_value, parse_quota_bytes)
-                elif key == "default":
-                    changes["default"] = self.default(field_path, field_value)
-                elif key == "on_repeat":
-                    changes["on_repeat"] = self.convert(field_path, field_value, _choice(OnRepeat))
+                changes.update(_IN_NAMESPACE[key].read(self, _join(ns_path, key), field_value))
             result[name] = NamespacePolicy(**changes)
         return MappingProxyType(result)
 
@@ -531,3 +455,242 @@ def _quota_source(value: object) -> str:
     except ValueError as e:
         raise _Invalid(f"is not a quota source ({e})") from None
     return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The keys: one table, read by the parser above and by the reference (docs/reference/policy.md)
+
+# A key's value → the `Policy` (or `NamespacePolicy`) fields it sets; problems go to the parser, and a field that
+# could not be read is set to None (the parser then returns no policy) or left out.
+Reader = Callable[[_Parser, str, object], Mapping[str, object]]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyKey:
+    """One key of the policy file: what it takes, its default as the file would spell it (None: there is no
+    spelling, `doc` says what its absence means; a test parses each spelling back to `Policy()`'s value), what it
+    does, and how the parser reads it."""
+
+    name: str
+    type: str
+    default: str | None
+    doc: str
+    read: Reader
+
+
+def _set(field_name: str, convert: Callable[[object], object]) -> Reader:
+    return lambda parser, path, value: {field_name: parser.convert(path, value, convert)}
+
+
+def _bytes_or_ratio(bytes_field: str, ratio_field: str) -> Reader:
+    def read(parser: _Parser, path: str, value: object) -> Mapping[str, object]:
+        found = parser.pressure(path, value)
+        return {} if found is None else {bytes_field: found[0], ratio_field: found[1]}
+
+    return read
+
+
+def _exempt(parser: _Parser, path: str, value: object) -> Mapping[str, object]:
+    names = parser.namespace_names(path, value)
+    return {"exempt_namespaces": frozenset(names) if names is not None else None}
+
+
+def _one_of(enum_type: type[enum.Enum]) -> str:
+    return " | ".join(str(m.value) for m in enum_type)
+
+
+_SIZE_OR_SHARE: Final = "byte quantity, percentage, or a list of at most one of each"
+
+POLICY_KEYS: Final = (
+    PolicyKey(
+        "mode",
+        _one_of(Mode),
+        Mode.WARN.value,
+        "What the agent does to a container over its quota: a Warning Event and a metric (warn), the Eviction API "
+        "(evict), or SIGKILL of its GPU processes (kill).",
+        _set("mode", _choice(Mode)),
+    ),
+    PolicyKey(
+        "hard_grace",
+        "duration",
+        "0s",
+        "How long usage may stay above the hard limit (the quota, or the burst where one is set) before the agent "
+        "acts; 0s acts on the next scan.",
+        _set("hard_grace_s", parse_duration),
+    ),
+    PolicyKey(
+        "soft_grace",
+        "duration",
+        "60s",
+        "How long usage may stay above the soft limit (the quota, when a burst is set) while the GPU has headroom; "
+        "under GPU memory pressure the agent does not wait.",
+        _set("soft_grace_s", parse_duration),
+    ),
+    PolicyKey(
+        "pressure_threshold",
+        _SIZE_OR_SHARE,
+        "5%",
+        "A GPU is under pressure when its free memory falls below this (below either, for a list); [] turns "
+        "pressure off.",
+        _bytes_or_ratio("pressure_free_bytes", "pressure_free_ratio"),
+    ),
+    PolicyKey(
+        "pressure_transition_period",
+        "duration",
+        "30s",
+        "A GPU leaves pressure only once its free memory has stayed above the threshold this long, so it does not "
+        "flap; 0s leaves at once.",
+        _set("pressure_transition_s", parse_duration),
+    ),
+    PolicyKey(
+        "max_actions_per_scan",
+        "whole number, at least 1",
+        "1",
+        "At most this many evictions or kills per scan, to bound the blast radius; warnings are not counted.",
+        _set("max_actions_per_scan", _positive_int),
+    ),
+    PolicyKey(
+        "cooldown",
+        "duration",
+        "60s",
+        "How long an action holds the next one on the same target: the container instance killed in (kill), the "
+        "pod (evict). A restarted container is a new instance. Never holds a repeat, except with on_repeat: wait.",
+        _set("cooldown_s", parse_duration),
+    ),
+    PolicyKey(
+        "repeat_window",
+        f"duration, at least {MIN_REPEAT_WINDOW_S:g}s",
+        "5m",
+        "A container instance killed in and over its quota again within this long is a repeat, whatever the "
+        "cooldown: a supervisor respawned its GPU workers.",
+        _set("repeat_window_s", _repeat_window),
+    ),
+    PolicyKey(
+        "on_repeat",
+        _one_of(OnRepeat),
+        None,
+        "What a repeat gets: every process of the container (kill-container), the pod evicted (evict), or a plain "
+        "kill once the cooldown ends (wait). Unset: kill-container in kill mode, evict in evict mode.",
+        _set("on_repeat", _choice(OnRepeat)),
+    ),
+    PolicyKey(
+        "on_eviction_refused",
+        _one_of(EvictionRefused),
+        EvictionRefused.WAIT.value,
+        "When PodDisruptionBudgets keep refusing an eviction: retry later (wait) or fall back to killing (kill).",
+        _set("on_eviction_refused", _choice(EvictionRefused)),
+    ),
+    PolicyKey(
+        "eviction_timeout",
+        "duration, longer than 0s",
+        "15s",
+        "How long the agent tries to evict a pod, retries included, before it counts the eviction as refused (then "
+        "on_eviction_refused applies).",
+        _set("eviction_timeout_s", _positive_duration),
+    ),
+    PolicyKey(
+        "driver_limits",
+        _one_of(DriverLimits),
+        DriverLimits.AUTO.value,
+        "The driver's per-cgroup GPU memory limits (NVIDIA R615+, cgroup v2, whole GPUs), programmed from quotas in "
+        "evict and kill mode: where supported (auto), never (off), or as auto with /readyz failing where they "
+        "cannot be applied (require).",
+        _set("driver_limits", _choice(DriverLimits)),
+    ),
+    PolicyKey(
+        "watch_interval",
+        f"duration: 0s, or {MIN_WATCH_INTERVAL_S * 1000:g}ms to {MAX_WATCH_INTERVAL_S:g}s",
+        "20ms",
+        "How often each GPU's memory counter is read between scans; a change past watch_rise, or a GPU entering "
+        "pressure, scans at once. 0s: no watch, scans on the poll alone.",
+        _set("watch_interval_s", parse_watch_interval),
+    ),
+    PolicyKey(
+        "watch_rise",
+        _SIZE_OR_SHARE,
+        "[256Mi, 1%]",
+        "The change in a GPU's used memory since the last scan, up or down, that scans at once (the smaller of the "
+        "two).",
+        _bytes_or_ratio("watch_rise_bytes", "watch_rise_ratio"),
+    ),
+    PolicyKey(
+        "triggered_scans_per_second",
+        "number from 1 to 100",
+        "10",
+        "At most this many scans the watch calls for, a second (a burst of as many); the poll goes on as it is.",
+        _set("triggered_scans_per_second", _scans_per_second),
+    ),
+    PolicyKey(
+        "exempt_namespaces",
+        "list of namespace names",
+        "[kube-system]",
+        "Namespaces the agent never acts on. The list replaces the default (keep kube-system in it); the agent's own "
+        "namespace is always added.",
+        _exempt,
+    ),
+    PolicyKey(
+        "orphans",
+        _one_of(Orphans),
+        None,
+        "The GPU processes of a pod that is gone: killed (reclaim) or reported (report). Unset: reclaim in kill and "
+        "evict mode, report in warn mode.",
+        _set("orphans", _choice(Orphans)),
+    ),
+    PolicyKey(
+        "orphan_grace",
+        f"duration, at least {MIN_ORPHAN_GRACE_S:g}s",
+        "2m",
+        "How long a pod must have been absent from a healthy pod cache before its processes are orphans (then "
+        "confirmed by a fresh read of the API server).",
+        _set("orphan_grace_s", _orphan_grace),
+    ),
+    PolicyKey(
+        "quota_sources",
+        "list of resource:<name>, annotation:<name> or claim:<DRA driver or device class>",
+        "[" + ", ".join(DEFAULT_QUOTA_SOURCES) + "]",
+        "Where a quota comes from, in precedence order: each container takes the first source that gives it a "
+        "valid value.",
+        lambda parser, path, value: {"quota_sources": parser.quota_sources(path, value)},
+    ),
+    PolicyKey(
+        "default",
+        f"{{kind: {_one_of(DefaultKind)}, bytes: byte quantity (kind fixed only, at least 1Mi)}}",
+        f"{{kind: {DefaultKind.NONE.value}}}",
+        "The quota of a container no source covers: none (unmanaged: reported, never acted on), that many bytes "
+        "per container (fixed), or the GPU's memory divided by the node's nvidia.com/gpu.replicas label "
+        "(fair-share).",
+        lambda parser, path, value: {"default": parser.default(path, value)},
+    ),
+    PolicyKey(
+        "namespaces",
+        "mapping of namespace name to the keys below",
+        "{}",
+        "Per-namespace overrides.",
+        lambda parser, path, value: {"namespaces": parser.namespaces(path, value)},
+    ),
+)
+# Under `namespaces.<name>`: each overrides the top-level key of its name in that namespace (max_quota has none).
+NAMESPACE_KEYS: Final = (
+    PolicyKey("mode", _one_of(Mode), None, "Overrides mode.", _set("mode", _choice(Mode))),
+    PolicyKey(
+        "max_quota",
+        "byte quantity, at least 1Mi",
+        None,
+        "No quota in the namespace, whatever its source, and no burst may exceed this (one that does is capped and "
+        "reported). A container whose quota is missing or invalid gets the default, or where that gives none, "
+        "this cap.",
+        _set("max_quota_bytes", parse_quota_bytes),
+    ),
+    PolicyKey(
+        "default",
+        f"{{kind: {_one_of(DefaultKind)}, bytes: byte quantity}}",
+        None,
+        "Overrides default.",
+        lambda parser, path, value: {"default": parser.default(path, value)},
+    ),
+    PolicyKey("on_repeat", _one_of(OnRepeat), None, "Overrides on_repeat.", _set("on_repeat", _choice(OnRepeat))),
+)
+_TOP_LEVEL: Final = {k.name: k for k in POLICY_KEYS}
+_IN_NAMESPACE: Final = {k.name: k for k in NAMESPACE_KEYS}
+TOP_LEVEL_FIELDS: Final = tuple(_TOP_LEVEL)
+NAMESPACE_FIELDS: Final = tuple(_IN_NAMESPACE)

@@ -21,9 +21,12 @@ from vramguard.core.model import (
     Policy,
 )
 from vramguard.core.policy import (
+    NAMESPACE_KEYS,
+    POLICY_KEYS,
     TOP_LEVEL_FIELDS,
     Overrides,
     PolicyError,
+    PolicyKey,
     PolicyText,
     parse_policy,
     policy_from_text,
@@ -67,6 +70,38 @@ def test_example_file_sets_every_field() -> None:
     """The example shows every top-level field, so it documents the whole schema."""
     data = yaml.safe_load(EXAMPLE.read_text())
     assert list(data) == list(TOP_LEVEL_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "key", [k for k in POLICY_KEYS if k.default is not None], ids=lambda k: f"{k.name}-{k.default}"
+)
+def test_each_keys_default_spells_the_policys_default(key: PolicyKey) -> None:
+    """The default the table shows for a key (and docs/reference/policy.md with it) is the one the agent uses."""
+    assert policy_from_text(PolicyText(f"{key.name}: {key.default}\n".encode()), "table") == Policy()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("on_repeat: kill-container", "on_repeat", id="on-repeat-follows-the-mode"),
+        pytest.param("orphans: report", "orphans", id="orphans-follow-the-mode"),
+    ],
+)
+def test_a_key_without_a_spelled_default_is_unset_until_set(text: str, expected: str) -> None:
+    """The keys whose default no value spells are None in `Policy()` and set by any value: `doc` says what unset
+    means."""
+    assert [k.name for k in POLICY_KEYS if k.default is None] == ["on_repeat", "orphans"]
+    assert getattr(Policy(), expected) is None
+    assert getattr(parse_policy(yaml.safe_load(text)), expected) is not None
+
+
+def test_namespace_keys_are_the_namespace_policys_fields() -> None:
+    """Each key under namespaces.<name> sets its own NamespacePolicy field, and every field has a key."""
+    entry = {"mode": "kill", "max_quota": "2Gi", "default": {"kind": "fair-share"}, "on_repeat": "wait"}
+    assert [k.name for k in NAMESPACE_KEYS] == list(entry)
+    assert parse_policy({"namespaces": {"a": entry}}).namespaces["a"] == NamespacePolicy(
+        Mode.KILL, 2 * GiB, DefaultQuota(DefaultKind.FAIR_SHARE), OnRepeat.WAIT
+    )
 
 
 def test_empty_mapping_is_the_default_policy() -> None:
