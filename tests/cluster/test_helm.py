@@ -250,7 +250,7 @@ def test_the_old_hardened_value_is_refused_naming_its_replacement(helm: Path) ->
 def test_every_privilege_has_its_reason_in_values(helm: Path) -> None:
     """Each capability the narrow context adds has a comment on its line or just above it, and each node path
     the pod gets (its hostPath volumes, hostPID's /proc) is named in the values' comments: adding one without
-    saying why fails here. The hostPaths are the two the agent needs, whichever `privileged` says."""
+    saying why fails here. The hostPaths are the three the agent needs, whichever `privileged` says."""
     lines = (CHART / "values.yaml").read_text().splitlines()
     for cap in NARROW_CAPABILITIES:
         (at,) = [i for i, line in enumerate(lines) if line.strip().startswith(f"- {cap}")]
@@ -259,7 +259,7 @@ def test_every_privilege_has_its_reason_in_values(helm: Path) -> None:
     for sets in ((), ("privileged=true",)):
         spec = one(render(helm, *sets), "DaemonSet")["spec"]["template"]["spec"]
         host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-        assert host_paths == {"/sys/fs/cgroup", "/var/lib/vramguard"}
+        assert host_paths == {"/sys/fs/cgroup", "/var/lib/vramguard", "/var/log/pods"}
         assert spec["hostPID"] is True
         for path in [*host_paths, "hostPID"]:
             assert path in comments, f"{path} is not explained in values.yaml"
