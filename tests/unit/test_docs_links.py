@@ -66,3 +66,50 @@ def test_a_broken_link_is_caught(tmp_path: Path) -> None:
         ]
     finally:
         ROOT = saved
+
+
+# Code and the chart cite the docs behind them as `docs/<page>.md` "<heading>", the heading's words possibly broken
+# over comment or docstring lines.
+CITATION = re.compile(r"docs/(\w+)\.md`?,?\s+(?:#\s*)?\"([^\"]+)\"")
+SOURCES = sorted(
+    [
+        *(p for part in ("src", "testbed/src", "tests", "bench") for p in (ROOT / part).rglob("*.py")),
+        *(p for pattern in ("*.yaml", "*.tpl") for p in (ROOT / "deploy").rglob(pattern)),
+    ]
+)
+
+
+def headings(markdown: str) -> set[str]:
+    """The words of every heading of `markdown`, outside code blocks."""
+    found, fenced = set(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"#{1,6}\s+(.*?)\s*$", line)):
+            found.add(match.group(1))
+    return found
+
+
+def stale_citations(source: Path) -> list[str]:
+    """The `docs/<page>.md "<heading>"` citations in `source` whose page or heading does not exist."""
+    stale = []
+    for page, cited in CITATION.findall(source.read_text()):
+        heading = " ".join(re.sub(r"\s*#\s*", " ", cited).split())
+        doc = ROOT / "docs" / f"{page}.md"
+        if not doc.exists() or heading not in headings(doc.read_text()):
+            stale.append(f'docs/{page}.md "{heading}"')
+    return stale
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_cites_headings_that_exist(source: Path) -> None:
+    """Each `docs/<page>.md "<heading>"` in the code names a heading of that page."""
+    assert stale_citations(source) == []
+
+
+def test_a_stale_citation_is_caught(tmp_path: Path) -> None:
+    """A heading broken over comment lines is read whole; one that is not there is reported."""
+    source = tmp_path / "x.py"
+    page = "docs/" + "architecture.md"  # not a citation of this file's own
+    source.write_text(f'# see {page} "The watch\n# between scans"; and `{page}` "Gone".\n')
+    assert stale_citations(source) == [f'{page} "Gone"']
