@@ -1,6 +1,6 @@
 """A private containerd for the tests: its own config, root, state and socket under a work directory, so it never
 meets a containerd the machine may run. The CRI settings are the ones a kubelet on this machine needs
-(`docs/design.md` "A real node in tests"); images come from the image cache the project's scripts fill
+(`docs/architecture.md` "A real node in tests"); images come from the image cache the project's scripts fill
 (scripts/image.sh, scripts/node.sh), imported with `ctr`, never pulled.
 """
 

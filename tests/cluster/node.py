@@ -14,7 +14,7 @@ the v2 ``unified`` one); it mounts ServiceAccount tokens, runs probes, restarts 
 evictions and serves ``kubectl exec`` and ``logs``. Pods get addresses from a bridge on a private /24 that has no
 gateway, masquerade or forwarding (a node without a CNI network stays NotReady); nothing leaves the machine.
 
-The kubelet changes the host beyond its own directories (`docs/design.md` "A real node in tests"): a few
+The kubelet changes the host beyond its own directories (`docs/architecture.md` "A real node in tests"): a few
 sysctls, hard-coded paths (``/var/lib/kubelet/device-plugins``, ``/var/log/containers``), cgroups, and the node's
 address and bridge. `HostChanges` records what was there before and `stop()` puts it back.
 """

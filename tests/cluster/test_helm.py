@@ -438,7 +438,7 @@ def test_network_policy_admits_the_scraper_and_the_api_servers_proxy(helm: Path)
     assert len(only_scraper) == 1
 
 
-# Where the driver lives: one values file per platform (README "Where the driver lives"), and what each sets.
+# Where the driver lives: one values file per platform (docs/install.md "Platform profiles"), and what each sets.
 PROFILES = CHART / "profiles"
 PROFILE_EXPECTED = {
     # profile: (driver.root, privileged, runtimeClassName)
@@ -463,11 +463,13 @@ def _template(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_profile_is_tested() -> None:
-    """A profile added to profiles/ is added to the table above (and to the README's)."""
+    """A profile added to profiles/ is added to the table above (and to docs/install.md's and the README's)."""
     assert {p.stem for p in PROFILES.glob("*.yaml")} == set(PROFILE_EXPECTED)
+    install = (REPO / "docs" / "install.md").read_text()
     readme = (REPO / "README.md").read_text()
     for name in PROFILE_EXPECTED:
-        assert f"profiles/{name}.yaml" in readme, f"{name} is not in the README's table"
+        assert f"profiles/{name}.yaml" in install, f"{name} is not in docs/install.md's table"
+        assert f"`{name}.yaml`" in readme, f"{name} is not in the README's compatibility table"
 
 
 @pytest.mark.parametrize("name", sorted(PROFILE_EXPECTED))

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 NS = "ml"
 VIEWER = "vramguard-viewer"  # the chart's viewer ClusterRole (release "vramguard")
 RECOMMENDER = "vramguard-recommender"  # the chart's ClusterRole for `recommend`
-# Where the README's "Seeing it" output is kept: the plugin's real output on this cluster.
+# Where docs/operations.md's "Seeing it" output is kept: the plugin's real output on this cluster.
 SEEING_IT = Path(os.environ.get("VRAMGUARD_SEEING_IT", "/tmp/seeing-it.txt"))
 COLUMNS = ("namespace", "pod", "container", "used_bytes", "quota_bytes", "state")
 

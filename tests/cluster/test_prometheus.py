@@ -96,7 +96,7 @@ def reported(exposed: dict[tuple[str, frozenset[tuple[str, str]]], float], name:
 
 
 RECOMMENDER = "vramguard-recommender"  # the chart's ClusterRole for `recommend` (release "vramguard")
-# Where the README's "Rolling out" output is kept: recommend's real output on this cluster.
+# Where docs/rollout.md's "`recommend`" output is kept: recommend's real output on this cluster.
 ROLLING_OUT = Path(os.environ.get("VRAMGUARD_ROLLING_OUT", "/tmp/rolling-out.txt"))
 SPIKE_BYTES = 9 * GiB + 512 * MiB  # not a round number: the recommendation must come from it, not a rounding
 

@@ -372,8 +372,8 @@ def test_an_edit_of_the_policy_config_map_is_in_force_at_the_door_within_a_minut
     own_door: Door, edit: dict[str, str], value: str, refused_after: bool
 ) -> None:
     """The door takes its caps, exempt namespaces and quota sources from the agents' policy ConfigMap: one edit of
-    it (README "Changing the policy") turns the door's verdict on a vram-limit annotation, within a minute, into
-    what an agent that reads the edited ConfigMap says."""
+    it (docs/rollout.md "Changing the policy") turns the door's verdict on a vram-limit annotation, within a minute,
+    into what an agent that reads the edited ConfigMap says."""
     namespace = own_door.namespaces["16Gi"]
     pod = BY_NAME[LIMIT].pod(value, "edited", namespace)
     assert (refusal(own_door, pod) is not None) is not refused_after, "before the edit"

@@ -101,7 +101,7 @@ def test_pytorch_hits_oom_at_the_driver_limit_and_the_neighbour_is_untouched(gpu
 
 
 # What NVIDIA documents about the limits and only real hardware can confirm (the test NVML models the first two
-# as documented; README, "What only a GPU can confirm"). Each sets the limits itself, as the agent would.
+# as documented; docs/concepts.md, "What only a GPU can confirm"). Each sets the limits itself, as the agent would.
 
 
 def _pod(node: SimulatedNode, name: str) -> SimPod:

@@ -1,6 +1,6 @@
 """The layout is the architecture: packages by floor, imports only downwards, no two modules with one name, a unit
-test file for every module and none for a module that is not there, and docs that name modules which exist (README
-"Layout")."""
+test file for every module and none for a module that is not there, and docs that name modules which exist
+(CONTRIBUTING.md "Layout")."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def imports(path: Path) -> set[str]:
 
 
 def test_every_package_has_a_floor() -> None:
-    """A new package is placed on a floor before it is used (the table above and README's)."""
+    """A new package is placed on a floor before it is used (the table above and CONTRIBUTING.md's)."""
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages == set(FLOORS)
 
@@ -130,7 +130,7 @@ def test_every_module_has_a_unit_test_file(module: Path) -> None:
     assert test_file.exists(), f"{module.relative_to(ROOT)} has no unit test file: {test_file.relative_to(ROOT)}"
 
 
-DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCS = (ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")))
 # `vramguard.a.b…` (a module, or a name in one), not a file such as vramguard.yaml nor a resource name such as
 # vramguard.io/vram; `core/quota.py` and `src/vramguard/core/quota.py`.
 DOTTED = re.compile(r"\bvramguard(?:\.[A-Za-z_]\w*)+(?![\w/-])")
@@ -166,7 +166,8 @@ def is_module(path: str) -> bool:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_docs_name_real_modules(doc: Path) -> None:
-    """Every `vramguard.x.y` and `x/y.py` the README and docs/ name is a module of the package (or a name in one)."""
+    """Every `vramguard.x.y` and `x/y.py` the README, CONTRIBUTING.md and docs/ name is a module of the package (or a
+    name in one)."""
     assert sorted(p for p in named_modules(doc.read_text()) if not is_module(p)) == []
 
 
@@ -185,7 +186,7 @@ def test_a_stale_module_name_is_caught() -> None:
 
 
 # The one background-loop primitive, and the one thread that must be abandoned rather than joined: a call hung in
-# the GPU driver (README "Layout").
+# the GPU driver (CONTRIBUTING.md "Layout").
 THREAD_OWNERS = {"vramguard.base.background", "vramguard.nvml.deadline"}
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from markdown_anchors import anchors
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "vramguard"
 RULES = CHART / "templates" / "prometheusrule.yaml"
@@ -39,26 +41,6 @@ def untemplated(text: str) -> str:
 def alerts(text: str) -> list[dict[str, Any]]:
     spec = yaml.safe_load(untemplated(text))["spec"]
     return [rule for group in spec["groups"] for rule in group["rules"] if "alert" in rule]
-
-
-def anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation but `-` and `_` dropped, spaces
-    to `-`, a repeated one suffixed -1, -2, ...; headings in code blocks are none."""
-    found: set[str] = set()
-    fenced = False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        match = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if match is None:
-            continue
-        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
-        unique, n = slug, 0
-        while unique in found:
-            n += 1
-            unique = f"{slug}-{n}"
-        found.add(unique)
-    return found
 
 
 def broken_runbook(rule: dict[str, Any], root: Path) -> str | None:

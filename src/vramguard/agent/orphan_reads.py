@@ -4,7 +4,7 @@ An orphan is confirmed only by a read of this node's pods made after its grace p
 consistent LIST, one request). The read is a network call, so it runs on a worker: `request(now)` when a scan
 wants one, `collect(now)` at each scan for the answer. At most one is in flight, and one starts at most every
 `READ_SPACING_S`; a failed or unanswered read backs off up to `MAX_READ_BACKOFF_S`. Only a node with pods absent
-past their grace reads at all: what that costs a fleet is in the README ("At fleet scale").
+past their grace reads at all: what that costs a fleet is in docs/scale.md.
 """
 
 from __future__ import annotations

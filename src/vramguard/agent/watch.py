@@ -8,7 +8,7 @@ by `ScanTrigger` (no I/O): a change since the last scan in either direction, a r
 GPU entering pressure. A pod update that names what the last scan could not attribute for want of it in the pod
 cache calls for one too. Every call goes through `ScanCalls`, held to `triggered_scans_per_second` so that a pod
 churning allocations within its quota cannot make the agent a busy loop. The regular poll goes on as it is
-(docs/design.md "The watch between scans").
+(docs/architecture.md "The watch between scans").
 """
 
 from __future__ import annotations

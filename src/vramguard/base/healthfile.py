@@ -1,7 +1,7 @@
 """The health file: the agent's liveness and readiness, written where the kubelet's exec probe reads them.
 
 No network reaches it, so nothing a tenant can connect to shares a queue with the kubelet's view of the agent
-(docs/design.md "Liveness and readiness without a port"). The agent writes the file whole every `WRITE_EVERY_S`
+(docs/architecture.md "Liveness and readiness without a port"). The agent writes the file whole every `WRITE_EVERY_S`
 (`agent.health.HealthWriter`), `vramguard-probe live|ready` (`cli/probe.py`) reads it. A file older than
 `STALE_AFTER_S` says the writer has stopped making progress: the probe then fails whatever the file holds.
 

@@ -82,7 +82,7 @@ from vramguard.nvml import (
 )
 
 # What stopping may take in all, from the stop signal. The DaemonSet sets no terminationGracePeriodSeconds, so the
-# kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (the README promises SIGTERM
+# kubelet sends SIGKILL after Kubernetes' default of 30 s; the agent aims far lower (docs/scale.md promises SIGTERM
 # ends it within 2 s) because the node is unguarded from the stop until its successor scans. A part still busy at
 # the deadline (a request to a frozen API server) is abandoned: its thread is a daemon.
 SHUTDOWN_BUDGET_S = 1.5

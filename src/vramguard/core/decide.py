@@ -2,7 +2,7 @@
 
 Pure functions only, in the manner of the kubelet's eviction `helpers.go`: `now` is an argument, the previous
 `DecisionState` comes in and the next one goes out, and nothing here reads a clock, logs or touches a process.
-Its words (subject, violation, episode, pressure, repeat, who goes first): `docs/design.md` "The decision core's
+Its words (subject, violation, episode, pressure, repeat, who goes first): `docs/architecture.md` "The decision core's
 vocabulary".
 """
 

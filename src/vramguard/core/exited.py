@@ -1,7 +1,7 @@
 """Memory with no process: GPU memory NVML still lists under PIDs that have exited, held past a teardown. Pure.
 
 The driver frees a process's memory as it tears the process's contexts down, while the process is reaped: 79-141
-ms measured on an H100 from SIGKILL to the reap, 1 GiB or 20 GiB alike (docs/design.md, "Measured on a real GPU").
+ms measured on an H100 from SIGKILL to the reap, 1 GiB or 20 GiB alike (docs/scale.md, "Benchmarks").
 A PID that NVML lists and /proc does not have (`UnattributedReason.PROCESS_EXITED`) is that teardown caught
 mid-way, or memory the driver holds for a process that is gone for good, which only a GPU reset frees: there is no
 process left to signal, so the agent never tries. `ExitedTracker` tells the two apart by time: the bytes an exited

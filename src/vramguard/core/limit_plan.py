@@ -2,7 +2,7 @@
 
 In the enforcing modes, one hard limit per container with a quota (its burst where set, capped at the GPU's
 memory) on each whole GPU, the pod's own cgroup holding the sum, a DRA share on its GPU only; never on a MIG
-instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/design.md` "Driver memory limits".
+instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/architecture.md` "Driver memory limits".
 `limiter.DriverLimiter` programs them; the reactive loop stays the backstop.
 """
 

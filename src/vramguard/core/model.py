@@ -499,7 +499,8 @@ class Policy:
     # scans on the poll alone); a change since the last scan (a rise or a fall) by more than the smaller of the two
     # (whichever is set), or a GPU entering pressure, scans at once, at most `triggered_scans_per_second` (a burst
     # of as many). 20 ms: a reading costs ~0.1-0.2 ms of CPU in a VM (its wake-up more than its NVML call), a tenth
-    # of the ~100 ms a killed CUDA process takes to let go of its memory (docs/design.md "The watch between scans").
+    # of the ~100 ms a killed CUDA process takes to let go of its memory
+    # (docs/architecture.md "The watch between scans").
     watch_interval_s: float = 0.02
     watch_rise_bytes: int | None = 256 * 1024 * 1024
     watch_rise_ratio: float | None = 0.01

@@ -2,7 +2,7 @@
 
 Byte quantities are read as Kubernetes' `resource.ParseQuantity` then `Quantity.Value()` read them, stricter
 where a quota that parses to something the user did not mean is worse than an error; a quota is at least
-`MIN_QUOTA_BYTES`. The grammar and each strictness: `docs/design.md` "Quantities".
+`MIN_QUOTA_BYTES`. The grammar and each strictness: `docs/architecture.md` "Quantities".
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from vramguard.core.model import GiB, MiB
 from vramguard.core.text import show_value
 
 MAX_BYTES: Final = 2**63 - 1  # the int64 behind a Kubernetes Quantity
-MIN_QUOTA_BYTES: Final = MiB  # the smallest quota: below it no GPU workload runs at all (`docs/design.md` "Quantities")
+# The smallest quota: below it no GPU workload runs at all (`docs/architecture.md` "Quantities").
+MIN_QUOTA_BYTES: Final = MiB
 # Long enough for any honest quantity (19 digits plus a suffix); bounds the work and the error messages.
 MAX_LENGTH: Final = 64
 

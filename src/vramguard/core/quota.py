@@ -1,7 +1,7 @@
 """Which VRAM quota applies to each container of a pod: sources, policy defaults, burst and namespace caps.
 
 `resolve_pod_quota` is pure: it reads the pod as the pod cache holds it, the policy and the node's labels, and
-never raises on what a user wrote. The rules: `docs/design.md` "Quotas". Policies built by `vramguard.core.policy`
+never raises on what a user wrote. The rules: `docs/architecture.md` "Quotas". Policies built by `vramguard.core.policy`
 contain only valid sources; a `Policy` built in code with a source this module cannot read skips that source.
 """
 

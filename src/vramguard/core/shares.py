@@ -1,6 +1,6 @@
 """DRA claims as quotas: the GPU memory share each container of a pod holds on each GPU. Pure.
 
-How a claim's allocation maps to a GPU, a share and the containers holding it: `docs/design.md` "DRA claims as
+How a claim's allocation maps to a GPU, a share and the containers holding it: `docs/architecture.md` "DRA claims as
 quotas".
 """
 

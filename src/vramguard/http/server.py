@@ -4,9 +4,9 @@
 One thread runs a `selectors` loop over non-blocking sockets, so that nothing that can reach the port can blind
 the endpoint or starve the agent's loop: its CPU budgeted, bounded connections and fds, the oldest that costs
 nothing to lose evicted, one deadline per connection, answers prepared elsewhere waited for without blocking, no
-busy loop when out of fds (docs/design.md "The HTTP endpoint"). The kubelet does not come here: its probes read the
-health file (`base/healthfile.py`), which no connection can delay. `start()` binds the port and starts the thread;
-`stop(deadline)` resets every connection and releases the port. /metrics is client_python's own WSGI app, so it
+busy loop when out of fds (docs/architecture.md "The HTTP endpoint"). The kubelet does not come here: its probes
+read the health file (`base/healthfile.py`), which no connection can delay. `start()` binds the port and starts the
+thread; `stop(deadline)` resets every connection and releases the port. /metrics is client_python's own WSGI app, so it
 speaks what Prometheus asks for (gzip, OpenMetrics, `name[]`).
 """
 

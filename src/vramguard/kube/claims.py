@@ -1,7 +1,7 @@
 """The claim source: this node's ResourceSlices (a reflector) and the ResourceClaims of its pods (one paced GET
 per claim, by name), read into `shares.PodShares`. RBAC: get on resourceclaims; list and watch on resourceslices.
 
-Why claims are read by name and when they are read again: docs/design.md "Reading DRA claims".
+Why claims are read by name and when they are read again: docs/architecture.md "Reading DRA claims".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Event writer: core/v1 Events on pods (and on the Node, for a GPU fault), queued by `record` (never blocks,
 never raises) and written by one background loop through an `EventSink` (client-go's `event.go`); which are
 written, and as what, the correlator decides (`vramguard.kube.correlator`). Its bounds and priorities:
-docs/design.md "Writing Events".
+docs/architecture.md "Writing Events".
 """
 
 from __future__ import annotations

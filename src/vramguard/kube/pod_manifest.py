@@ -3,7 +3,8 @@ and the pods file both use it. It keeps only what the agent reads, bounded: the 
 vramguard knows (`vramguard.core.quantity`), at most `MAX_CLAIMS` claims, every string cut to `MAX_VALUE_CHARS`.
 
 A static pod's mirror pod becomes the PodInfo of the static pod, under the UID the kubelet runs it under (its
-`MIRROR_ANNOTATION`); `index_pods` decides which of those claims the agent believes (docs/design.md "Static pods").
+`MIRROR_ANNOTATION`); `index_pods` decides which of those claims the agent believes (docs/architecture.md "Static
+pods").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The reflector: one kind of object kept in memory by a LIST and then a WATCH, as client-go's reflector keeps it.
 
 Every object the agent reads from the API server (its pods, its Node, its ResourceSlices) comes through one
-`Reflector`; what that costs the server is in the README ("At fleet scale").
+`Reflector`; what that costs the server is in docs/scale.md.
 """
 
 from __future__ import annotations

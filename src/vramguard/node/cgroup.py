@@ -6,7 +6,7 @@ A cgroup is a pod's only where this node's kubelet makes pod cgroups (`KubeletTr
 the cgroupfs or the systemd driver's layout. `kubelet_cgroup` is that one decision, for a path read in /proc
 (placed first from the agent's own cgroup namespace: `placed_path`) and for a directory walked on the cgroup
 filesystem alike. A pod-shaped path anywhere else (a user slice, another kubelet's tree nested in a container) is
-a look-alike, and no pod's. The shapes and the decisions: `docs/design.md` "Pod and container from a cgroup path".
+a look-alike, and no pod's. The shapes and the decisions: `docs/architecture.md` "Pod and container from a cgroup path".
 """
 
 from __future__ import annotations

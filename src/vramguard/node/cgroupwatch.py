@@ -2,7 +2,7 @@
 
 A limit programmed when a cgroup appears is in place before the container's first instruction. `start()` raises
 `InotifyUnavailable` where inotify cannot be had (then the agent's reconcile, driven by the pod's status, is the
-only path); `stop(deadline)` ends the watching loop. See docs/design.md "Cgroup watcher" for why no cgroup is
+only path); `stop(deadline)` ends the watching loop. See docs/architecture.md "Cgroup watcher" for why no cgroup is
 missed.
 """
 

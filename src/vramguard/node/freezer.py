@@ -4,7 +4,7 @@ The killer freezes a container while it lists its processes (`Freezer.members`, 
 journal first); a starting agent thaws what an agent that is gone left frozen (`FreezeJournal.thaw_abandoned`).
 Both open the file one way (`open_control`): without blocking, following no symlink, leaking into no child, and only
 when it is a regular file, as cgroupfs files are, since the journal that names the cgroup is a directory others
-may write (`docs/design.md` "Finishing the job" and "What the journal trusts").
+may write (`docs/architecture.md` "Finishing the job" and "What the journal trusts").
 """
 
 from __future__ import annotations

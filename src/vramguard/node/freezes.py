@@ -3,7 +3,7 @@
 One file per frozen cgroup in `<state dir>/freezes/`, written before the freeze and removed after the thaw; at
 start (`freeze_journal`) the agent thaws, through `freezer`, what an agent that is gone left frozen. The directory
 is a hostPath others may write: an entry is honoured only when it names a container's cgroup the killer could have
-frozen, nothing in it is opened that could block, and what is refused is reported once (docs/design.md "The
+frozen, nothing in it is opened that could block, and what is refused is reported once (docs/architecture.md "The
 freeze journal").
 """
 

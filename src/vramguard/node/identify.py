@@ -88,7 +88,7 @@ class ProcIdentifier:
     A scan re-reads (through /proc/<pid>/stat) only the cached entries whose PID the kernel may have handed out
     since the previous scan (the PID cursor), plus `audit_per_scan` of the least recently checked; the cursor
     is used only when `proc_root` is of the agent's own PID namespace. Why that keeps every entry true, and what
-    can defeat it: `docs/design.md` "Identifying GPU processes". The killer never relies on this cache: it
+    can defeat it: `docs/architecture.md` "Identifying GPU processes". The killer never relies on this cache: it
     re-reads the cgroup right before signalling. `kubelet`: where this node's kubelet makes pod cgroups.
     """
 
@@ -121,7 +121,7 @@ class ProcIdentifier:
     @property
     def misses(self) -> int:
         """Lookups that read and parsed /proc/<pid>/cgroup: new processes, recycled PIDs, and entries a start
-        time cannot vouch for (`docs/design.md` "Same tick")."""
+        time cannot vouch for (`docs/architecture.md` "Same tick")."""
         return self._misses
 
     @property
@@ -159,7 +159,7 @@ class ProcIdentifier:
     def scan(self, pids: Iterable[int]) -> dict[int, Identity]:
         """Identify every pid of one scan, and forget the cached ones that were not asked about.
 
-        `pids` must come from a sample taken before this call (`docs/design.md` "Why an entry outside (A, B] needs
+        `pids` must come from a sample taken before this call (`docs/architecture.md` "Why an entry outside (A, B] needs
         no check"). Forgetting is what bounds the cache: it holds at most the processes of the latest scan. Gone
         processes are absent from the result (attribution reports them as "process gone").
         """

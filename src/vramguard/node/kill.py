@@ -3,7 +3,7 @@
 `PidfdKiller` takes the processes NVML reported and every other process of the container holding a GPU device
 file, freezes the container's cgroup while it lists them (`freezer.Freezer`), and signals each through a pidfd
 opened before its identity is checked, in rounds until none is left. Requires the host's PID namespace
-(``hostPID: true``). Why each step: `docs/design.md` "Killing a container's GPU processes".
+(``hostPID: true``). Why each step: `docs/architecture.md` "Killing a container's GPU processes".
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class _Sweep:
 
 
 class PidfdKiller:
-    """The `Killer` that freezes, lists, verifies and signals through pidfds (`docs/design.md` "Finishing the job").
+    """The `Killer` that freezes, lists, verifies and signals through pidfds (`docs/architecture.md` "Finishing the
+    job").
 
     `proc_root` must be the host's /proc as the agent sees it (hostPID); `cgroup_root` the host's cgroup
     filesystem (``/sys/fs/cgroup``, or wherever the DaemonSet mounts it, e.g. ``/host/sys/fs/cgroup``): without

@@ -4,7 +4,7 @@ The scan hands over the limits it wants (`update`, never blocking) and takes bac
 the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put (cgroup, GPU) places on one
 reconcile queue (`workqueue.WorkQueue`: de-duplicated, each failing place on its own back-off), which the worker
 takes in passes. Everything that touches the file system (through one `cgroup_tree.CgroupTree`) or NVML runs on
-the worker, started by `start()` and ended by `stop(deadline)`. See docs/design.md "Driver limits: the limiter"
+the worker, started by `start()` and ended by `stop(deadline)`. See docs/architecture.md "Driver limits: the limiter"
 for how it stays idempotent, retries and gives up.
 """
 

@@ -7,7 +7,7 @@ start time). The state directory is a hostPath that others may write, so the rea
 opened without following a link or waiting on a FIFO, a file of the agent's own user that no one else may write,
 every entry checked for shape (`parse_kills`) and then against what the node shows (`disagreement`). What is
 restored is logged in one line, what is refused and why in another; nothing is raised. What the checks prove and
-what they cannot: docs/design.md "Kills restored from the state directory".
+what they cannot: docs/architecture.md "Kills restored from the state directory".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The sampler: every GPU and MIG instance, its memory and its processes, read under a deadline.
 
 Narrow on purpose, like dcgm-exporter's nvmlprovider: `NvmlSampler.sample()` returns plain `GpuSample` data and
-hides NVML's quirks (process lists, memory v1/v2, row sizes, MIG, hung calls) behind it; docs/design.md "The
+hides NVML's quirks (process lists, memory v1/v2, row sizes, MIG, hung calls) behind it; docs/architecture.md "The
 NVML sampler" says how each is handled. Constructed idle: `start()` initialises NVML (on the deadline runner's
 thread, as every call), `stop(deadline)` shuts it down and ends that thread.
 """

@@ -734,13 +734,13 @@ def test_a_config_map_directory_is_read_from_one_version(tmp_path: Path) -> None
     assert load_policy(tmp_path).cap_for("ml") is None
 
 
-def test_the_readmes_config_map_is_a_policy() -> None:
-    """README "Changing the policy" shows a policy ConfigMap's data: the agent reads it as it says."""
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme[readme.index("The chart's ConfigMap is the policy in two parts") :]
+def test_the_docs_config_map_is_a_policy() -> None:
+    """docs/rollout.md "Changing the policy" shows a policy ConfigMap's data: the agent reads it as it says."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "rollout.md").read_text()
+    section = doc[doc.index("The chart's ConfigMap is the policy in two parts") :]
     start = section.index("```yaml\n") + len("```yaml\n")
     block = section[start : section.index("\n```", start)]
-    policy = policy_from_text(PolicyText.of_config_map(yaml.safe_load(block)["data"]), "README")
+    policy = policy_from_text(PolicyText.of_config_map(yaml.safe_load(block)["data"]), "docs/rollout.md")
     assert policy.mode is Mode.KILL and policy.exempt_namespaces == {"kube-system", "gpu-infra"}
     assert policy.namespaces["team-a"] == NamespacePolicy(mode=Mode.WARN, max_quota_bytes=16 * GiB)
     assert policy.quota_sources == ("resource:vramguard.io/vram", "annotation:vramguard.io/vram-limit")

@@ -2,7 +2,7 @@
 The policy ConfigMap's two parts (src/vramguard/core/policy.py): the fields the quota admission policy reads too,
 each in a key of its own named by its path, and the document (`policy.yaml`) with every other field. CEL cannot
 read YAML, so the door and the agents read those fields from the same keys, and one edit of the ConfigMap changes
-both (README "Changing the policy").
+both (docs/rollout.md "Changing the policy").
 */}}
 
 {{- /* The known sources' bytes per unit (core/quantity.py RESOURCE_UNIT_BYTES, ANNOTATION_UNIT_BYTES), as a dict */}}
