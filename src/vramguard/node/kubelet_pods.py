@@ -35,7 +35,7 @@ _ENTRY: Final = re.compile(r"([a-z0-9][a-z0-9-]{0,62})_([a-z0-9][a-z0-9.-]{0,252
 
 
 def parse_entry(entry: str) -> tuple[str, KubeletPod] | None:
-    """`kube-system_etcd-node-1_7c4e…` → ("7c4e…", KubeletPod("kube-system", "etcd-node-1")); None for any other
+    """`infra_trainer-node-1_7c4e…` → ("7c4e…", KubeletPod("infra", "trainer-node-1")); None for any other
     name."""
     m = _ENTRY.fullmatch(entry)
     if m is None:
