@@ -10,7 +10,9 @@ fresh agent (cold: NVML handles, cgroup cache empty) and on later scans (warm). 
 warm scan is the NVML sample (pynvml, the adapter's checks and the test library, which stats its state file on
 every call where a real driver makes an ioctl). Part 2 starts `vramguard run --mode kill` and, trial after
 trial, lets a process cross its quota at a random point of the poll cycle and times until the kernel reports it
-dead (its pidfd turns readable). Targets (issue 2): <= 2 ms per warm 8x64 scan; reaction p99 <= 1.5 x poll.
+dead (its pidfd turns readable); with the watch on, also where another process frees more in the same write, so
+that the GPU's counter falls as the quota is crossed. Targets (issue 2): <= 2 ms per warm 8x64 scan; reaction p99
+<= 1.5 x poll.
 """
 
 from __future__ import annotations
@@ -136,11 +138,14 @@ def scan_cost(node: SimulatedNode, scans: int, *, driver_limits: bool = False) -
     }
 
 
-def reaction_times(workdir: Path, poll_s: float, trials: int, watch: str) -> tuple[list[float], int]:
+def reaction_times(
+    workdir: Path, poll_s: float, trials: int, watch: str, hidden: bool = False
+) -> tuple[list[float], int]:
     """Seconds from the moment a process crosses its quota to the moment it is dead, per trial, with the agent's
     watch between scans at `watch` (`--watch-interval`; 0s: scans on the poll alone); and how many trials the agent
     missed (the process was still alive `10 x poll + 5 s` later: killed by the benchmark, counted, and the run
-    goes on)."""
+    goes on). `hidden`: in the same write of the test NVML's state another pod's process frees 8 GiB, so that the
+    GPU's counter falls as the offender crosses (the watch's memory-fall)."""
     policy = workdir / "policy.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     policy.write_text("cooldown: 0s\nmax_actions_per_scan: 1\n")
@@ -149,6 +154,10 @@ def reaction_times(workdir: Path, poll_s: float, trials: int, watch: str) -> tup
     patience_s = 10 * poll_s + 5
     with SimulatedNode(workdir / "node") as node:
         pod = node.add_pod("trainer", "bench", containers={"main": {"vramguard.io/vram": "4Gi"}})
+        freer = None
+        if hidden:
+            freer_pod = node.add_pod("freer", "bench", containers={"main": {"vramguard.io/vram": "12Gi"}})
+            freer = node.spawn(freer_pod, "main", 10 * GiB)
         node.start_agent(
             "--mode",
             "kill",
@@ -162,12 +171,16 @@ def reaction_times(workdir: Path, poll_s: float, trials: int, watch: str) -> tup
         )
         node.wait_ready()
         for _ in range(trials):
+            if freer is not None:
+                freer.used_bytes = 10 * GiB  # taken back after the last trial's free, in the spawn's write
             proc = node.spawn(pod, "main", 2 * GiB)
             node.wait_scans(1, timeout_s=patience_s)  # the agent has seen the new process
             time.sleep(random.uniform(0, poll_s))  # cross at a random point of the poll cycle
             pidfd = os.pidfd_open(proc.pid)
             try:
                 crossed = time.perf_counter()
+                if freer is not None:
+                    freer.used_bytes = 2 * GiB  # written with the offender's usage, in one replacement of the state
                 node.set_usage(proc, 6 * GiB)
                 ready, _, _ = select.select([pidfd], [], [], patience_s)
                 died = time.perf_counter()
@@ -298,10 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = "{:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7}  {}"
         print(row.format("poll", "watch", "p50", "p95", "p99", "max", "missed", "target"))
         polls = [float(p) for p in args.polls.split(",")]
-        # The watch off and on at the first poll (the default); at the others, the poll alone (the issue-2 target).
-        for poll_s, watch in [(polls[0], w) for w in ("0s", "20ms", "10ms")] + [(p, "0s") for p in polls[1:]]:
-            rt, missed = reaction_times(work / f"reaction-{poll_s}-{watch}", poll_s, args.trials, watch)
+        # The watch off and on at the first poll (the default), and on where a free hides the crossing (the GPU's
+        # counter falls); at the others, the poll alone (the issue-2 target).
+        runs = [(polls[0], w, False) for w in ("0s", "20ms", "10ms")] + [(polls[0], "20ms", True)]
+        for poll_s, watch, hidden in runs + [(p, "0s", False) for p in polls[1:]]:
+            where = work / f"reaction-{poll_s}-{watch}{'-hidden' if hidden else ''}"
+            rt, missed = reaction_times(where, poll_s, args.trials, watch, hidden)
             name = "p99 <= 1.5 x poll" if watch == "0s" else "p95 <= 50 ms"
+            name = f"hidden by a free, {name}" if hidden else name
             if not rt:
                 print(row.format(f"{poll_s * 1000:.0f}ms", watch, *["-"] * 4, f"{missed}/{args.trials}", name))
                 continue

@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 
 def test_quick_benchmark_prints_its_figures() -> None:
-    """The scan-cost table (8x64 and 1x1), the reaction-time table (the watch off and on) and the agent's costs
-    come out of a quick run."""
+    """The scan-cost table (8x64 and 1x1), the reaction-time table (the watch off and on, and on where a free hides
+    the crossing) and the agent's costs come out of a quick run."""
     need_cgroups(2)
     bench = Path(__file__).resolve().parents[2] / "bench" / "scan.py"
     result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
@@ -25,6 +25,7 @@ def test_quick_benchmark_prints_its_figures() -> None:
     assert any(line.split()[:2] == ["1x1", "1"] for line in lines if line.strip())
     reactions = [line.split() for line in lines if line.strip().startswith("1000ms")]  # --quick: the default poll
     assert {r[1] for r in reactions} == {"0s", "20ms", "10ms"}, "the default poll, the watch off and on"
+    assert sum("hidden" in r for r in reactions) == 1, "the watch on, a free hiding the crossing"
     assert all(" ".join(r).endswith(("met", "NOT met")) for r in reactions)
     assert any(line.strip().startswith("at rest:") for line in lines)
     assert any("within its quota" in line for line in lines)

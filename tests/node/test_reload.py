@@ -24,8 +24,6 @@ from vramguard_testbed.waiting import wait_until
 POLL_S = 0.2
 # The agent reads its file every 2 s; a scan follows within a poll.
 IN_FORCE_S = 10.0
-# Past one reload interval: a scan, and a busy host.
-SLACK_S = 1.0
 
 
 def swap(volume: Path, content: str, version: int) -> None:
@@ -84,6 +82,25 @@ def looks(node: SimulatedNode) -> int:
     return int(agent_part(node)["policy"]["checks"])
 
 
+def after_swap(node: SimulatedNode, swap: Callable[[], None], holds: Callable[[Any], object], what: str) -> Any:
+    """The policy part of /status once `holds` of it after `swap()`, which must come at the reloader's first look
+    after the swap: within one interval, counted in looks. The swap follows a look at once (the next is an interval
+    away), so that no look is under way across it."""
+    wait_looks(node, 1)
+    before = looks(node)
+    swap()
+    swapped_at = time.monotonic()
+
+    def seen() -> Any:
+        policy = agent_part(node)["policy"]
+        return policy if holds(policy) else None
+
+    policy = wait_until(seen, IN_FORCE_S, what=what)
+    print(f"{what}: {time.monotonic() - swapped_at:.2f} s after the swap")
+    assert policy["checks"] - before == 1, f"{what}: at the reloader's look {policy['checks'] - before} after the swap"
+    return policy
+
+
 def wait_looks(node: SimulatedNode, n: int) -> None:
     target = looks(node) + n
     wait_until(lambda: looks(node) >= target, n * CHECK_INTERVAL_S + IN_FORCE_S, what=f"{n} more looks at the file")
@@ -138,7 +155,7 @@ def test_a_fifo_at_the_path_is_refused_and_a_good_file_after_it_is_in_force_with
 ) -> None:
     """A FIFO renamed over the policy file neither blocks the reloader nor the agent: refused with one log line
     naming the path and what is there, and a good file renamed over it afterwards is in force within one
-    interval."""
+    interval (at the reloader's first look after the swap)."""
     path = tmp_path / "policy.yaml"
     path.write_text("mode: kill\n")
     agent = sim_node.start_agent(
@@ -146,23 +163,20 @@ def test_a_fifo_at_the_path_is_refused_and_a_good_file_after_it_is_in_force_with
     )
     sim_node.wait_ready()
     os.mkfifo(tmp_path / "fifo")
-    os.rename(tmp_path / "fifo", path)
-    refused = wait_until(
-        lambda: agent_part(sim_node)["policy"]["invalid"], CHECK_INTERVAL_S + SLACK_S, what="the FIFO refused"
+    refused = after_swap(
+        sim_node, lambda: os.rename(tmp_path / "fifo", path), lambda p: p["invalid"], what="the FIFO refused"
     )
-    assert "is a FIFO" in refused
+    assert "is a FIFO" in refused["invalid"]
     wait_looks(sim_node, 2)  # the reloader goes on looking
 
     good = "mode: warn\n"
-    swapped_at = time.monotonic()
-    write_atomically(path, good)
-    wait_until(
-        lambda: agent_part(sim_node)["policy"]["sha256"] == digest_of(good.encode()),
-        CHECK_INTERVAL_S + SLACK_S,
+    in_force = after_swap(
+        sim_node,
+        lambda: write_atomically(path, good),
+        lambda p: p["sha256"] == digest_of(good.encode()),
         what="the good file in force within an interval",
     )
-    print(f"in force {time.monotonic() - swapped_at:.2f}s after the swap")
-    assert agent_part(sim_node)["policy"]["invalid"] is None
+    assert in_force["invalid"] is None
     sim_node.stop_agents()
     refusals = [e for e in json_logs(agent) if e.get("event") == "policy_refused"]
     assert [(e["path"], "FIFO" in e["error"]) for e in refusals] == [(str(path), True)], "one line, however many looks"
@@ -192,10 +206,9 @@ def test_an_endless_or_huge_file_is_refused_at_once_and_the_agent_does_not_grow(
     sim_node.wait_scans(3)
     before = peak_rss_bytes(agent.pid)
     make(tmp_path / "bad")
-    swap_in(path, tmp_path / "bad")
-    refused = wait_until(
-        lambda: agent_part(sim_node)["policy"]["invalid"], CHECK_INTERVAL_S + SLACK_S, what="the file refused"
-    )
+    refused = after_swap(
+        sim_node, lambda: swap_in(path, tmp_path / "bad"), lambda p: p["invalid"], what="the file refused"
+    )["invalid"]
     wait_looks(sim_node, 2)
     grown = peak_rss_bytes(agent.pid) - before
     assert grown < 16 * MiB, f"the agent's peak memory grew {grown / MiB:.1f} MiB"

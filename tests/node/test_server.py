@@ -272,7 +272,8 @@ class _PaddingCollector(Collector):
 
 
 def test_a_client_that_never_reads_blocks_no_one() -> None:
-    """A client that asks for a huge /metrics and never reads stalls only itself, and only until its deadline."""
+    """A client that asks for a huge /metrics and never reads stalls only itself, and only until its deadline: with
+    the server's clock held before that deadline, /healthz is answered while the stuck client is still held open."""
     registry = CollectorRegistry()
     registry.register(_PaddingCollector())
     full_bytes = len(generate_latest(registry))
@@ -281,7 +282,9 @@ def test_a_client_that_never_reads_blocks_no_one() -> None:
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stuck.connect(("127.0.0.1", server.port))
         stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
-        assert max(_timed_healthz(server.port) for _ in range(3)) < 0.5
+        answered_s = [_timed_healthz(server.port) for _ in range(3)]  # a blocked server: a timeout at 5 s
+        print(f"/healthz beside a client that never reads: the slowest answer in {max(answered_s):.3f} s")
+        assert not _closed_by_peer(stuck), "still held: the others were answered beside it, not after it"
 
         clock.step(0.8)
         stuck.settimeout(5.0)

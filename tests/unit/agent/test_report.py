@@ -7,6 +7,7 @@ import json
 import pytest
 
 from unit.node.test_describe import HOSTILE
+from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import ScanReport, TopRow, row_dict, rows_from_report
 from vramguard.core.decide import Decision, DecisionState, decide
 from vramguard.core.model import (
@@ -60,6 +61,43 @@ def test_hostile_tenant_text_is_exact_in_json() -> None:
     assert back["namespace"] == back["pod"] == back["container"] == back["claim"] == HOSTILE
     assert back["state"] == f"unattributed: {HOSTILE}"
     assert back["processes"] == [{"pid": 7, "user": HOSTILE, "command": HOSTILE}]
+
+
+@pytest.mark.parametrize(
+    ("reason", "label", "why"),
+    [
+        pytest.param(UnattributedReason.NOT_IN_POD, "not-in-pod", "not in a pod cgroup", id="a-host-process"),
+        pytest.param(
+            UnattributedReason.OUTSIDE_KUBELET,
+            "outside-kubelet",
+            "a pod-shaped cgroup outside this node's kubelet",
+            id="a-look-alike-of-a-pod-cgroup",
+        ),
+        pytest.param(
+            UnattributedReason.POD_NOT_IN_CACHE, "pod-not-in-cache", "pod not in cache", id="a-pod-not-known-yet"
+        ),
+        pytest.param(UnattributedReason.ORPHANED, "orphaned", "orphaned: its pod is gone", id="a-pod-that-is-gone"),
+        pytest.param(
+            UnattributedReason.PROCESS_EXITED,
+            "process-exited",
+            "held by an exited process",
+            id="a-pid-without-a-process",
+        ),
+    ],
+)
+def test_each_reason_is_a_metric_label_and_words_for_people(reason: UnattributedReason, label: str, why: str) -> None:
+    """The reason is the `reason` label of the unattributed metric and of /status's rows, and `top` says it in words."""
+    device = gpu(0, used_bytes=GiB)
+    snapshot = Snapshot(devices=(device,), containers=(), unattributed=(unattributed(7, reason),))
+    nothing = Decision(actions=(), violations=())
+    metrics = Metrics()
+    metrics.observe_scan(snapshot, nothing)
+    series = {"gpu": "0", "gpu_uuid": device.uuid, "reason": label}
+    assert metrics.registry.get_sample_value("vramguard_unattributed_gpu_memory_bytes", series) == GiB
+    [shown] = rows_from_report(
+        ScanReport(snapshot, {}, nothing, (), 0.0), describe=lambda pid: ProcessDetail(pid, "u", "x")
+    )
+    assert (row_dict(shown)["reason"], row_dict(shown)["state"]) == (label, f"unattributed: {why}")
 
 
 GONE_UID = "0b7f3c1e-2d4a-4e6b-9c8d-0123456789ab"  # the pod of an orphan the agent saw before it went

@@ -264,25 +264,6 @@ def test_a_pod_version_names_what_is_awaited(pod: PodInfo, named: bool) -> None:
     assert waiting.named_in({pod.uid: pod, UID_B: POD_B}) is named
 
 
-@pytest.mark.parametrize(
-    ("reason", "label", "why"),
-    [
-        pytest.param(NOT_IN_POD, "not-in-pod", "not in a pod cgroup", id="a-host-process"),
-        pytest.param(
-            OUTSIDE_KUBELET,
-            "outside-kubelet",
-            "a pod-shaped cgroup outside this node's kubelet",
-            id="a-look-alike-of-a-pod-cgroup",
-        ),
-        pytest.param(POD_NOT_IN_CACHE, "pod-not-in-cache", "pod not in cache", id="a-pod-not-known-yet"),
-        pytest.param(PROCESS_GONE, "process-exited", "held by an exited process", id="a-pid-without-a-process"),
-    ],
-)
-def test_each_reason_is_a_metric_label_and_words_for_people(reason: UnattributedReason, label: str, why: str) -> None:
-    """The reason is the `reason` label of the unattributed metric and of /status's rows, and `top` says it in words."""
-    assert (reason.value, reason.why) == (label, why)
-
-
 def test_every_reason_has_words() -> None:
     """A reason added to the enum cannot go without its words."""
     assert all(r.why for r in UnattributedReason)

@@ -12,7 +12,6 @@ from vramguard.core.ports import (
     GpuSampler,
     Killer,
     KillResult,
-    LimitsUnavailable,
     MemoryLimiter,
     PodLister,
     PodSource,
@@ -49,11 +48,9 @@ def test_a_kill_is_done_when_what_it_signalled_exited_and_no_holder_remains(resu
     assert result.ok is ok
 
 
-def test_limits_unavailable_says_how_far() -> None:
-    """The whole driver (no symbol) or one GPU (NOT_SUPPORTED): the limiter stops asking accordingly."""
-    assert LimitsUnavailable("old driver", whole_driver=True).whole_driver is True
-    assert LimitsUnavailable("not on GPU 1", whole_driver=False).whole_driver is False
-    assert LIMIT_MAX == 2**64 - 1  # NVML_DEVICE_MEMORY_LIMIT_MAX, "no hard limit"
+def test_limit_max_is_the_drivers_no_limit() -> None:
+    """LIMIT_MAX is NVML_DEVICE_MEMORY_LIMIT_MAX, the hard limit the driver reads as "no hard limit"."""
+    assert LIMIT_MAX == 2**64 - 1
 
 
 def members(protocol: type) -> set[str]:

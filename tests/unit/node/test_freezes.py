@@ -16,7 +16,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from vramguard.node import freezes
+from vramguard.node.freezer import Freezer
 from vramguard.node.freezes import FreezeJournal, Junk, freeze_journal
+from vramguard.node.procfs import FdRetry
+from vramguard_testbed.fakes import FakeClock
 
 UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
 CID = "ab" * 32
@@ -273,12 +276,22 @@ def test_an_unfinished_write_is_removed_unless_its_writer_lives(tmp_path: Path) 
 
 
 def test_an_unwritable_journal_says_so(tmp_path: Path) -> None:
-    """Where the state directory cannot hold the journal, recording raises (and the killer then never freezes)."""
+    """Where the state directory cannot hold the journal, the agent says so in one line and gets no journal; a
+    journal that cannot write its entry raises, and the freezer then leaves the container thawed."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     root = fake_root(tmp_path)
+    with capture_logs() as logs:
+        assert freeze_journal(str(blocker), str(root)) is None
+    assert [(e["event"], e["freezing"]) for e in logs] == [("freeze_journal_unavailable", False)]
+    assert logs[0]["directory"] == f"{blocker}/freezes" and logs[0]["error"]
+    thawed = _cgroup(root / "kubepods" / "burstable" / f"pod{UID}" / CID, frozen=False)
+    journal = FreezeJournal(str(blocker / "freezes"), cgroup_root=str(root))
     with pytest.raises(OSError):
-        FreezeJournal(str(blocker / "freezes"), cgroup_root=str(root)).record(frozen_container(root), v2=True)
+        journal.record(thawed, v2=True)
+    with Freezer(journal, self_pid=1).frozen(thawed, True, 1e9, FdRetry(FakeClock(), 0.0)) as froze:
+        assert not froze and freeze_state(thawed) == "0", "no record, no freeze"
+    assert freeze_state(thawed) == "0"
 
 
 def _freezes_symlink(state: Path, tmp_path: Path) -> None:

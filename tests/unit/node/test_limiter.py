@@ -570,6 +570,22 @@ def test_probe_limits_asks_the_root_on_each_gpu(
     assert {cgroup for _, _, cgroup, _, _ in driver.calls} <= {ROOT}
 
 
+@pytest.mark.parametrize(
+    ("older_driver", "unsupported", "asked"),
+    [
+        pytest.param(True, set(), [0], id="whole-driver-stops-at-the-first-gpu"),
+        pytest.param(False, {0}, [0, 1, 2], id="one-gpu-the-others-still-asked"),
+    ],
+)
+def test_limits_unavailable_says_how_far(older_driver: bool, unsupported: set[int], asked: list[int]) -> None:
+    """The whole driver (no symbol) or one GPU (NOT_SUPPORTED): the limiter stops asking accordingly, at the first
+    GPU or going on to the others (counted in the fake driver's calls)."""
+    driver = FakeMemoryLimiter()
+    driver.older_driver, driver.unsupported_gpus = older_driver, unsupported
+    probe_limits(driver, _is_a_tree(FakeTree()), [0, 1, 2])
+    assert [gpu for _, gpu, _, _, _ in driver.calls] == asked
+
+
 def test_probe_limits_without_a_whole_gpu_says_so() -> None:
     """No whole GPU to ask about (none, or all split into MIG instances): not possible, and why."""
     support = probe_limits(FakeMemoryLimiter(), _is_a_tree(FakeTree()), [])
