@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -98,12 +99,24 @@ class Cluster:
              "--create-namespace", "--kubeconfig", str(self.plane.kubeconfig_path), "-f", str(path)],
             check=True, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        wait_until(
-            lambda: self.agent_pod() is not None,
-            120,
-            what=f"the agent pod with policy {values['policy']} Ready",
-            interval_s=0.25,
-        )
+        try:
+            wait_until(
+                lambda: self.agent_pod() is not None,
+                120,
+                what=f"the agent pod with policy {values['policy']} Ready",
+                interval_s=0.25,
+            )
+        except WaitTimeout as e:
+            raise WaitTimeout(f"{e}\n{self.agent_state()}") from None
+
+    def agent_state(self) -> str:
+        """What the agent's pods are doing, and the end of each one's log: why none is Ready."""
+        said = []
+        for pod in raw(self.api, self.core.list_namespaced_pod(AGENT_NS))["items"]:
+            name = pod["metadata"]["name"]
+            said.append(f"{name}: {json.dumps(pod.get('status', {}).get('containerStatuses'))}")
+            said.append(self.node.kubectl("logs", "--namespace", AGENT_NS, name, "--tail=30", check=False).stdout)
+        return "\n".join(said)
 
     def person(self, name: str, *cluster_roles: str) -> Path:
         """A kubeconfig for ServiceAccount people/`name`, bound to `cluster_roles` (the chart's people roles) and

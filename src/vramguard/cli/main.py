@@ -78,7 +78,14 @@ def _or_exit(build: Callable[[], _T]) -> _T:
 
 
 ModeOpt = Annotated[Mode | None, typer.Option("--mode", help="warn, evict or kill; overrides the policy's mode.")]
-PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy file (YAML).", exists=True, dir_okay=False)]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        help="Policy file (YAML), or a policy ConfigMap's directory (the chart's: policy.yaml and the door's keys).",
+        exists=True,
+    ),
+]
 ProcRootOpt = Annotated[str, typer.Option("--proc-root", help="Where the host's /proc is mounted.")]
 CgroupRootOpt = Annotated[
     str,
@@ -348,7 +355,9 @@ def top(
 
 
 @policy_app.command("check")
-def policy_check(file: Annotated[Path, typer.Argument(help="Policy file to validate.")]) -> None:
+def policy_check(
+    file: Annotated[Path, typer.Argument(help="Policy file, or policy ConfigMap directory, to validate.")],
+) -> None:
     """Validate a policy file; every error names the field and the value."""
     errors = check_policy_file(file)
     if errors:

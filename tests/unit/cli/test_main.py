@@ -32,6 +32,25 @@ def test_policy_check_accepts_the_example() -> None:
     assert "ok" in result.output
 
 
+@pytest.mark.parametrize("command", [["policy", "check"], ["run", "--watch-interval", "soon", "--policy"]])
+def test_a_policy_config_maps_directory_is_taken_where_a_policy_file_is(tmp_path: Path, command: list[str]) -> None:
+    """The chart mounts the policy ConfigMap and runs `--policy=/etc/vramguard`: the directory passes the option's
+    own checks (a `--policy` that took files only would stop every agent at start) and is read whole."""
+    version = tmp_path / "..2026_12_02"
+    version.mkdir()
+    (version / "policy.yaml").write_text("mode: kill\n")
+    (version / "exempt_namespaces").write_text("kube-system ml-infra")
+    (tmp_path / "..data").symlink_to(version.name)
+    for key in ("policy.yaml", "exempt_namespaces"):
+        (tmp_path / key).symlink_to(f"..data/{key}")
+    result = runner.invoke(app, [*command, str(tmp_path)])
+    assert "is a directory" not in result.output, result.output
+    if command[0] == "policy":
+        assert result.exit_code == 0 and "ok" in result.output, result.output
+    else:  # past the options: the run stops at the interval it was given, checked before anything starts
+        assert result.exit_code == 2 and "--watch-interval" in result.output, result.output
+
+
 def test_policy_check_names_every_bad_field(tmp_path: Path) -> None:
     """Each error names the field path and the value; all errors are reported, and the exit code is 1."""
     bad = tmp_path / "bad.yaml"
