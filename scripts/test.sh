@@ -6,16 +6,19 @@
 #   bash scripts/test.sh tests/node -x   # some tests: everything is built first, then pytest runs with these
 #
 # The tiers are directories that say what their tests need: tests/unit (nothing), tests/node (root, real
-# cgroups, the test NVML library), tests/cluster (a control plane, a kubelet on containerd, images, helm),
-# tests/gpu (a real GPU with PyTorch; skipped elsewhere).
-# The first full run on a machine also builds the Kubernetes control plane the cluster tests use, helm for the
-# chart's checks, Prometheus and promtool for the alerts' and the dashboard's tests, and a Debian-made Python base
-# for the agent's image (a few minutes each; cached under
-# ~/.cache/vramguard and in buildah's storage, so later runs only rebuild the agent's image, about half a minute).
+# cgroups, the test NVML library), tests/cluster (what the test command builds: the Kubernetes control plane, a
+# kubelet on containerd, the images, helm, Prometheus), tests/gpu (a real GPU with PyTorch; skipped elsewhere).
 #
-# Without arguments the older Kubernetes versions (all of hack/k8s/ but the newest) build in the background at the
-# lowest CPU priority while the newest is built and every test but theirs runs: the tests mostly wait (on
-# processes, timers, the API server), and the build takes the CPU they leave. Their cluster tests run last.
+# Without arguments the builds run beside the tests that need none of them. After the Debian packages (one apt-get
+# run) and the Python environment, three builds start in the background, each in its own process group:
+#   tools   the newest Kubernetes (hack/k8s/<newest>), then helm and Prometheus from the same module, which compile
+#           only what is theirs (scripts/gobuild.sh), at nice 10;
+#   images  the test node's images, then the agent's image, at nice 10;
+#   older   the older Kubernetes versions (the rest of hack/k8s/), at nice 19: it takes the CPU the others leave.
+# Meanwhile ruff and mypy run, then tests/unit, tests/node and tests/gpu (they mostly wait on processes and timers,
+# and have the CPU first). Then tests/cluster on the newest version once tools and images are built, and on the
+# older versions once they are, each as two pytest runs side by side (the real-node tests, and the rest). Everything built is cached (CONTRIBUTING.md names where), so a second run builds
+# only the agent's image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,47 +26,98 @@ if [[ "${1:-}" == "--unit" ]]; then
     shift
     exec .venv/bin/pytest tests/unit "$@"
 fi
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
+bash scripts/packages.sh
+source scripts/gobuild.sh
 
 mapfile -t versions < <(printf '%s\n' hack/k8s/*/ | sed 's:^hack/k8s/::; s:/$::' | sort -V)
 newest=${versions[-1]}
 older=("${versions[@]:0:${#versions[@]}-1}")
-if [ $# -gt 0 ] || [ ${#older[@]} -eq 0 ]; then
+
+if [ $# -gt 0 ]; then
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    .venv/bin/mypy
     bash scripts/controlplane.sh
-    older=()
-else
-    bash scripts/controlplane.sh "$newest"
-    log=$(mktemp -t vramguard-controlplane-older.XXXXXX)
-    setsid nice -n 19 bash scripts/controlplane.sh "${older[@]}" >"$log" 2>&1 &
-    background=$!
-    trap 'kill -- "-$background" 2>/dev/null || true' EXIT  # its own process group: the go build too
-    echo "test: building Kubernetes ${older[*]} in the background (nice 19), its output in $log"
-fi
-bash scripts/helm.sh
-bash scripts/image.sh
-bash scripts/node.sh
-bash scripts/prometheus.sh
-if [ ${#older[@]} -eq 0 ]; then
+    bash scripts/helm.sh
+    bash scripts/prometheus.sh
+    bash scripts/node.sh
+    bash scripts/image.sh
     exec .venv/bin/pytest "$@"
 fi
 
+now() { date +%s; }
+begun=$(now)
+logs=$(mktemp -d -t vramguard-builds.XXXXXX)
+declare -A build_pid=()
+# background NAME NICENESS COMMAND...: runs COMMAND at NICENESS in a process group of its own (so that the go build
+# under it stops too when this script does), its output in $logs/NAME.log.
+background() {
+    local name=$1 niceness=$2
+    shift 2
+    setsid nice -n "$niceness" bash -c "$*" >"$logs/$name.log" 2>&1 &
+    build_pid[$name]=$!
+    echo "test: building $name in the background (nice $niceness), its output in $logs/$name.log"
+}
+stop_builds() {
+    local pid
+    for pid in "${build_pid[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_builds EXIT
+# finish NAME: waits for the build NAME and shows its output; fails the run when the build failed.
+finish() {
+    local name=$1 status=0
+    echo "test: waiting for the $name build ($(( $(now) - begun ))s in)"
+    wait "${build_pid[$name]}" || status=$?
+    unset "build_pid[$name]"
+    cat "$logs/$name.log"
+    if [ "$status" -ne 0 ]; then
+        echo "test: the $name build failed (exit $status)" >&2
+        exit 1
+    fi
+    echo "test: $name built ($(( $(now) - begun ))s in)"
+}
+
+background tools 10 "bash scripts/controlplane.sh $newest && bash scripts/helm.sh && bash scripts/prometheus.sh"
+background images 10 "bash scripts/node.sh && bash scripts/image.sh"
+if [ ${#older[@]} -gt 0 ]; then
+    background older 19 "bash scripts/controlplane.sh ${older[*]}"
+fi
+
+status=0
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/pytest tests/unit tests/node tests/gpu || status=$?
+
+finish tools
+finish images
+# tests/cluster as two pytest runs side by side: the tier mostly waits (on the API server, the kubelet, the agents'
+# scans). The modules marked real_node take the host's real node, so they run one after the other in one run (its
+# output shown when both are done); the rest in the other. K picks the Kubernetes versions' tests.
+cluster() {
+    local k=$1 out pid side=0
+    out=$(mktemp "$logs/real-node.XXXXXX")
+    setsid .venv/bin/pytest tests/cluster -m real_node -k "$k" >"$out" 2>&1 &
+    pid=$!
+    build_pid[real-node]=$pid  # stopped with the builds if this script is
+    .venv/bin/pytest tests/cluster -m "not real_node" -k "$k" || status=$?
+    wait "$pid" || side=$?
+    unset "build_pid[real-node]"
+    echo "test: the real-node tests ($k), run beside the others:"
+    cat "$out"
+    [ "$side" -eq 0 ] || status=$side
+}
+if [ ${#older[@]} -eq 0 ]; then
+    cluster ""
+    exit "$status"
+fi
 # A test on an older version has the version's tag in its ID ("[v1.33.13]"): "v1.33." picks those out.
 picks=""
 for version in "${older[@]}"; do
     picks+="${picks:+ or }$version."
 done
-status=0
-.venv/bin/pytest -k "not ($picks)" || status=$?
-echo "test: waiting for the background build of Kubernetes ${older[*]}"
-if ! wait "$background"; then
-    tail -n 40 "$log" >&2
-    echo "test: building Kubernetes ${older[*]} failed (the whole output: $log)" >&2
-    exit 1
-fi
-trap - EXIT
-cat "$log"
-rm -f "$log"
-.venv/bin/pytest tests/cluster -k "$picks" || status=$?
+cluster "not ($picks)"
+finish older
+cluster "$picks"
+echo "test: done in $(( $(now) - begun ))s after the Python environment and the packages"
 exit "$status"

@@ -18,7 +18,7 @@ from vramguard_testbed.waiting import wait_until
 
 from .containerd import IMAGES, PAUSE_IMAGE, Containerd, unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ from .fleet import (
 from .kube_fixtures import deploy_manifest
 from .real_cluster import one_node_at_a_time
 
-pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow, pytest.mark.real_node]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet.py"
 AGENTS = 3

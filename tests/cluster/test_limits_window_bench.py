@@ -14,7 +14,7 @@ from real_parts import need
 
 from .real_cluster import unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "limits_window.py"
 

@@ -34,7 +34,7 @@ from vramguard_testbed.waiting import wait_until
 from .delaying_proxy import DelayingProxy, ProxiedRequest
 from .real_cluster import Cluster, real_cluster, unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 DEVICE = "/dev/zero"  # stands in for /dev/nvidia* (the agent's hidden --gpu-device-prefix)
 HOLD_DEVICE = ["sh", "-c", f"exec 3<{DEVICE}; exec sleep 1000000"]

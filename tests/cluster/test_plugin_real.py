@@ -34,7 +34,7 @@ from .real_cluster import (
     unavailable_reason,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 NS = "ml"
 VIEWER = "vramguard-viewer"  # the chart's viewer ClusterRole (release "vramguard")

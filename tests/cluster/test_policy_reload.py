@@ -28,7 +28,7 @@ from vramguard_testbed.waiting import WaitTimeout, wait_until
 from .node import raw
 from .real_cluster import AGENT_NS, Cluster, real_cluster, unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 CONFIGMAP = "vramguard-policy"
 # The kubelet's sync (10 s here) with its jitter, the agent's check and a scan, with room for a busy host.

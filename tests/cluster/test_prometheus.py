@@ -33,7 +33,7 @@ from .node import NODE_CONTROLLERS, raw
 from .prometheus import KubeStateMetrics, Prometheus, install_monitoring_crds, installed, scrape_config
 from .real_cluster import AGENT_NS, WORKLOAD_IMAGE, Cluster, kubectl_as, real_cluster, unavailable_reason
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 INTERVAL = "1s"
 # Grafana's $__rate_interval for this scrape interval and a short time range; longer than the test, so that a

@@ -32,7 +32,7 @@ from vramguard.node.cgroup import v2_root
 from vramguard_testbed import flood
 from vramguard_testbed.fakenvml import DriverLimit, FakeNode, driver_limits, limit_calls
 from vramguard_testbed.simnode import metric_value
-from vramguard_testbed.waiting import wait_until
+from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 from .inotify import DirectoryWatch
 from .node import raw
@@ -47,7 +47,7 @@ from .real_cluster import (
     unavailable_reason,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_node]
 
 # The workloads have no GPU: a file they open stands in for /dev/nvidia* (the agent's hidden --gpu-device-prefix).
 DEVICE = "/dev/zero"
@@ -492,7 +492,14 @@ def test_a_static_pod_is_enforced_and_told_on_its_mirror_pod(cluster: Cluster) -
 
         # The forgery's own line (the genuine mirror may have had one too, made before the pod's sandbox).
         forged_line = f"pod {forger}/forged claims to be the mirror of UID {static_uid}: this node's kubelet runs that"
-        wait_until(lambda: forged_line in agent_log(), 30, what="the forged claim refused", interval_s=0.25)
+        try:
+            wait_until(lambda: forged_line in agent_log(), 30, what="the forged claim refused", interval_s=0.25)
+        except WaitTimeout:
+            alive = cluster.pod(forger, "forged") is not None
+            pytest.fail(
+                f"no refusal of the forged claim in 30 s (forgery alive: {alive}); the agent said:\n"
+                + agent_log()[-6000:]
+            )
         assert f"{forged_line} UID as {ns}/{name}" in agent_log()
 
         crossed = time.monotonic()

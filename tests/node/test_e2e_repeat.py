@@ -144,7 +144,12 @@ def test_restarted_container_over_its_quota_is_killed_within_one_scan(sim_node: 
     print(f"the restarted container's process was killed {scans:g} scans after it started")
     assert scans <= 2, "killed by the scan running when it appeared or the next one"
     assert shell.poll() is None, "a plain kill: the container's other processes live"
-    assert _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 2.0
+    # The process dies inside the kill call, before the action is counted: wait for the count, not the death.
+    wait_until(
+        lambda: _metric(sim_node, "vramguard_actions_total", action="kill", result="ok") == 2.0,
+        10 * POLL_S,
+        what="the second kill counted",
+    )
     assert _metric(sim_node, "vramguard_escalations_total", namespace="ml", step="kill-container") is None
 
 
