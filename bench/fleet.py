@@ -46,10 +46,9 @@ LISTs (resourceVersion unset) are served by etcd rather than the watch cache too
 run was.
 
 Agents on one machine keep to their own pods (see tests/cluster/fleet.py: no cgroup watcher in warn mode,
-NVML states per node, pod caches per node); the run checks it from each agent's metrics. It creates kubepods
-cgroups, so it holds the host's real-node lock (tests/cluster/real_cluster.py) while it runs: a real node's
-kubelet would kill processes in pod cgroups it does not know. Exit status 2: not runnable here (not root, no
-cgroup v2, no control plane built, or another real node held the lock for --lock-timeout).
+NVML states per node, pod caches per node); the run checks it from each agent's metrics. Its pod cgroups are the
+systemd driver's (kubepods.slice), which the test node's kubelet (cgroupfs driver: /kubepods) never looks at, so it
+runs beside a real node. Exit status 2: not runnable here (not root, no cgroup v2, no control plane built).
 """
 
 from __future__ import annotations
@@ -100,7 +99,6 @@ from cluster.fleet import (  # noqa: E402
     read_with_plugin,
 )
 from cluster.kube_fixtures import MANIFEST, deploy_manifest  # noqa: E402
-from cluster.real_cluster import NODE_LOCK, one_node_at_a_time  # noqa: E402
 from vramguard.plugin.fetch import WORKERS  # noqa: E402
 from vramguard_testbed.cgroups import cgroups_unavailable  # noqa: E402
 
@@ -790,12 +788,6 @@ def run(args: argparse.Namespace) -> int:
             tmp = Path(tempfile.mkdtemp(prefix="vramguard-fleet-"))
         else:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vramguard-fleet-")))
-        say(f"waiting for the host's real-node lock ({NODE_LOCK})", progress)
-        try:
-            stack.enter_context(one_node_at_a_time(timeout_s=args.lock_timeout))
-        except TimeoutError as e:
-            print(f"bench/fleet.py: {e}", file=sys.stderr)
-            return 2
         plane = ControlPlane(binaries_dir(version), etcd=args.etcd, audit_log=True, keep_workdir=args.keep)
         stack.callback(plane.stop)
         plane.start()
@@ -995,7 +987,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--plugin-reads", type=int, default=5, help="reads of every agent by the plugin")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
-    parser.add_argument("--lock-timeout", type=float, default=900.0, help="wait this long for the real-node lock")
     parser.add_argument("--keep", action="store_true", help="keep the work directories (audit log, agents' logs)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)

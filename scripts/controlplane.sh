@@ -21,9 +21,6 @@ cd "$(dirname "$0")/.."
 source scripts/apt.sh
 source scripts/gobuild.sh
 
-# etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd clients (3.5, 3.6) fine.
-command -v etcd >/dev/null || apt_install controlplane etcd-server
-echo "controlplane: $(etcd --version | head -n1)"
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -106,4 +103,8 @@ fi
 for module_dir in "$@"; do
   build_version "${module_dir%/}"
 done
+# etcd: Debian's etcd-server (3.4 on bookworm) serves kube-apiserver's etcd clients (3.5, 3.6) fine. After the
+# build: the test command starts this script while its own apt-get run may still hold dpkg's lock.
+command -v etcd >/dev/null || apt_install controlplane etcd-server
+echo "controlplane: $(etcd --version | head -n1)"
 printf '%s\n' "${built_dirs[@]}"

@@ -6,8 +6,9 @@ In steady state an agent's only requests are WATCH renewals: its pods, its Node 
 through watches, so a fleet of thousands costs the API server no periodic read. The plugin (kubectl-vramguard)
 reads every agent's /status with one LIST and one pod-proxy GET per agent. And bench/fleet.py stays runnable.
 
-The fleet's tests are a class, so that the fleet (and the host's real-node lock it holds) is gone before the
-benchmark's test runs: the benchmark takes that lock itself, and would wait for it behind a module's fixture.
+The fleet's tests are a class, so that the fleet is gone before the benchmark's test starts its own (two fleets at
+once would measure each other). The fleet's pod cgroups are the systemd driver's (kubepods.slice), which the real
+node's kubelet (cgroupfs driver: /kubepods) never looks at, so the module runs beside the real-node tests.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from .fleet import (
     read_with_plugin,
 )
 from .kube_fixtures import deploy_manifest
-from .real_cluster import one_node_at_a_time
 
-pytestmark = [pytest.mark.cgroups, pytest.mark.slow, pytest.mark.real_node]
+pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet.py"
 AGENTS = 3
@@ -64,29 +64,27 @@ def running_fleet(
     """Three ready agents, each on its own node with two pods, on a control plane with an audit log; with DRA
     where the API server serves it (a ResourceSlice per node, claims read first)."""
     need_cgroups(2)
-    # The fleet's pods are kubepods cgroups: a real node's kubelet would kill what it finds in them.
-    with one_node_at_a_time(timeout_s=600):
-        plane = ControlPlane(control_plane_binaries, audit_log=True).start()
-        try:
-            with plane.api_client() as api:
-                deploy_manifest(api)
-                fleet = Fleet(
-                    plane,
-                    api,
-                    tmp_path_factory.mktemp("fleet"),
-                    poll_interval_s=POLL_S,
-                    dra=serves_dra(kubernetes_version),
-                )
-                try:
-                    fleet.add_nodes(AGENTS, pods_per_node=2)
-                    started_s = time.time()
-                    fleet.start_agents()
-                    fleet.wait_ready(timeout_s=120)
-                    yield RunningFleet(plane, fleet, started_s, time.time())
-                finally:
-                    fleet.close()
-        finally:
-            plane.stop()
+    plane = ControlPlane(control_plane_binaries, audit_log=True).start()
+    try:
+        with plane.api_client() as api:
+            deploy_manifest(api)
+            fleet = Fleet(
+                plane,
+                api,
+                tmp_path_factory.mktemp("fleet"),
+                poll_interval_s=POLL_S,
+                dra=serves_dra(kubernetes_version),
+            )
+            try:
+                fleet.add_nodes(AGENTS, pods_per_node=2)
+                started_s = time.time()
+                fleet.start_agents()
+                fleet.wait_ready(timeout_s=120)
+                yield RunningFleet(plane, fleet, started_s, time.time())
+            finally:
+                fleet.close()
+    finally:
+        plane.stop()
 
 
 def summary(events: list[AuditEvent]) -> str:
@@ -223,9 +221,7 @@ def test_quick_fleet_benchmark_prints_its_tables() -> None:
     extrapolation."""
     need_cgroups(2)
     need(unavailable_reason(NEWEST), skip="no Kubernetes control plane", ci="build the Kubernetes control plane first")
-    result = run_bench("--quick", "--quiet", "--lock-timeout", "300", timeout_s=600)
-    if result.returncode == 2 and "real-node lock" in result.stderr:  # a real node held the host for 5 minutes
-        pytest.skip(result.stderr.strip())
+    result = run_bench("--quick", "--quiet", timeout_s=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for heading in (
