@@ -121,7 +121,8 @@ echo "test: the real-node tests on $newest, run beside the others:"
 cat "$out"
 [ "$side" -eq 0 ] || status=$side
 if [ ${#older[@]} -gt 0 ]; then
-    .venv/bin/pytest tests/cluster -m real_node -k "$picks" || status=$?
+    # Exit status 5: no test is both (none of the real-node modules runs on the older versions today).
+    .venv/bin/pytest tests/cluster -m real_node -k "$picks" || { side=$?; [ "$side" -eq 5 ] || status=$side; }
 fi
 echo "test: done in $(( $(now) - begun ))s"
 exit "$status"
