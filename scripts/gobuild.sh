@@ -10,11 +10,6 @@ newest_module() {
   printf '%s\n' hack/k8s/*/ | sed 's:/$::' | sort -V | tail -n1
 }
 
-# module_version DIR MODULE: the version of MODULE that DIR's go.mod resolves.
-module_version() {
-  (cd "$1" && go list -m -f '{{.Version}}' "$2")
-}
-
 # module_time DIR MODULE FORMAT: MODULE's publication time in Go's time FORMAT, the build date the binaries report
 # (so two builds of one version are identical).
 module_time() {
@@ -44,4 +39,35 @@ module_stamp() {
 # stamped DIR STAMP: whether the binaries in DIR were built with STAMP.
 stamped() {
   [ -f "$1/.module" ] && [ "$(cat "$1/.module")" = "$2" ]
+}
+
+# tool_built DIR BINARY...: whether the cache directory DIR holds each BINARY, built from the newest Kubernetes'
+# module as it is now.
+tool_built() {
+  local dir=$1 name
+  shift
+  stamped "$dir" "$(module_stamp "$(newest_module)")" || return 1
+  for name in "$@"; do [ -x "$dir/$name" ] || return 1; done
+}
+
+# build_tool WHO WHAT DIR LDFLAGS PACKAGE...: builds PACKAGEs of the newest Kubernetes' module (go_build) into the
+# cache directory DIR, stamped. The build goes to a temporary directory renamed into place, so an interrupted one
+# leaves nothing that looks finished.
+build_tool() {
+  local who=$1 what=$2 dir=$3 ldflags=$4 module tmp start
+  shift 4
+  module=$(newest_module)
+  mkdir -p "$(dirname "$dir")"
+  tmp=$(mktemp -d "$dir.build.XXXXXX")
+  # shellcheck disable=SC2064  # the directory is known now
+  trap "rm -rf -- '$tmp'" EXIT
+  trap 'exit 130' INT TERM  # so that the EXIT trap runs when interrupted
+  start=$(date +%s)
+  echo "$who: building $what from $module with $(go version | cut -d' ' -f3)"
+  go_build "$module" "$tmp" "$ldflags" "$@"
+  module_stamp "$module" >"$tmp/.module"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  trap - EXIT INT TERM
+  echo "$who: built in $(( $(date +%s) - start ))s"
 }

@@ -16,27 +16,15 @@ module=$(awk '$1 == "github.com/prometheus/prometheus" { print $2 }' "$module_di
 version=$(echo "$module" | sed -E 's/^v0\.3([0-9]{2})\.([0-9]+)$/3.\1.\2/; s/^3\.0([0-9])/3.\1/')
 [[ "$version" =~ ^3\.[0-9]+\.[0-9]+$ ]] || { echo "prometheus: cannot read a 3.x version from $module" >&2; exit 1; }
 dir="${VRAMGUARD_CACHE:-$HOME/.cache/vramguard}/prometheus/$version"  # tests/monitoring_fixtures.py
-stamp=$(module_stamp "$module_dir")
-if [ ! -x "$dir/prometheus" ] || [ ! -x "$dir/promtool" ] || ! stamped "$dir" "$stamp"; then
-  mkdir -p "$(dirname "$dir")"
-  tmp=$(mktemp -d "$dir.build.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  trap 'exit 130' INT TERM  # so that the EXIT trap runs when interrupted
-  start=$(date +%s)
-  echo "prometheus: building Prometheus $version from $module_dir with $(go version | cut -d' ' -f3)"
+if ! tool_built "$dir" prometheus promtool; then
   # Without these `--version` reports an empty version, as a build outside the project's Makefile does.
   ldflags="-s -w"
   for var in Version="$version" Revision="$module" Branch=module-proxy \
     BuildDate="$(module_time "$module_dir" github.com/prometheus/prometheus 20060102-15:04:05)"; do
     ldflags+=" -X github.com/prometheus/common/version.$var"
   done
-  go_build "$module_dir" "$tmp" "$ldflags" \
+  build_tool prometheus "Prometheus $version" "$dir" "$ldflags" \
     github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
-  echo "$stamp" >"$tmp/.module"
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
-  trap - EXIT INT TERM
-  echo "prometheus: built in $(( $(date +%s) - start ))s"
 fi
 echo "prometheus: $("$dir/promtool" --version 2>&1 | head -n1)"
 echo "$dir/promtool"
