@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from markdown_anchors import anchors
+from markdown_anchors import anchors, headings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
@@ -77,17 +77,6 @@ SOURCES = sorted(
         *(p for pattern in ("*.yaml", "*.tpl") for p in (ROOT / "deploy").rglob(pattern)),
     ]
 )
-
-
-def headings(markdown: str) -> set[str]:
-    """The words of every heading of `markdown`, outside code blocks."""
-    found, fenced = set(), False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (match := re.match(r"#{1,6}\s+(.*?)\s*$", line)):
-            found.add(match.group(1))
-    return found
 
 
 def stale_citations(source: Path) -> list[str]:
