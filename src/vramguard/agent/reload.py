@@ -131,8 +131,11 @@ class PolicyReloader:
         self.interval_s = interval_s
         self.count = count
         self.log = log if log is not None else structlog.get_logger(__name__)
-        self.invalid: str | None = None  # why the file's content is refused now; None while it is good
-        self.checks = 0  # looks at the file completed (/status): how a test counts the reloader's cycles
+        # (why the file's content is refused now, None while it is good; looks at the file completed), published
+        # together once a look ends: a reader (/status, a test counting the reloader's cycles) never sees a look's
+        # result beside the count from before it
+        self.looked: tuple[str | None, int] = (None, 0)
+        self._invalid: str | None = None  # the look under way's result, published with its count
         self.clock = clock
         self._seen = digest  # the content last put in force or refused
         self._seen_error: str | None = None  # why that content was refused
@@ -144,6 +147,16 @@ class PolicyReloader:
         self._lock = threading.Lock()
         self._pending: Loaded | None = None
         self.loop = BackgroundLoop("vramguard-policy", self.check, clock=clock, log=self.log)
+
+    @property
+    def invalid(self) -> str | None:
+        """Why the file's content is refused now; None while it is good."""
+        return self.looked[0]
+
+    @property
+    def checks(self) -> int:
+        """Looks at the file completed."""
+        return self.looked[1]
 
     def start(self) -> None:
         self.loop.start()
@@ -162,7 +175,7 @@ class PolicyReloader:
         try:
             return self._look()
         finally:
-            self.checks += 1
+            self.looked = (self._invalid, self.looked[1] + 1)
 
     def _look(self) -> float:
         try:
@@ -183,7 +196,7 @@ class PolicyReloader:
         self._file = read.file
         if digest == self._seen:
             self._changed = None
-            self.invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
+            self._invalid = self._seen_error  # unchanged (an unreadable spell ends where it began)
             return self.interval_s
         if not swapped and not self._settled(digest):
             return self.interval_s
@@ -194,7 +207,7 @@ class PolicyReloader:
         except PolicyError as e:
             self._refuse(digest, [str(error) for error in e.errors])
             return self.interval_s
-        self._seen_error = self.invalid = None
+        self._seen_error = self._invalid = None
         with self._lock:
             self._pending = Loaded(policy, digest)
         return self.interval_s
@@ -209,7 +222,7 @@ class PolicyReloader:
         return now - self._changed[1] >= self.interval_s
 
     def _refuse(self, digest: str, errors: list[str]) -> None:
-        self._seen_error = self.invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
+        self._seen_error = self._invalid = f"invalid policy in {self.path}: " + "; ".join(errors)
         self.count(ReloadResult.INVALID)
         self.log.error("policy_invalid", path=self.path, digest=digest[:12], errors=errors, keeping="last good policy")
 
@@ -218,7 +231,7 @@ class PolicyReloader:
         and looked at again at the interval, for a good file swapped in."""
         self._failures = 0
         self._retry.reset()
-        self.invalid = f"{self.path}: {why}"
+        self._invalid = f"{self.path}: {why}"
         if self._unreadable.failed(why):
             self.count(ReloadResult.INVALID)
             self.log.error("policy_refused", path=self.path, error=why, keeping="last good policy")
@@ -227,7 +240,7 @@ class PolicyReloader:
     def _failed(self, why: str) -> float:
         self._failures += 1
         if self._failures >= UNREADABLE_AFTER and self._unreadable.failed(why):
-            self.invalid = f"{self.path}: {why}"
+            self._invalid = f"{self.path}: {why}"
             self.count(ReloadResult.INVALID)
             self.log.error("policy_unreadable", path=self.path, error=why, keeping="last good policy")
         return self._retry.next()

@@ -641,7 +641,7 @@ class Probes:
         agent = self._agent()
         if agent is None:
             return None
-        invalid, checks = (self.reloader.invalid, self.reloader.checks) if self.reloader is not None else (None, 0)
+        invalid, checks = self.reloader.looked if self.reloader is not None else (None, 0)
         return PolicyFacts(agent.policy.mode.value, agent.policy_digest, invalid, agent.restart_needed, checks)
 
     def driver_facts(self) -> DriverFacts:
