@@ -1,4 +1,4 @@
-"""Memory with no process: GPU memory NVML still lists under PIDs that have exited, held past a teardown. Pure.
+"""Memory with no process: GPU memory NVML still lists under PIDs that have exited, held past a teardown.
 
 The driver frees a process's memory as it tears the process's contexts down, while the process is reaped: 79-141
 ms measured on an H100 from SIGKILL to the reap, 1 GiB or 20 GiB alike (docs/scale.md, "Benchmarks").

@@ -1,4 +1,4 @@
-"""Orphans: GPU processes left in the cgroup of a pod that no longer exists. Pure.
+"""Orphans: GPU processes left in the cgroup of a pod that no longer exists.
 
 A pod deleted while its kubelet was down or wedged, a pod whose cgroup the kubelet's cleanup holds back (it
 waits for volumes), a process that survived its container's teardown: the processes sit in a kubelet pod cgroup

@@ -4,7 +4,8 @@ Prometheus samples the usage gauge at its scrape interval (30 s is common), so a
 seconds between two scrapes never shows there, though the agent's scans saw it (the watch between scans calls for a
 scan within 20 ms of any change past `watch_rise`). `PeakWindow` keeps, for each (pod, container, GPU), the highest
 usage of the scans of the last `window_s`: exported as a gauge, its `max_over_time` over any range is the true peak
-at the scans' granularity, whatever the scrape interval up to the window. Pure: the scan's time is handed in.
+at the scans' granularity, whatever the scrape interval up to the window. It keeps state between scans, with
+no I/O and no clock: the scan's time is handed in.
 
 It also keeps each subject's highest usage since the agent's first scan (`highest`), bounded the same way: what
 `kubectl vramguard recommend` reads from /status where no Prometheus keeps the history.
