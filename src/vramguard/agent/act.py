@@ -3,9 +3,9 @@
 Every Event the agent writes leaves from here (`execute`, `collect`, `report_invalid`, `report_limits`,
 `report_pressure`), so dry-run is decided in one place. The Enforcer never decides: it does what an `Action`
 says, the way the policy says, and reports a result for each; a failing seam is a result, not an exception.
-Killing is local and happens on the scan; an eviction is an API call and runs on the Enforcer's worker
-(`start()`, `stop(deadline)`), its outcome returned by a later `collect`, or counted as failed once
-`policy.eviction_timeout_s` passes without an answer. An eviction abandoned so is never sent if it has not been
+Killing is local and happens on the scan; an eviction is an API call made off the scan (`base/offscan.py`, on the
+Enforcer's worker: `start()`, `stop(deadline)`), its outcome returned by a later `collect`, or counted as failed
+once `policy.eviction_timeout_s` passes without an answer. An eviction given up so is never sent if it has not been
 yet (it may be queued behind a frozen API server's requests); one already sent is still the pod's eviction: no
 other of the pod is sent before its answer, and an acceptance is reported when it comes, so that the decision core
 holds the pod's next eviction (`decide.spacing_hold`).
@@ -14,15 +14,13 @@ holds the pod's next eviction (`decide.spacing_hold`).
 from __future__ import annotations
 
 import enum
-import itertools
-import queue
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
+from vramguard.base.offscan import Ending, Fate, OffScanCalls
 from vramguard.base.worker import Runner, Worker
 from vramguard.core.exited import HeldByExited
 from vramguard.core.limit_plan import LimitOutcome, LimitResult
@@ -136,14 +134,6 @@ class Outcome:
         return self.kill is not None and self.kill.ok
 
 
-@dataclass(frozen=True, slots=True)
-class _Eviction:
-    action: Action
-    started_at: float
-    ticket: int  # tells this eviction's answer from a late one for an earlier, abandoned eviction of the pod
-    abandoned: threading.Event  # set by the scan once it stopped waiting: not sent if the worker has not begun it
-
-
 class Enforcer:
     def __init__(
         self,
@@ -169,12 +159,11 @@ class Enforcer:
         self.dry_run = dry_run
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.clock = clock
-        self._runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
-        self._pending: dict[str, _Eviction] = {}  # by pod UID
-        self._abandoned: dict[int, _Eviction] = {}  # by ticket: given up on, their worker task not yet finished
-        # A task's answer by ticket; None for an abandoned eviction that was never sent.
-        self._answers: queue.SimpleQueue[tuple[int, EvictResult | None]] = queue.SimpleQueue()
-        self._tickets = itertools.count(1)
+        runner = evictions if evictions is not None else Worker("vramguard-evict", max_queue=16, clock=clock)
+        # By pod UID; waited for as long as the policy in force says, a reloaded one included.
+        self._evictions: OffScanCalls[Action, EvictResult] = OffScanCalls(
+            runner, lambda: self.policy.eviction_timeout_s
+        )
 
     def execute(self, action: Action) -> Outcome | None:
         """Carry out `action`; its outcome, or None for an eviction now in flight (see `collect`)."""
@@ -270,56 +259,41 @@ class Enforcer:
         """Outcomes of the evictions answered since the last call, and of those left unanswered too long; and of
         an abandoned one that the API server accepted after all (the pod is being evicted)."""
         outcomes: list[Outcome] = []
-        while True:
-            try:
-                ticket, result = self._answers.get_nowait()
-            except queue.Empty:
-                break
-            late = self._abandoned.pop(ticket, None)
-            if result is None:  # only an abandoned eviction goes unsent
-                self.log.info("eviction_not_sent", pod=late.action.pod.key if late else None, why="abandoned")
-                continue
-            eviction = next((e for e in self._pending.values() if e.ticket == ticket), None)
-            if eviction is not None:
-                del self._pending[eviction.action.pod.uid]
-                outcomes.append(self._finish_eviction(eviction.action, result))
-            elif late is not None and result.evicted:
-                outcomes.append(self._accepted_late(late, result))
+        for end in self._evictions.collect(self.clock.now()):
+            action = end.call.about
+            if end.fate is Fate.NOT_MADE:
+                self.log.info("eviction_not_sent", pod=action.pod.key, why="abandoned")
+            elif end.fate is Fate.ANSWERED:
+                outcomes.append(self._finish_eviction(action, _answer(end)))
+            elif end.fate is Fate.LATE:
+                if (result := _answer(end)).evicted:
+                    outcomes.append(self._accepted_late(action, result))
+                else:
+                    ticket = end.call.ticket
+                    self.log.info("eviction_answer_too_late", ticket=ticket, evicted=False, detail=result.message)
             else:
-                self.log.info("eviction_answer_too_late", ticket=ticket, evicted=result.evicted, detail=result.message)
-        now = self.clock.now()
-        for uid, eviction in list(self._pending.items()):
-            if now - eviction.started_at >= self.policy.eviction_timeout_s:
-                del self._pending[uid]
-                self._abandon(eviction)
                 waited = format_duration(self.policy.eviction_timeout_s)
                 result = EvictResult(evicted=False, refused=False, message=f"no answer from the API server in {waited}")
-                outcomes.append(self._finish_eviction(eviction.action, result))
+                outcomes.append(self._finish_eviction(action, result))
         return outcomes
 
     def evictions_in_flight(self) -> int:
-        return len(self._pending)
+        return self._evictions.waiting()
 
-    def _abandon(self, eviction: _Eviction) -> None:
-        """Stop waiting for `eviction`: never sent if its task has not begun; an answer that still comes is logged,
-        or reported when it is an acceptance."""
-        eviction.abandoned.set()
-        self._abandoned[eviction.ticket] = eviction
-
-    def _accepted_late(self, late: _Eviction, result: EvictResult) -> Outcome:
+    def _accepted_late(self, action: Action, result: EvictResult) -> Outcome:
         """An abandoned eviction accepted after all: reported, since the pod is being evicted."""
         waited = format_duration(self.policy.eviction_timeout_s)
-        self.log.info("eviction_accepted_late", pod=late.action.pod.key, detail=result.message)
+        self.log.info("eviction_accepted_late", pod=action.pod.key, detail=result.message)
         answered = EvictResult(evicted=True, refused=False, message=f"accepted after more than {waited}")
-        return self._finish_eviction(late.action, answered)
+        return self._finish_eviction(action, answered)
 
     def start(self) -> None:
         """Start the eviction worker."""
-        self._runner.start()
+        self._evictions.start()
 
     def stop(self, deadline: float) -> None:
         """Stop the eviction worker; an eviction in flight at `deadline` is abandoned (its request has a timeout)."""
-        self._runner.stop(deadline)
+        self._evictions.stop(deadline)
 
     # -- eviction --------------------------------------------------------------------------------------------
 
@@ -329,32 +303,21 @@ class Enforcer:
             # The API server would delete the mirror pod alone, and the kubelet would put it back: nothing can
             # evict a static pod, so its eviction is refused here, without a request, and on_eviction_refused applies.
             return self._finish_eviction(action, EvictResult(evicted=False, refused=True, message=STATIC_REFUSAL))
-        if pod.uid in self._pending:
+        if self._evictions.waiting(pod.uid):
             return None  # one eviction per pod at a time; the first one's outcome will be reported
-        if any(e.action.pod.uid == pod.uid for e in self._abandoned.values()):
+        if self._evictions.unfinished(pod.uid):
             # Two of the pod's evictions on the worker would both be sent once the API server answers again.
             unanswered = EvictResult(evicted=False, refused=False, message="its last eviction is still unanswered")
             return self._finish_eviction(action, unanswered)
-        ticket = next(self._tickets)
-        abandoned = threading.Event()
 
-        def evict() -> None:
-            if abandoned.is_set():  # the scan stopped waiting for it: an eviction nobody waits for is not sent
-                self._answers.put((ticket, None))
-                return
-            try:
-                result = self.evictor.evict(pod, action.message)
-            except Exception as e:  # an evictor should answer with a result; an exception is a failure too
-                result = EvictResult(evicted=False, refused=False, message=f"{type(e).__name__}: {e}")
-            self._answers.put((ticket, result))
+        def evict() -> EvictResult:
+            return self.evictor.evict(pod, action.message)
 
-        self._pending[pod.uid] = _Eviction(action, self.clock.now(), ticket, abandoned)
-        if not self._runner.submit(evict):
-            del self._pending[pod.uid]
-            return self._finish_eviction(
-                action, EvictResult(evicted=False, refused=False, message="too many evictions in flight")
-            )
-        return None
+        if self._evictions.submit(pod.uid, action, evict, self.clock.now()) is not None:
+            return None
+        return self._finish_eviction(
+            action, EvictResult(evicted=False, refused=False, message="too many evictions in flight")
+        )
 
     def _finish_eviction(self, action: Action, result: EvictResult) -> Outcome:
         if result.evicted:
@@ -474,6 +437,13 @@ def confirm_freed(
                 )
         confirmed.append(o)
     return tuple(confirmed)
+
+
+def _answer(end: Ending[Action, EvictResult]) -> EvictResult:
+    """An eviction's answer; an evictor should answer with a result, and an exception is a failure too."""
+    if end.value is not None:
+        return end.value
+    return EvictResult(evicted=False, refused=False, message=f"{type(end.error).__name__}: {end.error}")
 
 
 def _memory_not_freed(action: Action, kill: KillResult, detail: str) -> Outcome:

@@ -304,6 +304,24 @@ def test_what_follows_an_eviction_that_did_not_happen(
         assert answer.message in events.events[0][2]
 
 
+class RaisingEvictor:
+    """An evictor that raises instead of answering with a result."""
+
+    def evict(self, pod: PodInfo, message: str) -> EvictResult:
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_an_evictor_that_raises_is_a_failed_eviction() -> None:
+    """An exception from the evictor is its answer: a failed eviction naming the error, then on_eviction_refused."""
+    enforcer, runner, _, events, killer = _enforcer(RaisingEvictor(), EvictionRefused.KILL)
+    assert enforcer.execute(over_quota_action()) is None
+    runner.run_all()
+    (outcome,) = enforcer.collect()
+    assert outcome.result == "failed-then-killed"
+    assert events.reasons() == ["VRAMEvictionFailed", "VRAMKilled"] and len(killer.killed) == 1
+    assert "ConnectionResetError: connection reset by peer" in events.events[0][2]
+
+
 @pytest.mark.parametrize(
     ("on_refused", "result", "reasons", "kills"),
     [

@@ -85,3 +85,12 @@ def test_a_full_worker_starts_nothing() -> None:
     r, _, runner = reads()
     runner.tasks.append(lambda: None)
     assert not r.request(0.0) and r.reads == 0
+
+
+def test_a_read_given_up_before_the_worker_began_it_is_never_made() -> None:
+    """A read still queued at its timeout (the worker stuck) is dropped when the worker reaches it: no request."""
+    r, lister, runner = reads()
+    assert r.request(0.0)
+    assert r.collect(READ_TIMEOUT_S) is None
+    runner.run_all()
+    assert r.collect(READ_TIMEOUT_S + 1) is None and lister.calls == 0
