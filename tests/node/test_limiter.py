@@ -245,7 +245,8 @@ def test_a_cgroup_whose_pod_is_not_known_waits_for_it(node: Node, v2: KubeletCgr
     node.limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
     assert node.collect() == [] and node.limiter.retry_parked()
     node.known[fresh.uid] = fresh
-    assert not node.limiter.retry_parked()  # the retry ran inline: nothing left parked
+    node.at(0.1)  # its next lookup is due
+    assert not node.limiter.retry_parked()  # the lookup ran inline: nothing left parked
     assert results(node.collect()) == [("applied", None, 0), ("applied", None, 1)]
 
 
@@ -253,7 +254,8 @@ def test_the_watcher_keeps_ticking_while_a_cgroup_waits(node: Node, v2: KubeletC
     """Handed over but not yet taken by the busy worker, or parked until its pod is known: either way the
     watcher is told to call again, so no new cgroup waits for the next event or scan."""
     queued = Queued()
-    limiter = DriverLimiter(node.driver, runner=queued, clock=FakeClock(0.0), plan=node.plan)
+    clock = FakeClock(0.0)
+    limiter = DriverLimiter(node.driver, runner=queued, clock=clock, plan=node.plan)
     fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
     pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
     limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
@@ -261,6 +263,7 @@ def test_the_watcher_keeps_ticking_while_a_cgroup_waits(node: Node, v2: KubeletC
     queued.run()
     assert limiter.retry_parked(), "parked: its pod is not known"
     node.known[fresh.uid] = fresh
+    clock.step(0.1)  # its next lookup is due
     queued.run()
     assert not limiter.retry_parked()
     assert node.held(pod_cg.dirs[0]) == [3 * GiB, 3 * GiB]

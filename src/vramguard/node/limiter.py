@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 import structlog
 
+from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.base.worker import Runner, Worker
+from vramguard.base.worker import Runner
 from vramguard.base.workqueue import WorkQueue
 from vramguard.core.limit_plan import LimitOutcome, LimitResult, LimitTarget
 from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
@@ -96,13 +97,39 @@ Planner = Callable[[str], "tuple[LimitTarget, ...] | None"]
 """The limits one pod calls for now, by pod UID, read fresh from the agent's sources (`LimitPlanner.plan`); None
 when the pod is not known (yet). Called on the limiter's worker."""
 
-Place = tuple[str, int]
-"""Where one limit goes: a cgroup directory (its full path) on a whole GPU (its index)."""
 
-Key = tuple[str, "int | None"]
-"""What the limiter's queue holds: a `Place`, a new cgroup whose limits are not looked up yet (no GPU), or `_PLAN`."""
+@dataclass(frozen=True, slots=True)
+class LimitKey:
+    """Where one limit goes: a cgroup directory (its full path) on one whole GPU (its index)."""
 
-_PLAN: Key = ("", None)  # no cgroup: the scan's targets as a whole, each located and compared
+    cgroup: str
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupKey:
+    """A pod's or a container's cgroup the watcher handed over, its limits not looked up yet. One key per cgroup:
+    what the cgroup is and when it appeared ride along, outside the key's identity."""
+
+    cgroup: str
+    identity: CgroupIdentity = field(compare=False)
+    appeared_at: float = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetsKey:
+    """The scan's latest targets as a whole: each located and compared (after a change, at the resync, and while a
+    cgroup is missing that no watcher will report)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageKey:
+    """The scan's latest hand-over asks for the limited cgroups' usage: read back once the keys ready with it are
+    done, so the figures are those of the limits just compared."""
+
+
+Key = LimitKey | CgroupKey | TargetsKey | UsageKey
+"""What the limiter's work queue holds, and nothing else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +144,73 @@ class _Want:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """The scan's latest hand-over: the targets, computed at `computed_at`, and the whole GPUs (for the probe)."""
+class _Handover:
+    """The scan's latest `update`: the targets, computed at `computed_at`, the whole GPUs (for the probe), and its
+    number (usage counts as fresh only when read for the latest)."""
 
     targets: tuple[LimitTarget, ...]
     gpus: tuple[int, ...]
     computed_at: float
+    ticket: int
+
+
+@dataclass(slots=True)
+class _Shared:
+    """Everything that crosses threads, read and written only under `DriverLimiter._lock`. In: the scan's latest
+    hand-over, whether a watcher reports new cgroups, the cgroups seen created (a process in one when its limit
+    goes on started with it: not "late"). Out, written by the worker: what came of the limits, what the driver
+    holds, the usage read back and for which hand-over, the GPUs that cannot hold limits, the first probe's
+    answer, and why the node cannot hold any (written once, as the worker gives up)."""
+
+    handover: _Handover | None = None
+    watched: bool = False
+    fresh: set[str] = field(default_factory=set)
+    outcomes: list[LimitOutcome] = field(default_factory=list)
+    held: dict[SubjectKey, LimitTarget] = field(default_factory=dict)
+    usage: dict[SubjectKey, int] = field(default_factory=dict)
+    usage_ticket: int = 0
+    unsupported: dict[int, str] = field(default_factory=dict)
+    first_answer: LimitsSupport | None = None
+    unavailable: str | None = None
+
+
+@dataclass(slots=True)
+class _Books:
+    """The worker's own, never shared: what each place should hold (the targets located, and the new cgroups
+    looked up), what this agent knows the driver holds there, each pod's targets as last located, and whether
+    the driver was asked yet whether it can hold limits at all."""
+
+    wanted: dict[LimitKey, _Want] = field(default_factory=dict)
+    holds: dict[LimitKey, _Want] = field(default_factory=dict)
+    by_pod: dict[str, tuple[LimitTarget, ...]] = field(default_factory=dict)
+    probed: bool = False
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One pass of the worker: its outcomes, the places it compared and the usage their calls read back, and the
+    hand-over whose usage it reads back at its end (None: no `UsageKey` came)."""
+
+    outcomes: list[LimitOutcome] = field(default_factory=list)
+    compared: set[LimitKey] = field(default_factory=set)
+    read: dict[SubjectKey, int] = field(default_factory=dict)
+    usage_for: int | None = None
 
 
 class DriverLimiter:
-    """A reconcile queue (`workqueue.WorkQueue`) of (cgroup, GPU) places, driven in passes by one worker: the scan's
-    targets (`update`) and each cgroup that appears (`appeared`) put the places they concern on it, and
-    `_reconcile_place` compares what one place should hold with what the driver holds, and sets or clears it; a
+    """A controller over the driver's limits, as one built on client-go's `util/workqueue` is: the planner lists
+    the desired state (the scan's targets, handed over by `update`, and one pod's, read fresh by `plan` when a
+    cgroup of it appears), one `WorkQueue` holds typed keys (`Key`), and the worker reconciles them:
+    `_reconcile` compares what one place should hold with what the driver holds, and sets or clears it; a
     failing call is retried on the place's own back-off. `cgroup_root`: where the cgroups are found (cgroupfs),
-    unless a `tree` stands in for them. `plan`: a pod's limits read fresh, for a cgroup the moment it appears
-    (without it, the pod's targets as the scan last handed them over)."""
+    unless a `tree` stands in for them.
+
+    Who owns what: the constructor's settings and the queue (thread-safe itself) are read by every thread and
+    never written after; `_shared` crosses threads, only under `_lock`; `_books` and each pass are the worker's
+    alone. The worker is a thread of its own (`start`), waiting in the queue, which wakes it for each key added and
+    for each held-back key (a back-off, the resync, a parked cgroup) when it comes due. `runner` stands in for the
+    thread (`Inline` in tests and the bench): each hand-over then runs a pass on it, taking the keys that are
+    ready."""
 
     def __init__(
         self,
@@ -142,6 +221,7 @@ class DriverLimiter:
         resync_s: float = 30.0,
         retry_s: float = 2.0,
         max_retry_s: float = 300.0,
+        lookup_retry_s: float = 0.1,
         clock: Clock = SYSTEM_CLOCK,
         plan: Planner | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
@@ -149,78 +229,55 @@ class DriverLimiter:
     ) -> None:
         self.memory = memory
         self.tree = tree if tree is not None else CgroupfsTree(cgroup_root)
-        self.runner = runner if runner is not None else Worker("driver-limits", max_queue=1, clock=clock)
         self.resync_s = resync_s
         self.retry_s = retry_s
+        self.lookup_retry_s = lookup_retry_s  # how soon a cgroup whose pod is not known yet is looked up again
         # The scan's clock: a limit wanted after the targets were computed (`update`'s `now`) is newer than them.
         self.clock = clock
         self.plan = plan
         self.log = log if log is not None else structlog.get_logger(__name__)
         self.queue: WorkQueue[Key] = WorkQueue(lambda: Backoff(retry_s, max_retry_s), clock)
-        self._watched = False  # a `CgroupWatcher` hands over new cgroups (`watched`)
+        self.runner = runner
+        self._loop = BackgroundLoop("driver-limits", self._step, clock=clock, wake=self.queue.shut_down, log=self.log)
         self._lock = threading.Lock()
-        # Under _lock: the scan's latest targets; the cgroups handed over and not looked up yet, with when they
-        # appeared; those seen created (a process in one when its limit goes on started with it: not "late").
-        self._plan: _Plan | None = None
-        self._new: dict[str, tuple[CgroupIdentity, float]] = {}
-        self._fresh: set[str] = set()
-        # Under _lock, for the scan: what came of the limits, what the driver holds, the usage read back and by
-        # which hand-over, the GPUs that said they cannot (the worker, their one writer, reads them unlocked).
-        self._outcomes: list[LimitOutcome] = []
-        self._held: dict[SubjectKey, LimitTarget] = {}
-        self._usage: dict[SubjectKey, int] = {}
-        self._usage_ticket = -1
-        self._unsupported_gpus: dict[int, str] = {}
-        self._first_answer: LimitsSupport | None = None  # the first probe's, once it came
-        self._unavailable: str | None = None  # written once, by the worker, as it gives up
-        # The scan's only: the targets last handed over, and the hand-over's ticket (usage counts as fresh only when
-        # read by the pass the latest hand-over started).
-        self._submitted: tuple[LimitTarget, ...] | None = None
-        self._ticket = 0
-        # The worker's only: what each place should hold, and what this agent knows the driver holds there; each
-        # pod's targets as last handed over; whether the driver was asked yet; the places compared in this pass,
-        # and the usage their calls read back.
-        self._wanted: dict[Place, _Want] = {}
-        self._holds: dict[Place, _Want] = {}
-        self._latest: dict[str, tuple[LimitTarget, ...]] = {}
-        self._probed = False
-        self._compared: set[Place] = set()
-        self._read: dict[SubjectKey, int] = {}
+        self._shared = _Shared()
+        self._books = _Books()
 
     # -- the loop's side ---------------------------------------------------------------------------------------
 
     def update(self, targets: tuple[LimitTarget, ...], gpus: Iterable[int], now: float) -> None:
-        """Hand the limits wanted now to the worker: a change puts the whole plan on the queue (so does the resync,
-        every `resync_s`); every call starts a pass, which retries the failing limits that are due and reads back
-        the limited cgroups' usage. The first pass also asks the driver whether it can hold limits on `gpus` at all,
-        so `unavailable` is known before any pod has a quota. Never blocks."""
-        if self._unavailable is not None:
-            return
+        """Hand the limits wanted now to the worker: a change puts the targets as a whole on the queue (so does
+        the resync, every `resync_s`), and every call asks for the limited cgroups' usage. The first pass also asks
+        the driver whether it can hold limits on `gpus` at all, so `unavailable` is known before any pod has a
+        quota. Never blocks."""
         with self._lock:
-            self._plan = _Plan(targets, tuple(gpus), now)
-        if targets != self._submitted:
-            self._submitted = targets
-            self.queue.add(_PLAN)
-        ticket = self._ticket + 1
-        if self.runner.submit(lambda: self._pass(ticket)):
-            self._ticket = ticket  # else the worker is busy: its queued pass takes the plan, the next scan asks again
+            if self._shared.unavailable is not None:
+                return
+            last = self._shared.handover
+            self._shared.handover = _Handover(targets, tuple(gpus), now, last.ticket + 1 if last is not None else 1)
+        if last is None or targets != last.targets:
+            self.queue.add(TargetsKey())
+        self.queue.add(UsageKey())
+        self._kick()
 
     def collect(self) -> list[LimitOutcome]:
         """The outcomes since the last call (for Events, metrics, the log)."""
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
+            outcomes, self._shared.outcomes = self._shared.outcomes, []
         return outcomes
 
     def held(self) -> Mapping[SubjectKey, LimitTarget]:
         """The limits the driver holds, as of the last pass."""
         with self._lock:
-            return dict(self._held)
+            return dict(self._shared.held)
 
     def fresh_usage(self) -> Mapping[SubjectKey, int]:
-        """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (by the
-        pass it started); empty when that pass has not finished, so a scan never takes an old figure."""
+        """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (for the
+        latest); empty when that read has not finished, so a scan never takes an old figure."""
         with self._lock:
-            return dict(self._usage) if self._usage_ticket == self._ticket else {}
+            shared = self._shared
+            latest = shared.handover.ticket if shared.handover is not None else None
+            return dict(shared.usage) if shared.usage_ticket == latest else {}
 
     def failing(self) -> int:
         """How many (cgroup, GPU) limits are failing now, each retried on its own back-off."""
@@ -229,183 +286,204 @@ class DriverLimiter:
     @property
     def unavailable(self) -> str | None:
         """Why this node cannot hold driver limits at all, or None (as far as the limiter has found out)."""
-        return self._unavailable
+        with self._lock:
+            return self._shared.unavailable
 
     def unsupported_gpus(self) -> Mapping[int, str]:
         with self._lock:
-            return dict(self._unsupported_gpus)
+            return dict(self._shared.unsupported)
 
     def support(self) -> LimitsSupport | None:
         """Whether the driver can hold limits here, as far as the limiter has found out: None before its first
         probe (at the first `update`) has run. Never blocks on NVML."""
         with self._lock:
-            first = self._first_answer
+            shared = self._shared
+            first = shared.first_answer
             if first is None:
                 return None
-            unavailable = self._unavailable if self._unavailable is not None else first.unavailable
-            return replace(first, unavailable=unavailable, unsupported=dict(self._unsupported_gpus))
+            unavailable = shared.unavailable if shared.unavailable is not None else first.unavailable
+            return replace(first, unavailable=unavailable, unsupported=dict(shared.unsupported))
 
     def start(self) -> None:
-        self.runner.start()
+        if self.runner is not None:
+            self.runner.start()
+        else:
+            self._loop.start()
 
     def stop(self, deadline: float) -> None:
         """Stop the worker. The limits stay: they protect the neighbours while the agent is away."""
-        self.runner.stop(deadline)
+        if self.runner is not None:
+            self.runner.stop(deadline)
+        else:
+            self._loop.stop(deadline)
 
     # -- the watcher's side ------------------------------------------------------------------------------------
 
     def watched(self) -> None:
         """A `CgroupWatcher` hands over each new cgroup from now on: a target whose cgroup is not there yet is
         programmed when it appears, not looked for again every `retry_s` (only at the resync)."""
-        self._watched = True
+        with self._lock:
+            self._shared.watched = True
 
     def appeared(self, path: str, identity: CgroupIdentity, fresh: bool = True) -> None:
         """A pod's or a container's cgroup (`cgroupwatch.CgroupWatcher`): program its limits now, before anything
         runs in it. `fresh`: created while watched (not found already there at start), so a process in it when
         its limit goes on is one that started with the cgroup, not one found running without its limit. Never
         blocks: the worker takes it ahead of every other key, in the pass under way or the next."""
-        if self._unavailable is not None:
-            return
         with self._lock:
-            self._new.setdefault(path, (identity, self.clock.now()))
+            if self._shared.unavailable is not None:
+                return
             if fresh:
-                self._fresh.add(path)
-        self.queue.add((path, None), first=True)
-        self.runner.submit(lambda: self._pass(None))
+                self._shared.fresh.add(path)
+        self.queue.add(CgroupKey(path, identity, self.clock.now()), first=True)
+        self._kick()
 
     def retry_parked(self) -> bool:
-        """Start a pass for the new cgroups not looked up yet (whose pod was not known at the last look); whether
-        any still wait, so the watcher knows to call again."""
-        with self._lock:
-            waiting = bool(self._new)
-        if waiting:
-            self.runner.submit(lambda: self._pass(None))
-        with self._lock:
-            return bool(self._new)
+        """Whether a new cgroup still waits to be looked up (handed over and not taken, or its pod not known yet),
+        so the watcher's tick knows to ask again. The queue wakes the worker for a parked cgroup by itself; a
+        `runner` standing in for the thread is given a pass here."""
+        if self.unavailable is not None:
+            return False
+        self._kick()
+        return any(isinstance(key, CgroupKey) for key in self.queue.snapshot())
 
     # -- the worker's side -------------------------------------------------------------------------------------
 
-    def _pass(self, ticket: int | None) -> None:
-        """One pass over the queue: every key that is ready, the new cgroups first; then, for a scan's hand-over
-        (`ticket`), the usage of the limited cgroups not compared in this pass."""
-        if self._unavailable is not None:
+    def _kick(self) -> None:
+        """Where a `runner` stands in for the worker's thread, run a pass over the keys that are ready."""
+        if self.runner is not None:
+            self.runner.submit(lambda: self._pass(block=False))
+
+    def _step(self) -> float:
+        """The worker thread's round: one pass, waiting in the queue for its first key."""
+        if self.unavailable is not None:
+            return _GAVE_UP_WAIT_S  # nothing left to do but wait for the stop
+        self._pass(block=True)
+        return 0.0
+
+    def _pass(self, *, block: bool) -> None:
+        """Every key that is ready (with `block`, once one is), the new cgroups first; then, if a `UsageKey` came,
+        the usage of the limited cgroups not compared in this pass."""
+        if self.unavailable is not None:
             return
-        outcomes: list[LimitOutcome] = []
-        self._compared, self._read = set(), {}
+        key = self.queue.get(block=block)
+        if key is None:
+            return
+        work = _Pass()
         try:
-            self._probe_once()
-            self.queue.release_due()
-            self._work(outcomes)
-            usage = self._read_usage(outcomes) if ticket is not None else None
+            try:
+                self._probe_once()
+                self._take(key, work)
+            finally:
+                self.queue.done(key)
+            self._work(work)
+            usage = self._read_usage(work) if work.usage_for is not None else None
         except _GiveUp:
             return
-        self._publish(outcomes, (ticket, usage) if ticket is not None and usage is not None else None)
+        self._publish(work, usage)
 
-    def _work(self, outcomes: list[LimitOutcome]) -> None:
+    def _work(self, work: _Pass) -> None:
         while (key := self.queue.get()) is not None:
             try:
-                self._reconcile(key, outcomes)
+                self._take(key, work)
             finally:
                 self.queue.done(key)
 
-    def _reconcile(self, key: Key, outcomes: list[LimitOutcome]) -> None:
-        path, gpu = key
-        if key == _PLAN:
-            self._replan()
-        elif gpu is None:
-            self._look_up(path)
+    def _take(self, key: Key, work: _Pass) -> None:
+        if isinstance(key, LimitKey):
+            self._reconcile(key, work)
+        elif isinstance(key, CgroupKey):
+            self._look_up(key)
+        elif isinstance(key, TargetsKey):
+            self._locate_targets()
         else:
-            self._reconcile_place((path, gpu), outcomes)
+            with self._lock:
+                handover = self._shared.handover
+            work.usage_for = handover.ticket if handover is not None else 0
 
     def _probe_once(self) -> None:
-        if self._probed:
+        if self._books.probed:
             return
         with self._lock:
-            plan = self._plan
-        if plan is None:
+            handover = self._shared.handover
+        if handover is None:
             return  # no scan has handed over the GPUs yet
-        self._probed = True
-        support = probe_limits(self.memory, self.tree, plan.gpus)
+        self._books.probed = True
+        support = probe_limits(self.memory, self.tree, handover.gpus)
         for gpu, reason in support.unsupported.items():
             self.log.warning("driver_limits_unsupported", gpu=gpu, reason=reason, fallback="reactive enforcement")
         with self._lock:
-            self._unsupported_gpus.update(support.unsupported)
-            self._first_answer = support
+            self._shared.unsupported.update(support.unsupported)
+            self._shared.first_answer = support
         if support.unavailable is not None:
             self._give_up(support.unavailable)
 
-    def _replan(self) -> None:
+    def _locate_targets(self) -> None:
         """The scan's targets, located: each place they want is compared with the driver, each place no longer
         wanted cleared. A place wanted since the targets were computed (a cgroup that appeared since, looked up
         from fresher knowledge) stays wanted."""
         with self._lock:
-            plan = self._plan
-        if plan is None:
+            handover, watched = self._shared.handover, self._shared.watched
+        if handover is None:
             return
         root = self.tree.v2_root()
         if root is None:
             self._give_up(_no_v2(self.tree))
+        books = self._books
         by_pod: dict[str, list[LimitTarget]] = {}
-        for t in plan.targets:
+        for t in handover.targets:
             by_pod.setdefault(t.pod.uid, []).append(t)
-        self._latest = {uid: tuple(ts) for uid, ts in by_pod.items()}
+        books.by_pod = {uid: tuple(ts) for uid, ts in by_pod.items()}
         located = self.tree.locate(root, by_pod)
-        wanted: dict[Place, _Want] = {}
+        wanted: dict[LimitKey, _Want] = {}
         missing = False
-        for t in plan.targets:
+        for t in handover.targets:
             if t.pending:
                 continue
             path = located.get((t.pod.uid, t.container_id))
             if path is None:
                 missing = True  # the cgroup is not there yet (or is gone): look again soon
                 continue
-            wanted[(path, t.gpu_index)] = _Want(t, False, plan.computed_at)
+            wanted[LimitKey(path, t.gpu_index)] = _Want(t, False, handover.computed_at)
         # Container cgroups the pod's status does not name yet: the not-started containers' limit, if theirs.
         living: dict[str, set[str]] = {}
         for uid, container_id in located:
             if container_id is not None:
                 living.setdefault(uid, set()).add(container_id)
         for (uid, container_id), path in located.items():
-            pod_targets = self._latest[uid]
+            pod_targets = books.by_pod[uid]
             if container_id is None or pod_targets[0].pod.container_by_id(container_id) is not None:
                 continue
             for t in _unambiguous(pod_targets, living[uid]):
-                wanted.setdefault((path, t.gpu_index), _Want(t, True, plan.computed_at))
-        for place, want in self._wanted.items():
-            if place not in wanted and want.at > plan.computed_at:
-                wanted[place] = want
-        before, self._wanted = self._wanted, wanted
-        for place in dict.fromkeys([*wanted, *before, *self._holds]):
-            if place not in wanted or not self.queue.failures(place):  # a failing one waits for its back-off
-                self.queue.add(place)
+                wanted.setdefault(LimitKey(path, t.gpu_index), _Want(t, True, handover.computed_at))
+        for key, want in books.wanted.items():
+            if key not in wanted and want.at > handover.computed_at:
+                wanted[key] = want
+        before, books.wanted = books.wanted, wanted
+        for key in dict.fromkeys([*wanted, *before, *books.holds]):
+            if key not in wanted or not self.queue.failures(key):  # a failing one waits for its back-off
+                self.queue.add(key)
         with self._lock:  # forget the cgroups that are gone
-            fresh = list(self._fresh)
+            fresh = list(self._shared.fresh)
         gone = {p for p in fresh if not self.tree.exists(p)}
         with self._lock:
-            self._fresh -= gone
-        self.queue.add_after(_PLAN, self.resync_s)
-        if missing and not self._watched:  # with the watcher, a cgroup that appears is looked up then
-            self.queue.add_after(_PLAN, self.retry_s)
+            self._shared.fresh -= gone
+        self.queue.add_after(TargetsKey(), self.resync_s)
+        if missing and not watched:  # with the watcher, a cgroup that appears is looked up then
+            self.queue.add_after(TargetsKey(), self.retry_s)
 
-    def _look_up(self, path: str) -> None:
+    def _look_up(self, key: CgroupKey) -> None:
         """A new cgroup's limits, from what the sources know of its pod now: each place wanted, ahead of the queue.
-        One whose pod is not known yet is looked up again at the next pass (the pod source may lag the kubelet by
-        a moment) for `_PARK_S`; after that, the plan's walk finds it once its pod has a quota."""
-        with self._lock:
-            found = self._new.get(path)
-        if found is None:
-            return
-        identity, since = found
+        One whose pod is not known yet is looked up again every `lookup_retry_s` (the pod source may lag the
+        kubelet by a moment) for `_PARK_S`; after that, the targets' walk finds it once its pod has a quota."""
+        identity, path = key.identity, key.cgroup
         targets = self.plan(identity.pod_uid) if self.plan is not None else None
         if targets is None:
-            targets = self._latest.get(identity.pod_uid)
+            targets = self._books.by_pod.get(identity.pod_uid)
         now = self.clock.now()
-        if targets is None and now - since < _PARK_S:
-            self.queue.add_after((path, None), 0.0)  # the watcher's tick starts the next pass
-            return
-        with self._lock:
-            del self._new[path]
         if targets is None:
+            if now - key.appeared_at < _PARK_S:
+                self.queue.add_after(key, self.lookup_retry_s)
             return
         provisional = False
         if identity.container_id is None:
@@ -415,115 +493,122 @@ class DriverLimiter:
             if not chosen:
                 chosen, provisional = _unambiguous(targets, self.tree.sibling_container_ids(path)), True
         for t in chosen:
-            place = (path, t.gpu_index)
-            self._wanted[place] = _Want(t, provisional, now)
+            place = LimitKey(path, t.gpu_index)
+            self._books.wanted[place] = _Want(t, provisional, now)
             if not self.queue.failures(place):  # a failing one is retried with what is wanted now, when due
                 self.queue.add(place, first=True)
 
-    def _reconcile_place(self, place: Place, outcomes: list[LimitOutcome]) -> None:
-        """Make the driver hold what `place` should hold: set it where it differs, clear it where nothing is
-        wanted any more. A failure is reported when its run starts and retried on the place's back-off."""
-        want = self._wanted.get(place)
+    def _reconcile(self, key: LimitKey, work: _Pass) -> None:
+        """Make the driver hold what `key` should hold: set it where it differs, clear it where nothing is wanted
+        any more. A failure is reported when its run starts and retried on the key's back-off."""
+        want = self._books.wanted.get(key)
         if want is None:
-            self.queue.forget(place)
-            self._clear(place, outcomes)
+            self.queue.forget(key)
+            self._clear(key, work)
             return
-        path, gpu = place
-        if gpu in self._unsupported_gpus:
-            return
+        with self._lock:
+            if key.gpu in self._shared.unsupported:
+                return
         t = want.target
-        failures = self.queue.failures(place)
+        failures = self.queue.failures(key)
         try:
-            outcome = self._program(path, t, provisional=want.provisional)
+            outcome = self._program(key, t, work, provisional=want.provisional)
         except LimitsUnavailable as e:
             if e.whole_driver:
                 self._give_up(str(e))
             with self._lock:
-                self._unsupported_gpus[gpu] = str(e)
-            outcomes.append(LimitOutcome(t, LimitResult.UNSUPPORTED, str(e)))
+                self._shared.unsupported[key.gpu] = str(e)
+            work.outcomes.append(LimitOutcome(t, LimitResult.UNSUPPORTED, str(e)))
             return
         except LimitFailed as e:
             if not failures:
-                outcomes.append(LimitOutcome(t, LimitResult.FAILED, str(e)))
-            self.queue.add_rate_limited(place)
+                work.outcomes.append(LimitOutcome(t, LimitResult.FAILED, str(e)))
+            self.queue.add_rate_limited(key)
             return
-        self._holds[place] = want
-        self._compared.add(place)
-        self.queue.forget(place)
+        self._books.holds[key] = want
+        work.compared.add(key)
+        self.queue.forget(key)
         if outcome is not None and failures:
             outcome = replace(outcome, detail=f"{outcome.detail} (after {failures} failed attempts)")
         if outcome is not None:
-            outcomes.append(outcome)
+            work.outcomes.append(outcome)
 
-    def _program(self, path: str, t: LimitTarget, *, provisional: bool) -> LimitOutcome | None:
-        """Make the driver hold `t` on `path`; the outcome to report, or None when nothing new happened."""
-        gpu = t.gpu_index
-        current = self.memory.get(gpu, path)
-        known = self._holds.get((path, gpu))
+    def _program(self, key: LimitKey, t: LimitTarget, work: _Pass, *, provisional: bool) -> LimitOutcome | None:
+        """Make the driver hold `t` at `key`; the outcome to report, or None when nothing new happened."""
+        current = self.memory.get(key.gpu, key.cgroup)
+        known = self._books.holds.get(key)
         if current is not None and not t.pending:
-            self._read[t.key] = current.used_bytes
+            work.read[t.key] = current.used_bytes
         if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
             return None if known is not None else LimitOutcome(t, LimitResult.UNCHANGED, "the driver already held it")
-        self.memory.set(gpu, path, 0, t.hard_bytes)
+        self.memory.set(key.gpu, key.cgroup, 0, t.hard_bytes)
         # One report per limit: a not-yet-identified container cgroup that takes a limit someone already
         # announced (the sandbox's, next to the container's own) says nothing again.
-        if provisional and any(h.target.key == t.key for h in self._holds.values()):
+        if provisional and any(h.target.key == t.key for h in self._books.holds.values()):
             return None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
-        if t.container is not None and not provisional and not self._is_fresh(path) and self.tree.populated(path):
+        if (
+            t.container is not None
+            and not provisional
+            and not self._is_fresh(key.cgroup)
+            and self.tree.populated(key.cgroup)
+        ):
             return LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
         return LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
 
-    def _clear(self, place: Place, outcomes: list[LimitOutcome]) -> None:
+    def _clear(self, key: LimitKey, work: _Pass) -> None:
         """Clear a limit no longer wanted. A provisional one is forgotten, not cleared (it was the sandbox's, or its
         container has its own target now), and so is one whose cgroup is gone (its limits went with it)."""
-        held = self._holds.pop(place, None)
-        path, gpu = place
-        if held is None or held.provisional or not self.tree.exists(path):
+        held = self._books.holds.pop(key, None)
+        if held is None or held.provisional or not self.tree.exists(key.cgroup):
             return
         try:
-            self.memory.set(gpu, path, 0, LIMIT_MAX)
+            self.memory.set(key.gpu, key.cgroup, 0, LIMIT_MAX)
         except (LimitsUnavailable, LimitFailed) as e:
-            outcomes.append(LimitOutcome(held.target, LimitResult.FAILED, f"clearing: {e}"))
+            work.outcomes.append(LimitOutcome(held.target, LimitResult.FAILED, f"clearing: {e}"))
             return
-        outcomes.append(LimitOutcome(held.target, LimitResult.CLEARED))
+        work.outcomes.append(LimitOutcome(held.target, LimitResult.CLEARED))
 
     def _is_fresh(self, path: str) -> bool:
         with self._lock:
-            return path in self._fresh
+            return path in self._shared.fresh
 
-    def _read_usage(self, outcomes: list[LimitOutcome]) -> dict[SubjectKey, int]:
+    def _read_usage(self, work: _Pass) -> dict[SubjectKey, int]:
         """The usage this pass read back, and each other limited container cgroup's, read now; a cgroup that
         appears meanwhile goes first."""
-        usage = dict(self._read)
-        for place, held in list(self._holds.items()):
+        usage = dict(work.read)
+        for key, held in list(self._books.holds.items()):
             t = held.target
-            if t.pending or t.container is None or place in self._compared:
+            if t.pending or t.container is None or key in work.compared:
                 continue  # a pod's own cgroup: its containers' rows carry the usage
-            self._work(outcomes)
+            self._work(work)
             try:
-                current = self.memory.get(place[1], place[0])
+                current = self.memory.get(key.gpu, key.cgroup)
             except (LimitsUnavailable, LimitFailed):
                 continue  # the next compare reports it
             if current is not None:
                 usage[t.key] = current.used_bytes
         return usage
 
-    def _publish(self, outcomes: list[LimitOutcome], usage: tuple[int, dict[SubjectKey, int]] | None) -> None:
+    def _publish(self, work: _Pass, usage: dict[SubjectKey, int] | None) -> None:
+        held = {h.target.key: h.target for h in self._books.holds.values()}
         with self._lock:
-            self._outcomes += outcomes
-            self._held = {h.target.key: h.target for h in self._holds.values()}
-            if usage is not None:
-                self._usage_ticket, self._usage = usage
+            shared = self._shared
+            shared.outcomes += work.outcomes
+            shared.held = held
+            if usage is not None and work.usage_for is not None:
+                shared.usage_ticket, shared.usage = work.usage_for, usage
 
     def _give_up(self, reason: str) -> NoReturn:
         """The whole driver cannot hold limits: say so once, hold nothing, and end the pass."""
-        if self._unavailable is None:
-            self.log.warning("driver_limits_unavailable", reason=reason, fallback="reactive enforcement")
-        self._unavailable = reason
         with self._lock:
-            self._held = {}
-            self._usage = {}
+            shared = self._shared
+            first = shared.unavailable is None
+            shared.unavailable = reason
+            shared.held = {}
+            shared.usage = {}
+        if first:
+            self.log.warning("driver_limits_unavailable", reason=reason, fallback="reactive enforcement")
         raise _GiveUp
 
 
@@ -531,9 +616,11 @@ class _GiveUp(Exception):
     """The whole driver cannot hold limits: the pass stops where it is."""
 
 
-# How long a new cgroup whose pod is not known is looked up again at each pass (the pod source may lag the kubelet
-# by a moment); after that, the plan's walk finds it once its pod has a quota.
+# How long a new cgroup whose pod is not known is looked up again (the pod source may lag the kubelet by a moment);
+# after that, the targets' walk finds it once its pod has a quota.
 _PARK_S = 30.0
+# The worker's pause once the node cannot hold limits: nothing is left to do but wait for the stop.
+_GAVE_UP_WAIT_S = 3600.0
 
 
 def _unambiguous(targets: tuple[LimitTarget, ...], living: set[str]) -> list[LimitTarget]:

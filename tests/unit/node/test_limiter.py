@@ -409,16 +409,19 @@ def test_a_container_starting_next_to_a_running_one_gets_the_not_started_ones_li
 
 
 def test_a_parked_cgroup_is_programmed_once_its_pod_is_known(bench: Bench) -> None:
-    """A cgroup whose pod the sources do not know yet waits; the watcher's retry programs it once they do."""
+    """A cgroup whose pod the sources do not know yet waits in the queue; it is looked up again each
+    `lookup_retry_s` on the clock, and programmed once the sources know its pod."""
     pod_dir = bench.tree.pod(TRAINER.uid)
     assert bench.appeared(pod_dir) == [] and bench.limiter.retry_parked()
     bench.known[TRAINER.uid] = TRAINER
+    assert bench.limiter.retry_parked() and bench.collect() == [], "not due yet"
+    bench.at(0.1)
     assert not bench.limiter.retry_parked()
     assert bench.collect() == each("applied", None)
 
 
 def test_a_parked_cgroup_is_dropped_after_30s_and_the_reconcile_finds_it(bench: Bench) -> None:
-    """A pod the sources never learn of stops the watcher's retries after 30 s; a later reconcile walks the tree."""
+    """A pod the sources never learn of: its cgroup is looked up no more after 30 s; the next reconcile finds it."""
     pod_dir = bench.tree.pod(TRAINER.uid)
     bench.appeared(pod_dir)
     bench.at(29)
@@ -470,6 +473,7 @@ def test_the_watcher_keeps_ticking_while_a_cgroup_waits() -> None:
     queued.run()
     assert bench.limiter.retry_parked(), "parked: its pod is not known"
     bench.known[TRAINER.uid] = TRAINER
+    bench.at(0.1)  # its next lookup is due
     queued.run()
     assert not bench.limiter.retry_parked()
     assert bench.held(pod_dir) == [8 * GiB, 8 * GiB]
