@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from cgroup_fixtures import CgroupsFactory
 from unit.node.test_limiter import Queued
+from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.worker import Inline
 from vramguard.core.limit_plan import LimitTarget, wanted_limits
 from vramguard.core.model import GiB, Mode, PodInfo, Policy, SubjectKey
@@ -19,6 +21,7 @@ from vramguard.node.cgroup import locate_cgroups, v2_root
 from vramguard.node.limiter import DriverLimiter
 from vramguard_testbed.cgroups import KubeletCgroups
 from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, gpu, pod
+from vramguard_testbed.waiting import wait_until
 
 QUOTA = "vramguard.io/vram"
 KILL = Policy(mode=Mode.KILL)
@@ -51,6 +54,7 @@ class Node:
         self.driver = FakeMemoryLimiter()
         self.clock = FakeClock(0.0)
         self.known: dict[str, PodInfo] = {}  # what the agent's sources know, for the limiter's plan
+        self.lookups = 0  # how often a threaded limiter asked for a pod's limits
         self.limiter = self.make_limiter()
         self.devices = [gpu(0, 24 * GiB), gpu(1, 24 * GiB)]
         self.policy = KILL
@@ -326,3 +330,61 @@ def test_usage_counts_only_when_read_since_the_last_update(node: Node) -> None:
     busy = DriverLimiter(node.driver, runner=Queued(), resync_s=30)
     busy.update(targets, [0, 1], 0)
     assert busy.fresh_usage() == {}, "a task that has not run yet leaves no figure to use"
+
+
+# -- the worker on its own thread: the queue wakes it ------------------------------------------------------------
+
+
+def threaded(
+    node: Node, *, lookup_retry_s: float = 0.1, retry_s: float = 2.0, max_retry_s: float = 300.0
+) -> DriverLimiter:
+    """The limiter as the agent runs it: its own worker thread, the system clock, short waits; every lookup of
+    a pod's limits counted in `node.lookups`."""
+
+    def plan(uid: str) -> tuple[LimitTarget, ...] | None:
+        node.lookups += 1
+        return node.plan(uid)
+
+    node.lookups = 0
+    limiter = DriverLimiter(
+        node.driver, plan=plan, lookup_retry_s=lookup_retry_s, retry_s=retry_s, max_retry_s=max_retry_s
+    )
+    limiter.start()
+    return limiter
+
+
+def test_the_worker_programs_a_parked_cgroup_once_its_pod_is_known_with_no_one_asking(
+    node: Node, v2: KubeletCgroups
+) -> None:
+    """A cgroup whose pod the sources do not know yet is looked up again by the worker on its own: once the pod is
+    known, its limit goes on, with no scan, no watcher tick and no other call."""
+    limiter = threaded(node, lookup_retry_s=0.02)
+    try:
+        fresh = pod("fresh", "ml", containers={"main": {QUOTA: "3Gi"}})
+        pod_cg = v2.pod(uid=fresh.uid, qos="besteffort")
+        limiter.appeared(pod_cg.dirs[0], pod_cg.identity)
+        wait_until(lambda: node.lookups >= 3, what="the parked cgroup looked up again, unasked")
+        assert node.held(pod_cg.dirs[0]) == [] and limiter.collect() == []
+        node.known[fresh.uid] = fresh
+        wait_until(lambda: node.held(pod_cg.dirs[0]) == [3 * GiB, 3 * GiB], what="the pod's limit on both GPUs")
+        wait_until(lambda: len(limiter.collect()) == 2, what="two outcomes")  # published as the pass ends
+        assert not limiter.retry_parked()
+    finally:
+        limiter.stop(SYSTEM_CLOCK.now() + 2.0)
+
+
+def test_the_worker_retries_a_failing_limit_on_its_back_off_with_no_scan(node: Node) -> None:
+    """A failing limit is tried again when its back-off ends, whether or not a scan hands anything over; the worker
+    thread ends at the stop."""
+    limiter = threaded(node, retry_s=0.05, max_retry_s=0.2)
+    ctr = node.trainer_ctr.dirs[0]
+    node.driver.failing = {ctr}
+    limiter.update(node.targets(node.trainer), [0, 1], SYSTEM_CLOCK.now())
+    wait_until(lambda: limiter.failing() == 2, what="the container's limits failing")
+    tries = len(node.driver.calls)
+    wait_until(lambda: len(node.driver.calls) > tries, what="a retry, with no scan")
+    node.driver.failing = set()
+    wait_until(lambda: node.held(ctr) == [8 * GiB, 8 * GiB], what="the limits set once the driver takes them")
+    assert limiter.failing() == 0
+    limiter.stop(SYSTEM_CLOCK.now() + 2.0)
+    assert "driver-limits" not in [t.name for t in threading.enumerate()], "the worker's thread ended at the stop"
