@@ -1,11 +1,12 @@
 """Programs the driver's per-cgroup memory limits (`limit_plan.LimitTarget`s) on a worker thread.
 
-The scan hands over the limits it wants (`update`, never blocking) and takes back what came of them (`collect`);
-the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put (cgroup, GPU) places on one
-reconcile queue (`workqueue.WorkQueue`: de-duplicated, each failing place on its own back-off), which the worker
-takes in passes. Everything that touches the file system (through one `cgroup_tree.CgroupTree`) or NVML runs on
-the worker, started by `start()` and ended by `stop(deadline)`. See docs/architecture.md "Driver limits: the limiter"
-for how it stays idempotent, retries and gives up.
+A controller: the scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
+(`collect`); the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put typed keys
+(`Key`: a `LimitKey` is a cgroup on one GPU) on one work queue (`workqueue.WorkQueue`: de-duplicated, each failing
+key on its own back-off, waking the worker when a held-back key comes due). Everything that touches the file
+system (through one `cgroup_tree.CgroupTree`) or NVML runs on the worker, started by `start()` and ended by
+`stop(deadline)`. See docs/architecture.md "Driver limits: the limiter" for how it stays idempotent, retries and
+gives up.
 """
 
 from __future__ import annotations
