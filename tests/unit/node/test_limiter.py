@@ -479,6 +479,28 @@ def test_the_watcher_keeps_ticking_while_a_cgroup_waits() -> None:
     assert bench.held(pod_dir) == [8 * GiB, 8 * GiB]
 
 
+def test_a_cgroup_handed_over_twice_before_it_is_taken_is_looked_up_once() -> None:
+    """One key per cgroup: a second hand-over of a cgroup still waiting (an inotify overflow's rescan) asks the
+    sources for its pod once."""
+    queued = Queued()
+    bench = Bench(runner=queued)
+    bench.known[TRAINER.uid] = TRAINER
+    asked: list[str] = []
+
+    def plan(uid: str) -> tuple[LimitTarget, ...] | None:
+        asked.append(uid)
+        return bench.plan(uid)
+
+    bench.limiter.plan = plan
+    pod_dir = bench.tree.pod(TRAINER.uid)
+    bench.limiter.appeared(pod_dir, bench.tree.dirs[pod_dir])
+    bench.at(1)
+    bench.limiter.appeared(pod_dir, bench.tree.dirs[pod_dir], fresh=False)
+    queued.run()
+    assert asked == [TRAINER.uid]
+    assert bench.collect() == each("applied", None)
+
+
 class _Hooked(FakeMemoryLimiter):
     """A driver that runs `hook` once, on the first `get` of `path`."""
 
