@@ -2,7 +2,7 @@
 
 A controller: the scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
 (`collect`); the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put typed keys
-(`Key`: a `LimitKey` is a cgroup on one GPU) on one work queue (`workqueue.WorkQueue`: de-duplicated, each failing
+(`Key`: a `PlaceKey` is a cgroup on one GPU) on one work queue (`workqueue.WorkQueue`: de-duplicated, each failing
 key on its own back-off, waking the worker when a held-back key comes due). Everything that touches the file
 system (through one `cgroup_tree.CgroupTree`) or NVML runs on the worker, started by `start()` and ended by
 `stop(deadline)`. See docs/architecture.md "Driver limits: the limiter" for how it stays idempotent, retries and
@@ -100,7 +100,7 @@ when the pod is not known (yet). Called on the limiter's worker."""
 
 
 @dataclass(frozen=True, slots=True)
-class LimitKey:
+class PlaceKey:
     """Where one limit goes: a cgroup directory (its full path) on one whole GPU (its index)."""
 
     cgroup: str
@@ -129,7 +129,7 @@ class UsageKey:
     done, so the figures are those of the limits just compared."""
 
 
-Key = LimitKey | CgroupKey | TargetsKey | UsageKey
+Key = PlaceKey | CgroupKey | TargetsKey | UsageKey
 """What the limiter's work queue holds, and nothing else."""
 
 
@@ -181,8 +181,8 @@ class _Books:
     looked up), what this agent knows the driver holds there, each pod's targets as last located, and whether
     the driver was asked yet whether it can hold limits at all."""
 
-    wanted: dict[LimitKey, _Want] = field(default_factory=dict)
-    holds: dict[LimitKey, _Want] = field(default_factory=dict)
+    wanted: dict[PlaceKey, _Want] = field(default_factory=dict)
+    holds: dict[PlaceKey, _Want] = field(default_factory=dict)
     by_pod: dict[str, tuple[LimitTarget, ...]] = field(default_factory=dict)
     probed: bool = False
 
@@ -193,7 +193,7 @@ class _Pass:
     hand-over whose usage it reads back at its end (None: no `UsageKey` came)."""
 
     outcomes: list[LimitOutcome] = field(default_factory=list)
-    compared: set[LimitKey] = field(default_factory=set)
+    compared: set[PlaceKey] = field(default_factory=set)
     read: dict[SubjectKey, int] = field(default_factory=dict)
     usage_for: int | None = None
 
@@ -391,7 +391,7 @@ class DriverLimiter:
                 self.queue.done(key)
 
     def _take(self, key: Key, work: _Pass) -> None:
-        if isinstance(key, LimitKey):
+        if isinstance(key, PlaceKey):
             self._reconcile(key, work)
         elif isinstance(key, CgroupKey):
             self._look_up(key)
@@ -436,7 +436,7 @@ class DriverLimiter:
             by_pod.setdefault(t.pod.uid, []).append(t)
         books.by_pod = {uid: tuple(ts) for uid, ts in by_pod.items()}
         located = self.tree.locate(root, by_pod)
-        wanted: dict[LimitKey, _Want] = {}
+        wanted: dict[PlaceKey, _Want] = {}
         missing = False
         for t in handover.targets:
             if t.pending:
@@ -445,7 +445,7 @@ class DriverLimiter:
             if path is None:
                 missing = True  # the cgroup is not there yet (or is gone): look again soon
                 continue
-            wanted[LimitKey(path, t.gpu_index)] = _Want(t, False, handover.computed_at)
+            wanted[PlaceKey(path, t.gpu_index)] = _Want(t, False, handover.computed_at)
         # Container cgroups the pod's status does not name yet: the not-started containers' limit, if theirs.
         living: dict[str, set[str]] = {}
         for uid, container_id in located:
@@ -456,7 +456,7 @@ class DriverLimiter:
             if container_id is None or pod_targets[0].pod.container_by_id(container_id) is not None:
                 continue
             for t in _unambiguous(pod_targets, living[uid]):
-                wanted.setdefault(LimitKey(path, t.gpu_index), _Want(t, True, handover.computed_at))
+                wanted.setdefault(PlaceKey(path, t.gpu_index), _Want(t, True, handover.computed_at))
         for key, want in books.wanted.items():
             if key not in wanted and want.at > handover.computed_at:
                 wanted[key] = want
@@ -494,12 +494,12 @@ class DriverLimiter:
             if not chosen:
                 chosen, provisional = _unambiguous(targets, self.tree.sibling_container_ids(path)), True
         for t in chosen:
-            place = LimitKey(path, t.gpu_index)
+            place = PlaceKey(path, t.gpu_index)
             self._books.wanted[place] = _Want(t, provisional, now)
             if not self.queue.failures(place):  # a failing one is retried with what is wanted now, when due
                 self.queue.add(place, first=True)
 
-    def _reconcile(self, key: LimitKey, work: _Pass) -> None:
+    def _reconcile(self, key: PlaceKey, work: _Pass) -> None:
         """Make the driver hold what `key` should hold: set it where it differs, clear it where nothing is wanted
         any more. A failure is reported when its run starts and retried on the key's back-off."""
         want = self._books.wanted.get(key)
@@ -534,7 +534,7 @@ class DriverLimiter:
         if outcome is not None:
             work.outcomes.append(outcome)
 
-    def _program(self, key: LimitKey, t: LimitTarget, work: _Pass, *, provisional: bool) -> LimitOutcome | None:
+    def _program(self, key: PlaceKey, t: LimitTarget, work: _Pass, *, provisional: bool) -> LimitOutcome | None:
         """Make the driver hold `t` at `key`; the outcome to report, or None when nothing new happened."""
         current = self.memory.get(key.gpu, key.cgroup)
         known = self._books.holds.get(key)
@@ -557,7 +557,7 @@ class DriverLimiter:
             return LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
         return LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
 
-    def _clear(self, key: LimitKey, work: _Pass) -> None:
+    def _clear(self, key: PlaceKey, work: _Pass) -> None:
         """Clear a limit no longer wanted. A provisional one is forgotten, not cleared (it was the sandbox's, or its
         container has its own target now), and so is one whose cgroup is gone (its limits went with it)."""
         held = self._books.holds.pop(key, None)
