@@ -13,10 +13,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.lifecycle import Service, Services
 from vramguard.cli.config import ScanSetup, WiringError
 from vramguard.core.model import Policy
-from vramguard.core.ports import (
-    EventRecorder,
-    Evictor,
-)
+from vramguard.core.ports import EventRecorder, Evictor
 from vramguard.core.quota import reads_claims
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.kube.claims import KubeClaimSource

@@ -18,10 +18,7 @@ from vramguard.core.policy import Overrides, PolicyError
 from vramguard.core.text import show_value
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, find_namespace, kubelet_root
 from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR
-from vramguard.nvml import (
-    LOADER_SEARCH,
-    NvmlLocation,
-)
+from vramguard.nvml import LOADER_SEARCH, NvmlLocation
 
 
 class WiringError(Exception):

@@ -46,8 +46,8 @@ class Running:
 
 
 class Started:
-    """Where `serve` publishes the `Running` parts once NVML is up, made before the parts that read them (the
-    probes, and through them /status): one reference, set once on the main thread and read on the others'."""
+    """Where `serve` publishes the `Running` parts once NVML is up, made before the parts that read them (/status,
+    through `StatusFacts`): one reference, set once on the main thread and read on the others'."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,7 +150,8 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
     http_rounds = Heartbeat()
     reloader = policy_reloader(config, metrics, clock)
     started = Started()  # the agent and the driver's facts, once NVML is up
-    facts = StatusFacts(started, InForce(setup.policy, config.policy_digest), reloader)
+    start = InForce(setup.policy, config.policy_digest)  # the policy in force until a reload
+    facts = StatusFacts(started, start, reloader)
     # Every check named from the start; the parts built once NVML is up supply theirs then.
     checks = AgentChecks(cluster.pods, clock=clock, http=http_rounds)
     # /status says whose each process is, as `vramguard top` does; its program's name unless told otherwise.
@@ -213,12 +214,12 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             None if setup.dry_run else KillFile(config.state_dir, proc_root=setup.proc_root, kubelet=setup.kubelet),
             reloader,
         )
-        # The agent registers the parts it holds policy in with the reloader as it is built; so does each check.
+        # The agent registers the parts that hold policy in it with the reloader as it is built; so does the check
+        # that reads the policy in force.
         agent = build_agent(setup, sampler, cluster, metrics, clock, serving)
-        limits = DriverLimitsCheck(limiter, InForce(setup.policy, config.policy_digest))
+        limits = DriverLimitsCheck(limiter, start)
         if reloader is not None:
             reloader.register("driver-limits-check", limits.apply)
-        checks.supply(agent, config.poll_interval_s, limits)
         services.start("evictions", agent.enforcer)
         if agent.orphan_reads is not None:
             services.start("orphan-reads", agent.orphan_reads)
@@ -229,6 +230,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             watch_cgroups(limiter, setup.cgroup_root, services, clock, setup.kubelet)  # after the limiter it feeds
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
+        checks.supply(agent, config.poll_interval_s, limits)  # the parts' own checkers, from the first scan on
         started.publish(Running(agent, nvidia_side(sampler)))
         agent.run(config.poll_interval_s, stop)
     finally:

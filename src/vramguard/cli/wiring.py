@@ -24,10 +24,7 @@ from vramguard.cli.cluster import Cluster, scan_calls
 from vramguard.cli.config import ScanSetup
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter
 from vramguard.core.model import Policy
-from vramguard.core.ports import (
-    GpuSampler,
-    KillMemory,
-)
+from vramguard.core.ports import GpuSampler, KillMemory
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root
 from vramguard.node.cgroup_tree import CgroupfsTree
@@ -36,11 +33,7 @@ from vramguard.node.freezes import FreezeJournal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.node.limiter import DriverLimiter
-from vramguard.nvml import (
-    NvmlMemoryLimiter,
-    NvmlSampler,
-    NvmlUnavailable,
-)
+from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 
 
 @dataclass(frozen=True)
