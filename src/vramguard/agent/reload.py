@@ -132,7 +132,7 @@ class PolicyReloader:
     good policy not taken yet, and `apply_pending` (the scan loop's, once a scan) puts it in force in every part
     registered as holding policy (`register`). `overrides` puts it through the flags (`Overrides.apply`); `digest`
     is the hash of the content the agent started with, `policy` the policy it started with; `count` hears each
-    change's result, and `restart_needed` the fields waiting for a restart at each reload."""
+    change's result, and `report_restarts` the fields waiting for a restart at each reload."""
 
     def __init__(
         self,
@@ -144,16 +144,16 @@ class PolicyReloader:
         interval_s: float = CHECK_INTERVAL_S,
         clock: Clock = SYSTEM_CLOCK,
         count: Callable[[ReloadResult], None] = lambda result: None,
-        restart_needed: Callable[[tuple[str, ...]], None] = lambda fields: None,
+        report_restarts: Callable[[tuple[str, ...]], None] = lambda fields: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.path = str(path)
         self.overrides = overrides
         self.interval_s = interval_s
         self.count = count
-        self.restart_needed = restart_needed
-        # What is in force (read by /status and the checks on other threads: one reference, replaced whole), and the
-        # parts holding it, in the order they registered; both are the scan loop's to change.
+        self.report_restarts = report_restarts
+        # What is in force (read by /status on another thread: one reference, replaced whole), and the parts
+        # holding it, in the order they registered; both are the scan loop's to change.
         self.in_force = InForce(policy, digest)
         self._holders: list[tuple[str, ApplyPolicy]] = []
         self.log = log if log is not None else structlog.get_logger(__name__)
@@ -219,7 +219,7 @@ class PolicyReloader:
             apply(in_force)
         self.in_force = in_force
         self.count(ReloadResult.APPLIED)
-        self.restart_needed(restart)
+        self.report_restarts(restart)
         self.log.info(
             "policy_reloaded",
             digest=loaded.digest[:12],

@@ -104,7 +104,7 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
     if config.policy_path is None or config.policy_digest is None:
         return None
 
-    def restart_needed(fields: tuple[str, ...]) -> None:
+    def report_restarts(fields: tuple[str, ...]) -> None:
         for field_name in RESTART_FIELDS:
             metrics.policy_restart_needed.labels(field=field_name).set(1 if field_name in fields else 0)
 
@@ -115,7 +115,7 @@ def policy_reloader(config: RunConfig, metrics: Metrics, clock: Clock) -> Policy
         policy=config.scan.policy,
         clock=clock,
         count=lambda result: metrics.policy_reloads.labels(result=result.value).inc(),
-        restart_needed=restart_needed,
+        report_restarts=report_restarts,
     )
     metrics.policy_invalid.set_function(lambda: reloader.invalid is not None)
     return reloader

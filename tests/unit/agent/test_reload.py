@@ -81,7 +81,7 @@ class Reloads:
             policy=policy if policy is not None else Policy(),
             clock=FakeClock(),
             count=self.counted.append,
-            restart_needed=self.restarts.append,
+            report_restarts=self.restarts.append,
         )
         self.reloader.check()
 

@@ -59,13 +59,13 @@ def test_the_reloader_counts_into_the_metrics_once_a_result_and_sets_the_restart
     reloader = policy_reloader(run, metrics, FakeClock())
     assert reloader is not None and reloader.in_force == InForce(run.scan.policy, run.policy_digest)
     reloader.count(ReloadResult.INVALID)
-    reloader.restart_needed(("driver_limits",))
+    reloader.report_restarts(("driver_limits",))
     assert sample(metrics, "vramguard_policy_reloads_total", result="invalid") == 1.0
     assert sample(metrics, "vramguard_policy_reloads_total", result="applied") == 0.0
     assert {f: sample(metrics, "vramguard_policy_restart_needed", field=f) for f in RESTART_FIELDS} == {
         f: 1.0 if f == "driver_limits" else 0.0 for f in RESTART_FIELDS
     }
-    reloader.restart_needed(())
+    reloader.report_restarts(())
     assert sample(metrics, "vramguard_policy_restart_needed", field="driver_limits") == 0.0
     assert sample(metrics, "vramguard_policy_invalid") == 0.0
 
