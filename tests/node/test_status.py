@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from vramguard import __version__
-from vramguard.cli.wiring import LIMITS_UNASKED
+from vramguard.cli.driver import LIMITS_UNASKED
 from vramguard.core.model import GiB
 from vramguard.nvml import binding_version
 from vramguard_testbed.simnode import SimulatedNode

@@ -1,11 +1,12 @@
-"""The agent's health: its liveness and readiness as sets of named checks (`Checks`), and the health file they are
-written to every second for the kubelet's exec probe (`base/healthfile.py` holds the format and the probe's reading
-of it)."""
+"""The agent's health: its liveness and readiness as registries of named checks (`Checks`), and the health file
+they are written to every second for the kubelet's exec probe (`base/healthfile.py` holds the format and the
+probe's reading of it)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -20,9 +21,13 @@ _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Checks:
-    """Named checks, as controller-runtime's healthz registers them (`AddReadyzCheck(name, fn)`), in stages: each
-    check says whether it passes and why (what it found, where it passes: "" for nothing to say). A set of checks is
-    a check itself.
+    """Named checks, registered by the parts they speak for as controller-runtime's healthz registers them
+    (`AddReadyzCheck(name, checker)`), in stages: each check says whether it passes and why (what it found, where it
+    passes: "" for nothing to say). A set of checks is a check itself; the server and the health file only ask it.
+
+    A part built late (once NVML is up) is declared at the start with what its check says until then (`add`), and
+    hands in its own checker once built (`supply`): the names and their order are the same from the first answer.
+    Checks are added and supplied on one thread while others ask (a lock guards the list, never a check's call).
 
     Its answer (`checks()`: the health file's, and /healthz's and /readyz's) speaks of the first stage with a check
     failing, its failing checks' reasons joined: a later stage's failure is most often a consequence of an earlier
@@ -32,10 +37,44 @@ class Checks:
     and a last line naming the set.
     """
 
-    def __init__(self, name: str, stages: Sequence[Sequence[tuple[str, Check]]], passed: str = "ok") -> None:
+    def __init__(self, name: str, stages: Sequence[Sequence[tuple[str, Check]]] = (), passed: str = "ok") -> None:
         self.name = name
-        self.stages = stages
         self.passed = passed
+        self._lock = threading.Lock()
+        self._stages: list[list[tuple[str, Check]]] = []
+        for stage, checks in enumerate(stages):
+            for check_name, check in checks:
+                self.add(check_name, check, stage=stage)
+
+    def add(self, name: str, check: Check, *, stage: int = 0) -> None:
+        """Register `check` as `name`, after the checks of `stage` (0 is the first) registered before it. A name is
+        registered once."""
+        with self._lock:
+            if any(name == known for checks in self._stages for known, _ in checks):
+                raise ValueError(f"{self.name}: a check named {name!r} is registered already")
+            while len(self._stages) <= stage:
+                self._stages.append([])
+            self._stages[stage].append((name, check))
+
+    def supply(self, name: str, check: Check) -> None:
+        """The part's own checker for `name`, in the place `add` gave it (which answered for it until now)."""
+        with self._lock:
+            for checks in self._stages:
+                for i, (known, _) in enumerate(checks):
+                    if known == name:
+                        checks[i] = (name, check)
+                        return
+        raise KeyError(f"{self.name}: no check named {name!r} to supply")
+
+    @property
+    def stages(self) -> tuple[tuple[tuple[str, Check], ...], ...]:
+        """The named checks by stage, as registered now."""
+        with self._lock:
+            return tuple(tuple(checks) for checks in self._stages)
+
+    def names(self) -> tuple[str, ...]:
+        """Every check's name, in the order the answer reads them."""
+        return tuple(name for checks in self.stages for name, _ in checks)
 
     def __call__(self) -> healthfile.Check:
         found = [[(name, *check()) for name, check in stage] for stage in self.stages]
@@ -56,6 +95,16 @@ class Checks:
                 lines.append(f"[+]{name} ok" + (f": {why}" if why else "") if ok else f"[-]{name} failed: {why}")
         lines.append(f"{self.name} check {'passed' if passes else 'failed'}")
         return passes, "\n".join(lines)
+
+
+def unless(problem: Callable[[], str | None]) -> Check:
+    """A check that passes while `problem()` is None, and fails saying it otherwise."""
+
+    def check() -> healthfile.Check:
+        found = problem()
+        return not found, found or ""
+
+    return check
 
 
 class HealthWriter:

@@ -19,7 +19,7 @@ import structlog
 from vramguard.agent.act import ActionResult, Enforcer, OrphanOutcome, Outcome, confirm_freed
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
-from vramguard.agent.reload import RESTART_FIELDS, Built, Loaded, PolicyReloader, ReloadResult, fit
+from vramguard.agent.reload import Built, InForce, PolicyReloader
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
@@ -85,7 +85,6 @@ class Agent:
         kill_memory: KillMemory | None = None,
         watch: MemoryWatch | None = None,
         reloads: PolicyReloader | None = None,
-        policy_digest: str | None = None,
         exited_hold_s: float = EXITED_HOLD_S,
         orphan_reads: OrphanReads | None = None,
         api_uids: Container[str] = frozenset(),
@@ -103,9 +102,13 @@ class Agent:
         self.claims = claims  # None: no claim quota source in the policy
         self.watch = watch  # None: no watch between scans (scans on the poll alone)
         self.reloads = reloads  # None: the policy is the one given here for the agent's life
-        self.policy_digest = policy_digest  # the hash of the policy file's content in force (None: no file)
         self.built = Built(claims is not None, limiter is not None, watch is not None, enforcer.dry_run)
-        self.restart_needed: tuple[str, ...] = ()  # policy fields in the file that wait for a restart (`fit`)
+        if reloads is not None:  # the parts here that hold policy, in the order a reload reaches them
+            reloads.register("scan", self._use_policy)
+            reloads.register("limit-planner", lambda in_force: self.planner.use(in_force.policy))
+            reloads.register("enforcer", self._use_enforcer_policy)
+            if watch is not None:
+                reloads.register("memory-watch", lambda in_force: watch.retune(in_force.policy))
         if watch is not None:  # said at each scrape, as /readyz says it
             metrics.watch_stuck.set_function(lambda: self.watch_problem() is not None)
         self.clock = clock  # the scan's time: decisions, the limiter's targets, the probes' scan age
@@ -134,9 +137,9 @@ class Agent:
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
         cpu_started = time.process_time()  # and its CPU (the process's, all threads: the NVML worker's too)
-        # 0. A reloaded policy, read and checked off this thread, is in force from here on.
-        if self.reloads is not None and (loaded := self.reloads.take()) is not None:
-            self.apply_policy(loaded)
+        # 0. A reloaded policy, read and checked off this thread, is in force from here on, in every part holding one.
+        if self.reloads is not None:
+            self.reloads.apply_pending(self.built)
         # 1. Sample NVML: devices and per-process usage. A failing GPU comes back unhealthy, with no processes.
         sampled_at = self.clock.now()
         sample = self._sample()
@@ -266,25 +269,14 @@ class Agent:
                 detail=o.detail or None,
             )
 
-    def apply_policy(self, loaded: Loaded) -> None:
-        """Put a reloaded policy in force for this scan on: the quotas are resolved afresh, the limits wanted
-        recomputed, the Enforcer and the watch retuned. A field that needs a part not built at start keeps its
-        value until a restart, and says so (`reload.fit`)."""
-        policy, restart = fit(loaded.policy, self.built, self.policy)
-        self.policy = policy
-        self.quotas = QuotaBook(policy)
-        self.planner.use(policy)
-        self.enforcer.policy = policy
-        if self.watch is not None:
-            self.watch.retune(policy)
-        self.policy_digest = loaded.digest
-        self.restart_needed = restart
-        self.metrics.policy_reloads.labels(result=ReloadResult.APPLIED.value).inc()
-        for field in RESTART_FIELDS:
-            self.metrics.policy_restart_needed.labels(field=field).set(1 if field in restart else 0)
-        self.log.info(
-            "policy_reloaded", digest=loaded.digest[:12], mode=policy.mode.value, restart_needed=list(restart) or None
-        )
+    def _use_policy(self, in_force: InForce) -> None:
+        """The policy every step of the scan reads (`decide`), and the quotas resolved afresh under it."""
+        self.policy = in_force.policy
+        self.quotas = QuotaBook(in_force.policy)
+
+    def _use_enforcer_policy(self, in_force: InForce) -> None:
+        """The Enforcer's eviction timeout and refusal."""
+        self.enforcer.policy = in_force.policy
 
     def watch_problem(self) -> str | None:
         """Why the watch between scans calls for no scan (stuck in the driver), or None (for /readyz)."""

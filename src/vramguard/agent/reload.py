@@ -27,6 +27,10 @@ reported only when that keeps failing.
 
 Some fields built parts at start that a reload cannot build (`fit`): those take effect after a restart, and the
 agent says so; everything else is in force from the next scan.
+
+Each part that holds policy registers its apply function (`PolicyReloader.register`, as Prometheus' reloaders each
+register `ApplyConfig`); at the start of a scan, on the scan loop's thread, `apply_pending` fits the policy read and
+calls them in the order they registered, then counts the reload once, where refusals are counted too.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class ReloadResult(str, enum.Enum):
     """What a change of the policy file came to: the `result` label of vramguard_policy_reloads_total, each exported
     at 0 from the start."""
 
-    APPLIED = "applied"  # in force from the next scan (counted by the loop, which applies it)
+    APPLIED = "applied"  # in force from the next scan (counted once every holder has it: `apply_pending`)
     # refused, once per distinct content (or a run of one cause: not a regular file, over 1 MiB, unreadable): the
     # last good policy stays in force
     INVALID = "invalid"
@@ -80,6 +84,20 @@ class Loaded:
 
     policy: Policy
     digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """The policy in force, the hash of the file's content it was read from (None: no policy file), and the fields
+    of the file that wait for a restart (`fit`): what every part that holds policy is handed at a reload."""
+
+    policy: Policy
+    digest: str | None = None
+    restart_needed: tuple[str, ...] = ()
+
+
+# A part's apply function: it takes the policy in force from the scan under way on (on the scan loop's thread).
+ApplyPolicy = Callable[[InForce], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +128,11 @@ def fit(new: Policy, built: Built, running: Policy) -> tuple[Policy, tuple[str, 
 
 
 class PolicyReloader:
-    """Reads the policy file every `interval_s` from `start()` to `stop(deadline)`; `take()` hands the scan loop
-    the latest good policy not taken yet. `overrides` puts it through the flags (`Overrides.apply`); `digest` is
-    the hash of the content the agent started with; `count` hears each change's result (applied is counted by
-    the loop, which applies it)."""
+    """Reads the policy file every `interval_s` from `start()` to `stop(deadline)`; `take()` hands over the latest
+    good policy not taken yet, and `apply_pending` (the scan loop's, once a scan) puts it in force in every part
+    registered as holding policy (`register`). `overrides` puts it through the flags (`Overrides.apply`); `digest`
+    is the hash of the content the agent started with, `policy` the policy it started with; `count` hears each
+    change's result, and `report_restarts` the fields waiting for a restart at each reload."""
 
     def __init__(
         self,
@@ -121,15 +140,22 @@ class PolicyReloader:
         overrides: Callable[[Policy], Policy],
         digest: str,
         *,
+        policy: Policy,
         interval_s: float = CHECK_INTERVAL_S,
         clock: Clock = SYSTEM_CLOCK,
         count: Callable[[ReloadResult], None] = lambda result: None,
+        report_restarts: Callable[[tuple[str, ...]], None] = lambda fields: None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.path = str(path)
         self.overrides = overrides
         self.interval_s = interval_s
         self.count = count
+        self.report_restarts = report_restarts
+        # What is in force (read by /status on another thread: one reference, replaced whole), and the parts
+        # holding it, in the order they registered; both are the scan loop's to change.
+        self.in_force = InForce(policy, digest)
+        self._holders: list[tuple[str, ApplyPolicy]] = []
         self.log = log if log is not None else structlog.get_logger(__name__)
         # (why the file's content is refused now, None while it is good; looks at the file completed), published
         # together once a look ends: a reader (/status, a test counting the reloader's cycles) never sees a look's
@@ -169,6 +195,38 @@ class PolicyReloader:
         with self._lock:
             loaded, self._pending = self._pending, None
         return loaded
+
+    def register(self, name: str, apply: ApplyPolicy) -> None:
+        """`apply` puts a reloaded policy in force in the part `name` (after the parts registered before it)."""
+        if any(name == known for known, _ in self._holders):
+            raise ValueError(f"a policy holder named {name!r} is registered already")
+        self._holders.append((name, apply))
+
+    def holders(self) -> tuple[str, ...]:
+        """The parts that hold policy, in the order a reload reaches them."""
+        return tuple(name for name, _ in self._holders)
+
+    def apply_pending(self, built: Built) -> InForce | None:
+        """Put the good policy read since the last look in force, if any: fitted to the parts the agent `built` at
+        start (`fit`), handed to every holder in order, and counted once. On the scan loop's thread, at the start
+        of a scan: nothing the scan reads changes under it."""
+        loaded = self.take()
+        if loaded is None:
+            return None
+        policy, restart = fit(loaded.policy, built, self.in_force.policy)
+        in_force = InForce(policy, loaded.digest, restart)
+        for _, apply in self._holders:
+            apply(in_force)
+        self.in_force = in_force
+        self.count(ReloadResult.APPLIED)
+        self.report_restarts(restart)
+        self.log.info(
+            "policy_reloaded",
+            digest=loaded.digest[:12],
+            mode=policy.mode.value,
+            restart_needed=list(restart) or None,
+        )
+        return in_force
 
     def check(self) -> float:
         """One look at the file; the seconds until the next."""

@@ -19,24 +19,13 @@ from vramguard.base.healthfile import DEFAULT_PATH as DEFAULT_HEALTH_FILE
 from vramguard.base.lifecycle import Services
 from vramguard.base.logs import configure_logging
 from vramguard.base.policyfile import check_policy_file
+from vramguard.cli.cluster import connect
+from vramguard.cli.config import RunConfig, ScanSetup, WiringError, kubelet_tree, policy_file
+from vramguard.cli.driver import ask_driver, ask_limits, nvidia_side, with_limits
+from vramguard.cli.serve import serve
+from vramguard.cli.signals import SHUTDOWN_BUDGET_S, stop_on_signals
 from vramguard.cli.top import render_table
-from vramguard.cli.wiring import (
-    SHUTDOWN_BUDGET_S,
-    RunConfig,
-    ScanSetup,
-    WiringError,
-    ask_driver,
-    ask_limits,
-    build_agent,
-    connect,
-    kubelet_tree,
-    nvidia_side,
-    open_nvml,
-    policy_file,
-    serve,
-    stop_on_signals,
-    with_limits,
-)
+from vramguard.cli.wiring import build_agent, open_nvml
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.model import DriverLimits, Mode
 from vramguard.core.policy import Overrides, parse_watch_interval

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.agent.health import Checks, HealthWriter, write
+from vramguard.agent.health import Checks, HealthWriter, unless, write
 from vramguard.base import healthfile
 from vramguard.base.healthfile import HealthDocument
 from vramguard_testbed.fakes import FakeClock
@@ -72,6 +72,32 @@ def test_the_listing_names_every_check_as_the_kube_apiserver_does() -> None:
         "[+]nvml ok\n[-]pods failed: pod cache not synced\n[+]scan ok: 0.1s ago\nreadyz check failed",
     )
     assert Checks("healthz", [[("ping", passes)]]).listing() == (True, "[+]ping ok\nhealthz check passed")
+
+
+def test_checks_registered_by_their_parts_answer_in_stage_and_registration_order() -> None:
+    """`add` places a check after its stage's earlier ones, whatever stage was added first; a name is registered
+    once; `supply` hands in a part's own checker in the place its name was given, and only for a known name."""
+    checks = Checks("readyz", passed="ready")
+    checks.add("scan", lambda: fails("no scan completed yet"), stage=1)
+    checks.add("nvml", passes)
+    checks.add("pods", passes)
+    assert checks.names() == ("nvml", "pods", "scan")
+    with pytest.raises(ValueError, match="pods"):
+        checks.add("pods", passes, stage=1)
+    assert checks() == (False, "no scan completed yet")
+    checks.supply("scan", lambda: passes("last scan 0.1s ago"))
+    assert checks() == (True, "last scan 0.1s ago") and checks.names() == ("nvml", "pods", "scan")
+    with pytest.raises(KeyError, match="watch"):
+        checks.supply("watch", passes)
+
+
+@pytest.mark.parametrize(
+    ("problem", "answer"),
+    [pytest.param(None, (True, ""), id="no-problem-passes"), pytest.param("down", (False, "down"), id="says-why")],
+)
+def test_a_check_from_a_problem_passes_only_without_one(problem: str | None, answer: tuple[bool, str]) -> None:
+    """A part that says what is wrong (None for nothing) is a check that fails saying it."""
+    assert unless(lambda: problem)() == answer
 
 
 def test_the_first_document_is_written_at_start_and_each_round_after(tmp_path: Path) -> None:

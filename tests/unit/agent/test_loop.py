@@ -13,14 +13,15 @@ from structlog.testing import capture_logs
 
 from unit.agent.test_act import GPU0, over_quota_action
 from vramguard.agent.act import Enforcer
+from vramguard.agent.checks import AgentChecks, DriverLimitsCheck
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
+from vramguard.agent.reload import InForce, PolicyReloader
 from vramguard.agent.report import rows_from_report
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
-from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
 from vramguard.core.model import (
     ActionKind,
     DefaultKind,
@@ -86,8 +87,10 @@ class Node:
         refuse: bool = False,
         claims: FakeClaimSource | None = None,
         watch: Callable[[Node], MemoryWatch] | None = None,
+        reloads: PolicyReloader | None = None,
     ) -> None:
-        """`watch` builds the watch between scans over this node's fakes."""
+        """`watch` builds the watch between scans over this node's fakes; `reloads` is the policy file's watch, with
+        which the agent registers the parts that hold policy."""
         self.sampler = FakeSampler()
         self.ids = FakeIdentifier()
         self.pods = FakePodSource()
@@ -118,6 +121,7 @@ class Node:
             watch=watch(self) if watch is not None else None,
             orphan_reads=OrphanReads(self.pods, clock=self.clock, runner=Inline()),
             api_uids=self.pods.given,
+            reloads=reloads,
         )
 
     def run_gpu(self, *rows: tuple[int, int]) -> None:
@@ -536,28 +540,33 @@ def test_a_dra_share_is_the_quota_on_its_gpu_and_follows_the_claim() -> None:
     )
 
 
-def running(n: Node) -> Started:
-    """The agent of `n` published as `serve` publishes it once NVML is up."""
-    started = Started()
-    started.publish(Running(n.agent, nvidia_side(None)))
-    return started
+def checks_of(n: Node, *, built: bool = True, http: Heartbeat | None = None) -> AgentChecks:
+    """The agent's named checks as `serve` registers them; `built`: with the checkers the agent's parts supply once
+    NVML is up (as `serve` does once it has built the agent)."""
+    checks = AgentChecks(n.pods, clock=n.clock, http=http)
+    if built:
+        supply(checks, n)
+    return checks
+
+
+def supply(checks: AgentChecks, n: Node) -> None:
+    checks.supply(n.agent, 1.0, DriverLimitsCheck(None, InForce(n.agent.policy)))
 
 
 def test_healthz_is_the_scan_age_on_the_agents_clock() -> None:
     """The liveness probe ages the last scan on the clock the scan read, and fails past 30 s (or ten intervals)."""
     n = Node(Policy())
-    started = Started()
-    probes = Probes(n.pods, poll_interval_s=1.0, started=started, clock=n.clock)
-    assert probes.healthz() == (True, "starting")
-    started.publish(Running(n.agent, nvidia_side(None)))
+    checks = checks_of(n, built=False)
+    assert checks.healthz() == (True, "starting")
+    supply(checks, n)
     n.agent.scan()
     n.clock.step(29.0)
-    assert probes.healthz() == (True, "last scan 29.0s ago")
+    assert checks.healthz() == (True, "last scan 29.0s ago")
     n.clock.step(2.0)
-    assert probes.healthz() == (False, "last scan 31.0s ago: the scan loop is stuck")
-    assert probes.readyz() == (False, "NVML not initialised yet")
-    probes.nvml(None)
-    assert probes.readyz() == (True, "ready")
+    assert checks.healthz() == (False, "last scan 31.0s ago: the scan loop is stuck")
+    assert checks.readyz() == (False, "NVML not initialised yet")
+    checks.nvml(None)
+    assert checks.readyz() == (True, "ready")
 
 
 def test_healthz_fails_when_the_http_servers_thread_stops_going_round() -> None:
@@ -565,46 +574,49 @@ def test_healthz_fails_when_the_http_servers_thread_stops_going_round() -> None:
     fails, also while starting); one that goes round, however busy, is not."""
     n = Node(Policy())
     rounds = Heartbeat()
-    started = Started()
-    probes = Probes(n.pods, poll_interval_s=1.0, started=started, clock=n.clock, http=rounds)
+    checks = checks_of(n, built=False, http=rounds)
     rounds.beat(n.clock.now())
     n.clock.step(29.0)
-    assert probes.healthz() == (True, "starting")
+    assert checks.healthz() == (True, "starting")
     n.clock.step(1.0)
-    assert probes.healthz() == (False, "HTTP server's last round 30.0s ago: stuck")
-    started.publish(Running(n.agent, nvidia_side(None)))
+    assert checks.healthz() == (False, "HTTP server's last round 30.0s ago: stuck")
+    supply(checks, n)
     n.agent.scan()
     rounds.beat(n.clock.now())
-    assert probes.healthz() == (True, "last scan 0.0s ago")
+    assert checks.healthz() == (True, "last scan 0.0s ago")
 
 
 def test_ready_only_after_a_scan_that_saw_the_pods() -> None:
     """A scan that ran before the pod list was current attributed nothing: /readyz waits for the next one."""
     n = Node(Policy())
-    probes = Probes(n.pods, poll_interval_s=1.0, started=running(n), clock=n.clock)
-    probes.nvml(None)
+    checks = checks_of(n)
+    checks.nvml(None)
     n.pods.is_synced = False
     n.agent.scan()
-    assert probes.readyz() == (False, "pod cache not synced")
+    assert checks.readyz() == (False, "pod cache not synced")
     n.pods.is_synced = True
-    assert probes.readyz() == (False, "no scan with the pod list yet")
+    assert checks.readyz() == (False, "no scan with the pod list yet")
     n.agent.scan()
-    assert probes.readyz() == (True, "ready")
+    assert checks.readyz() == (True, "ready")
 
 
 def test_readiness_lists_its_named_checks() -> None:
-    """/readyz?verbose names every check, failing or not, in the order the answer reads them; the scan's waits
-    for the parts' in the answer, never in the listing."""
+    """/readyz?verbose names every check, failing or not, in the order the answer reads them, from the start
+    (before the parts that supply theirs are built); the scan's waits for the parts' in the answer, never in the
+    listing."""
     n = Node(Policy())
-    probes = Probes(n.pods, poll_interval_s=1.0, started=Started(), clock=n.clock)
+    checks = checks_of(n, built=False)
     n.pods.is_synced = False
-    assert probes.readyz() == (False, "NVML not initialised yet; pod cache not synced")
-    assert probes.readyz.listing() == (
+    assert checks.readyz() == (False, "NVML not initialised yet; pod cache not synced")
+    assert checks.readyz.listing() == (
         False,
         "[-]nvml failed: NVML not initialised yet\n[-]pods failed: pod cache not synced\n[+]driver-limits ok\n"
         "[+]memory-watch ok\n[-]scan failed: no scan completed yet\nreadyz check failed",
     )
-    assert probes.healthz.listing() == (True, "[+]http ok\n[+]scan-loop ok: starting\nhealthz check passed")
+    assert checks.healthz.listing() == (True, "[+]http ok\n[+]scan-loop ok: starting\nhealthz check passed")
+    supply(checks, n)
+    assert checks.readyz.names() == ("nvml", "pods", "driver-limits", "memory-watch", "scan")
+    assert checks.healthz.names() == ("http", "scan-loop")
 
 
 def test_a_pod_learned_late_is_scanned_at_once() -> None:
@@ -646,14 +658,14 @@ def test_a_watch_stuck_in_the_driver_is_logged_once_exported_and_not_ready() -> 
         n.clock.step(WATCH_STUCK_S)
         n.agent.scan()
         n.agent.scan()
-        during.append((n.metric("vramguard_watch_stuck"), probes.readyz()))
+        during.append((n.metric("vramguard_watch_stuck"), checks.readyz()))
         return []
 
     n = Node(Policy(), watch=lambda n: MemoryWatch(stuck_read, ScanTrigger(Policy()), 0.02, n.clock))
-    probes = Probes(n.pods, poll_interval_s=1.0, started=running(n), clock=n.clock)
-    probes.nvml(None)
+    checks = checks_of(n)
+    checks.nvml(None)
     n.agent.scan()
-    assert probes.readyz() == (True, "ready") and n.metric("vramguard_watch_stuck") == 0.0
+    assert checks.readyz() == (True, "ready") and n.metric("vramguard_watch_stuck") == 0.0
     assert n.agent.watch is not None
     with capture_logs() as logs:
         n.agent.watch.read_once()
@@ -664,7 +676,7 @@ def test_a_watch_stuck_in_the_driver_is_logged_once_exported_and_not_ready() -> 
         ("watch_stuck", said),
         ("watch_recovered", None),
     ]
-    assert n.metric("vramguard_watch_stuck") == 0.0 and probes.readyz() == (True, "ready")
+    assert n.metric("vramguard_watch_stuck") == 0.0 and checks.readyz() == (True, "ready")
 
 
 def test_an_api_outage_then_back_evicts_the_pod_once() -> None:

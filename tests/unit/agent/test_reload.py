@@ -12,9 +12,12 @@ from structlog.testing import capture_logs
 
 from policy_fixtures import NOT_POLICY_FILES, Make, swap_in, unblocked, write_atomically
 from unit.agent.test_loop import FakeClaimSource, Node
-from vramguard.agent.reload import UNREADABLE_AFTER, Built, PolicyReloader, digest_of, fit
+from vramguard.agent.checks import AgentChecks, DriverLimitsCheck
+from vramguard.agent.reload import UNREADABLE_AFTER, Built, InForce, PolicyReloader, ReloadResult, digest_of, fit
+from vramguard.agent.watch import MemoryWatch, ScanTrigger
 from vramguard.base.policyfile import read_policy_file
-from vramguard.cli.wiring import Probes, Running, Started, nvidia_side
+from vramguard.cli.driver import nvidia_side
+from vramguard.cli.serve import Running, Started, StatusFacts
 from vramguard.core.model import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
 from vramguard.core.policy import Overrides
 from vramguard.http.status import PolicyFacts
@@ -59,16 +62,26 @@ class Reloads:
     """A reloader over a ConfigMap volume, its counts, and its policies taken, checked by hand (`check`) after the
     look its loop takes at start."""
 
-    def __init__(self, tmp_path: Path, content: str = "mode: warn\n", overrides: Overrides | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        content: str = "mode: warn\n",
+        overrides: Overrides | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        """`policy`: the one the agent started with (the defaults where not given)."""
         overrides = overrides if overrides is not None else Overrides()
         self.volume = ConfigMapVolume(tmp_path, content)
         self.counted: list[str] = []
+        self.restarts: list[tuple[str, ...]] = []  # the fields waiting for a restart, at each reload
         self.reloader = PolicyReloader(
             self.volume.path,
             overrides.apply,
             digest_of(content.encode()),
+            policy=policy if policy is not None else Policy(),
             clock=FakeClock(),
             count=self.counted.append,
+            report_restarts=self.restarts.append,
         )
         self.reloader.check()
 
@@ -101,7 +114,9 @@ def test_a_config_map_directory_reloads_when_any_of_its_keys_changes(tmp_path: P
     volume = configmap.ConfigMapVolume(tmp_path, data)
     counted: list[str] = []
     started = digest_of(read_policy_file(tmp_path).text.content)
-    reloader = PolicyReloader(tmp_path, Overrides().apply, started, clock=FakeClock(), count=counted.append)
+    reloader = PolicyReloader(
+        tmp_path, Overrides().apply, started, policy=Policy(), clock=FakeClock(), count=counted.append
+    )
     reloader.check()
     assert reloader.take() is None, "the content the agent started with changes nothing"
     volume.update({**data, "namespaces.ml.max_quota": "4Gi"})
@@ -119,7 +134,7 @@ def test_an_edit_in_place_of_the_same_size_is_seen(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text("mode: warn\n")
     clock = FakeClock()
-    reloader = PolicyReloader(path, Overrides().apply, digest_of(b"mode: warn\n"), clock=clock)
+    reloader = PolicyReloader(path, Overrides().apply, digest_of(b"mode: warn\n"), policy=Policy(), clock=clock)
     reloader.check()
     before = path.stat()
     path.write_text("mode: kill\n")
@@ -198,7 +213,7 @@ def test_a_policy_is_put_in_force_only_when_whole_as_far_as_a_reader_can_tell(
     path = tmp_path / "policy.yaml"
     path.write_text(START)
     clock = FakeClock()
-    reloader = PolicyReloader(path, Overrides().apply, digest_of(START.encode()), clock=clock)
+    reloader = PolicyReloader(path, Overrides().apply, digest_of(START.encode()), policy=Policy(), clock=clock)
     reloader.check()  # the loop's look at start
     for seconds, write, handed in steps:
         clock.step(seconds)
@@ -275,7 +290,7 @@ def test_what_is_not_a_policy_file_is_refused_once_and_a_good_file_after_it_is_i
     swap_in(path, tmp_path / "good")
     counted: list[str] = []
     reloader = PolicyReloader(
-        path, Overrides().apply, digest_of(b"mode: warn\n"), clock=FakeClock(), count=counted.append
+        path, Overrides().apply, digest_of(b"mode: warn\n"), policy=Policy(), clock=FakeClock(), count=counted.append
     )
     make(tmp_path / "bad")
     swap_in(path, tmp_path / "bad")
@@ -298,7 +313,7 @@ def test_what_is_not_a_policy_file_is_refused_once_and_a_good_file_after_it_is_i
 def test_the_reloader_runs_on_its_background_loop(tmp_path: Path) -> None:
     clock = FakeClock()
     volume = ConfigMapVolume(tmp_path, "mode: warn\n")
-    reloader = PolicyReloader(volume.path, Overrides().apply, digest_of(b"mode: warn\n"), clock=clock)
+    reloader = PolicyReloader(volume.path, Overrides().apply, digest_of(b"mode: warn\n"), policy=Policy(), clock=clock)
 
     def on_wait() -> None:
         if len(clock.waits) == 2:
@@ -364,10 +379,15 @@ def test_fit_applies_what_the_built_parts_allow(
     assert policy.mode is new.mode and policy.cooldown_s == new.cooldown_s, "the rest is the new policy"
 
 
+def reloading(tmp_path: Path, policy: Policy, **node: object) -> tuple[Reloads, Node]:
+    """A Node whose agent started with `policy` and registered its policy holders with a reloader over a volume."""
+    r = Reloads(tmp_path, policy=policy)
+    return r, Node(policy, reloads=r.reloader, **node)  # type: ignore[arg-type]
+
+
 def test_the_next_scan_enforces_the_reloaded_policy(tmp_path: Path) -> None:
-    r = Reloads(tmp_path)
-    n = Node(Policy(mode=Mode.WARN, driver_limits=DriverLimits.OFF))
-    n.agent.reloads = r.reloader
+    """Every part that holds policy has the reloaded one from the next scan on; the reload is counted once."""
+    r, n = reloading(tmp_path, Policy(mode=Mode.WARN, driver_limits=DriverLimits.OFF))
     n.trainer_over_quota()
     assert [o.action.kind for o in n.agent.scan().outcomes] == [ActionKind.WARN]
     content = "mode: kill\ndriver_limits: 'off'\neviction_timeout: 42s\n" + UNWATCHED
@@ -376,16 +396,38 @@ def test_the_next_scan_enforces_the_reloaded_policy(tmp_path: Path) -> None:
     report = n.agent.scan()
     assert [o.action.kind for o in report.outcomes] == [ActionKind.KILL], "killed at the scan after the change"
     assert n.agent.enforcer.policy.eviction_timeout_s == 42.0
-    assert n.agent.policy_digest == digest_of(content.encode())
-    assert n.metric("vramguard_policy_reloads_total", result="applied") == 1.0
-    assert n.agent.restart_needed == ()
+    assert r.reloader.in_force.digest == digest_of(content.encode())
+    assert r.counted == [ReloadResult.APPLIED] and r.restarts == [()]
+    assert r.reloader.in_force.restart_needed == ()
+
+
+def test_the_parts_that_hold_policy_are_reached_in_the_order_they_registered(tmp_path: Path) -> None:
+    """The agent registers its own (the scan's), the limit planner, the Enforcer and the watch; a part registered
+    after them (a check) hears the same policy, after them; a name registers once."""
+    policy = Policy(mode=Mode.WARN, driver_limits=DriverLimits.OFF)
+    r, n = reloading(
+        tmp_path, policy, watch=lambda n: MemoryWatch(n.sampler.memory, ScanTrigger(policy), 0.02, n.clock)
+    )
+    heard: list[tuple[Mode, Mode]] = []
+    r.reloader.register("a-check", lambda in_force: heard.append((in_force.policy.mode, n.agent.policy.mode)))
+    assert r.reloader.holders() == ("scan", "limit-planner", "enforcer", "memory-watch", "a-check")
+    with pytest.raises(ValueError, match="a-check"):
+        r.reloader.register("a-check", lambda in_force: None)
+    r.volume.update("mode: evict\ndriver_limits: 'off'\nwatch_interval: 40ms\n")
+    r.check()
+    n.run_gpu()
+    n.agent.scan()
+    assert heard == [(Mode.EVICT, Mode.EVICT)], "the scan's own policy was in force before the later holder heard"
+    assert n.agent.watch is not None and n.agent.watch.interval_s == 0.04
+    n.agent.scan()
+    assert heard == [(Mode.EVICT, Mode.EVICT)] and r.counted == [ReloadResult.APPLIED], "applied once"
 
 
 def test_a_reloaded_default_quota_is_resolved_afresh(tmp_path: Path) -> None:
     """The quota book is rebuilt: a pod whose quota comes from the policy's default gets the new one."""
-    r = Reloads(tmp_path)
-    n = Node(Policy(mode=Mode.WARN, default=DefaultQuota(DefaultKind.FIXED, 8 * GiB), watch_interval_s=0.0))
-    n.agent.reloads = r.reloader
+    r, n = reloading(
+        tmp_path, Policy(mode=Mode.WARN, default=DefaultQuota(DefaultKind.FIXED, 8 * GiB), watch_interval_s=0.0)
+    )
     p = pod("trainer", "ml")
     n.pods.set_pods([p])
     n.ids.add(100, p.uid, p.containers[0].container_id)
@@ -399,61 +441,62 @@ def test_a_reloaded_default_quota_is_resolved_afresh(tmp_path: Path) -> None:
 
 
 def test_what_needs_a_part_not_built_waits_for_a_restart_and_says_so(tmp_path: Path) -> None:
-    r = Reloads(tmp_path)
-    n = Node(Policy(mode=Mode.WARN, watch_interval_s=0.0))
-    n.agent.reloads = r.reloader
+    """A field whose part was not built at start keeps its running value; the rest is in force; the fields are
+    logged, held in force and reported (for the gauges) at each reload."""
+    r, n = reloading(tmp_path, Policy(mode=Mode.WARN, watch_interval_s=0.0))
     r.volume.update(f"mode: kill\nquota_sources: [{CLAIM[0]}, {CLAIM[1]}]\nwatch_interval: 50ms\n")
     r.check()
     n.run_gpu()
     with capture_logs() as logs:
         n.agent.scan()
-    assert n.agent.restart_needed == ("quota_sources", "driver_limits", "watch_interval")
+    assert r.reloader.in_force.restart_needed == ("quota_sources", "driver_limits", "watch_interval")
     assert n.agent.policy.mode is Mode.KILL, "the rest is in force"
     assert n.agent.policy.watch_interval_s == 0.0 and n.agent.policy.quota_sources == Policy().quota_sources
-    for field in ("quota_sources", "driver_limits", "watch_interval"):
-        assert n.metric("vramguard_policy_restart_needed", field=field) == 1.0
+    assert r.restarts == [("quota_sources", "driver_limits", "watch_interval")]
     (line,) = [e for e in logs if e["event"] == "policy_reloaded"]
     assert line["restart_needed"] == ["quota_sources", "driver_limits", "watch_interval"]
 
     r.volume.update("mode: kill\ndriver_limits: 'off'\n" + UNWATCHED)
     r.check()
     n.agent.scan()
-    assert not n.agent.restart_needed, "all in force"
-    assert n.metric("vramguard_policy_restart_needed", field="driver_limits") == 0.0
+    assert not r.reloader.in_force.restart_needed, "all in force"
+    assert r.restarts[-1] == ()
 
 
 def test_a_claim_source_built_at_start_serves_a_reload_that_keeps_it(tmp_path: Path) -> None:
-    r = Reloads(tmp_path)
-    n = Node(Policy(quota_sources=CLAIM), claims=FakeClaimSource())
-    n.agent.reloads = r.reloader
+    r, n = reloading(tmp_path, Policy(quota_sources=CLAIM), claims=FakeClaimSource())
     r.volume.update(f"mode: evict\ndriver_limits: 'off'\nquota_sources: [{CLAIM[1]}, {CLAIM[0]}]\n{UNWATCHED}")
     r.check()
     n.run_gpu()
     n.agent.scan()
-    assert n.agent.restart_needed == () and n.agent.policy.quota_sources == (CLAIM[1], CLAIM[0])
+    assert r.reloader.in_force.restart_needed == () and n.agent.policy.quota_sources == (CLAIM[1], CLAIM[0])
 
 
-def test_the_probes_show_the_policy_in_force_and_read_require_from_it(tmp_path: Path) -> None:
-    """/status's policy part is the agent's policy in force and the reloader's refusal; a reload to
-    `driver_limits: require` on an agent without a limiter fails /readyz, saying a restart applies it."""
-    r = Reloads(tmp_path)
-    n = Node(Policy(mode=Mode.WARN, watch_interval_s=0.0))
-    n.agent.reloads = r.reloader
+def test_status_shows_the_policy_in_force_and_the_limits_check_reads_require_from_it(tmp_path: Path) -> None:
+    """/status's policy part is the policy in force and the reloader's refusal; a reload to `driver_limits:
+    require` on an agent without a limiter fails /readyz (the limits check is a registered holder), saying a
+    restart applies it."""
+    start = Policy(mode=Mode.WARN, watch_interval_s=0.0)
+    r, n = reloading(tmp_path, start)
     started = Started()
-    probes = Probes(n.pods, poll_interval_s=1.0, started=started, reloader=r.reloader, clock=n.clock)
-    assert probes.policy_facts() is None, "before the agent: its start policy is in the facts"
+    facts = StatusFacts(started, InForce(start, r.reloader.in_force.digest), r.reloader)
+    checks = AgentChecks(n.pods, clock=n.clock)
+    assert facts.policy() is None, "before the agent: its start policy is in the facts"
     started.publish(Running(n.agent, nvidia_side(None)))
-    probes.nvml(None)
+    limits = DriverLimitsCheck(None, InForce(start))
+    r.reloader.register("driver-limits-check", limits.apply)
+    checks.supply(n.agent, 1.0, limits)
+    checks.nvml(None)
     r.volume.update("mode: evict\ndriver_limits: require\n" + UNWATCHED)
     r.check()
     n.run_gpu()
     n.agent.scan()
-    assert probes.policy_facts() == PolicyFacts("evict", n.agent.policy_digest, None, ("driver_limits",), checks=2)
-    assert probes.readyz() == (
+    assert facts.policy() == PolicyFacts("evict", r.reloader.in_force.digest, None, ("driver_limits",), checks=2)
+    assert checks.readyz() == (
         False,
         "driver limits required by the reloaded policy: they apply after a restart of the agent",
     )
     r.volume.update("mode: evict\ndriver_limits: [\n")
     r.check()
-    facts = probes.policy_facts()
-    assert facts is not None and facts.mode == "evict" and facts.invalid is not None and "YAML" in facts.invalid
+    policy = facts.policy()
+    assert policy is not None and policy.mode == "evict" and policy.invalid is not None and "YAML" in policy.invalid

@@ -18,7 +18,7 @@ import pytest
 def test_open_file_limit_is_raised_to_the_hard_limit(soft: int, hard: int, expected: tuple[int, int]) -> None:
     """At start the agent lifts its soft open-file limit to the hard one (a container's 1024 is not its ceiling)."""
     script = (
-        "import resource; from vramguard.cli.wiring import raise_open_file_limit\n"
+        "import resource; from vramguard.cli.tuning import raise_open_file_limit\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
         "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
