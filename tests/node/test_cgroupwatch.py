@@ -19,7 +19,6 @@ from vramguard.core.model import CgroupIdentity
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard_testbed.cgroups import KubeletCgroups
-from vramguard_testbed.fakes import FakeClock
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = pytest.mark.cgroups
@@ -133,26 +132,6 @@ def test_no_inotify_on_a_missing_root_says_why(tmp_path: object) -> None:
         watcher.start()
     assert not watcher.running
     watcher.stop(SYSTEM_CLOCK.now())  # stopping one that never started is harmless
-
-
-def test_ticks_follow_the_clock_while_the_tick_asks_for_more(tmp_path: Path) -> None:
-    """The limiter's retry is called each `tick_s` of the watcher's clock, and no more once it says none waits."""
-    clock, ticks = FakeClock(), threading.Semaphore(0)
-    wanted = [True, False]
-
-    def tick() -> bool:
-        ticks.release()
-        return wanted.pop(0) if wanted else False
-
-    watcher = CgroupWatcher(str(tmp_path), lambda p, i, f: None, tick=tick, tick_s=0.05, clock=clock)
-    watcher.start()
-    try:
-        for _ in range(2):
-            clock.step(0.05)
-            assert ticks.acquire(timeout=5), "a tick once its interval passed on the clock"
-    finally:
-        watcher.stop(clock.now() + 2.0)
-    assert not watcher.running and not wanted
 
 
 def test_the_inotify_and_wake_fds_are_closed_once_stopped(tmp_path: Path) -> None:

@@ -177,7 +177,7 @@ def watch_cgroups(
     root = v2_root(cgroup_root)
     if limiter is None or root is None:
         return
-    watcher = CgroupWatcher(root, limiter.appeared, tick=limiter.retry_parked, clock=clock, kubelet=kubelet)
+    watcher = CgroupWatcher(root, limiter.appeared, clock=clock, kubelet=kubelet)
     log = structlog.get_logger(__name__)
     try:
         services.start("cgroup-watch", watcher)

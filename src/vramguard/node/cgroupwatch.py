@@ -67,16 +67,14 @@ class _Inotify:
 class CgroupWatcher:
     """Calls `appeared(path, identity, fresh)` on its own thread for each pod or container cgroup created under the
     v2 `root` (`fresh`), and once at start for each that already exists (not `fresh`: it may have run for long),
-    in the kubelet's tree (`kubelet`) only; calls `tick()` every `tick_s` on `clock` while it returns True (the
-    limiter's retry of cgroups whose pod it did not know yet)."""
+    in the kubelet's tree (`kubelet`) only. The limiter retries a cgroup whose pod it did not know yet on its own
+    queue's clock: the watcher only reports."""
 
     def __init__(
         self,
         root: str,
         appeared: Callable[[str, CgroupIdentity, bool], None],
         *,
-        tick: Callable[[], bool] = lambda: False,
-        tick_s: float = 0.1,
         clock: Clock = SYSTEM_CLOCK,
         log: structlog.typing.FilteringBoundLogger | None = None,
         kubelet: KubeletTree = HOST_KUBELET,
@@ -84,8 +82,6 @@ class CgroupWatcher:
         self.root = root.rstrip("/") or "/"
         self.kubelet = kubelet
         self.appeared = appeared
-        self.tick = tick
-        self.tick_s = tick_s
         self.clock = clock
         self.log = log if log is not None else structlog.get_logger(__name__)
         self._inotify: _Inotify | None = None
@@ -94,8 +90,6 @@ class CgroupWatcher:
         self._wake_r, self._wake_w = -1, -1
         self._fds = threading.Lock()  # the wake's write and the close on the thread's way out
         self._poller = select.poll()
-        self._tick_at = 0.0
-        self._ticking = True
         # Set once the cgroups there at start are reported: one made after that is reported `fresh`.
         self.walked = threading.Event()
         self.exhausted: str | None = None  # why some directory could not be watched (the kernel's limit)
@@ -115,7 +109,6 @@ class CgroupWatcher:
             raise InotifyUnavailable(e.errno or 0, f"cannot watch {self.root} with inotify: {e}") from None
         self._poller.register(self._inotify.fd, select.POLLIN)
         self._poller.register(self._wake_r, select.POLLIN)
-        self._tick_at = self.clock.now() + self.tick_s  # from the start, not from when the thread gets going
         self.loop.start()
 
     def stop(self, deadline: float) -> None:
@@ -145,32 +138,20 @@ class CgroupWatcher:
     # -- the watcher's thread --------------------------------------------------------------------------------
 
     def _step(self) -> float:
-        """The walk of what is there, first; then one wait for events (or the next tick), and what they call for."""
+        """The walk of what is there, first; then one wait for events, and what they call for."""
         assert self._inotify is not None
         if not self.walked.is_set():
             self._scan(self.root, fresh=False)
             self.walked.set()
             return 0.0
-        # At most `tick_s` of real time: the clock is looked at again then (a test's clock may have moved).
-        timeout_ms = min(self.tick_s, max(0.0, self._tick_at - self.clock.now())) * 1000 if self._ticking else None
-        ready = self._poller.poll(timeout_ms)
+        ready = self._poller.poll()  # until an event, or the stop's wake
         if self.loop.stopping.is_set():
             return 0.0
         if any(fd == self._inotify.fd for fd, _ in ready):
             try:
                 self._read_events()
-                self._ticking = True  # a new cgroup may be parked: tick again until the limiter says none waits
             except Exception as e:  # a bug here must not stop the watching: the reconcile stays the backstop
                 self.log.exception("cgroup_watch_failed", error=repr(e))
-        now = self.clock.now()
-        if not self._ticking or now < self._tick_at:
-            return 0.0
-        self._tick_at = now + self.tick_s
-        try:
-            self._ticking = self.tick()
-        except Exception as e:
-            self.log.exception("cgroup_watch_tick_failed", error=repr(e))
-            self._ticking = False
         return 0.0
 
     def _read_events(self) -> None:

@@ -340,9 +340,9 @@ class DriverLimiter:
         self._kick()
 
     def retry_parked(self) -> bool:
-        """Whether a new cgroup still waits to be looked up (handed over and not taken, or its pod not known yet),
-        so the watcher's tick knows to ask again. The queue wakes the worker for a parked cgroup by itself; a
-        `runner` standing in for the thread is given a pass here."""
+        """Whether a new cgroup still waits to be looked up (handed over and not taken, or its pod not known yet).
+        The queue wakes the worker for a parked cgroup by itself; a `runner` standing in for the thread (tests,
+        `bench/scan.py`) is given a pass here."""
         if self.unavailable is not None:
             return False
         self._kick()
