@@ -264,9 +264,10 @@ def measure(agents: dict[str, subprocess.Popen[bytes]], seconds: float) -> dict[
     """Each agent's watch thread and whole process over the same `seconds`."""
     tids = {v: watch_thread(p.pid) for v, p in agents.items()}
 
-    def look() -> dict[str, tuple[float, float, int]]:
+    def look() -> dict[str, tuple[float, float, int, int]]:
         return {
-            v: (cpu_seconds(p.pid, tids[v]), cpu_seconds(p.pid), switches(p.pid, tids[v])) for v, p in agents.items()
+            v: (cpu_seconds(p.pid, tids[v]), cpu_seconds(p.pid), switches(p.pid, tids[v]), run_ns(p.pid, tids[v]))
+            for v, p in agents.items()
         }
 
     before, t0 = look(), time.monotonic()
