@@ -44,3 +44,17 @@ def test_the_probes_benchmark_prints_its_figures() -> None:
     assert any(line.startswith("probe / bare: wall") for line in lines)
     assert any(line.startswith("the health file's writer:") for line in lines)
     assert any(line.startswith("the chart's probes:") for line in lines)
+
+
+def test_the_idle_watch_benchmark_prints_its_figures() -> None:
+    """bench/watch_idle.py stays runnable: a quick run prints the three agents side by side (today's reading path,
+    the new one, the wake-up alone) and the ratios against the issue's goals."""
+    need_cgroups(2)
+    bench = Path(__file__).resolve().parents[2] / "bench" / "watch_idle.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    rows = [w for w in (line.split() for line in lines) if w[:1] in (["today"], ["new"], ["floor"]) and w[1] != "/"]
+    assert [r[0] for r in rows] == ["today", "new", "floor"] and all(r[-1] == "us" for r in rows)
+    assert sum(line.startswith("new / today,") and line.endswith("met") for line in lines) == 2
+    assert any(line.startswith("floor / today, CPU a reading:") for line in lines)

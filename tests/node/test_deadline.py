@@ -11,8 +11,8 @@ from vramguard_testbed.waiting import wait_until
 
 
 def test_a_hung_job_is_abandoned_and_the_next_run_gets_a_fresh_thread() -> None:
-    """Past the deadline: the job is timed out and its key stuck until the late call returns; the other jobs
-    run on a new thread meanwhile."""
+    """Past the deadline: the job is timed out and its key stuck (also in `stuck_keys`, what a reader without the
+    lock sees) until the late call returns; the other jobs run on a new thread meanwhile."""
     release = threading.Event()
     runner = DeadlineRunner(0.2, "test")
     hung = Job("gpu0", lambda j: j.call("nvmlHang", release.wait, 10))
@@ -22,11 +22,12 @@ def test_a_hung_job_is_abandoned_and_the_next_run_gets_a_fresh_thread() -> None:
     assert time.monotonic() - started < 2.0
     assert hung.timed_out and hung.current_call == "nvmlHang"
     assert other.done and not other.timed_out and other.result == "ok"
-    assert runner.stuck("gpu0") is hung and runner.stuck("gpu1") is None
+    assert runner.stuck("gpu0") is hung and runner.stuck("gpu1") is None and runner.stuck_keys == {"gpu0"}
     assert runner.threads_started == 2
     release.set()
     # Once the late call returned, the device may be tried again.
     wait_until(lambda: runner.stuck("gpu0") is None, what="the late call to return and free the device")
+    assert runner.stuck_keys == frozenset()
     again = Job("gpu0", lambda j: j.call("fine", lambda: "back"))
     runner.run([again])
     assert again.result == "back"

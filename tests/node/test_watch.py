@@ -1,7 +1,9 @@
 """The watch between scans in real time: its thread paces and stops, and on a simulated node (`vramguard run` over
 the test NVML library, real processes in pod cgroups) an allocation past a quota is acted on without waiting for the
 poll, also when a free in the same interval hides it, and so is a pod learned after its process crossed; a churn
-within quotas costs at most the triggered-scan rate; a watch stuck in the driver is reported, and the poll goes on."""
+within quotas costs at most the triggered-scan rate; a watch stuck in the driver is reported, and the poll goes on.
+The sampler's reading for the watch (`NvmlSampler.memory`) over the test NVML library: each opened GPU, nothing
+made at rest, a GPU stuck in a scan left out."""
 
 from __future__ import annotations
 
@@ -19,10 +21,14 @@ from cgroup_fixtures import need_cgroups
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanTrigger, Trigger
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.core.model import GiB, GpuMemory, Policy
+from vramguard.nvml import NvmlSampler
+from vramguard_testbed.fakenvml import FakeNode
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
+pytest_plugins = ["nvml_fixtures"]
+MakeSampler = Callable[..., NvmlSampler]
 
 POLL_S = 30.0  # far longer than any wait below: whatever happens, the poll did not do it
 
@@ -203,3 +209,46 @@ def test_the_stop_ends_the_pause_between_readings() -> None:
     started = time.monotonic()
     slow.stop(SYSTEM_CLOCK.now() + 5)
     assert time.monotonic() - started < 1.0 and not slow.loop.running and not fast.loop.running
+
+
+@pytest.mark.parametrize("memory_v2", [True, False], ids=["memory-info-v2", "v1-on-a-driver-before-r510"])
+def test_the_reading_is_each_opened_gpu_and_makes_nothing_at_rest(
+    memory_v2: bool, nvml_state: Path, make_sampler: MakeSampler
+) -> None:
+    """The watch's reading has each GPU a scan opened, in the memory-info version the scan settled on; while no
+    figure moves it is the same tuple (nothing made), and a GPU whose figures moved is read anew, the other kept."""
+    node = FakeNode.gpus(2, total_bytes=80 * GiB)
+    node.memory_v2 = memory_v2
+    node.gpu(0).used_bytes = GiB
+    node.write(nvml_state)
+    sampler = make_sampler()
+    assert sampler.memory() == (), "no scan has opened a GPU yet"
+    sampler.sample()
+
+    first = sampler.memory()
+    assert [(m.index, m.total_bytes, m.used_bytes, m.free_bytes) for m in first] == [
+        (0, 80 * GiB, GiB, 79 * GiB),
+        (1, 80 * GiB, 0, 80 * GiB),
+    ]
+    assert sampler.memory() is first, "at rest: the last reading again"
+    node.gpu(1).used_bytes = 3 * GiB
+    node.write(nvml_state)
+    moved = sampler.memory()
+    assert [m.used_bytes for m in moved] == [GiB, 3 * GiB] and moved[0] is first[0]
+
+
+def test_a_gpu_stuck_in_a_scan_is_left_out_of_the_reading_until_its_call_returns(
+    nvml_state: Path, make_sampler: MakeSampler
+) -> None:
+    """The watch never calls into a GPU whose scan call hung past the deadline (its own call would hang too); once
+    that call returns, the GPU is read again."""
+    node = FakeNode.gpus(2)
+    node.write(nvml_state)
+    sampler = make_sampler(call_timeout_s=0.3)
+    sampler.sample()
+    node.hang("nvmlDeviceGetComputeRunningProcesses_v3", 60, device=0).write(nvml_state)
+    assert not sampler.sample().devices[0].healthy
+
+    assert [m.index for m in sampler.memory()] == [1]
+    node.clear_faults().write(nvml_state)
+    wait_until(lambda: [m.index for m in sampler.memory()] == [0, 1], what="GPU 0 in the reading again")

@@ -39,53 +39,75 @@ class Trigger(enum.Enum):
     POD_LEARNED = "pod-learned"  # a pod update named a pod or container the last scan could not attribute
 
 
+class _Baseline:
+    """What the last scan saw of the whole, healthy GPUs, made whole by `ScanTrigger.scanned` and never changed."""
+
+    __slots__ = ("pressured", "used")
+
+    def __init__(self, used: dict[int, int], pressured: frozenset[int]) -> None:
+        self.used = used  # GPU index → used bytes the scan saw
+        self.pressured = pressured  # GPUs under pressure at the scan
+
+
 class ScanTrigger:
     """Tells when a reading calls for a scan (`check`, on the watch's thread), given what the last scan saw
-    (`scanned`, on the scan loop's)."""
+    (`scanned`, on the scan loop's).
+
+    No lock: `scanned` publishes its baseline as one new object, and `check` reads that reference once a reading;
+    the lowest readings since the scan are the watch thread's own, started afresh when it finds a new baseline.
+    """
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._scanned: dict[int, int] = {}  # GPU index → used bytes the last scan saw
+        self._baseline = _Baseline({}, frozenset())
+        # The watch thread's own, below: the baseline its lowest readings count from, and those readings.
+        self._seen: _Baseline | None = None
         self._lowest: dict[int, int] = {}  # GPU index → the lowest used bytes read since the last scan
-        self._pressured: set[int] = set()  # GPUs under pressure at the last scan
-        self._lock = threading.Lock()  # `scanned` and `check` run on two threads
+        self._rise: tuple[Policy, int, int] | None = None  # (policy, total bytes, its watch_rise), the last asked
 
     def scanned(self, devices: Iterable[GpuDevice]) -> None:
         """A scan sampled these devices: its readings are the baseline from now on (what rose after the sample
         still shows as a rise, and so does memory freed and taken again: churn within a quota costs at most the
         rate limit's scans)."""
         whole = [d for d in devices if d.mig_index is None and d.healthy]
-        with self._lock:
-            self._scanned = {d.index: d.used_bytes for d in whole}
-            self._lowest = dict(self._scanned)
-            self._pressured = {d.index for d in whole if self.policy.under_pressure(d)}
+        policy = self.policy
+        self._baseline = _Baseline(
+            {d.index: d.used_bytes for d in whole}, frozenset(d.index for d in whole if policy.under_pressure(d))
+        )
 
     def check(self, readings: Iterable[GpuMemory]) -> Trigger | None:
         """Why these readings call for a scan now, or None."""
-        with self._lock:
-            for reading in readings:
-                reason = self._reason(reading)
-                if reason is not None:
-                    return reason
-            return None
-
-    def _reason(self, reading: GpuMemory) -> Trigger | None:
-        scanned = self._scanned.get(reading.index)
-        if scanned is None:
-            return None  # no scan has seen this GPU healthy: the poll scans it
-        # Memory freed since the scan (a process killed or gone): a rise is counted from the lowest reading, or an
-        # allocation up to the freed amount would go unseen until the poll.
-        lowest = self._lowest[reading.index] = min(self._lowest[reading.index], reading.used_bytes)
-        threshold = self.policy.watch_rise_for(reading.total_bytes)
-        if reading.used_bytes - lowest > threshold:
-            return Trigger.MEMORY_RISE
-        # Freed and taken within one interval (one process exits as another allocates) shows only as the net
-        # change: any change past the threshold scans, a fall as well as a rise.
-        if scanned - reading.used_bytes > threshold:
-            return Trigger.MEMORY_FALL
-        if reading.index not in self._pressured and self.policy.under_pressure(reading):
-            return Trigger.PRESSURE
+        baseline, policy = self._baseline, self.policy
+        if baseline is not self._seen:
+            self._seen, self._lowest = baseline, dict(baseline.used)
+        lowest = self._lowest
+        for reading in readings:
+            used = reading.used_bytes
+            scanned = baseline.used.get(reading.index)
+            if scanned is None:
+                continue  # no scan has seen this GPU healthy: the poll scans it
+            # Memory freed since the scan (a process killed or gone): a rise is counted from the lowest reading, or
+            # an allocation up to the freed amount would go unseen until the poll.
+            low = lowest[reading.index]
+            if used < low:
+                lowest[reading.index] = low = used
+            threshold = self._rise_for(policy, reading.total_bytes)
+            if used - low > threshold:
+                return Trigger.MEMORY_RISE
+            # Freed and taken within one interval (one process exits as another allocates) shows only as the net
+            # change: any change past the threshold scans, a fall as well as a rise.
+            if scanned - used > threshold:
+                return Trigger.MEMORY_FALL
+            if reading.index not in baseline.pressured and policy.under_pressure(reading):
+                return Trigger.PRESSURE
         return None
+
+    def _rise_for(self, policy: Policy, total_bytes: int) -> int:
+        """`policy.watch_rise_for(total_bytes)`, asked again only when the policy or the GPU's size changed."""
+        rise = self._rise
+        if rise is None or rise[0] is not policy or rise[1] != total_bytes:
+            rise = self._rise = (policy, total_bytes, policy.watch_rise_for(total_bytes))
+        return rise[2]
 
 
 class ScanCalls:
@@ -205,9 +227,9 @@ class ScanCalls:
             self._counted = False
 
     def waiter_stopped(self) -> bool:
-        """Wake the waiter when its stop was set (a stop set by a signal handler wakes nothing); True then."""
-        with self._lock:
-            stop = self._waiter_stop
+        """Wake the waiter when its stop was set (a stop set by a signal handler wakes nothing); True then. Asked
+        at every reading, so without the lock: `_waiter_stop` is one reference, set once by the waiter."""
+        stop = self._waiter_stop
         if stop is not None and stop.is_set():
             self._posted.set()
             return True
@@ -220,7 +242,9 @@ class MemoryWatch:
 
     The reads run on this thread alone, never on the scan loop's: a hung driver leaves one stuck thread here (the
     sampler's deadline marks the GPU unhealthy in the next scan, `problem` says the watch is stuck), and the poll
-    goes on. Each reading costs one wake-up of this thread; the scan loop wakes only when a scan is called for.
+    goes on. Each reading costs one wake-up of this thread and no more than the counters' read and the comparison:
+    no hand-off, no lock (what another thread reads of it, `_reading_since`, is one reference published whole);
+    the scan loop wakes only when a scan is called for.
     """
 
     def __init__(
@@ -241,8 +265,9 @@ class MemoryWatch:
         self.calls = calls if calls is not None else ScanCalls(trigger.policy, clock)
         self.readings = 0  # for tests and the benchmark: how often the counters were read
         self._failures = FailureRun()
-        self._reading = threading.Lock()  # guards `_reading_since`, read by the probes and the scan loop
-        self._reading_since: float | None = None  # when the reading under way started, None between readings
+        # When the reading under way started, None between readings: written by this thread alone, read by the
+        # probes and the scan loop (`problem`), each a single reference.
+        self._reading_since: float | None = None
         # Held until the stop: the pause between readings is a timed acquire of it, real time (the readings poll
         # hardware), and at a hundred a second the cheapest stoppable wait there is (a third of an Event's).
         self._paused = threading.Lock()
@@ -281,8 +306,7 @@ class MemoryWatch:
 
     def problem(self, now: float) -> str | None:
         """Why the watch no longer calls for scans (a reading stuck in the driver for `WATCH_STUCK_S`), or None."""
-        with self._reading:
-            since = self._reading_since
+        since = self._reading_since
         if since is None or now - since < WATCH_STUCK_S:
             return None
         return f"memory watch: a reading has not returned for {now - since:.1f} s; scans at the poll only"
@@ -302,19 +326,17 @@ class MemoryWatch:
         whose stop was set)."""
         if self.calls.waiter_stopped():
             return
-        read_at = self.clock.now()
-        with self._reading:
-            self._reading_since = read_at
+        self._reading_since = read_at = self.clock.now()
         try:
-            readings = tuple(self.read())
+            readings = self.read()
         except Exception as e:  # a reading is a hint: the next scan says what is wrong with the GPU
+            self._reading_since = None
             if self._failures.failed(type(e).__name__):
                 self.log.warning("watch_read_failed", error=repr(e))
             return
-        finally:
-            with self._reading:
-                self._reading_since = None
-        self._failures.ok()
+        self._reading_since = None
+        if self._failures.error is not None:
+            self._failures.ok()
         self.readings += 1
         reason = self.trigger.check(readings)
         if reason is not None:

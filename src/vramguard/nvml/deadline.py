@@ -74,6 +74,9 @@ class DeadlineRunner:
         self._queue: deque[Job] = deque()
         self._worker: _Worker | None = None
         self._stuck: dict[Hashable, Job] = {}
+        # The keys of `_stuck`, published whole on each change: what a reader that takes no lock looks at (the
+        # memory watch, a hundred times a second, `NvmlSampler.memory`).
+        self.stuck_keys: frozenset[Hashable] = frozenset()
         self._closed = False
         self._threads_started = 0
 
@@ -129,6 +132,7 @@ class DeadlineRunner:
     def _abandon(self, job: Job) -> None:
         job.done = job.timed_out = True
         self._stuck[job.key] = job
+        self.stuck_keys = frozenset(self._stuck)
         worker = job.worker
         if worker is not None:
             worker.abandoned = True
@@ -157,6 +161,7 @@ class DeadlineRunner:
                     # The late call returned: the device may be tried again. Its result is stale; a fresh thread
                     # already serves the queue.
                     self._stuck.pop(job.key, None)
+                    self.stuck_keys = frozenset(self._stuck)
                     return
                 job.done = True
                 if not self._queue:

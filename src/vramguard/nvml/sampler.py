@@ -43,11 +43,7 @@ _V2_MISSING = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MIS
 _MIG_ENABLED = 1
 
 
-_Call = Callable[..., Any]  # (name, fn, *args, **kwargs) -> fn's result: `Job.call`, or `_call` outside a job
-
-
-def _call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
+_Call = Callable[..., Any]  # (name, fn, *args, **kwargs) -> fn's result: `Job.call`
 
 
 @dataclass(slots=True)
@@ -78,6 +74,66 @@ class _GpuScan:
     exited: list[GpuProcess] = field(default_factory=list)  # dead-pid rows, merged per PID as `processes` are
     dropped: list[DroppedRow] = field(default_factory=list)
     errors: list[NvmlErrorKind] = field(default_factory=list)
+
+
+class _MemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t (nvml.h), a plain ctypes structure: its fields are read in C, not through pynvml's
+    printable wrapper."""
+
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    )
+
+
+class _MemoryV1(ctypes.Structure):
+    """nvmlMemory_t (nvml.h), for a driver before R510."""
+
+    _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
+
+
+class _Counter:
+    """One whole GPU's memory counter, made ready once for the watch: the C function, the handle and the buffer it
+    fills, and the last figures read (`last`, None when the last call failed)."""
+
+    __slots__ = ("fn", "handle", "index", "last", "memory", "ref")
+
+    def __init__(self, index: int, fn: Any, handle: Any, v2: bool, version: int) -> None:
+        self.index = index
+        self.fn = fn
+        self.handle = handle
+        self.memory: _MemoryV1 | _MemoryV2 = _MemoryV2(version=version) if v2 else _MemoryV1()
+        self.ref = ctypes.byref(self.memory)
+        self.last: GpuMemory | None = None
+
+
+class _Counters:
+    """Every opened GPU's counter, read in one go (`read`) on the watch's thread alone."""
+
+    __slots__ = ("counters", "indices", "last", "v2")
+
+    def __init__(self, v2: bool, counters: list[_Counter]) -> None:
+        self.v2 = v2
+        self.counters = counters
+        self.indices = [c.index for c in counters]
+        self.last: tuple[GpuMemory, ...] = ()  # what `read` returned last
+
+    def read(self, stuck: frozenset[Any]) -> tuple[GpuMemory, ...]:
+        """The GPUs' figures; the last tuple again when none moved and none was left out."""
+        same = True
+        for c in self.counters:
+            if (stuck and c.index in stuck) or c.fn(c.handle, c.ref) != SUCCESS:
+                c.last, same = None, False
+                continue
+            m, last = c.memory, c.last
+            if last is None or last.used_bytes != m.used or last.free_bytes != m.free or last.total_bytes != m.total:
+                c.last, same = GpuMemory(c.index, m.total, m.used, m.free), False
+        if not same:
+            self.last = tuple(c.last for c in self.counters if c.last is not None)
+        return self.last
 
 
 class NvmlSampler:
@@ -119,6 +175,7 @@ class NvmlSampler:
         self._last: dict[int, tuple[GpuDevice, ...]] = {}  # each GPU's devices from its last good scan
         self._last_by_uuid: dict[str, GpuDevice] = {}
         self._lists: tuple[_ProcessList, ...] = ()
+        self._counters: _Counters | None = None  # the watch's (`memory`), from the first scan that opened a GPU
         self._location = location  # where libnvidia-ml.so.1 is loaded from (nvml/library.py)
         self.library_path = ""  # the file loaded, read at start
         self.driver_version = ""  # both read at start ("unknown" where NVML would not say)
@@ -177,6 +234,7 @@ class NvmlSampler:
                         self._last[index] = healthy
                         self._last_by_uuid.update((d.uuid, d) for d in healthy)
             self._dropped = tuple(dropped)
+            self._counters = self._watch_counters()
             for kind, n in found.items():
                 self._errors[kind] += n
             errors = tuple((kind.value, n) for kind, n in found.items() if n)
@@ -185,22 +243,13 @@ class NvmlSampler:
     def memory(self) -> tuple[GpuMemory, ...]:
         """Each whole GPU's memory counters: one NVML call a GPU, on the caller's thread, with no lock (NVML is
         thread-safe): the watch's reading between scans (`watch.MemoryWatch`), from a thread of its own that a hung
-        driver may keep. GPUs no scan has opened yet, stuck ones, and any whose call fails are left out (the scans
-        report them)."""
-        if not self._started or self._stopped:
+        driver may keep, and only from it (the counters' buffers are its). GPUs no scan has opened yet, stuck ones,
+        and any whose call fails are left out (the scans report them). While no GPU's figures move, the same tuple
+        comes back: at rest a reading allocates nothing but the figures it reads."""
+        counters = self._counters  # published whole by the scans and the stop: read without their lock
+        if counters is None:
             return ()
-        gpus = [(i, gpu) for i, gpu in list(self._gpus.items()) if self._runner.stuck(i) is None]
-        return self._read_memory(_call, gpus)
-
-    def _read_memory(self, call: _Call, gpus: list[tuple[int, _GpuInfo]]) -> tuple[GpuMemory, ...]:
-        readings = []
-        for index, gpu in gpus:
-            try:
-                total, used, free = self._memory(call, gpu.handle)
-            except self._nv.NVMLError:
-                continue
-            readings.append(GpuMemory(index, total, used, free))
-        return tuple(readings)
+        return counters.read(self._runner.stuck_keys)
 
     # -- the lifecycle ---------------------------------------------------------------------------------------
 
@@ -229,6 +278,7 @@ class NvmlSampler:
         """Shut NVML down and end the deadline runner's thread. nvmlShutdown runs under the call timeout, as every
         NVML call does, whatever is left until `deadline`: one that hangs is abandoned with its thread."""
         with self._lock:
+            self._counters = None  # the watch reads nothing from now on
             if self._stopped or not self._started:
                 self._stopped = True
                 self._runner.close()
@@ -389,6 +439,21 @@ class NvmlSampler:
                     )
                 )
         return scan
+
+    def _watch_counters(self) -> _Counters | None:
+        """The watch's counters for the GPUs opened so far, in the memory-info version the scans settled on: made
+        again only when either changed (the scan's thread, under the lock)."""
+        v2, current = self._memory_v2, self._counters
+        # A copy first: a late call on an abandoned thread may open a GPU meanwhile.
+        opened = sorted(list(self._gpus.items()), key=lambda item: item[0])
+        if v2 is None or (current is not None and current.v2 == v2 and current.indices == [i for i, _ in opened]):
+            return current
+        nv = self._nv
+        try:
+            fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2" if v2 else "nvmlDeviceGetMemoryInfo")
+        except nv.NVMLError:
+            return current
+        return _Counters(v2, [_Counter(index, fn, gpu.handle, v2, nv.nvmlMemory_v2) for index, gpu in opened])
 
     def _memory(self, call: _Call, handle: Any) -> tuple[int, int, int]:
         nv = self._nv

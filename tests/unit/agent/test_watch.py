@@ -123,6 +123,14 @@ class Case(NamedTuple):
             ),
             id="a-reason-stands-until-the-next-scan",
         ),
+        pytest.param(
+            Case(
+                [scanned_gpu(GiB)],
+                [[reading(GiB + 90 * MiB)], [reading(GiB + 90 * MiB, total=8 * GiB)]],
+                [None, Trigger.MEMORY_RISE],
+            ),
+            id="the-threshold-follows-the-gpus-size-as-read",
+        ),
     ],
 )
 def test_which_readings_call_for_a_scan(case: Case) -> None:
@@ -132,6 +140,31 @@ def test_which_readings_call_for_a_scan(case: Case) -> None:
     trigger = ScanTrigger(case.policy)
     trigger.scanned(case.scanned)
     assert [trigger.check(r) for r in case.readings] == case.expected
+
+
+def test_a_scan_starts_the_lowest_reading_afresh() -> None:
+    """Memory freed and taken again after a scan is a rise counted from the lowest reading since that scan, not
+    from one before it."""
+    trigger = ScanTrigger(Policy())
+    trigger.scanned([scanned_gpu(10 * GiB)])
+    assert trigger.check([reading(9 * GiB)]) is Trigger.MEMORY_FALL
+    trigger.scanned([scanned_gpu(10 * GiB)])
+    assert trigger.check([reading(10 * GiB + 200 * MiB)]) is None, "200 MiB over the new scan's 10 GiB"
+    trigger.scanned([scanned_gpu(9 * GiB)])
+    assert trigger.check([reading(9 * GiB + 300 * MiB)]) is Trigger.MEMORY_RISE
+
+
+def test_a_policy_given_to_the_trigger_is_in_force_from_the_next_reading() -> None:
+    """The rise threshold is the trigger's policy's at each reading: a reload that widens it quiets a reading that
+    called for a scan, and narrowing it again brings the call back."""
+    default, wide = Policy(), Policy(watch_rise_bytes=2 * GiB, watch_rise_ratio=None)
+    trigger = ScanTrigger(default)
+    trigger.scanned([scanned_gpu(10 * GiB)])
+    assert trigger.check([reading(11 * GiB)]) is Trigger.MEMORY_RISE
+    trigger.policy = wide
+    assert trigger.check([reading(11 * GiB)]) is None
+    trigger.policy = default
+    assert trigger.check([reading(11 * GiB)]) is Trigger.MEMORY_RISE
 
 
 def test_calls_are_held_to_the_rate_and_counted_once_a_wait() -> None:
@@ -320,6 +353,19 @@ def test_a_reading_stuck_in_the_driver_is_a_problem_after_a_while() -> None:
     watch.read_once()
     assert seen == [None, "memory watch: a reading has not returned for 12.3 s; scans at the poll only"]
     assert watch.problem(clock.now() + 3600.0) is None, "back: between readings"
+
+
+def test_a_failed_reading_leaves_no_reading_under_way() -> None:
+    """A reading whose driver call fails has returned: no problem later, however long the watch then waits."""
+    clock = FakeClock()
+
+    def broken() -> list[GpuMemory]:
+        clock.step(1.0)
+        raise RuntimeError("NVML went away")
+
+    watch = MemoryWatch(broken, ScanTrigger(Policy()), 0.02, clock)
+    watch.read_once()
+    assert watch.problem(clock.now() + 3600.0) is None and watch.readings == 0
 
 
 def test_a_reloaded_policy_retunes_the_watch_and_the_rate() -> None:
