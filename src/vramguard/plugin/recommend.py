@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vramguard.core.model import MiB, PodQuota, Policy, Quota, QuotaSource, SourceKind
+from vramguard.core.model import NO_SHARE, MiB, PodQuota, Policy, Quota, QuotaScope, QuotaSource, RowOwner, SourceKind
 from vramguard.core.quantity import MIN_QUOTA_BYTES, QuantityError, format_quantity, parse_quota_bytes
-from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota
+from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota, row_owner
 from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
 from vramguard.plugin.workloads import Owners, Workload, WorkloadRef
 
@@ -121,14 +121,6 @@ def recommended_bytes(peak_bytes: int, headroom: float, unit_bytes: int = 1) -> 
     return friendly(peak_bytes * (1.0 + headroom), unit_bytes)
 
 
-def _hard(quota: Quota) -> int | None:
-    """The bytes over which the agent acts at once on this quota (its burst, else its limit); None for a fair share,
-    whose bytes depend on the GPU it meets."""
-    if quota.share_divisor is not None:
-        return None
-    return quota.burst_bytes if quota.burst_bytes is not None else quota.limit_bytes
-
-
 def _field_of(quota: Quota | None) -> QuotaSource | None:
     """The template field a quota came from, where it is one (a container's limit or the pod's annotation)."""
     origin = quota.origin if quota is not None else None
@@ -214,33 +206,37 @@ def _rows(workload: Workload, found: Sequence[PeakSeries], policy: Policy, headr
     for s in found:
         by_container[s.container].append(s)
 
+    # Each container's row on a GPU it used, as the agent lays the pod's quota out (`row_owner`): under its own
+    # quota, a DRA share, the pod-wide quota (one row for the containers it covers, POD_WIDE), or none.
+    governs: dict[str, RowOwner | None] = {}
     groups: dict[str, list[str]] = {}  # row container → the containers it stands for
     for name in sorted(by_container):
-        own = quotas.containers.get(name) if quotas is not None else None
-        shared = quotas is not None and own is None and quotas.pod is not None and name not in quotas.shares
-        groups.setdefault(POD_WIDE if shared else name, []).append(name)
+        row = row_owner(str(workload.ref), quotas, name, by_container[name][0].gpu_uuid) if quotas is not None else None
+        governs[name] = row
+        wide = row is not None and row.subject.scope is QuotaScope.POD
+        groups.setdefault(POD_WIDE if wide else name, []).append(name)
 
     rows = []
     for row_container, names in groups.items():
         covered = [s for name in names for s in by_container[name]]
         notes = list(in_force.notes)
+        governed = governs[names[0]]
+        shared = governed is not None and (governed.subject.scope is QuotaScope.SHARE or governed.quota is NO_SHARE)
+        quota: Quota | None = governed.quota if governed is not None and not shared else None
         if row_container == POD_WIDE:
-            assert quotas is not None and quotas.pod is not None
-            quota: Quota | None = quotas.pod
             peak = _summed_peak(covered)
         else:
-            quota = quotas.containers.get(row_container) if quotas is not None else None
             peak = max(s.peak_bytes for s in covered)
-            if quotas is not None and row_container in quotas.shares:
+            if shared:
                 notes.append("held to its DRA claims' shares: size the claim, not a quota field")
         target = _field_of(quota) or NEW_FIELD
         recommended = recommended_bytes(peak, headroom, target.unit_bytes)
         if cap is not None and recommended > cap:
             notes.append(f"over the namespace max_quota {format_quantity(cap)}: it would be capped there")
-        hard = _hard(quota) if quota is not None else None
+        hard = quota.hard_bytes if quota is not None else None
         if quota is not None and quota.share_divisor is not None:
             notes.append("a fair share: its bytes depend on the GPU")
-        has_quota = None if quotas is None else quota is not None or row_container in quotas.shares
+        has_quota = None if quotas is None else governed is not None
         rows.append(
             Recommendation(
                 workload=workload.ref,
