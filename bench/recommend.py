@@ -35,8 +35,9 @@ from typing import Any
 
 from vramguard.core.model import GiB, MiB, Policy
 from vramguard.plugin.fetch import Release
+from vramguard.plugin.patch import patches
 from vramguard.plugin.prometheus import PEAK_METRIC, TOTAL_METRIC, USED_METRIC, read_peaks
-from vramguard.plugin.recommend import patches, recommend, within_gpu_memory
+from vramguard.plugin.recommend import recommend, within_gpu_memory
 from vramguard.plugin.render import RecommendOutput, render_recommend
 from vramguard.plugin.workloads import Owners
 

@@ -17,6 +17,17 @@ per-container series carry the workload's `namespace` (honorLabels), so the agen
 not on them. The GPUs' memory (`vramguard_gpu_memory_total_bytes`, which carries no workload label, so the selector
 applies to it directly) is read the same way: what bounds each peak.
 
+Each series carries the pod's controller (`owner_kind`, `owner_name`, as kube-state-metrics' `kube_pod_owner` names
+them), which places a pod in its workload whether or not it still exists; a series without them, from an older
+agent, is placed by its name (`workloads.Owners.workload_of`).
+
+The chart's PrometheusRule records the peak gauge's maximum over each 5 minutes (`RECORDED_METRIC`). Where it is
+there, a slice of the window is read from it (one sample a series every 5 minutes, whatever the scrape interval),
+and the usage gauge, which only agents older than the chart that brought the rule lack the peak gauge for, is not
+read there. One query first asks since when it has been recorded (`recorded_since_query`); the slices before that,
+and a window without it, read the gauges as they were scraped. The last recorded sample may be up to an interval
+old, so the newest slice also reads the raw peak gauge over the last two intervals (`TAIL_S`).
+
 Every request has a deadline for the whole answer (a server that trickles bytes is cut at it), and every answer a
 size bound and the JSON depth bound of `core.documents.load_json`.
 """
@@ -34,17 +45,23 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from vramguard.core.documents import DocumentError, load_json
 from vramguard.core.text import cut
+from vramguard.kube.pod_manifest import NO_OWNER, OWNER_LABELS
 from vramguard.plugin.recommend import PeakSeries
 
 PEAK_METRIC: Final = "vramguard_container_gpu_memory_peak_bytes"
 USED_METRIC: Final = "vramguard_container_gpu_memory_used_bytes"
 TOTAL_METRIC: Final = "vramguard_gpu_memory_total_bytes"
 METRICS: Final = (PEAK_METRIC, USED_METRIC)
+# The chart's recording rule (templates/prometheusrule.yaml): max_over_time of the peak gauge over each
+# RECORD_INTERVAL_S, evaluated every RECORD_INTERVAL_S, so its samples together hold every scraped peak.
+RECORDED_METRIC: Final = "vramguard:container_gpu_memory_peak_bytes:max5m"
+RECORD_INTERVAL_S: Final = 300
+TAIL_S: Final = 2 * RECORD_INTERVAL_S  # what the newest slice reads raw: since the last recorded sample, and its lag
 MAX_BODY_BYTES: Final = 512 * 1024 * 1024  # 100,000 series answer in about 40 MB
 ERROR_BODY_BYTES: Final = 4096  # of an answer that is an error: its message
 CHUNK_BYTES: Final = 64 * 1024
@@ -53,7 +70,7 @@ SLICES: Final = 8  # queries per metric, each over its slice of the window, all 
 # A GPU's memory does not change within a window: a subquery at this many steps reads it cheaply.
 TOTAL_STEPS: Final = 256
 _LABELS: Final = ("namespace", "pod", "container")
-_GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid"])
+_GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid", *OWNER_LABELS])
 # Where a series was scraped from: the two labels every scrape sets, and no exposition of the agents' does.
 _TARGET: Final = "job, instance"
 _MATCHER: Final = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*')
@@ -78,6 +95,15 @@ class Scraped:
     series: list[PeakSeries]
     gpu_total_bytes: dict[str, int]
     queries: int
+    recorded_slices: int = 0  # the slices of the window read from the recording rule
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """Since when the recording rule's series are there (`since`), as Prometheus answered at `now` (its clock)."""
+
+    now: float
+    since: float
 
 
 def parse_selector(text: str) -> str:
@@ -103,25 +129,33 @@ def parse_selector(text: str) -> str:
     return ",".join(matchers)
 
 
-def queries(window_s: float, agents: str, namespace: str | None = None, slices: int = SLICES) -> tuple[Query, ...]:
+def queries(
+    window_s: float,
+    agents: str,
+    namespace: str | None = None,
+    slices: int = SLICES,
+    recorded: Recorded | None = None,
+) -> tuple[Query, ...]:
     """The queries for a window of `window_s` seconds, in one namespace or all, of the series scraped from the
     targets `agents` (a `parse_selector` list) selects: `slices` per metric, whose ranges (each left-open, as a range
-    selector's) together are the window; and one of the GPUs' memory over the window."""
+    selector's) together are the window; and one of the GPUs' memory over the window. A slice that starts an
+    interval or more after the recording rule's first sample (`recorded`) is one query of the recorded series
+    instead of two of the gauges; with the newest one so read, one more reads the peak gauge over `TAIL_S`."""
     length = max(1, math.ceil(window_s / slices))
+    covered = [
+        recorded is not None and recorded.now - (i + 1) * length >= recorded.since + RECORD_INTERVAL_S
+        for i in range(slices)
+    ]
     out = []
     for metric in METRICS:
         for i in range(slices):
+            if covered[i] and metric == USED_METRIC:
+                continue
+            read = RECORDED_METRIC if covered[i] else metric
             span = f"[{length}s]" + (f" offset {i * length}s" if i else "")
-            selector = f"max_over_time({metric}{span})"
-            if namespace is not None:
-                quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
-                # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
-                selector = (
-                    f"(max_over_time({metric}{{namespace={quoted}}}{span})"
-                    f" or max_over_time({metric}{{exported_namespace={quoted}}}{span}))"
-                )
-            scraped = f"max_over_time(up{{{agents}}}{span})"
-            out.append(Query(metric, f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"))
+            out.append(Query(read, _peaks_query(read, span, agents, namespace)))
+    if covered[0]:
+        out.append(Query(PEAK_METRIC, _peaks_query(PEAK_METRIC, f"[{TAIL_S}s]", agents, namespace)))
     window = max(1, math.ceil(window_s))
     step = max(1, math.ceil(window / TOTAL_STEPS))
     # The subquery looks at its steps only, the last up to a step ago: the raw last step covers what came since.
@@ -129,6 +163,42 @@ def queries(window_s: float, agents: str, namespace: str | None = None, slices: 
     recent = f"max_over_time({TOTAL_METRIC}{{{agents}}}[{step}s])"
     out.append(Query(TOTAL_METRIC, f"max by (gpu_uuid) ({stepped} or {recent})"))
     return tuple(out)
+
+
+def _peaks_query(metric: str, span: str, agents: str, namespace: str | None) -> str:
+    """The highest of `metric` over `span` per (pod, container, GPU, owner), of the agents' series alone."""
+    selector = f"max_over_time({metric}{span})"
+    if namespace is not None:
+        quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
+        # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
+        selector = (
+            f"(max_over_time({metric}{{namespace={quoted}}}{span})"
+            f" or max_over_time({metric}{{exported_namespace={quoted}}}{span}))"
+        )
+    scraped = f"max_over_time(up{{{agents}}}{span})"
+    return f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"
+
+
+def recorded_since_query(window_s: float, agents: str) -> str:
+    """Since when, within the window, the recording rule's series of the agents' targets are there: the first of the
+    steps (one an interval) at which one is, or no sample where none is."""
+    window = max(1, math.ceil(window_s))
+    there = f"{RECORDED_METRIC} and on ({_TARGET}) up{{{agents}}}"
+    return f"min(min_over_time(timestamp({there})[{window}s:{RECORD_INTERVAL_S}s]))"
+
+
+def recorded_of(result: Sequence[Mapping[str, Any]]) -> Recorded | None:
+    """`recorded_since_query`'s answer: when it was evaluated and the first step with a recorded series; None
+    without one."""
+    for sample in result:
+        value = sample.get("value") or [None, None]
+        try:
+            now, since = float(value[0]), float(value[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if math.isfinite(now) and math.isfinite(since):
+            return Recorded(now, since)
+    return None
 
 
 def _label(labels: Mapping[str, Any], name: str) -> str:
@@ -157,8 +227,17 @@ def series_of(result: Sequence[Mapping[str, Any]]) -> list[PeakSeries]:
         if number is None or not pod or not gpu:
             continue
         namespace, container = _label(labels, "namespace"), _label(labels, "container")
-        out.append(PeakSeries(namespace, pod, container, gpu, number))
+        out.append(PeakSeries(namespace, pod, container, gpu, number, _owner(labels, pod)))
     return out
+
+
+def _owner(labels: Mapping[str, Any], pod: str) -> str:
+    """The pod's controller as the agent saw it ("ReplicaSet/web-7d9f"; "Pod/<pod>" for a pod it saw without one),
+    or "" for a series without the labels (an older agent's)."""
+    kind, name = (str(labels.get(label, "")) for label in OWNER_LABELS)
+    if kind == NO_OWNER:
+        return f"Pod/{pod}"
+    return f"{kind}/{name}" if kind and name else ""
 
 
 def totals_of(result: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -173,14 +252,19 @@ def totals_of(result: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def merge_peaks(*sets: Sequence[PeakSeries]) -> list[PeakSeries]:
-    """The highest of each (namespace, pod, container, GPU) across the metrics' answers."""
+    """The highest of each (namespace, pod, container, GPU) across the metrics' answers, with the pod's owner where
+    any of them carries it (an agent upgraded within the window)."""
     best: dict[tuple[str, str, str, str], PeakSeries] = {}
     for found in sets:
         for s in found:
             key = (s.namespace, s.pod, s.container, s.gpu_uuid)
             held = best.get(key)
-            if held is None or s.peak_bytes > held.peak_bytes:
+            if held is None:
                 best[key] = s
+                continue
+            top = s if s.peak_bytes > held.peak_bytes else held
+            owner = top.owner or held.owner or s.owner
+            best[key] = top if top.owner == owner else replace(top, owner=owner)
     return list(best.values())
 
 
@@ -278,11 +362,18 @@ def read_peaks(
     namespace: str | None = None,
     timeout_s: float = TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
+    recorded: bool = True,
 ) -> Scraped:
     """Every (pod, container, GPU)'s peak over the window and every GPU's memory, from the series scraped from the
-    targets `agents` selects (SLICES queries per metric and one of the GPUs, all at once, each within `timeout_s`).
-    The first failure raises, once every query has ended."""
-    sent = queries(window_s, agents, namespace)
+    targets `agents` selects: first, with `recorded`, since when the recording rule is there; then SLICES queries
+    per metric (a covered slice: one of the recorded series) and one of the GPUs, all at once, each within
+    `timeout_s`. The first failure raises, once every query has ended."""
+    asked = 0
+    since: Recorded | None = None
+    if recorded:
+        since = recorded_of(instant_query(url, recorded_since_query(window_s, agents), timeout_s, headers))
+        asked += 1
+    sent = queries(window_s, agents, namespace, recorded=since)
     with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
         answers = list(pool.map(lambda q: instant_query(url, q.promql, timeout_s, headers), sent))
     found = merge_peaks(*(series_of(a) for q, a in zip(sent, answers, strict=True) if q.metric != TOTAL_METRIC))
@@ -292,4 +383,5 @@ def read_peaks(
     for q, a in zip(sent, answers, strict=True):
         if q.metric == TOTAL_METRIC:
             totals |= totals_of(a)
-    return Scraped(found, totals, len(sent))
+    from_rule = sum(q.metric == RECORDED_METRIC for q in sent)
+    return Scraped(found, totals, asked + len(sent), from_rule)

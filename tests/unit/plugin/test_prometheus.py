@@ -12,18 +12,24 @@ import pytest
 from vramguard.core.model import GiB
 from vramguard.plugin.prometheus import (
     PEAK_METRIC,
+    RECORDED_METRIC,
     SLICES,
+    TAIL_S,
     TOTAL_METRIC,
     USED_METRIC,
     PrometheusError,
+    Recorded,
     instant_query,
+    merge_peaks,
     parse_selector,
     queries,
     read_peaks,
+    recorded_of,
+    series_of,
 )
 from vramguard.plugin.recommend import PeakSeries
 
-from .fake_prometheus import AGENT_TARGET, TENANT_TARGET, Store, fake_prometheus
+from .fake_prometheus import AGENT_TARGET, NOW, TENANT_TARGET, Store, fake_prometheus
 
 AGENTS = 'job="vramguard-metrics",namespace="vramguard"'
 FORGED = 1297036692682702848  # what a tenant's exporter published, in the attack
@@ -44,7 +50,10 @@ def test_the_queries_are_a_fixed_number_whose_slices_make_the_window() -> None:
     of the series scraped from the agents' targets; and one of the GPUs' memory over the window."""
     sent = queries(7 * 86400, AGENTS, slices=7)
     assert [q.metric for q in sent] == [PEAK_METRIC] * 7 + [USED_METRIC] * 7 + [TOTAL_METRIC]
-    group = "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid)"
+    group = (
+        "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid, "
+        "owner_kind, owner_name)"
+    )
     assert sent[0].promql == (
         f"{group} (max_over_time({PEAK_METRIC}[86400s]) and on (job, instance) max_over_time(up{{{AGENTS}}}[86400s]))"
     )
@@ -79,13 +88,100 @@ def test_the_peaks_are_read_and_merged() -> None:
     gpu_total(store, 40 * GiB, uuid="GPU-1")
     with fake_prometheus(store) as (url, asked):
         got = read_peaks(url, 3600, 'namespace="vramguard"')
-    assert got.queries == len(asked) == 2 * SLICES + 1
+    assert got.queries == len(asked) == 2 * SLICES + 2, "the recording rule's question, then the window's"
+    assert got.recorded_slices == 0
     assert sorted(got.series, key=lambda s: s.pod) == [
         PeakSeries("ml", "old", "main", "GPU-1", 5 * GiB),
         PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB),
         PeakSeries("ml", "web-2", "main", "GPU-0", 3 * GiB),
     ]
     assert got.gpu_total_bytes == {"GPU-0": 80 * GiB, "GPU-1": 40 * GiB}
+
+
+DAY = 86400
+
+
+@pytest.mark.parametrize(
+    ("since_days_ago", "from_rule", "raw"),
+    [
+        pytest.param(None, 0, 7, id="no-recording-rule-the-gauges"),
+        pytest.param(30, 7, 0, id="recorded-the-whole-window"),
+        pytest.param(3, 2, 5, id="recorded-since-three-days-the-older-slices-raw"),
+        pytest.param(1, 0, 7, id="a-slice-only-partly-recorded-is-raw"),
+    ],
+)
+def test_slices_the_recording_rule_covers_read_it(since_days_ago: int | None, from_rule: int, raw: int) -> None:
+    """A slice that starts an interval or more after the rule's first sample is one query of the recorded series
+    (the usage gauge only older agents need is not read there); the others, two of the gauges as scraped. With the
+    newest slice recorded, one query reads the peak gauge over the last two intervals, which the rule lags."""
+    recorded = None if since_days_ago is None else Recorded(NOW, NOW - since_days_ago * DAY)
+    sent = queries(7 * DAY, AGENTS, slices=7, recorded=recorded)
+    metrics = [q.metric for q in sent]
+    assert metrics.count(RECORDED_METRIC) == from_rule
+    assert metrics.count(USED_METRIC) == raw
+    tail = [q for q in sent if f"[{TAIL_S}s]" in q.promql]
+    assert len(tail) == (1 if from_rule else 0) and all(q.metric == PEAK_METRIC for q in tail)
+    assert metrics.count(PEAK_METRIC) == raw + len(tail)
+    assert metrics[-1] == TOTAL_METRIC
+    if from_rule:
+        newest = next(q for q in sent if q.metric == RECORDED_METRIC)
+        assert f"max_over_time({RECORDED_METRIC}[" in newest.promql and "and on (job, instance)" in newest.promql
+
+
+@pytest.mark.parametrize(
+    ("answer", "want"),
+    [
+        pytest.param([{"metric": {}, "value": [NOW, "1764000000"]}], Recorded(NOW, 1764000000.0), id="since"),
+        pytest.param([], None, id="no-recording-rule"),
+        pytest.param([{"metric": {}, "value": [NOW, "NaN"]}], None, id="not-a-time"),
+        pytest.param([{"metric": {}, "value": "x"}], None, id="not-a-sample"),
+    ],
+)
+def test_since_when_the_rule_records(answer: list[dict[str, object]], want: Recorded | None) -> None:
+    """The question's answer: when Prometheus evaluated it and the first recorded step; none without a sample."""
+    assert recorded_of(answer) == want
+
+
+def test_a_window_the_rule_recorded_is_read_from_it() -> None:
+    """With the rule there the whole window, the peaks come from its series (and the raw tail); the usage gauge is
+    not asked."""
+    store = Store(recorded_since=NOW - 30 * DAY)
+    gauge(store, RECORDED_METRIC, 9 * GiB, pod="web-1")
+    gauge(store, PEAK_METRIC, 10 * GiB, pod="web-1")  # the last minutes, past the rule's last sample
+    gauge(store, USED_METRIC, 50 * GiB, pod="web-1")
+    gpu_total(store, 80 * GiB)
+    with fake_prometheus(store) as (url, asked):
+        got = read_peaks(url, 7 * DAY, AGENTS)
+    assert got.recorded_slices == SLICES and got.queries == len(asked) == SLICES + 3
+    assert not any(USED_METRIC in q for q in asked)
+    assert got.series == [PeakSeries("ml", "web-1", "main", "GPU-0", 10 * GiB)]
+    with fake_prometheus(store) as (url, asked):
+        raw = read_peaks(url, 7 * DAY, AGENTS, recorded=False)
+    assert raw.queries == len(asked) == 2 * SLICES + 1 and raw.recorded_slices == 0, "the bench's raw reading"
+
+
+@pytest.mark.parametrize(
+    ("labels", "owner"),
+    [
+        pytest.param({"owner_kind": "ReplicaSet", "owner_name": "web-7d9f"}, "ReplicaSet/web-7d9f", id="controller"),
+        pytest.param({"owner_kind": "<none>", "owner_name": "<none>"}, "Pod/web-1", id="none-is-the-pod-itself"),
+        pytest.param({}, "", id="an-older-agent-without-the-labels"),
+        pytest.param({"owner_kind": "ReplicaSet"}, "", id="half-an-owner-is-none"),
+    ],
+)
+def test_each_series_carries_its_pods_controller(labels: dict[str, str], owner: str) -> None:
+    """owner_kind and owner_name, as kube_pod_owner names them, are the pod's owner; "<none>" the pod itself."""
+    sample = {"metric": {"pod": "web-1", "gpu_uuid": "GPU-0", "namespace": "ml", **labels}, "value": [NOW, "1"]}
+    (series,) = series_of([sample])
+    assert series.owner == owner
+
+
+def test_merging_keeps_the_owner_any_answer_carries() -> None:
+    """An agent upgraded within the window: the highest peak wins, with the owner the newer series carry."""
+    old = PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB)
+    new = PeakSeries("ml", "web-1", "main", "GPU-0", 5 * GiB, "ReplicaSet/web-7d9f")
+    assert merge_peaks([old], [new]) == [PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB, "ReplicaSet/web-7d9f")]
+    assert merge_peaks([new], [old]) == merge_peaks([old], [new])
 
 
 @pytest.mark.parametrize("honor_labels", [False, True], ids=["tenant-plain", "tenant-honor-labels"])
