@@ -24,7 +24,8 @@ agent, is placed by its name (`workloads.Owners.workload_of`).
 The chart's PrometheusRule records the peak gauge's maximum over each 5 minutes (`RECORDED_METRIC`). Where it is
 there, a slice of the window is read from it (one sample a series every 5 minutes, whatever the scrape interval),
 and the usage gauge, which only agents older than the chart that brought the rule lack the peak gauge for, is not
-read there. One query first asks since when it has been recorded (`recorded_since_query`); the slices before that,
+read there. One query first asks at which slices' starts it has been recorded (`recorded_query`: one sample a
+series at each start, however long the window); a slice from whose start on it is there is read from it, the others,
 and a window without it, read the gauges as they were scraped. The last recorded sample may be up to an interval
 old, so the newest slice also reads the raw peak gauge over the last two intervals (`TAIL_S`).
 
@@ -44,6 +45,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -98,14 +100,6 @@ class Scraped:
     recorded_slices: int = 0  # the slices of the window read from the recording rule
 
 
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """Since when the recording rule's series are there (`since`), as Prometheus answered at `now` (its clock)."""
-
-    now: float
-    since: float
-
-
 def parse_selector(text: str) -> str:
     """A PromQL label-matcher list (`job="vramguard-metrics",namespace="vramguard"`, braces optional) as it goes
     between braces. Raises ValueError saying what is wrong."""
@@ -134,18 +128,16 @@ def queries(
     agents: str,
     namespace: str | None = None,
     slices: int = SLICES,
-    recorded: Recorded | None = None,
+    recorded: AbstractSet[int] = frozenset(),
 ) -> tuple[Query, ...]:
     """The queries for a window of `window_s` seconds, in one namespace or all, of the series scraped from the
     targets `agents` (a `parse_selector` list) selects: `slices` per metric, whose ranges (each left-open, as a range
-    selector's) together are the window; and one of the GPUs' memory over the window. A slice that starts an
-    interval or more after the recording rule's first sample (`recorded`) is one query of the recorded series
-    instead of two of the gauges; with the newest one so read, one more reads the peak gauge over `TAIL_S`."""
-    length = max(1, math.ceil(window_s / slices))
-    covered = [
-        recorded is not None and recorded.now - (i + 1) * length >= recorded.since + RECORD_INTERVAL_S
-        for i in range(slices)
-    ]
+    selector's) together are the window; and one of the GPUs' memory over the window. A slice from whose start on
+    the recording rule's series are there (at its start and every newer slice's: `recorded`, by index, 0 the
+    newest) is one query of them instead of two of the gauges; with the newest one so read, one more reads the peak
+    gauge over `TAIL_S`."""
+    length = _length(window_s, slices)
+    covered = [all(j in recorded for j in range(i + 1)) for i in range(slices)]
     out = []
     for metric in METRICS:
         for i in range(slices):
@@ -179,26 +171,31 @@ def _peaks_query(metric: str, span: str, agents: str, namespace: str | None) -> 
     return f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"
 
 
-def recorded_since_query(window_s: float, agents: str) -> str:
-    """Since when, within the window, the recording rule's series of the agents' targets are there: the first of the
-    steps (one an interval) at which one is, or no sample where none is."""
-    window = max(1, math.ceil(window_s))
-    there = f"{RECORDED_METRIC} and on ({_TARGET}) up{{{agents}}}"
-    return f"min(min_over_time(timestamp({there})[{window}s:{RECORD_INTERVAL_S}s]))"
+def _length(window_s: float, slices: int) -> int:
+    return max(1, math.ceil(window_s / slices))
 
 
-def recorded_of(result: Sequence[Mapping[str, Any]]) -> Recorded | None:
-    """`recorded_since_query`'s answer: when it was evaluated and the first step with a recorded series; None
-    without one."""
+def recorded_query(window_s: float, agents: str, slices: int = SLICES) -> str:
+    """At which slices' starts the recording rule's series of the agents' targets are there: one sample labelled
+    `slice` (its index, 0 the newest) for each start with one; a series' last sample at each, so it costs the same
+    whatever the window and the scrape interval. A sample at a start holds the peaks since an interval before it."""
+    length = _length(window_s, slices)
+    parts = []
+    for i in range(slices):
+        at = f" offset {(i + 1) * length}s"
+        there = f"count({RECORDED_METRIC}{at} and on ({_TARGET}) up{{{agents}}}{at})"
+        parts.append(f'label_replace({there}, "slice", "{i}", "", "")')
+    return " or ".join(parts)
+
+
+def recorded_of(result: Sequence[Mapping[str, Any]]) -> frozenset[int]:
+    """`recorded_query`'s answer: the slices at whose start the recording rule's series are there."""
+    found = set()
     for sample in result:
-        value = sample.get("value") or [None, None]
-        try:
-            now, since = float(value[0]), float(value[1])
-        except (TypeError, ValueError, IndexError):
-            continue
-        if math.isfinite(now) and math.isfinite(since):
-            return Recorded(now, since)
-    return None
+        index = str((sample.get("metric") or {}).get("slice", ""))
+        if index.isdigit() and len(index) < 4:
+            found.add(int(index))
+    return frozenset(found)
 
 
 def _label(labels: Mapping[str, Any], name: str) -> str:
@@ -365,15 +362,15 @@ def read_peaks(
     recorded: bool = True,
 ) -> Scraped:
     """Every (pod, container, GPU)'s peak over the window and every GPU's memory, from the series scraped from the
-    targets `agents` selects: first, with `recorded`, since when the recording rule is there; then SLICES queries
+    targets `agents` selects: first, with `recorded`, where the recording rule is there; then SLICES queries
     per metric (a covered slice: one of the recorded series) and one of the GPUs, all at once, each within
     `timeout_s`. The first failure raises, once every query has ended."""
     asked = 0
-    since: Recorded | None = None
+    there: frozenset[int] = frozenset()
     if recorded:
-        since = recorded_of(instant_query(url, recorded_since_query(window_s, agents), timeout_s, headers))
+        there = recorded_of(instant_query(url, recorded_query(window_s, agents), timeout_s, headers))
         asked += 1
-    sent = queries(window_s, agents, namespace, recorded=since)
+    sent = queries(window_s, agents, namespace, recorded=there)
     with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
         answers = list(pool.map(lambda q: instant_query(url, q.promql, timeout_s, headers), sent))
     found = merge_peaks(*(series_of(a) for q, a in zip(sent, answers, strict=True) if q.metric != TOTAL_METRIC))

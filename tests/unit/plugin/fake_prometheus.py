@@ -55,12 +55,12 @@ NOW = 1764300000.0  # the fake's clock: when every query is evaluated
 
 @dataclass
 class Store:
-    """Scraped series, and the targets they came from (`up`); `recorded_since`: since when the chart's recording rule
-    has recorded (None: it is not there)."""
+    """Scraped series, and the targets they came from (`up`); `recorded`: the slices at whose start the chart's
+    recording rule's series are there."""
 
     series: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
     targets: list[dict[str, str]] = field(default_factory=list)
-    recorded_since: float | None = None
+    recorded: set[int] = field(default_factory=set)
 
     def add(
         self, metric: str, value: float, target: Mapping[str, str], honor_labels: bool = True, **exposed: str
@@ -70,10 +70,9 @@ class Store:
         self.series.append((metric, scrape(target, exposed, honor_labels), value))
 
     def answer(self, query: str) -> list[dict[str, Any]]:
-        """The vector `query` gives over these series (since when the recording rule is there, for its question)."""
-        if query.startswith("min(min_over_time(timestamp("):
-            since = self.recorded_since
-            return [] if since is None else [{"metric": {}, "value": [NOW, repr(since)]}]
+        """The vector `query` gives over these series (where the recording rule is there, for its question)."""
+        if query.startswith("label_replace(count("):
+            return [{"metric": {"slice": str(i)}, "value": [NOW, "1"]} for i in sorted(self.recorded)]
         selectors = [(name, _matchers(text or "")) for name, text in _SELECTOR.findall(query)]
         picked = [
             (labels, value)

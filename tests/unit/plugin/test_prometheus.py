@@ -6,25 +6,29 @@ queries over series labelled as Prometheus labels them."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+import yaml
 
+from unit.test_runbooks import RULES, untemplated
 from vramguard.core.model import GiB
 from vramguard.plugin.prometheus import (
     PEAK_METRIC,
+    RECORD_INTERVAL_S,
     RECORDED_METRIC,
     SLICES,
     TAIL_S,
     TOTAL_METRIC,
     USED_METRIC,
     PrometheusError,
-    Recorded,
     instant_query,
     merge_peaks,
     parse_selector,
     queries,
     read_peaks,
     recorded_of,
+    recorded_query,
     series_of,
 )
 from vramguard.plugin.recommend import PeakSeries
@@ -102,19 +106,19 @@ DAY = 86400
 
 
 @pytest.mark.parametrize(
-    ("since_days_ago", "from_rule", "raw"),
+    ("recorded", "from_rule", "raw"),
     [
-        pytest.param(None, 0, 7, id="no-recording-rule-the-gauges"),
-        pytest.param(30, 7, 0, id="recorded-the-whole-window"),
-        pytest.param(3, 2, 5, id="recorded-since-three-days-the-older-slices-raw"),
-        pytest.param(1, 0, 7, id="a-slice-only-partly-recorded-is-raw"),
+        pytest.param(set(), 0, 7, id="no-recording-rule-the-gauges"),
+        pytest.param(set(range(7)), 7, 0, id="recorded-the-whole-window"),
+        pytest.param({0, 1}, 2, 5, id="recorded-since-two-slices-the-older-slices-raw"),
+        pytest.param({1, 2, 3}, 0, 7, id="a-gap-since-leaves-the-slices-before-it-raw"),
+        pytest.param({0, 1, 3}, 2, 5, id="only-from-the-last-gap-on"),
     ],
 )
-def test_slices_the_recording_rule_covers_read_it(since_days_ago: int | None, from_rule: int, raw: int) -> None:
-    """A slice that starts an interval or more after the rule's first sample is one query of the recorded series
-    (the usage gauge only older agents need is not read there); the others, two of the gauges as scraped. With the
-    newest slice recorded, one query reads the peak gauge over the last two intervals, which the rule lags."""
-    recorded = None if since_days_ago is None else Recorded(NOW, NOW - since_days_ago * DAY)
+def test_slices_the_recording_rule_covers_read_it(recorded: set[int], from_rule: int, raw: int) -> None:
+    """A slice from whose start on the rule's series are there is one query of them (the usage gauge only older
+    agents need is not read there); the others, two of the gauges as scraped. With the newest slice recorded, one
+    query reads the peak gauge over the last two intervals, which the rule lags."""
     sent = queries(7 * DAY, AGENTS, slices=7, recorded=recorded)
     metrics = [q.metric for q in sent]
     assert metrics.count(RECORDED_METRIC) == from_rule
@@ -128,24 +132,22 @@ def test_slices_the_recording_rule_covers_read_it(since_days_ago: int | None, fr
         assert f"max_over_time({RECORDED_METRIC}[" in newest.promql and "and on (job, instance)" in newest.promql
 
 
-@pytest.mark.parametrize(
-    ("answer", "want"),
-    [
-        pytest.param([{"metric": {}, "value": [NOW, "1764000000"]}], Recorded(NOW, 1764000000.0), id="since"),
-        pytest.param([], None, id="no-recording-rule"),
-        pytest.param([{"metric": {}, "value": [NOW, "NaN"]}], None, id="not-a-time"),
-        pytest.param([{"metric": {}, "value": "x"}], None, id="not-a-sample"),
-    ],
-)
-def test_since_when_the_rule_records(answer: list[dict[str, object]], want: Recorded | None) -> None:
-    """The question's answer: when Prometheus evaluated it and the first recorded step; none without a sample."""
-    assert recorded_of(answer) == want
+def test_where_the_rule_records_is_asked_at_each_slices_start() -> None:
+    """One query, a count of the rule's series of the agents' targets at each slice's start, labelled by slice;
+    its answer is the slices with one."""
+    asked = recorded_query(7 * DAY, AGENTS, slices=7)
+    assert asked.count("label_replace(count(") == 7
+    assert f"count({RECORDED_METRIC} offset {DAY}s and on (job, instance) up{{{AGENTS}}} offset {DAY}s)" in asked
+    assert f'offset {7 * DAY}s), "slice", "6", "", "")' in asked
+    answer: list[dict[str, Any]] = [{"metric": {"slice": "0"}, "value": [NOW, "3"]}, {"metric": {"slice": "x"}}, {}]
+    assert recorded_of(answer) == {0}
+    assert recorded_of([]) == frozenset()
 
 
 def test_a_window_the_rule_recorded_is_read_from_it() -> None:
     """With the rule there the whole window, the peaks come from its series (and the raw tail); the usage gauge is
     not asked."""
-    store = Store(recorded_since=NOW - 30 * DAY)
+    store = Store(recorded=set(range(SLICES)))
     gauge(store, RECORDED_METRIC, 9 * GiB, pod="web-1")
     gauge(store, PEAK_METRIC, 10 * GiB, pod="web-1")  # the last minutes, past the rule's last sample
     gauge(store, USED_METRIC, 50 * GiB, pod="web-1")
@@ -263,3 +265,13 @@ def test_the_selector_is_a_list_of_matchers(text: str, want: str | None) -> None
             parse_selector(text)
     else:
         assert parse_selector(text) == want
+
+
+def test_the_charts_recording_rule_records_what_recommend_reads() -> None:
+    """The chart's PrometheusRule records, under the name recommend reads, the peak gauge's maximum over each
+    interval, evaluated every interval (so its samples together hold every scraped peak), from the agents' job."""
+    spec = yaml.safe_load(untemplated(RULES.read_text()))["spec"]
+    ((group, rule),) = [(g, r) for g in spec["groups"] for r in g["rules"] if "record" in r]
+    assert rule["record"] == RECORDED_METRIC
+    assert group["interval"] == f"{RECORD_INTERVAL_S // 60}m"
+    assert rule["expr"] == f'max_over_time({PEAK_METRIC}{{job="T"}}[{RECORD_INTERVAL_S // 60}m])'
