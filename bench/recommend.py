@@ -237,7 +237,7 @@ def run_once(
     done = time.perf_counter()
     return {
         "queries": scraped.queries,
-        "recorded_slices": scraped.recorded_slices,
+        "recorded": scraped.recorded,
         "series": len(series),
         "workloads": len({r.workload for r in rows}),
         "rows": len(rows),
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(cached, work / "data", ignore=shutil.ignore_patterns("done"))
         proc, url = serve(work / "data")
         try:
-            # The window less the history's first hour: the recording rule is there at the start of every slice (it
-            # records from the history's start), as where the chart was installed before the window began.
+            # The window less the history's first hour: the recording rule is there at its start (it records from the
+            # history's start), as where the chart was installed before the window began.
             window_s = args.days * DAY_S + (time.time() - now) - 3600
             for label, namespace in (("all namespaces", None), ("one namespace", "team-0")):
                 for how, recorded in (("the gauges as scraped", False), ("the recording rule", True)):
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     worst = max(r["total_s"] for r in runs)
                     print(
                         f"{label}, {how}: {best['workloads']} workloads, {best['rows']} rows, {best['series']} series "
-                        f"from {best['queries']} queries ({best['recorded_slices']} slices recorded); Prometheus "
+                        f"from {best['queries']} queries{' (the rule)' if best['recorded'] else ''}; Prometheus "
                         f"{best['prometheus_s']:.2f} s, recommend in all {best['total_s']:.2f} s (best of "
                         f"{args.repeat}; worst {worst:.2f} s), {best['total_s'] / GOAL_S:.2f} of the {GOAL_S:g} s goal"
                     )

@@ -34,7 +34,7 @@ class Governs:
 
 
 @dataclass(frozen=True, slots=True)
-class InForce:
+class QuotaInForce:
     """A workload's quotas as the agent resolves its pod template, or why they are unknown (`quotas` None)."""
 
     uid: str  # the template's pod UID, as the layout names it
@@ -53,13 +53,13 @@ class InForce:
         return Governs(None if share else row.quota, pod_wide=pod_wide, share=share, managed=True)
 
 
-def in_force(workload: Workload, policy: Policy) -> InForce:
+def in_force(workload: Workload, policy: Policy) -> QuotaInForce:
     """The quotas of `workload`'s pod template under `policy`, with a note for each invalid value; none where no
     template is read (a bare pod since gone, a controller this plugin does not read) or it cannot be read."""
     uid = f"template:{workload.ref}"
     if workload.template is None:
         what = "its pods are gone" if workload.ref.kind == "Pod" else f"no {workload.ref.kind} template is read"
-        return InForce(uid, None, (f"quota unknown: {what}",))
+        return QuotaInForce(uid, None, (f"quota unknown: {what}",))
     manifest = dict(workload.template)
     meta = dict(manifest.get("metadata") or {})
     meta.setdefault("uid", uid)
@@ -68,10 +68,10 @@ def in_force(workload: Workload, policy: Policy) -> InForce:
     try:
         pod = pod_info_from_manifest({**manifest, "metadata": meta})
     except (PodSourceError, ValueError, TypeError, AttributeError) as e:
-        return InForce(uid, None, (f"quota unknown: the pod template cannot be read ({e})",))
+        return QuotaInForce(uid, None, (f"quota unknown: the pod template cannot be read ({e})",))
     quotas = resolve_pod_quota(pod, policy, {})
     notes = tuple(f"invalid: {invalid_message(err)}" for err in quotas.errors)
-    return InForce(pod.uid, quotas, notes)
+    return QuotaInForce(pod.uid, quotas, notes)
 
 
 def field_of(quota: Quota | None) -> QuotaSource:

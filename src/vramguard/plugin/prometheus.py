@@ -21,13 +21,13 @@ Each series carries the pod's controller (`owner_kind`, `owner_name`, as kube-st
 them), which places a pod in its workload whether or not it still exists; a series without them, from an older
 agent, is placed by its name (`workloads.Owners.workload_of`).
 
-The chart's PrometheusRule records the peak gauge's maximum over each 5 minutes (`RECORDED_METRIC`). Where it is
-there, a slice of the window is read from it (one sample a series every 5 minutes, whatever the scrape interval),
-and the usage gauge, which only agents older than the chart that brought the rule lack the peak gauge for, is not
-read there. One query first asks at which slices' starts it has been recorded (`recorded_query`: one sample a
-series at each start, however long the window); a slice from whose start on it is there is read from it, the others,
-and a window without it, read the gauges as they were scraped. The last recorded sample may be up to an interval
-old, so the newest slice also reads the raw peak gauge over the last two intervals (`TAIL_S`).
+The chart's PrometheusRule records the peak gauge's maximum over each 5 minutes (`RECORDED_METRIC`). Where it has
+recorded since before the window began and still does (two queries of one instant each ask, `recorded_queries`),
+the window is read from it alone: one sample a series every 5 minutes, whatever the scrape interval, and not the
+usage gauge, which only agents older than the chart that brought the rule lack the peak gauge for. The last recorded
+sample may be up to an interval old, so one more query reads the raw peak gauge over the last two intervals
+(`TAIL_S`). Anywhere else (the first window's length after the rule is installed, a Prometheus without it) the
+gauges are read as they were scraped.
 
 Every request has a deadline for the whole answer (a server that trickles bytes is cut at it), and every answer a
 size bound and the JSON depth bound of `core.documents.load_json`.
@@ -45,7 +45,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -97,7 +96,7 @@ class Scraped:
     series: list[PeakSeries]
     gpu_total_bytes: dict[str, int]
     queries: int
-    recorded_slices: int = 0  # the slices of the window read from the recording rule
+    recorded: bool = False  # the window was read from the recording rule
 
 
 def parse_selector(text: str) -> str:
@@ -128,25 +127,19 @@ def queries(
     agents: str,
     namespace: str | None = None,
     slices: int = SLICES,
-    recorded: AbstractSet[int] = frozenset(),
+    recorded: bool = False,
 ) -> tuple[Query, ...]:
     """The queries for a window of `window_s` seconds, in one namespace or all, of the series scraped from the
     targets `agents` (a `parse_selector` list) selects: `slices` per metric, whose ranges (each left-open, as a range
-    selector's) together are the window; and one of the GPUs' memory over the window. A slice from whose start on
-    the recording rule's series are there (at its start and every newer slice's: `recorded`, by index, 0 the
-    newest) is one query of them instead of two of the gauges; with the newest one so read, one more reads the peak
-    gauge over `TAIL_S`."""
+    selector's) together are the window; and one of the GPUs' memory over the window. `recorded` (the recording
+    rule covers the window): `slices` of its series instead, and one of the peak gauge over `TAIL_S`."""
     length = _length(window_s, slices)
-    covered = [all(j in recorded for j in range(i + 1)) for i in range(slices)]
     out = []
-    for metric in METRICS:
+    for metric in (RECORDED_METRIC,) if recorded else METRICS:
         for i in range(slices):
-            if covered[i] and metric == USED_METRIC:
-                continue
-            read = RECORDED_METRIC if covered[i] else metric
             span = f"[{length}s]" + (f" offset {i * length}s" if i else "")
-            out.append(Query(read, _peaks_query(read, span, agents, namespace)))
-    if covered[0]:
+            out.append(Query(metric, _peaks_query(metric, span, agents, namespace)))
+    if recorded:
         out.append(Query(PEAK_METRIC, _peaks_query(PEAK_METRIC, f"[{TAIL_S}s]", agents, namespace)))
     window = max(1, math.ceil(window_s))
     step = max(1, math.ceil(window / TOTAL_STEPS))
@@ -175,27 +168,20 @@ def _length(window_s: float, slices: int) -> int:
     return max(1, math.ceil(window_s / slices))
 
 
-def recorded_query(window_s: float, agents: str, slices: int = SLICES) -> str:
-    """At which slices' starts the recording rule's series of the agents' targets are there: one sample labelled
-    `slice` (its index, 0 the newest) for each start with one; a series' last sample at each, so it costs the same
-    whatever the window and the scrape interval. A sample at a start holds the peaks since an interval before it."""
-    length = _length(window_s, slices)
-    parts = []
-    for i in range(slices):
-        at = f" offset {(i + 1) * length}s"
-        there = f"count({RECORDED_METRIC}{at} and on ({_TARGET}) up{{{agents}}}{at})"
-        parts.append(f'label_replace({there}, "slice", "{i}", "", "")')
-    return " or ".join(parts)
+def recorded_queries(window_s: float, agents: str, slices: int = SLICES) -> tuple[str, str]:
+    """Whether the recording rule's series of the agents' targets are there at the window's start (the oldest
+    slice's) and now (within `TAIL_S`): a count at one instant each, the same cost whatever the window and the scrape
+    interval. Two queries, since one holding both selectors is read over the whole window between them."""
+    start = f" offset {slices * _length(window_s, slices)}s"
+    then = f"count({RECORDED_METRIC}{start} and on ({_TARGET}) up{{{agents}}}{start})"
+    recent = f"[{TAIL_S}s]"
+    now = f"count(last_over_time({RECORDED_METRIC}{recent}) and on ({_TARGET}) last_over_time(up{{{agents}}}{recent}))"
+    return then, now
 
 
-def recorded_of(result: Sequence[Mapping[str, Any]]) -> frozenset[int]:
-    """`recorded_query`'s answer: the slices at whose start the recording rule's series are there."""
-    found = set()
-    for sample in result:
-        index = str((sample.get("metric") or {}).get("slice", ""))
-        if index.isdigit() and len(index) < 4:
-            found.add(int(index))
-    return frozenset(found)
+def recorded_of(*answers: Sequence[Mapping[str, Any]]) -> bool:
+    """`recorded_queries`' answers: whether each counts a recorded series."""
+    return all(any((_bytes(sample) or 0) > 0 for sample in answer) for answer in answers)
 
 
 def _label(labels: Mapping[str, Any], name: str) -> str:
@@ -362,16 +348,17 @@ def read_peaks(
     recorded: bool = True,
 ) -> Scraped:
     """Every (pod, container, GPU)'s peak over the window and every GPU's memory, from the series scraped from the
-    targets `agents` selects: first, with `recorded`, where the recording rule is there; then SLICES queries
-    per metric (a covered slice: one of the recorded series) and one of the GPUs, all at once, each within
+    targets `agents` selects: first, with `recorded`, whether the recording rule covers the window; then SLICES
+    queries per metric (of the recorded series alone, where it does) and one of the GPUs, all at once, each within
     `timeout_s`. The first failure raises, once every query has ended."""
     asked = 0
-    there: frozenset[int] = frozenset()
-    if recorded:
-        there = recorded_of(instant_query(url, recorded_query(window_s, agents), timeout_s, headers))
-        asked += 1
-    sent = queries(window_s, agents, namespace, recorded=there)
-    with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
+    with ThreadPoolExecutor(max_workers=2 * SLICES + 1, thread_name_prefix="vramguard-prometheus") as pool:
+        there = False
+        if recorded:
+            asks = recorded_queries(window_s, agents)
+            there = recorded_of(*pool.map(lambda q: instant_query(url, q, timeout_s, headers), asks))
+            asked += len(asks)
+        sent = queries(window_s, agents, namespace, recorded=there)
         answers = list(pool.map(lambda q: instant_query(url, q.promql, timeout_s, headers), sent))
     found = merge_peaks(*(series_of(a) for q, a in zip(sent, answers, strict=True) if q.metric != TOTAL_METRIC))
     if namespace is not None:  # without honor_labels, `namespace` is the agent's: the workload's is exported_
@@ -380,5 +367,4 @@ def read_peaks(
     for q, a in zip(sent, answers, strict=True):
         if q.metric == TOTAL_METRIC:
             totals |= totals_of(a)
-    from_rule = sum(q.metric == RECORDED_METRIC for q in sent)
-    return Scraped(found, totals, asked + len(sent), from_rule)
+    return Scraped(found, totals, asked + len(sent), there)

@@ -127,7 +127,7 @@ def _rows(workload: Workload, found: Sequence[PeakSeries], policy: Policy, headr
     for s in found:
         by_container[s.container].append(s)
 
-    # Each container under what governs it on a GPU it used (`InForce.governs`): its own quota, a DRA share, or the
+    # Each container under what governs it on a GPU it used (`QuotaInForce.governs`): its own quota, a DRA share, or the
     # pod-wide quota (one row for the containers it covers, POD_WIDE); None: the quota in force is unknown.
     governs: dict[str, Governs | None] = {}
     groups: dict[str, list[str]] = {}  # row container → the containers it stands for

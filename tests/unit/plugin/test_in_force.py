@@ -7,7 +7,7 @@ import pytest
 
 from vramguard.core.model import GiB, Policy
 from vramguard.core.quota import parse_quota_source
-from vramguard.plugin.in_force import NEW_FIELD, InForce, field_of, in_force, spell
+from vramguard.plugin.in_force import NEW_FIELD, QuotaInForce, field_of, in_force, spell
 from vramguard.plugin.workloads import Owners, WorkloadRef
 
 from .objects import by_kind, template, workload
@@ -17,7 +17,7 @@ VRAM = parse_quota_source("resource:vramguard.io/vram")
 LIMIT = parse_quota_source("annotation:vramguard.io/vram-limit")
 
 
-def _in_force(pod_template: dict[str, object] | None) -> InForce:
+def _in_force(pod_template: dict[str, object] | None) -> QuotaInForce:
     objects = [workload("Deployment", NS, "web", pod_template)] if pod_template is not None else []
     owners = Owners(by_kind(*objects))
     return in_force(owners.workload(WorkloadRef(NS, "Deployment", "web")), Policy())

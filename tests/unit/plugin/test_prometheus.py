@@ -28,7 +28,7 @@ from vramguard.plugin.prometheus import (
     queries,
     read_peaks,
     recorded_of,
-    recorded_query,
+    recorded_queries,
     series_of,
 )
 from vramguard.plugin.recommend import PeakSeries
@@ -92,8 +92,8 @@ def test_the_peaks_are_read_and_merged() -> None:
     gpu_total(store, 40 * GiB, uuid="GPU-1")
     with fake_prometheus(store) as (url, asked):
         got = read_peaks(url, 3600, 'namespace="vramguard"')
-    assert got.queries == len(asked) == 2 * SLICES + 2, "the recording rule's question, then the window's"
-    assert got.recorded_slices == 0
+    assert got.queries == len(asked) == 2 * SLICES + 3, "the recording rule's two questions, then the window's"
+    assert not got.recorded
     assert sorted(got.series, key=lambda s: s.pod) == [
         PeakSeries("ml", "old", "main", "GPU-1", 5 * GiB),
         PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB),
@@ -105,61 +105,47 @@ def test_the_peaks_are_read_and_merged() -> None:
 DAY = 86400
 
 
-@pytest.mark.parametrize(
-    ("recorded", "from_rule", "raw"),
-    [
-        pytest.param(set(), 0, 7, id="no-recording-rule-the-gauges"),
-        pytest.param(set(range(7)), 7, 0, id="recorded-the-whole-window"),
-        pytest.param({0, 1}, 2, 5, id="recorded-since-two-slices-the-older-slices-raw"),
-        pytest.param({1, 2, 3}, 0, 7, id="a-gap-since-leaves-the-slices-before-it-raw"),
-        pytest.param({0, 1, 3}, 2, 5, id="only-from-the-last-gap-on"),
-    ],
-)
-def test_slices_the_recording_rule_covers_read_it(recorded: set[int], from_rule: int, raw: int) -> None:
-    """A slice from whose start on the rule's series are there is one query of them (the usage gauge only older
-    agents need is not read there); the others, two of the gauges as scraped. With the newest slice recorded, one
-    query reads the peak gauge over the last two intervals, which the rule lags."""
+@pytest.mark.parametrize("recorded", [False, True], ids=["the-gauges-as-scraped", "the-recording-rule"])
+def test_a_window_the_recording_rule_covers_is_read_from_it(recorded: bool) -> None:
+    """Where the rule covers the window, its series in SLICES queries (not the usage gauge, which only agents older
+    than the rule need) and the peak gauge over the last two intervals, which the rule lags; else both gauges."""
     sent = queries(7 * DAY, AGENTS, slices=7, recorded=recorded)
     metrics = [q.metric for q in sent]
-    assert metrics.count(RECORDED_METRIC) == from_rule
-    assert metrics.count(USED_METRIC) == raw
-    tail = [q for q in sent if f"[{TAIL_S}s]" in q.promql]
-    assert len(tail) == (1 if from_rule else 0) and all(q.metric == PEAK_METRIC for q in tail)
-    assert metrics.count(PEAK_METRIC) == raw + len(tail)
-    assert metrics[-1] == TOTAL_METRIC
-    if from_rule:
-        newest = next(q for q in sent if q.metric == RECORDED_METRIC)
-        assert f"max_over_time({RECORDED_METRIC}[" in newest.promql and "and on (job, instance)" in newest.promql
+    want = [RECORDED_METRIC] * 7 + [PEAK_METRIC] if recorded else [PEAK_METRIC] * 7 + [USED_METRIC] * 7
+    assert metrics == [*want, TOTAL_METRIC]
+    if recorded:
+        assert f"max_over_time({RECORDED_METRIC}[{DAY}s])" in sent[0].promql
+        assert f"max_over_time({PEAK_METRIC}[{TAIL_S}s])" in sent[7].promql
 
 
-def test_where_the_rule_records_is_asked_at_each_slices_start() -> None:
-    """One query, a count of the rule's series of the agents' targets at each slice's start, labelled by slice;
-    its answer is the slices with one."""
-    asked = recorded_query(7 * DAY, AGENTS, slices=7)
-    assert asked.count("label_replace(count(") == 7
-    assert f"count({RECORDED_METRIC} offset {DAY}s and on (job, instance) up{{{AGENTS}}} offset {DAY}s)" in asked
-    assert f'offset {7 * DAY}s), "slice", "6", "", "")' in asked
-    answer: list[dict[str, Any]] = [{"metric": {"slice": "0"}, "value": [NOW, "3"]}, {"metric": {"slice": "x"}}, {}]
-    assert recorded_of(answer) == {0}
-    assert recorded_of([]) == frozenset()
+def test_whether_the_rule_covers_the_window_is_asked_at_its_start_and_now() -> None:
+    """Two queries of one instant each, of the agents' targets: at the window's start (the oldest slice's) and
+    within the last two intervals; the rule covers the window when both count a series."""
+    then, now = recorded_queries(7 * DAY, AGENTS, slices=7)
+    assert then == f"count({RECORDED_METRIC} offset {7 * DAY}s and on (job, instance) up{{{AGENTS}}} offset {7 * DAY}s)"
+    assert f"last_over_time({RECORDED_METRIC}[{TAIL_S}s])" in now and f"up{{{AGENTS}}}[{TAIL_S}s]" in now
+    counted: list[dict[str, Any]] = [{"metric": {}, "value": [NOW, "3"]}]
+    assert recorded_of(counted, counted)
+    assert not recorded_of(counted, [])
+    assert not recorded_of([], counted)
 
 
 def test_a_window_the_rule_recorded_is_read_from_it() -> None:
     """With the rule there the whole window, the peaks come from its series (and the raw tail); the usage gauge is
     not asked."""
-    store = Store(recorded=set(range(SLICES)))
+    store = Store(recorded=True)
     gauge(store, RECORDED_METRIC, 9 * GiB, pod="web-1")
     gauge(store, PEAK_METRIC, 10 * GiB, pod="web-1")  # the last minutes, past the rule's last sample
     gauge(store, USED_METRIC, 50 * GiB, pod="web-1")
     gpu_total(store, 80 * GiB)
     with fake_prometheus(store) as (url, asked):
         got = read_peaks(url, 7 * DAY, AGENTS)
-    assert got.recorded_slices == SLICES and got.queries == len(asked) == SLICES + 3
+    assert got.recorded and got.queries == len(asked) == SLICES + 4
     assert not any(USED_METRIC in q for q in asked)
     assert got.series == [PeakSeries("ml", "web-1", "main", "GPU-0", 10 * GiB)]
     with fake_prometheus(store) as (url, asked):
         raw = read_peaks(url, 7 * DAY, AGENTS, recorded=False)
-    assert raw.queries == len(asked) == 2 * SLICES + 1 and raw.recorded_slices == 0, "the bench's raw reading"
+    assert raw.queries == len(asked) == 2 * SLICES + 1 and not raw.recorded, "the bench's raw reading"
 
 
 @pytest.mark.parametrize(
