@@ -200,7 +200,8 @@ def test_recommend_gets_a_two_second_peak_between_two_30s_scrapes(
             kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "json")
         )
         patch = kubectl(user, "vramguard", "recommend", "-n", ns, "--prometheus-url", prom.url, "-o", "patch")
-    assert (answer["source"], answer["queries"], answer["caveats"]) == ("prometheus", 2 * SLICES + 1, [])
+    # The window's queries, the GPUs' and the recording rule's two (this Prometheus holds no rule: the gauges).
+    assert (answer["source"], answer["queries"], answer["caveats"]) == ("prometheus", 2 * SLICES + 3, [])
     assert answer["agents"] == f'up{{job="{JOB}",namespace="{AGENT_NS}"}}', "the chart's scrape, the default selector"
     (item,) = answer["items"]
     assert (item["kind"], item["name"], item["container"], item["containers"]) == (

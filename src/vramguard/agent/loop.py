@@ -178,8 +178,9 @@ class Agent:
         if self.limiter is not None:
             wanted = self.planner.wanted(pods, labels, shares, quotas, sample.devices, self.agent_pod_uid)
             self.limiter.update(*wanted, now)
-        # 5. Decide, purely.
-        decision, self.state = decide(snapshot, quotas, self.policy, self.state, now)
+        # 5. Decide, purely (each row's owner worked out once per version of its pod's quota: `QuotaBook.rows`).
+        rows = self.quotas.rows(snapshot.containers)
+        decision, self.state = decide(snapshot, quotas, self.policy, self.state, now, rows)
         # 6. Act (evictions go to a worker; their outcomes come back in a later scan), then confirm that killed
         #    processes let go of their memory. The pods on a GPU that entered pressure are told who holds it.
         self.enforcer.report_pressure(decision.notices)

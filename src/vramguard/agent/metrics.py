@@ -22,6 +22,7 @@ from vramguard.core.limit_plan import LimitResult, LimitTarget
 from vramguard.core.model import ActionKind, OwnedRow, Reason, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
 from vramguard.kube.events import EventResult
+from vramguard.kube.pod_manifest import OWNER_LABELS, owner_labels
 
 SCAN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Every label value the agent counts under is exported at 0 from the start, read from the enum its producer owns: a
@@ -55,8 +56,11 @@ class _ScanCollector(Collector):
             return
         snap = view.snapshot
         labels = ["namespace", "pod", "container", "gpu", "gpu_uuid"]
+        owned = [*labels, *OWNER_LABELS]  # the usage and the peak: what `kubectl vramguard recommend` groups by
         used = GaugeMetricFamily(
-            "vramguard_container_gpu_memory_used_bytes", "GPU memory used by a container on one GPU.", labels=labels
+            "vramguard_container_gpu_memory_used_bytes",
+            "GPU memory used by a container on one GPU, with its pod's controller (owner_kind, owner_name).",
+            labels=owned,
         )
         quota = GaugeMetricFamily(
             "vramguard_container_gpu_memory_quota_bytes",
@@ -66,8 +70,9 @@ class _ScanCollector(Collector):
         peak = GaugeMetricFamily(
             "vramguard_container_gpu_memory_peak_bytes",
             f"The highest GPU memory a container used on one GPU in the agent's scans over the last "
-            f"{PEAK_WINDOW_S:g} s, also after it stopped: max_over_time of it is the true peak between scrapes.",
-            labels=labels,
+            f"{PEAK_WINDOW_S:g} s, also after it stopped: max_over_time of it is the true peak between scrapes. "
+            "With its pod's controller (owner_kind, owner_name).",
+            labels=owned,
         )
         share = GaugeMetricFamily(
             "vramguard_claim_share_bytes",
@@ -78,7 +83,8 @@ class _ScanCollector(Collector):
         for u in snap.containers:
             device = devices.get(u.device_uuid)
             if device is not None:
-                used.add_metric([u.pod.namespace, u.pod.name, u.container, device.label, device.uuid], u.used_bytes)
+                values = [u.pod.namespace, u.pod.name, u.container, device.label, device.uuid, *owner_labels(u.pod)]
+                used.add_metric(values, u.used_bytes)
         # One quota series per quota a container holds as its own, and one per pod-wide quota (container "").
         quota_seen: set[SubjectKey] = set()
         for u, owner in view.rows:
@@ -93,7 +99,8 @@ class _ScanCollector(Collector):
             if q.claim is not None:
                 share.add_metric([*values, q.claim], limit)
         for p in view.peaks:
-            peak.add_metric([p.pod.namespace, p.pod.name, p.container, p.gpu, p.device_uuid], p.peak_bytes)
+            values = [p.pod.namespace, p.pod.name, p.container, p.gpu, p.device_uuid, *owner_labels(p.pod)]
+            peak.add_metric(values, p.peak_bytes)
         yield used
         yield peak
         yield quota

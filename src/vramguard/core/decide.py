@@ -36,6 +36,7 @@ from vramguard.core.model import (
     Violation,
 )
 from vramguard.core.quantity import format_duration
+from vramguard.core.quota import row_owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +112,15 @@ class Decision:
 
 
 def owners(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[OwnedRow, ...]:
-    """Each row of the snapshot, in its order, with its owner (`PodQuota.owner`): a container with its own quota is
+    """Each row of the snapshot, in its order, with its owner (`quota.row_owner`): a container with its own quota is
     a subject alone; the rows a pod-wide quota covers on a GPU are one subject, and so are the rows of the pod's
-    containers holding one DRA share. A row of a pod without a quota there is unmanaged (None)."""
+    containers holding one DRA share. A row of a pod without a quota there is unmanaged (None). The agent hands
+    `decide` these from its `QuotaBook.rows`, which works each out once while the pod's quota is unchanged."""
     rows: list[OwnedRow] = []
-    for usage in snapshot.containers:  # once per row per scan: each owner was found once, its pod's quota keeps it
+    for usage in snapshot.containers:
         uid = usage.pod.uid
         pod_quota = quotas.get(uid)
-        owner = None if pod_quota is None else pod_quota.owner(uid, usage.container, usage.device_uuid)
+        owner = None if pod_quota is None else row_owner(uid, pod_quota, usage.container, usage.device_uuid)
         rows.append((usage, owner))
     return tuple(rows)
 
@@ -445,11 +447,13 @@ def decide(
     policy: Policy,
     state: DecisionState,
     now: float,
+    rows: tuple[OwnedRow, ...] | None = None,
 ) -> tuple[Decision, DecisionState]:
     """One scan's decision. Steps, in order:
 
-    1. Find each row's subject and quota (`owners`), and the violations: subjects above their limit on healthy
-       devices.
+    1. Find each row's subject and quota (`owners`; or `rows`, the snapshot's rows with their owners under
+       `quotas`, as the caller's `QuotaBook.rows` keeps them), and the violations: subjects above their limit on
+       healthy devices.
     2. Track episodes (first observed, above the hard limit since, warned) and GPU pressure (entered at once, left
        after the transition period).
     3. Warn once per episode (also for exempt pods: a warning disrupts nothing; never the agent itself).
@@ -471,7 +475,8 @@ def decide(
     Only violators are ever candidates: a pod at or under its quota is never acted on, pressure or not.
     """
     # 1.
-    rows = owners(snapshot, quotas)
+    if rows is None:
+        rows = owners(snapshot, quotas)
     violations = find_violations(snapshot, rows)
     # 2.
     episodes = track_episodes(violations, state.episodes, now)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from vramguard.core.model import (
+    NO_SHARE,
     ContainerUsage,
     DriverLimits,
     GpuDevice,
@@ -24,7 +25,7 @@ from vramguard.core.model import (
     Snapshot,
     SubjectKey,
 )
-from vramguard.core.quota import resolve_pod_quota
+from vramguard.core.quota import resolve_pod_quota, row_owner
 from vramguard.core.shares import PodShares
 from vramguard.core.text import format_bytes
 
@@ -254,32 +255,29 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
     DRA shares, and the pod-wide quota for the containers it covers), so the limit is in place from the moment
     the kubelet creates the cgroup, before any container of the pod exists; summing init containers too is never
     tighter than the pod needs. Where one container has no quota at all, the pod's cgroup holds none (it would
-    bound that container). A container that has not started yet has a target without `container_id`
+    bound that container). Which quota holds which container on which GPU is `quota.row_owner`'s answer, as for
+    the decision. A container that has not started yet has a target without `container_id`
     (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
     targets: list[LimitTarget] = []
+    names = [c.name for c in pod.containers]
     for gpu in gpus:
-        total, covered, owned = 0, True, False
-        for container in pod.containers:
-            own = pod_quota.own(container.name, gpu.uuid)
-            if own is not None:
-                total, owned = total + own.hard_for(gpu.total_bytes), True
-            elif pod_quota.pod is None:
-                covered = False
-        source = "the sum of its containers' limits"
-        if pod_quota.pod is not None:
-            total += pod_quota.pod.hard_for(gpu.total_bytes)
-            if not owned:
-                source = pod_quota.pod.source
-        if covered and total > 0:
+        # Each listed container's row on this GPU, then the pod's own cgroup's (the pod-wide quota, if any).
+        rows = [row_owner(pod.uid, pod_quota, name, gpu.uuid) for name in names]
+        wide = row_owner(pod.uid, pod_quota, "", gpu.uuid)
+        own = [r for r in rows if r is not None and r.holder is not None]
+        total = sum(r.quota.hard_for(gpu.total_bytes) for r in own)
+        if wide is not None:
+            total += wide.quota.hard_for(gpu.total_bytes)
+        source = wide.quota.source if wide is not None and not own else "the sum of its containers' limits"
+        if None not in rows and total > 0:
             targets.append(_target(pod, None, None, gpu, total, source))
     for container in pod.containers:
-        shares = pod_quota.shares.get(container.name)
-        quota = pod_quota.containers.get(container.name)
         for gpu in gpus:
-            own = shares.get(gpu.uuid) if shares is not None else quota  # a DRA share: on its own GPU only
-            if own is not None:
-                hard = own.hard_for(gpu.total_bytes)
-                targets.append(_target(pod, container.name, container.container_id, gpu, hard, own.source))
+            row = row_owner(pod.uid, pod_quota, container.name, gpu.uuid)
+            # A container's own quota; a DRA share on its own GPU only (none where it holds no share: NO_SHARE).
+            if row is not None and row.holder is not None and row.quota is not NO_SHARE:
+                hard = row.quota.hard_for(gpu.total_bytes)
+                targets.append(_target(pod, container.name, container.container_id, gpu, hard, row.quota.source))
     return targets
 
 

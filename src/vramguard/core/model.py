@@ -350,8 +350,14 @@ class Quota:
         return self.limit_bytes
 
     def hard_for(self, device_total_bytes: int) -> int:
+        """The bytes over which the agent acts at once on a GPU of that size: the burst where set, else the limit."""
         limit = self.limit_for(device_total_bytes)
         return max(limit, self.burst_bytes) if self.burst_bytes is not None else limit
+
+    @property
+    def hard_bytes(self) -> int | None:
+        """`hard_for` on any GPU; None for a fair share, whose bytes depend on the GPU it meets."""
+        return None if self.share_divisor is not None else self.hard_for(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +386,7 @@ class QuotaError:
 
 
 class QuotaScope(str, enum.Enum):
-    """Whose quota holds a row of usage (`PodQuota.owner`), and so which rows are judged together against it."""
+    """Whose quota holds a row of usage (`quota.row_owner`), and so which rows are judged together against it."""
 
     CONTAINER = "container"  # the container's own quota (`NO_SHARE` included): its row alone, per GPU
     POD = "pod"  # the pod-wide quota (an annotation): the rows of the containers it covers on a GPU, summed
@@ -393,6 +399,7 @@ class PodQuota:
 
     Each container whose first matching source is a resource limit has its own quota in `containers`; the
     containers covered by a pod-wide source (an annotation) share `pod`, checked against their summed usage.
+    Which of them governs a container's row on a GPU is `quota.row_owner`'s answer, for every consumer.
     """
 
     containers: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
@@ -402,11 +409,6 @@ class PodQuota:
     # its share on each GPU where it holds one and to nothing (NO_SHARE) on any other: a claim is all the GPU
     # memory the pod was given, so memory on a GPU it was not allocated is over its quota.
     shares: Mapping[str, Mapping[str, Quota]] = field(default_factory=lambda: MappingProxyType({}))
-    # `owner`'s answers by (pod UID, container, GPU UUID): at most one per container and GPU, the pod's own cgroup too.
-    # Filled on first asking; two threads asking at once both store the same answer.
-    _owners: dict[tuple[str, str, str], RowOwner | None] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def own(self, container: str, device_uuid: str) -> Quota | None:
         """The container's own quota on one GPU (its share there, or its quota on every GPU), or None when it
@@ -415,28 +417,6 @@ class PodQuota:
         if shares is not None:
             return shares.get(device_uuid, NO_SHARE)
         return self.containers.get(container)
-
-    def owner(self, pod_uid: str, container: str, device_uuid: str) -> RowOwner | None:
-        """Who owns the pod's row of a container on one GPU: the container alone under its own quota (a DRA share,
-        where it holds one there: the share's subject), else the pod-wide quota's subject; None: unmanaged there. A
-        row of no known container ("": the pod's own cgroup, or one its status does not list yet) has no quota of
-        its own. Worked out once per container and GPU: a PodQuota lives as long as its pod is unchanged (`QuotaBook`),
-        and every scan asks for each of its rows."""
-        key = (pod_uid, container, device_uuid)
-        try:
-            return self._owners[key]
-        except KeyError:  # not asked yet: once per container and GPU
-            pass
-        own = self.own(container, device_uuid) if container else None
-        found: RowOwner | None = None
-        if own is not None and own.share is None:
-            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.CONTAINER, container), own, container)
-        elif own is not None:
-            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.SHARE, own.share), own, container)
-        elif self.pod is not None:
-            found = RowOwner(Subject(pod_uid, device_uuid, QuotaScope.POD, None), self.pod, None)
-        self._owners[key] = found
-        return found
 
 
 NO_SHARE = Quota(limit_bytes=0, source="no DRA claim share on this GPU")
@@ -675,7 +655,7 @@ class Subject(NamedTuple):
 
 
 class RowOwner(NamedTuple):
-    """Who owns a row of usage: the subject it is judged in and the quota that holds it (`PodQuota.owner`)."""
+    """Who owns a row of usage: the subject it is judged in and the quota that holds it (`quota.row_owner`)."""
 
     subject: Subject
     quota: Quota

@@ -1,20 +1,36 @@
 """Which VRAM quota applies to each container of a pod: sources, policy defaults, burst and namespace caps.
 
 `resolve_pod_quota` is pure: it reads the pod as the pod cache holds it, the policy and the node's labels, and
-never raises on what a user wrote. The rules: `docs/architecture.md` "Quotas". Policies built by `vramguard.core.policy`
-contain only valid sources; a `Policy` built in code with a source this module cannot read skips that source.
+never raises on what a user wrote. `row_owner` is the pod's quota layout, pure too: which subject and quota govern a
+container's row on a GPU; the decision, the limit planner and `kubectl vramguard recommend` all ask it. The rules:
+`docs/architecture.md` "Quotas". Policies built by `vramguard.core.policy` contain only valid sources; a `Policy`
+built in code with a source this module cannot read skips that source.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
-from vramguard.core.model import DefaultKind, PodInfo, PodQuota, Policy, Quota, QuotaError, QuotaSource, SourceKind
+from vramguard.core.model import (
+    ContainerUsage,
+    DefaultKind,
+    OwnedRow,
+    PodInfo,
+    PodQuota,
+    Policy,
+    Quota,
+    QuotaError,
+    QuotaScope,
+    QuotaSource,
+    RowOwner,
+    SourceKind,
+    Subject,
+)
 from vramguard.core.quantity import (
     ANNOTATION_UNIT_BYTES,
     RESOURCE_UNIT_BYTES,
@@ -132,6 +148,22 @@ def resolve_pod_quota(
     )
 
 
+def row_owner(pod_uid: str, pod_quota: PodQuota, container: str, gpu_uuid: str) -> RowOwner | None:
+    """Who owns the pod's row of `container` on one GPU: the container alone under its own quota (a DRA share,
+    where it holds one there: the share's subject; `NO_SHARE` where it holds none), else the pod-wide quota's
+    subject; None: unmanaged there. A row of no known container ("": the pod's own cgroup, or one its status does
+    not list yet) has no quota of its own. The hard limit is the quota's `hard_for` the GPU (its burst where set).
+    No I/O, no clock, no memo: `QuotaBook.rows` keeps the agent's answers while a pod's quota is unchanged."""
+    own = pod_quota.own(container, gpu_uuid) if container else None
+    if own is not None and own.share is None:
+        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.CONTAINER, container), own, container)
+    if own is not None:
+        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.SHARE, own.share), own, container)
+    if pod_quota.pod is not None:
+        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.POD, None), pod_quota.pod, None)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Resolved:
     """One pod's quota and what it was resolved from. Keyed on the PodInfo and the PodShares objects themselves,
@@ -158,6 +190,9 @@ class QuotaBook:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._book: dict[str, _Resolved] = {}
+        # `row_owner`'s answers for each pod's quota in the book, by pod UID, then (container, GPU UUID): at most
+        # one per container and GPU, the pod's own cgroup too. Dropped with the pod's entry when it is resolved again.
+        self._owners: dict[str, dict[tuple[str, str], RowOwner | None]] = {}
 
     def resolve(
         self,
@@ -178,8 +213,31 @@ class QuotaBook:
             if pq.errors and (cached is None or cached.quota.errors != pq.errors):
                 new_errors.extend((pod, err) for err in pq.errors)
             book[uid] = _Resolved(pod, dict(node_labels), held, pq)
+        self._owners = {uid: found for uid, found in self._owners.items() if book.get(uid) is self._book.get(uid)}
         self._book = book  # pods that left the cache leave the book
         return {uid: entry.quota for uid, entry in book.items()}, new_errors
+
+    def rows(self, usage: Iterable[ContainerUsage]) -> tuple[OwnedRow, ...]:
+        """Each row of usage with its owner under the quotas the last `resolve` gave (`row_owner`; None for a pod
+        without one), in order. Each owner is worked out once per container and GPU while its pod's quota is
+        unchanged, since every scan asks for each row."""
+        rows: list[OwnedRow] = []
+        for u in usage:
+            uid = u.pod.uid
+            entry = self._book.get(uid)
+            if entry is None:
+                rows.append((u, None))
+                continue
+            found = self._owners.get(uid)
+            if found is None:
+                found = self._owners[uid] = {}
+            key = (u.container, u.device_uuid)
+            try:
+                owner = found[key]
+            except KeyError:  # not asked yet: once per container and GPU
+                owner = found[key] = row_owner(uid, entry.quota, u.container, u.device_uuid)
+            rows.append((u, owner))
+        return tuple(rows)
 
 
 def invalid_message(err: QuotaError) -> str:

@@ -40,6 +40,21 @@ class PodSourceError(Exception):
     """A Pod object, or a pods file, the agent cannot use: the message names the pod, or the line."""
 
 
+# The pod's controller as metric labels, named as kube-state-metrics' kube_pod_owner names them: the agents' usage and
+# peak gauges carry them, and `kubectl vramguard recommend` places a pod in its workload by them.
+OWNER_LABELS: Final = ("owner_kind", "owner_name")
+NO_OWNER: Final = "<none>"  # kube_pod_owner's value for a pod without a controller
+
+
+def owner_labels(pod: PodInfo) -> tuple[str, str]:
+    """(owner_kind, owner_name) of the pod's controller as `pod_info_from_manifest` keeps it ("ReplicaSet/web-7d9f"),
+    or kube_pod_owner's "<none>" for both where it has none."""
+    if not pod.owner:
+        return NO_OWNER, NO_OWNER
+    kind, _, name = pod.owner.partition("/")
+    return kind, name
+
+
 def _strip_scheme(container_id: object) -> str | None:
     """`containerd://abc…` → `abc…`, as the cgroup path names it."""
     if not container_id:

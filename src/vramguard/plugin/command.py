@@ -39,16 +39,11 @@ from vramguard.plugin.fetch import (
     release_agents,
 )
 from vramguard.plugin.merge import Answer, Fetched, SortBy, filter_rows, merge_nodes, merge_rows, partial, sort_rows
+from vramguard.plugin.patch import patches
 from vramguard.plugin.prometheus import PrometheusError, parse_selector, read_peaks
-from vramguard.plugin.recommend import (
-    DEFAULT_HEADROOM,
-    Impossible,
-    PeakSeries,
-    patches,
-    recommend,
-    within_gpu_memory,
-)
+from vramguard.plugin.recommend import Impossible, PeakSeries, recommend, within_gpu_memory
 from vramguard.plugin.render import Output, RecommendOutput, render_nodes, render_recommend, render_top
+from vramguard.plugin.strategy import DEFAULT_HEADROOM
 from vramguard.plugin.workloads import KINDS, Owners
 
 Connect = Callable[[str | None, str | None], tuple[Any, str]]  # (kubeconfig, context) -> (CoreV1Api, namespace)

@@ -17,6 +17,18 @@ per-container series carry the workload's `namespace` (honorLabels), so the agen
 not on them. The GPUs' memory (`vramguard_gpu_memory_total_bytes`, which carries no workload label, so the selector
 applies to it directly) is read the same way: what bounds each peak.
 
+Each series carries the pod's controller (`owner_kind`, `owner_name`, as kube-state-metrics' `kube_pod_owner` names
+them), which places a pod in its workload whether or not it still exists; a series without them, from an older
+agent, is placed by its name (`workloads.Owners.workload_of`).
+
+The chart's PrometheusRule records the peak gauge's maximum over each 5 minutes (`RECORDED_METRIC`). Where it has
+recorded since before the window began and still does (two queries of one instant each ask, `recorded_queries`),
+the window is read from it alone: one sample a series every 5 minutes, whatever the scrape interval, and not the
+usage gauge, which only agents older than the chart that brought the rule lack the peak gauge for. The last recorded
+sample may be up to an interval old, so one more query reads the raw peak gauge over the last two intervals
+(`TAIL_S`). Anywhere else (the first window's length after the rule is installed, a Prometheus without it) the
+gauges are read as they were scraped.
+
 Every request has a deadline for the whole answer (a server that trickles bytes is cut at it), and every answer a
 size bound and the JSON depth bound of `core.documents.load_json`.
 """
@@ -34,17 +46,23 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from vramguard.core.documents import DocumentError, load_json
 from vramguard.core.text import cut
+from vramguard.kube.pod_manifest import NO_OWNER, OWNER_LABELS
 from vramguard.plugin.recommend import PeakSeries
 
 PEAK_METRIC: Final = "vramguard_container_gpu_memory_peak_bytes"
 USED_METRIC: Final = "vramguard_container_gpu_memory_used_bytes"
 TOTAL_METRIC: Final = "vramguard_gpu_memory_total_bytes"
 METRICS: Final = (PEAK_METRIC, USED_METRIC)
+# The chart's recording rule (templates/prometheusrule.yaml): max_over_time of the peak gauge over each
+# RECORD_INTERVAL_S, evaluated every RECORD_INTERVAL_S, so its samples together hold every scraped peak.
+RECORDED_METRIC: Final = "vramguard:container_gpu_memory_peak_bytes:max5m"
+RECORD_INTERVAL_S: Final = 300
+TAIL_S: Final = 2 * RECORD_INTERVAL_S  # what the newest slice reads raw: since the last recorded sample, and its lag
 MAX_BODY_BYTES: Final = 512 * 1024 * 1024  # 100,000 series answer in about 40 MB
 ERROR_BODY_BYTES: Final = 4096  # of an answer that is an error: its message
 CHUNK_BYTES: Final = 64 * 1024
@@ -53,7 +71,7 @@ SLICES: Final = 8  # queries per metric, each over its slice of the window, all 
 # A GPU's memory does not change within a window: a subquery at this many steps reads it cheaply.
 TOTAL_STEPS: Final = 256
 _LABELS: Final = ("namespace", "pod", "container")
-_GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid"])
+_GROUP: Final = ", ".join([*_LABELS, *(f"exported_{name}" for name in _LABELS), "gpu_uuid", *OWNER_LABELS])
 # Where a series was scraped from: the two labels every scrape sets, and no exposition of the agents' does.
 _TARGET: Final = "job, instance"
 _MATCHER: Final = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*')
@@ -78,6 +96,7 @@ class Scraped:
     series: list[PeakSeries]
     gpu_total_bytes: dict[str, int]
     queries: int
+    recorded: bool = False  # the window was read from the recording rule
 
 
 def parse_selector(text: str) -> str:
@@ -103,25 +122,25 @@ def parse_selector(text: str) -> str:
     return ",".join(matchers)
 
 
-def queries(window_s: float, agents: str, namespace: str | None = None, slices: int = SLICES) -> tuple[Query, ...]:
+def queries(
+    window_s: float,
+    agents: str,
+    namespace: str | None = None,
+    slices: int = SLICES,
+    recorded: bool = False,
+) -> tuple[Query, ...]:
     """The queries for a window of `window_s` seconds, in one namespace or all, of the series scraped from the
     targets `agents` (a `parse_selector` list) selects: `slices` per metric, whose ranges (each left-open, as a range
-    selector's) together are the window; and one of the GPUs' memory over the window."""
-    length = max(1, math.ceil(window_s / slices))
+    selector's) together are the window; and one of the GPUs' memory over the window. `recorded` (the recording
+    rule covers the window): `slices` of its series instead, and one of the peak gauge over `TAIL_S`."""
+    length = _length(window_s, slices)
     out = []
-    for metric in METRICS:
+    for metric in (RECORDED_METRIC,) if recorded else METRICS:
         for i in range(slices):
             span = f"[{length}s]" + (f" offset {i * length}s" if i else "")
-            selector = f"max_over_time({metric}{span})"
-            if namespace is not None:
-                quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
-                # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
-                selector = (
-                    f"(max_over_time({metric}{{namespace={quoted}}}{span})"
-                    f" or max_over_time({metric}{{exported_namespace={quoted}}}{span}))"
-                )
-            scraped = f"max_over_time(up{{{agents}}}{span})"
-            out.append(Query(metric, f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"))
+            out.append(Query(metric, _peaks_query(metric, span, agents, namespace)))
+    if recorded:
+        out.append(Query(PEAK_METRIC, _peaks_query(PEAK_METRIC, f"[{TAIL_S}s]", agents, namespace)))
     window = max(1, math.ceil(window_s))
     step = max(1, math.ceil(window / TOTAL_STEPS))
     # The subquery looks at its steps only, the last up to a step ago: the raw last step covers what came since.
@@ -129,6 +148,40 @@ def queries(window_s: float, agents: str, namespace: str | None = None, slices: 
     recent = f"max_over_time({TOTAL_METRIC}{{{agents}}}[{step}s])"
     out.append(Query(TOTAL_METRIC, f"max by (gpu_uuid) ({stepped} or {recent})"))
     return tuple(out)
+
+
+def _peaks_query(metric: str, span: str, agents: str, namespace: str | None) -> str:
+    """The highest of `metric` over `span` per (pod, container, GPU, owner), of the agents' series alone."""
+    selector = f"max_over_time({metric}{span})"
+    if namespace is not None:
+        quoted = json.dumps(namespace)  # a PromQL string literal takes JSON's escapes
+        # Either label may carry the workload's namespace (`honor_labels` or not): a selector for each.
+        selector = (
+            f"(max_over_time({metric}{{namespace={quoted}}}{span})"
+            f" or max_over_time({metric}{{exported_namespace={quoted}}}{span}))"
+        )
+    scraped = f"max_over_time(up{{{agents}}}{span})"
+    return f"max by ({_GROUP}) ({selector} and on ({_TARGET}) {scraped})"
+
+
+def _length(window_s: float, slices: int) -> int:
+    return max(1, math.ceil(window_s / slices))
+
+
+def recorded_queries(window_s: float, agents: str, slices: int = SLICES) -> tuple[str, str]:
+    """Whether the recording rule's series of the agents' targets are there at the window's start (the oldest
+    slice's) and now (within `TAIL_S`): a count at one instant each, the same cost whatever the window and the scrape
+    interval. Two queries, since one holding both selectors is read over the whole window between them."""
+    start = f" offset {slices * _length(window_s, slices)}s"
+    then = f"count({RECORDED_METRIC}{start} and on ({_TARGET}) up{{{agents}}}{start})"
+    recent = f"[{TAIL_S}s]"
+    now = f"count(last_over_time({RECORDED_METRIC}{recent}) and on ({_TARGET}) last_over_time(up{{{agents}}}{recent}))"
+    return then, now
+
+
+def recorded_of(*answers: Sequence[Mapping[str, Any]]) -> bool:
+    """`recorded_queries`' answers: whether each counts a recorded series."""
+    return all(any((_bytes(sample) or 0) > 0 for sample in answer) for answer in answers)
 
 
 def _label(labels: Mapping[str, Any], name: str) -> str:
@@ -157,8 +210,17 @@ def series_of(result: Sequence[Mapping[str, Any]]) -> list[PeakSeries]:
         if number is None or not pod or not gpu:
             continue
         namespace, container = _label(labels, "namespace"), _label(labels, "container")
-        out.append(PeakSeries(namespace, pod, container, gpu, number))
+        out.append(PeakSeries(namespace, pod, container, gpu, number, _owner(labels, pod)))
     return out
+
+
+def _owner(labels: Mapping[str, Any], pod: str) -> str:
+    """The pod's controller as the agent saw it ("ReplicaSet/web-7d9f"; "Pod/<pod>" for a pod it saw without one),
+    or "" for a series without the labels (an older agent's)."""
+    kind, name = (str(labels.get(label, "")) for label in OWNER_LABELS)
+    if kind == NO_OWNER:
+        return f"Pod/{pod}"
+    return f"{kind}/{name}" if kind and name else ""
 
 
 def totals_of(result: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -173,14 +235,19 @@ def totals_of(result: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def merge_peaks(*sets: Sequence[PeakSeries]) -> list[PeakSeries]:
-    """The highest of each (namespace, pod, container, GPU) across the metrics' answers."""
+    """The highest of each (namespace, pod, container, GPU) across the metrics' answers, with the pod's owner where
+    any of them carries it (an agent upgraded within the window)."""
     best: dict[tuple[str, str, str, str], PeakSeries] = {}
     for found in sets:
         for s in found:
             key = (s.namespace, s.pod, s.container, s.gpu_uuid)
             held = best.get(key)
-            if held is None or s.peak_bytes > held.peak_bytes:
+            if held is None:
                 best[key] = s
+                continue
+            top = s if s.peak_bytes > held.peak_bytes else held
+            owner = top.owner or held.owner or s.owner
+            best[key] = top if top.owner == owner else replace(top, owner=owner)
     return list(best.values())
 
 
@@ -278,12 +345,20 @@ def read_peaks(
     namespace: str | None = None,
     timeout_s: float = TIMEOUT_S,
     headers: Mapping[str, str] | None = None,
+    recorded: bool = True,
 ) -> Scraped:
     """Every (pod, container, GPU)'s peak over the window and every GPU's memory, from the series scraped from the
-    targets `agents` selects (SLICES queries per metric and one of the GPUs, all at once, each within `timeout_s`).
-    The first failure raises, once every query has ended."""
-    sent = queries(window_s, agents, namespace)
-    with ThreadPoolExecutor(max_workers=len(sent), thread_name_prefix="vramguard-prometheus") as pool:
+    targets `agents` selects: first, with `recorded`, whether the recording rule covers the window; then SLICES
+    queries per metric (of the recorded series alone, where it does) and one of the GPUs, all at once, each within
+    `timeout_s`. The first failure raises, once every query has ended."""
+    asked = 0
+    with ThreadPoolExecutor(max_workers=2 * SLICES + 1, thread_name_prefix="vramguard-prometheus") as pool:
+        there = False
+        if recorded:
+            asks = recorded_queries(window_s, agents)
+            there = recorded_of(*pool.map(lambda q: instant_query(url, q, timeout_s, headers), asks))
+            asked += len(asks)
+        sent = queries(window_s, agents, namespace, recorded=there)
         answers = list(pool.map(lambda q: instant_query(url, q.promql, timeout_s, headers), sent))
     found = merge_peaks(*(series_of(a) for q, a in zip(sent, answers, strict=True) if q.metric != TOTAL_METRIC))
     if namespace is not None:  # without honor_labels, `namespace` is the agent's: the workload's is exported_
@@ -292,4 +367,4 @@ def read_peaks(
     for q, a in zip(sent, answers, strict=True):
         if q.metric == TOTAL_METRIC:
             totals |= totals_of(a)
-    return Scraped(found, totals, len(sent))
+    return Scraped(found, totals, asked + len(sent), there)

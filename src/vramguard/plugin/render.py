@@ -17,7 +17,9 @@ from vramguard.core.quantity import format_quantity
 from vramguard.core.table import CONTAINER_COLUMNS, bytes_cell, command_cell, layout, percent_cell
 from vramguard.core.text import printable
 from vramguard.plugin.merge import GpuRow, Level, Row
-from vramguard.plugin.recommend import POD_WIDE, Patch, Recommendation, Verdict
+from vramguard.plugin.patch import Patch
+from vramguard.plugin.recommend import POD_WIDE, Recommendation
+from vramguard.plugin.verdict import Verdict
 
 
 class Output(str, enum.Enum):

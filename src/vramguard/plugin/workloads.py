@@ -3,8 +3,11 @@ objects as the API server serialises them (camelCase dicts) and pod names from P
 
 A workload is a Deployment (its pods belong to a ReplicaSet it owns), a StatefulSet, a DaemonSet, a CronJob (its
 pods belong to a Job it owns), a Job, a ReplicaSet that no Deployment owns, another controller (an operator's
-custom resource: shown, never patched), or the bare pod. A pod that still exists is followed through its
-controller references. One that is gone (seven days of history hold many) is placed by its name, which its
+custom resource: shown, never patched), or the bare pod. A pod is placed by its controller as the agent saw it (the
+`owner_kind` and `owner_name` of its series, kube-state-metrics' `kube_pod_owner` labels; the `owner` of the agents'
+peaks), followed up to the workload a person edits (ReplicaSet → Deployment, Job → CronJob). Only a series without
+them, from an agent older than those labels, is placed as before: a pod that still exists is followed through its
+controller references; one that is gone (seven days of history hold many) is placed by its name, which its
 controller generated: `<replicaset>-<5>`, `<deployment>-<hash>-<5>`, `<daemonset>-<5>`, `<job>-<5>`,
 `<cronjob>-<scheduled minute>-<5>`, `<statefulset>-<ordinal>`, where `<5>` and `<hash>` use Kubernetes' random
 alphabet; the longest live owner whose name fits wins. A gone pod that fits no live owner is a workload of its
@@ -96,13 +99,13 @@ class Owners:
         return (namespace, name) in self._by_kind.get(kind, {})
 
     def workload_of(self, namespace: str, pod: str, owner: str = "") -> WorkloadRef:
-        """The workload of the pod `pod`: by its controller reference while it exists, else by `owner` (its
-        controller as the agent saw it, "ReplicaSet/web-7d9f"), else by its name."""
+        """The workload of the pod `pod`: by `owner`, its controller as the agent saw it ("ReplicaSet/web-7d9f";
+        "Pod/<pod>" for a pod without one), where the series carries it; else by its controller reference while it
+        exists, else by its name."""
+        if "/" in owner:
+            return self._up(namespace, *owner.split("/", 1))
         live = self._get("Pod", namespace, pod)
         controller = _controller(live) if live is not None else None
-        if controller is None and live is None and "/" in owner:
-            kind, _, name = owner.partition("/")
-            controller = (kind, name)
         if controller is not None:
             return self._up(namespace, *controller)
         if live is not None:

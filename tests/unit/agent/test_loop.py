@@ -163,6 +163,8 @@ def test_scan_kills_the_offender_and_reports_it() -> None:
             container="main",
             gpu="0",
             gpu_uuid=GPU0.uuid,
+            owner_kind="<none>",  # the pod's controller: none
+            owner_name="<none>",
         )
         == 5 * GiB
     )

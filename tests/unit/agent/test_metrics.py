@@ -27,6 +27,7 @@ from vramguard.core.model import (
 )
 from vramguard.core.peaks import PeakWindow
 from vramguard.kube.events import EventResult
+from vramguard.kube.pod_manifest import owner_labels
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 
@@ -107,6 +108,30 @@ def test_the_peak_is_exported_beside_the_usage_it_shadows() -> None:
     used = {s.labels["pod"]: s.labels for s in families["vramguard_container_gpu_memory_used_bytes"].samples}
     assert {pod: value for pod, (_, value) in peaks.items()} == {"trainer": 9 * GiB, "notebook": 2 * GiB}
     assert peaks["notebook"][0] == used["notebook"] and "trainer" not in used
+
+
+@pytest.mark.parametrize(
+    ("owner", "labels"),
+    [
+        pytest.param("ReplicaSet/web-7d9f4c8b5", ("ReplicaSet", "web-7d9f4c8b5"), id="its-controller"),
+        pytest.param("Node/gpu-node-1", ("Node", "gpu-node-1"), id="a-mirror-pods-node"),
+        pytest.param(None, ("<none>", "<none>"), id="no-controller-as-kube-state-metrics-says"),
+    ],
+)
+def test_the_usage_and_the_peak_carry_the_pods_controller(owner: str | None, labels: tuple[str, str]) -> None:
+    """The usage and peak gauges carry the pod's controller as kube_pod_owner's owner_kind and owner_name (what
+    `kubectl vramguard recommend` groups by); the quota gauge does not."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    p = replace(pod("web-7d9f4c8b5-x2b4z", "ml"), owner=owner)
+    snapshot = SnapshotBuilder().use(p, "main", gpu(0), GiB).build()
+    peaks = PeakWindow().observe(snapshot.containers, {gpu(0).uuid: gpu(0)}, 0.0)
+    metrics.observe_scan(snapshot, Decision(actions=(), violations=()), peaks=peaks)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    for name in ("vramguard_container_gpu_memory_used_bytes", "vramguard_container_gpu_memory_peak_bytes"):
+        (sample,) = families[name].samples
+        assert (sample.labels["owner_kind"], sample.labels["owner_name"]) == labels
+    assert owner_labels(p) == labels
 
 
 def test_unattributed_memory_is_split_by_reason_and_every_reason_is_exported() -> None:

@@ -477,7 +477,18 @@ def test_each_rows_owner_is_found_once(
     scope, name, quota, holder = owner
     assert found == RowOwner(Subject(p.uid, device.uuid, scope, name), quota, holder)
     assert found.limit_key == SubjectKey(p.uid, holder, device.uuid)
-    assert owners(snapshot, quotas)[0][1] is found, "found once: the pod's quota keeps it for the next scans"
+
+
+def test_decide_judges_the_rows_it_is_handed() -> None:
+    """The owners the caller worked out (`QuotaBook.rows`) are the ones judged: none are worked out again."""
+    p = pod("trainer", "ml")
+    snapshot = SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build()
+    quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=GiB)})}
+    (row,) = owners(snapshot, quotas)
+    assert decide(snapshot, quotas, Policy(), DecisionState(), 0.0)[0].violations != ()
+    handed = ((row[0], None),)  # the caller says unmanaged
+    decision, _ = decide(snapshot, quotas, Policy(), DecisionState(), 0.0, handed)
+    assert decision.rows == handed and decision.violations == ()
 
 
 def test_fair_share_quota_divides_the_device() -> None:

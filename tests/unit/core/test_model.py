@@ -102,22 +102,19 @@ POD_QUOTA = PodQuota(containers={"own": OWN}, pod=WIDE, shares={"dra": {"GPU-0":
 
 
 @pytest.mark.parametrize(
-    ("container", "device_uuid", "own", "on"),
+    ("container", "device_uuid", "own"),
     [
-        pytest.param("own", "GPU-0", OWN, OWN, id="its-own-quota-on-every-gpu"),
-        pytest.param("rest", "GPU-0", None, WIDE, id="covered-by-the-pod-wide-quota"),
-        pytest.param("dra", "GPU-0", SHARE, SHARE, id="its-share-where-allocated"),
-        pytest.param("dra", "GPU-1", NO_SHARE, NO_SHARE, id="nothing-where-no-share-was-allocated"),
-        pytest.param("", "GPU-0", None, WIDE, id="the-pod-cgroup-itself"),
+        pytest.param("own", "GPU-0", OWN, id="its-own-quota-on-every-gpu"),
+        pytest.param("rest", "GPU-0", None, id="none-of-its-own"),
+        pytest.param("dra", "GPU-0", SHARE, id="its-share-where-allocated"),
+        pytest.param("dra", "GPU-1", NO_SHARE, id="nothing-where-no-share-was-allocated"),
+        pytest.param("", "GPU-0", None, id="the-pod-cgroup-itself"),
     ],
 )
-def test_which_quota_holds_a_container_on_a_gpu(
-    container: str, device_uuid: str, own: Quota | None, on: Quota | None
-) -> None:
-    """A container's own quota (or DRA share) first, then the pod-wide one."""
+def test_a_containers_own_quota_on_a_gpu(container: str, device_uuid: str, own: Quota | None) -> None:
+    """A container's own quota on a GPU: its DRA share there (nothing where it holds none), else its quota on
+    every GPU; None for a container without one (the pod-wide quota, if any, is `quota.row_owner`'s to apply)."""
     assert POD_QUOTA.own(container, device_uuid) == own
-    owner = POD_QUOTA.owner("pod-uid", container, device_uuid)
-    assert (owner.quota if owner is not None else None) == on
 
 
 def test_a_quota_error_is_stored_cut() -> None:

@@ -9,20 +9,28 @@ from typing import Any
 import pytest
 
 from quota_values import CAPS, ROWS, Row
+from vramguard.core.limit_plan import pod_limits
 from vramguard.core.model import (
     DEFAULT_QUOTA_SOURCES,
+    NO_SHARE,
     ContainerInfo,
+    ContainerUsage,
     DefaultKind,
     DefaultQuota,
     GiB,
+    GpuDevice,
     MiB,
     NamespacePolicy,
     PodInfo,
+    PodQuota,
     Policy,
     Quota,
     QuotaError,
+    QuotaScope,
     QuotaSource,
+    RowOwner,
     SourceKind,
+    Subject,
 )
 from vramguard.core.policy import parse_policy
 from vramguard.core.quota import (
@@ -35,6 +43,7 @@ from vramguard.core.quota import (
     parse_quota_source,
     reads_claims,
     resolve_pod_quota,
+    row_owner,
 )
 from vramguard.kube.pod_manifest import pod_info_from_manifest
 
@@ -934,6 +943,56 @@ def test_quota_book_resolves_again_only_for_a_new_pod_object_or_new_labels() -> 
     assert book.resolve({equal.uid: equal}, {"zone": "b"})[0][p.uid] is not again, "a new pod object: resolved again"
 
 
+OWN = Quota(limit_bytes=8 * GiB, source="own")
+WIDE = Quota(limit_bytes=2 * GiB, source="wide")
+SHARE = Quota(limit_bytes=20 * GiB, share="claim/0", source="share")
+LAYOUT = PodQuota(containers={"own": OWN}, pod=WIDE, shares={"dra": {"GPU-0": SHARE}})
+CONTAINER, POD, SHARED = QuotaScope.CONTAINER, QuotaScope.POD, QuotaScope.SHARE
+
+
+@pytest.mark.parametrize(
+    ("pod_quota", "container", "gpu", "owner"),
+    [
+        pytest.param(LAYOUT, "own", "GPU-1", (CONTAINER, "own", OWN, "own"), id="its-own-quota-on-every-gpu"),
+        pytest.param(LAYOUT, "rest", "GPU-0", (POD, None, WIDE, None), id="covered-by-the-pod-wide-quota"),
+        pytest.param(LAYOUT, "dra", "GPU-0", (SHARED, "claim/0", SHARE, "dra"), id="its-share-is-the-shares-subject"),
+        pytest.param(LAYOUT, "dra", "GPU-1", (CONTAINER, "dra", NO_SHARE, "dra"), id="nothing-where-it-holds-no-share"),
+        pytest.param(LAYOUT, "", "GPU-0", (POD, None, WIDE, None), id="the-pods-own-cgroup-under-the-pod-wide-quota"),
+        pytest.param(PodQuota(containers={"own": OWN}), "", "GPU-0", None, id="the-pods-own-cgroup-unmanaged"),
+        pytest.param(PodQuota(containers={"own": OWN}), "rest", "GPU-0", None, id="no-quota-unmanaged"),
+    ],
+)  # fmt: skip
+def test_row_owner_lays_out_which_quota_governs_a_row(
+    pod_quota: PodQuota, container: str, gpu: str, owner: tuple[QuotaScope, str | None, Quota, str | None] | None
+) -> None:
+    """A container's own quota (or DRA share) first, then the pod-wide one; the subject says which rows are judged
+    together, the holder whose cgroup holds the driver limit."""
+    found = row_owner("uid-1", pod_quota, container, gpu)
+    if owner is None:
+        assert found is None
+        return
+    scope, name, quota, holder = owner
+    assert found == RowOwner(Subject("uid-1", gpu, scope, name), quota, holder)
+
+
+def test_quota_book_works_out_each_rows_owner_once_per_pod_version() -> None:
+    """The book keeps each row's owner while the pod's quota is unchanged, and works it out again for a new pod
+    object; a pod it holds no quota for is unmanaged."""
+    book = QuotaBook(Policy(quota_sources=(f"annotation:{LIMIT}",)))
+    p = _book_pod("4Gi")
+    row = ContainerUsage(p, "main", "cid", "GPU-0", GiB, ())
+    stranger = row._replace(pod=replace(p, uid="uid-2"))
+    book.resolve({p.uid: p}, {})
+    ((_, first), (_, none)) = book.rows([row, stranger])
+    assert first is not None and none is None
+    assert first == RowOwner(Subject(p.uid, "GPU-0", POD, None), first.quota, None)
+    assert book.rows([row])[0][1] is first, "found once: kept for the next scans"
+    changed = _book_pod("4Gi", priority=1)
+    book.resolve({changed.uid: changed}, {})
+    again = book.rows([row._replace(pod=changed)])[0][1]
+    assert again == first and again is not first, "a new version of the pod: worked out again"
+
+
 def test_reads_claims_only_with_a_claim_source() -> None:
     """Claims are read only when one of the quota sources is a valid `claim:` source."""
     assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
@@ -948,12 +1007,15 @@ def test_reads_claims_only_with_a_claim_source() -> None:
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
 def test_the_shared_table_of_quota_values(row: Row) -> None:
     """Each row of the table, as the agent reads its pod: a valid value is a quota and no error; an invalid one is
-    one VRAMQuotaInvalid naming the field, whose one-line text says why."""
+    one VRAMQuotaInvalid naming the field, whose one-line text says why. The agent and the limit planner lay the
+    pod's quota out alike (`_lays_out`)."""
     namespace = "capped" if row.cap is not None else "default"
     policy = parse_policy({"namespaces": {"capped": {"max_quota": CAPS[row.cap]}}} if row.cap is not None else {})
     manifest = row.field.pod(row.value, namespace=namespace)
     manifest["metadata"]["uid"] = "uid-1"
-    result = resolve_pod_quota(pod_info_from_manifest(manifest), policy, {})
+    p = pod_info_from_manifest(manifest)
+    result = resolve_pod_quota(p, policy, {})
+    _lays_out(row, p, result, policy.cap_for(namespace))
     if row.valid:
         assert result.errors == ()
         assert result.containers or result.pod is not None
@@ -963,3 +1025,30 @@ def test_the_shared_table_of_quota_values(row: Row) -> None:
     text = invalid_message(error)
     assert row.says in text
     assert "\n" not in text and len(invalid_message(replace(error, applies=""))) <= MAX_MESSAGE_CHARS
+
+
+TABLE_GPU = GpuDevice(index=0, uuid="GPU-0", name="test", total_bytes=80 * GiB, used_bytes=0, free_bytes=80 * GiB)
+
+
+def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
+    """The row's pod as the agent (`row_owner`) and the limit planner (`pod_limits`) lay it out: a valid value
+    governs "main" (its own limit, or the pod-wide annotation); an invalid one leaves it unmanaged, or under what
+    applies instead (the pod-wide 1Mi a bad burst would have extended, the namespace's cap); the planner holds the
+    same hard limit on the pod's cgroup, and on the container's where the quota is the container's own."""
+    owner = row_owner(p.uid, result, "main", TABLE_GPU.uuid)
+    is_burst = row.field.name == BURST_ANNOTATION
+    if row.valid or cap is not None or is_burst:
+        assert owner is not None
+        scope = POD if row.field.kind == "annotation" else CONTAINER
+        assert owner.subject.scope is scope and owner.holder == ("main" if scope is CONTAINER else None)
+        hard = owner.quota.hard_for(TABLE_GPU.total_bytes)
+        if not row.valid:
+            assert hard == (MiB if cap is None else cap), "what applies instead: no burst, or the cap"
+    else:
+        assert owner is None, "an invalid value governs nothing"
+    wanted = {(t.container, t.hard_bytes) for t in pod_limits(p, result, [TABLE_GPU])}
+    if owner is None:
+        assert wanted == set()
+        return
+    held = min(owner.quota.hard_for(TABLE_GPU.total_bytes), TABLE_GPU.total_bytes)
+    assert wanted == {(None, held), *([("main", held)] if owner.holder is not None else [])}

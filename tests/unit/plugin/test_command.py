@@ -199,11 +199,11 @@ def test_recommend_from_prometheus() -> None:
     assert line.split() == ["ml", "Deployment/web", "main", "1", "1", "9.0GiB", "11Gi", "4Gi",
                             "limits[vramguard.io/vram]", "would", "have", "been", "killed"]  # fmt: skip
     assert agents == '# agents: up{job="vramguard-metrics",namespace="vramguard"}'
-    assert len(asked) == 3 * (2 * SLICES + 1), "the same queries a run, whatever the workloads"
+    assert len(asked) == 3 * (2 * SLICES + 3), "the same queries a run, whatever the workloads"
     assert (doc["source"], doc["window"], doc["queries"], doc["headroom"]) == (
         "prometheus",
         "336h",
-        2 * SLICES + 1,
+        2 * SLICES + 3,
         0.2,
     )
     assert doc["agents"] == 'up{job="vramguard-metrics",namespace="vramguard"}'

@@ -6,24 +6,34 @@ queries over series labelled as Prometheus labels them."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+import yaml
 
+from unit.test_runbooks import RULES, untemplated
 from vramguard.core.model import GiB
 from vramguard.plugin.prometheus import (
     PEAK_METRIC,
+    RECORD_INTERVAL_S,
+    RECORDED_METRIC,
     SLICES,
+    TAIL_S,
     TOTAL_METRIC,
     USED_METRIC,
     PrometheusError,
     instant_query,
+    merge_peaks,
     parse_selector,
     queries,
     read_peaks,
+    recorded_of,
+    recorded_queries,
+    series_of,
 )
 from vramguard.plugin.recommend import PeakSeries
 
-from .fake_prometheus import AGENT_TARGET, TENANT_TARGET, Store, fake_prometheus
+from .fake_prometheus import AGENT_TARGET, NOW, TENANT_TARGET, Store, fake_prometheus
 
 AGENTS = 'job="vramguard-metrics",namespace="vramguard"'
 FORGED = 1297036692682702848  # what a tenant's exporter published, in the attack
@@ -44,7 +54,10 @@ def test_the_queries_are_a_fixed_number_whose_slices_make_the_window() -> None:
     of the series scraped from the agents' targets; and one of the GPUs' memory over the window."""
     sent = queries(7 * 86400, AGENTS, slices=7)
     assert [q.metric for q in sent] == [PEAK_METRIC] * 7 + [USED_METRIC] * 7 + [TOTAL_METRIC]
-    group = "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid)"
+    group = (
+        "max by (namespace, pod, container, exported_namespace, exported_pod, exported_container, gpu_uuid, "
+        "owner_kind, owner_name)"
+    )
     assert sent[0].promql == (
         f"{group} (max_over_time({PEAK_METRIC}[86400s]) and on (job, instance) max_over_time(up{{{AGENTS}}}[86400s]))"
     )
@@ -79,13 +92,84 @@ def test_the_peaks_are_read_and_merged() -> None:
     gpu_total(store, 40 * GiB, uuid="GPU-1")
     with fake_prometheus(store) as (url, asked):
         got = read_peaks(url, 3600, 'namespace="vramguard"')
-    assert got.queries == len(asked) == 2 * SLICES + 1
+    assert got.queries == len(asked) == 2 * SLICES + 3, "the recording rule's two questions, then the window's"
+    assert not got.recorded
     assert sorted(got.series, key=lambda s: s.pod) == [
         PeakSeries("ml", "old", "main", "GPU-1", 5 * GiB),
         PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB),
         PeakSeries("ml", "web-2", "main", "GPU-0", 3 * GiB),
     ]
     assert got.gpu_total_bytes == {"GPU-0": 80 * GiB, "GPU-1": 40 * GiB}
+
+
+DAY = 86400
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["the-gauges-as-scraped", "the-recording-rule"])
+def test_a_window_the_recording_rule_covers_is_read_from_it(recorded: bool) -> None:
+    """Where the rule covers the window, its series in SLICES queries (not the usage gauge, which only agents older
+    than the rule need) and the peak gauge over the last two intervals, which the rule lags; else both gauges."""
+    sent = queries(7 * DAY, AGENTS, slices=7, recorded=recorded)
+    metrics = [q.metric for q in sent]
+    want = [RECORDED_METRIC] * 7 + [PEAK_METRIC] if recorded else [PEAK_METRIC] * 7 + [USED_METRIC] * 7
+    assert metrics == [*want, TOTAL_METRIC]
+    if recorded:
+        assert f"max_over_time({RECORDED_METRIC}[{DAY}s])" in sent[0].promql
+        assert f"max_over_time({PEAK_METRIC}[{TAIL_S}s])" in sent[7].promql
+
+
+def test_whether_the_rule_covers_the_window_is_asked_at_its_start_and_now() -> None:
+    """Two queries of one instant each, of the agents' targets: at the window's start (the oldest slice's) and
+    within the last two intervals; the rule covers the window when both count a series."""
+    then, now = recorded_queries(7 * DAY, AGENTS, slices=7)
+    assert then == f"count({RECORDED_METRIC} offset {7 * DAY}s and on (job, instance) up{{{AGENTS}}} offset {7 * DAY}s)"
+    assert f"last_over_time({RECORDED_METRIC}[{TAIL_S}s])" in now and f"up{{{AGENTS}}}[{TAIL_S}s]" in now
+    counted: list[dict[str, Any]] = [{"metric": {}, "value": [NOW, "3"]}]
+    assert recorded_of(counted, counted)
+    assert not recorded_of(counted, [])
+    assert not recorded_of([], counted)
+
+
+def test_a_window_the_rule_recorded_is_read_from_it() -> None:
+    """With the rule there the whole window, the peaks come from its series (and the raw tail); the usage gauge is
+    not asked."""
+    store = Store(recorded=True)
+    gauge(store, RECORDED_METRIC, 9 * GiB, pod="web-1")
+    gauge(store, PEAK_METRIC, 10 * GiB, pod="web-1")  # the last minutes, past the rule's last sample
+    gauge(store, USED_METRIC, 50 * GiB, pod="web-1")
+    gpu_total(store, 80 * GiB)
+    with fake_prometheus(store) as (url, asked):
+        got = read_peaks(url, 7 * DAY, AGENTS)
+    assert got.recorded and got.queries == len(asked) == SLICES + 4
+    assert not any(USED_METRIC in q for q in asked)
+    assert got.series == [PeakSeries("ml", "web-1", "main", "GPU-0", 10 * GiB)]
+    with fake_prometheus(store) as (url, asked):
+        raw = read_peaks(url, 7 * DAY, AGENTS, recorded=False)
+    assert raw.queries == len(asked) == 2 * SLICES + 1 and not raw.recorded, "the bench's raw reading"
+
+
+@pytest.mark.parametrize(
+    ("labels", "owner"),
+    [
+        pytest.param({"owner_kind": "ReplicaSet", "owner_name": "web-7d9f"}, "ReplicaSet/web-7d9f", id="controller"),
+        pytest.param({"owner_kind": "<none>", "owner_name": "<none>"}, "Pod/web-1", id="none-is-the-pod-itself"),
+        pytest.param({}, "", id="an-older-agent-without-the-labels"),
+        pytest.param({"owner_kind": "ReplicaSet"}, "", id="half-an-owner-is-none"),
+    ],
+)
+def test_each_series_carries_its_pods_controller(labels: dict[str, str], owner: str) -> None:
+    """owner_kind and owner_name, as kube_pod_owner names them, are the pod's owner; "<none>" the pod itself."""
+    sample = {"metric": {"pod": "web-1", "gpu_uuid": "GPU-0", "namespace": "ml", **labels}, "value": [NOW, "1"]}
+    (series,) = series_of([sample])
+    assert series.owner == owner
+
+
+def test_merging_keeps_the_owner_any_answer_carries() -> None:
+    """An agent upgraded within the window: the highest peak wins, with the owner the newer series carry."""
+    old = PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB)
+    new = PeakSeries("ml", "web-1", "main", "GPU-0", 5 * GiB, "ReplicaSet/web-7d9f")
+    assert merge_peaks([old], [new]) == [PeakSeries("ml", "web-1", "main", "GPU-0", 9 * GiB, "ReplicaSet/web-7d9f")]
+    assert merge_peaks([new], [old]) == merge_peaks([old], [new])
 
 
 @pytest.mark.parametrize("honor_labels", [False, True], ids=["tenant-plain", "tenant-honor-labels"])
@@ -167,3 +251,13 @@ def test_the_selector_is_a_list_of_matchers(text: str, want: str | None) -> None
             parse_selector(text)
     else:
         assert parse_selector(text) == want
+
+
+def test_the_charts_recording_rule_records_what_recommend_reads() -> None:
+    """The chart's PrometheusRule records, under the name recommend reads, the peak gauge's maximum over each
+    interval, evaluated every interval (so its samples together hold every scraped peak), from the agents' job."""
+    spec = yaml.safe_load(untemplated(RULES.read_text()))["spec"]
+    ((group, rule),) = [(g, r) for g in spec["groups"] for r in g["rules"] if "record" in r]
+    assert rule["record"] == RECORDED_METRIC
+    assert group["interval"] == f"{RECORD_INTERVAL_S // 60}m"
+    assert rule["expr"] == f'max_over_time({PEAK_METRIC}{{job="T"}}[{RECORD_INTERVAL_S // 60}m])'

@@ -1,7 +1,7 @@
-"""The recommendations: friendly rounding, verdicts, the quota in force as the agent resolves the workload's template
-(each peer's unit), pod-wide quotas summed, patches per kind; and the replay: usage traces scanned by the agent's peak
-window, sampled by 30 s scrapes, recommended from, then replayed through the agent's decisions at the recommended
-quotas, kill nothing."""
+"""The recommendations: verdicts, the quota in force as the agent resolves the workload's template (each peer's
+unit), pod-wide quotas summed, workloads by the owner the agent saw; and the replay: usage traces scanned by the
+agent's peak window, sampled by 30 s scrapes, recommended from, then replayed through the agent's decisions at the
+recommended quotas, kill nothing."""
 
 from __future__ import annotations
 
@@ -15,44 +15,16 @@ import pytest
 from vramguard.core.decide import DecisionState, decide
 from vramguard.core.model import GiB, MiB, Mode, NamespacePolicy, PodInfo, Policy
 from vramguard.core.peaks import PeakWindow
-from vramguard.core.quota import QuotaBook, parse_quota_source
-from vramguard.plugin.recommend import (
-    POD_WIDE,
-    Impossible,
-    PeakSeries,
-    Verdict,
-    friendly,
-    patches,
-    recommend,
-    recommended_bytes,
-    spell,
-    within_gpu_memory,
-)
+from vramguard.core.quota import QuotaBook
+from vramguard.plugin.recommend import POD_WIDE, Impossible, PeakSeries, recommend, within_gpu_memory
+from vramguard.plugin.strategy import recommended_bytes
+from vramguard.plugin.verdict import Verdict
 from vramguard.plugin.workloads import Owners, WorkloadRef
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 from .objects import by_kind, template, workload
 
 NS = "ml"
-
-
-@pytest.mark.parametrize(
-    ("n_bytes", "unit", "want"),
-    [
-        pytest.param(10.8 * GiB, 1, 11 * GiB, id="gib-steps-above-8gi"),
-        pytest.param(12 * GiB, 1, 12 * GiB, id="exact-stays"),
-        pytest.param(700 * MiB, 1, 704 * MiB, id="64mi-steps-at-700mi"),
-        pytest.param(1, 1, MiB, id="at-least-1mi"),
-        pytest.param(3.1 * GiB, 1, 3.25 * GiB, id="256mi-steps-at-3gi"),
-        pytest.param(10.2 * GiB, GiB, 11 * GiB, id="aliyun-whole-gib"),
-        pytest.param(700 * MiB, 256 * MiB, 768 * MiB, id="tencent-256mi-units"),
-        pytest.param(100 * GiB, 1, 104 * GiB, id="8gi-steps-at-100gi"),
-    ],
-)
-def test_friendly_rounds_up_at_most_an_eighth(n_bytes: float, unit: int, want: int) -> None:
-    got = friendly(n_bytes, unit)
-    assert got == want
-    assert got >= n_bytes and (got <= n_bytes * 1.125 or got - n_bytes < max(unit, MiB))
 
 
 def _owners(*objects: dict[str, object]) -> Owners:
@@ -182,65 +154,17 @@ def test_a_gone_bare_pod_is_unknown_and_a_workload_without_gpu_memory_is_left_ou
     assert [(r.workload.kind, r.workload.name, r.verdict) for r in rows] == [("Pod", "gone", Verdict.UNKNOWN)]
 
 
-@pytest.mark.parametrize(
-    ("kind", "pod_name", "pod_template", "want"),
-    [
-        pytest.param(
-            "Deployment",
-            "web-7d9f4c8b5-x2b4z",
-            template({"vramguard.io/vram": "4Gi"}, requests=True),
-            {"spec": {"template": {"spec": {"containers": [{"name": "main", "resources": {
-                "limits": {"vramguard.io/vram": "11Gi"}, "requests": {"vramguard.io/vram": "11Gi"}}}]}}}},
-            id="deployment-limit-and-its-request",
-        ),
-        pytest.param(
-            "CronJob",
-            "nightly-29000000-x2b4z",
-            template({"nvidia.com/gpumem": "1024"}),
-            {"spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [
-                {"name": "main", "resources": {"limits": {"nvidia.com/gpumem": "11264"}}}]}}}}}},
-            id="cronjob-in-its-job-template-in-mib",
-        ),
-        pytest.param(
-            "StatefulSet",
-            "nightly-0",
-            template(),
-            {"spec": {"template": {"metadata": {"annotations": {"vramguard.io/vram-limit": "11Gi"}}}}},
-            id="no-quota-gets-the-annotation",
-        ),
-        pytest.param("Job", "nightly-x2b4z", template({"vramguard.io/vram": "4Gi"}), None, id="job-cannot-change"),
-    ],
-)  # fmt: skip
-def test_patches(kind: str, pod_name: str, pod_template: dict[str, object], want: object) -> None:
-    """The patch sets the recommendation in the field the workload uses, where its kind keeps its template."""
-    owners = _owners(workload(kind, NS, "nightly" if kind != "Deployment" else "web", pod_template))
-    rows = recommend([_series(pod_name, 9 * GiB)], owners, Policy())
-    (patch,) = patches(rows, owners)
-    assert patch.body == want
-    if want is not None:
-        assert patch.command().startswith(f"kubectl patch {kind.lower()} ")
-    else:
-        assert patch.command().startswith("# ml Job/nightly: a Job's pod template cannot change")
-
-
-@pytest.mark.parametrize(
-    ("pod_template", "peak", "field"),
-    [
-        pytest.param(template({"vramguard.io/vram": "4Gi"}), 8 * 2**60, "limits[vramguard.io/vram] '10Ei'",
-                     id="over-int64-in-a-limit"),
-        pytest.param(template(), 10**30, "annotation vramguard.io/vram-limit '1099511627776Ei'",
-                     id="over-int64-in-the-annotation"),
-    ],
-)  # fmt: skip
-def test_no_patch_the_agent_would_refuse(pod_template: dict[str, object], peak: int, field: str) -> None:
-    """A recommendation the agent's own quota parser refuses is never printed as a patch: the line says why, in
-    the agent's words."""
-    owners = _owners(workload("Deployment", NS, "web", pod_template))
-    (patch,) = patches(recommend([_series("web-7d9f4c8b5-x2b4z", peak)], owners, Policy()), owners)
-    assert patch.body is None
-    assert patch.command() == (
-        f"# ml Deployment/web: the agent would refuse {field}: larger than the int64 maximum of {2**63 - 1} bytes"
-    )
+def test_workloads_are_grouped_by_the_owner_the_agents_saw() -> None:
+    """Series with the pod's controller are grouped by it (two ReplicaSets of one Deployment, one row), whatever
+    their pods' names; a series without it, from an older agent, is placed by its name."""
+    owners = _owners(workload("Deployment", NS, "web", template({"vramguard.io/vram": "12Gi"})))
+    found = [
+        replace(_series("renamed-1", 9 * GiB), owner="ReplicaSet/web-7d9f4c8b5"),
+        replace(_series("renamed-2", 10 * GiB), owner="ReplicaSet/web-5c6d7f8b9"),
+        _series("web-7d9f4c8b5-x2b4z", 11 * GiB),
+    ]
+    (row,) = recommend(found, owners, Policy())
+    assert (row.workload, row.pods, row.peak_bytes) == (WorkloadRef(NS, "Deployment", "web"), 3, 11 * GiB)
 
 
 def test_a_peak_over_its_gpus_memory_is_impossible() -> None:
@@ -253,17 +177,6 @@ def test_a_peak_over_its_gpus_memory_is_impossible() -> None:
         [Impossible(over, 80 * GiB), Impossible(elsewhere, 80 * GiB)],
     )
     assert within_gpu_memory([fits], {}) == ([], [Impossible(fits, None)])
-
-
-def test_no_patch_for_ok_rows() -> None:
-    owners = _owners(workload("Deployment", NS, "web", template({"vramguard.io/vram": "12Gi"})))
-    assert patches(recommend([_series("web-7d9f4c8b5-x2b4z", 9 * GiB)], owners, Policy()), owners) == []
-
-
-def test_field_spelling() -> None:
-    assert spell(parse_quota_source("resource:vramguard.io/vram"), 11 * GiB) == "11Gi"
-    assert spell(parse_quota_source("resource:tencent.com/vcuda-memory"), 11 * GiB) == "44"
-    assert recommended_bytes(9 * GiB, 0.0) == 9 * GiB
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Which workload each pod belongs to: followed through its controller while it exists, placed by its generated
-name once it is gone, the longest live owner winning; and each workload's pod template."""
+"""Which workload each pod belongs to: by the controller the agent saw (its series' owner labels), up to the
+workload a person edits; for a series without them (an older agent), followed through its controller while it
+exists, placed by its generated name once it is gone, the longest live owner winning; and each workload's pod
+template."""
 
 from __future__ import annotations
 
@@ -50,9 +52,20 @@ OWNERS = Owners(
         pytest.param("op-pod", "", ("RayCluster", "ray-1"), id="another-controller-as-it-is"),
         pytest.param("x-1", "ReplicaSet/web-7d9f4c8b5", ("Deployment", "web"), id="gone-pod-by-the-agents-owner"),
         pytest.param("x-2", "Job/nightly-1", ("CronJob", "nightly"), id="gone-job-by-the-agents-owner"),
+        # By the owner the series carry: no name is guessed, even one that would fit another owner.
+        pytest.param("web-api-5c6d7f8b9-q9w2k", "ReplicaSet/web-5c6d7f8b9", ("Deployment", "web"),
+                     id="the-owner-label-over-a-name-that-fits-a-longer-owner"),
+        pytest.param("agent-q9w2k", "Pod/agent-q9w2k", ("Pod", "agent-q9w2k"),
+                     id="owner-none-is-a-bare-pod-though-its-name-fits-a-daemonset"),
+        pytest.param("web-7d9f4c8b5-x2b4z", "ReplicaSet/web-7d9f4c8b5", ("Deployment", "web"),
+                     id="a-live-pod-by-its-owner-label"),
+        pytest.param("x-3", "ReplicaSet/gone-5c6d7f8b9", ("ReplicaSet", "gone-5c6d7f8b9"),
+                     id="an-owner-nothing-lists-as-it-is"),
+        pytest.param("x-4", "RayCluster/ray-1", ("RayCluster", "ray-1"), id="another-controller-by-its-label"),
     ],
-)
+)  # fmt: skip
 def test_the_workload_of_a_pod(pod_name: str, owner: str, want: tuple[str, str]) -> None:
+    """The owner the agent saw first; without one, the live pod's controller, then the generated name."""
     assert OWNERS.workload_of(NS, pod_name, owner) == WorkloadRef(NS, *want)
 
 

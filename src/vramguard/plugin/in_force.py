@@ -1,0 +1,87 @@
+"""The quota in force for a workload, as `kubectl vramguard recommend` reads it. Pure.
+
+The agent's own resolution of the workload's pod template under the policy (`core.quota.resolve_pod_quota`), laid
+out by the agent's own function (`core.quota.row_owner`): which quota governs which container, so recommend sums
+the containers a pod-wide quota covers exactly as the agent judges them, and names the field the recommendation
+goes into.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from vramguard.core.model import NO_SHARE, PodQuota, Policy, Quota, QuotaScope, QuotaSource, SourceKind
+from vramguard.core.quantity import format_quantity
+from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota, row_owner
+from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
+from vramguard.plugin.workloads import Workload
+
+# Where a workload with no quota field gets one: an annotation needs nothing of the node (a resource limit needs
+# its capacity advertised), and covers the pod's containers together.
+NEW_FIELD: Final = parse_quota_source("annotation:vramguard.io/vram-limit")
+
+
+@dataclass(frozen=True, slots=True)
+class Governs:
+    """What governs one container of a workload, as the agent lays its pod template's quota out."""
+
+    quota: Quota | None  # its own quota or the pod-wide one; None: none, or a DRA share (no field of the template)
+    pod_wide: bool  # the pod-wide quota (an annotation): judged with the other containers it covers
+    share: bool  # held to its DRA claims' shares
+    managed: bool  # under some quota at all
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaInForce:
+    """A workload's quotas as the agent resolves its pod template, or why they are unknown (`quotas` None)."""
+
+    uid: str  # the template's pod UID, as the layout names it
+    quotas: PodQuota | None
+    notes: tuple[str, ...]
+
+    def governs(self, container: str, gpu_uuid: str) -> Governs | None:
+        """What governs `container` on a GPU it used (`row_owner`); None when the quota in force is unknown."""
+        if self.quotas is None:
+            return None
+        row = row_owner(self.uid, self.quotas, container, gpu_uuid)
+        if row is None:
+            return Governs(None, pod_wide=False, share=False, managed=False)
+        share = row.subject.scope is QuotaScope.SHARE or row.quota is NO_SHARE
+        pod_wide = row.subject.scope is QuotaScope.POD
+        return Governs(None if share else row.quota, pod_wide=pod_wide, share=share, managed=True)
+
+
+def in_force(workload: Workload, policy: Policy) -> QuotaInForce:
+    """The quotas of `workload`'s pod template under `policy`, with a note for each invalid value; none where no
+    template is read (a bare pod since gone, a controller this plugin does not read) or it cannot be read."""
+    uid = f"template:{workload.ref}"
+    if workload.template is None:
+        what = "its pods are gone" if workload.ref.kind == "Pod" else f"no {workload.ref.kind} template is read"
+        return QuotaInForce(uid, None, (f"quota unknown: {what}",))
+    manifest = dict(workload.template)
+    meta = dict(manifest.get("metadata") or {})
+    meta.setdefault("uid", uid)
+    meta["namespace"] = workload.ref.namespace
+    meta.setdefault("name", workload.ref.name)
+    try:
+        pod = pod_info_from_manifest({**manifest, "metadata": meta})
+    except (PodSourceError, ValueError, TypeError, AttributeError) as e:
+        return QuotaInForce(uid, None, (f"quota unknown: the pod template cannot be read ({e})",))
+    quotas = resolve_pod_quota(pod, policy, {})
+    notes = tuple(f"invalid: {invalid_message(err)}" for err in quotas.errors)
+    return QuotaInForce(pod.uid, quotas, notes)
+
+
+def field_of(quota: Quota | None) -> QuotaSource:
+    """The template field a recommendation goes into: the one the quota in force came from, where it is one (a
+    container's limit or the pod's annotation), else NEW_FIELD."""
+    origin = quota.origin if quota is not None else None
+    return origin if origin is not None and origin.kind is not SourceKind.CLAIM else NEW_FIELD
+
+
+def spell(target: QuotaSource, n_bytes: int) -> str:
+    """`n_bytes` as the field `target` takes it: a byte quantity, or a count of its unit (rounded up)."""
+    unit = target.unit_bytes
+    return format_quantity(n_bytes) if unit == 1 else str(math.ceil(n_bytes / unit))
