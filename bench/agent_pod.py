@@ -29,7 +29,7 @@ import yaml  # noqa: E402
 
 from cluster.real_cluster import Cluster, real_cluster, unavailable_reason  # noqa: E402
 from helm_fixtures import CHART, HELM  # noqa: E402
-from vramguard.core.model import GiB, MiB  # noqa: E402
+from vramguard.core.quantity import GiB, MiB  # noqa: E402
 from vramguard_testbed.simnode import metric_value  # noqa: E402
 
 CGROUP_V1 = Path("/sys/fs/cgroup")

@@ -52,7 +52,8 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent, settle_heap
 from vramguard.agent.metrics import Metrics
 from vramguard.base.logs import configure_logging
-from vramguard.core.model import GiB, MiB, Policy
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.kube.pods_file import FilePodSource
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller

@@ -62,7 +62,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard_testbed.cgroups import cgroups_unavailable, device_holder_argv
 from vramguard_testbed.fakenvml import NVML_ERROR_UNKNOWN, clear_driver_state
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port

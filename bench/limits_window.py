@@ -54,7 +54,7 @@ from cluster.node import raw  # noqa: E402
 from cluster.real_cluster import AGENT_NS, GPU_TOTAL, QUOTA, Cluster, real_cluster, unavailable_reason  # noqa: E402
 from helm_fixtures import HELM  # noqa: E402
 from vramguard import __version__  # noqa: E402
-from vramguard.core.model import MiB  # noqa: E402
+from vramguard.core.quantity import MiB  # noqa: E402
 from vramguard.node.cgroup import v2_root as find_v2_root  # noqa: E402
 from vramguard_testbed.fakenvml import LimitCall, limit_calls  # noqa: E402
 from vramguard_testbed.waiting import WaitTimeout, wait_until  # noqa: E402

@@ -30,7 +30,7 @@ from pathlib import Path
 from scan import percentile
 from vramguard.agent.health import write
 from vramguard.base.healthfile import HealthDocument
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode

@@ -39,7 +39,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from vramguard.core.model import GiB, MiB, Policy
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.plugin.fetch import Release
 from vramguard.plugin.patch import patches
 from vramguard.plugin.prometheus import (

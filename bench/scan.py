@@ -34,7 +34,8 @@ from vramguard.agent.loop import Agent, settle_heap
 from vramguard.agent.metrics import Metrics
 from vramguard.base.logs import configure_logging
 from vramguard.base.worker import Inline
-from vramguard.core.model import GiB, MiB, Mode, Policy
+from vramguard.core.policy import Mode, Policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.kube.pods_file import FilePodSource
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller

@@ -48,7 +48,8 @@ from scan import build_node
 from vramguard.agent import watch
 from vramguard.agent.watch import MemoryWatch, ScanCalls, Trigger
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.model import GpuDevice, GpuMemory, Policy
+from vramguard.core.policy import Policy
+from vramguard.core.sample import GpuDevice, GpuMemory
 from vramguard.nvml.errors import ARGUMENT_VERSION_MISMATCH, FUNCTION_NOT_FOUND, NOT_SUPPORTED
 from vramguard.nvml.sampler import NvmlSampler
 from vramguard_testbed.cgroups import cgroups_unavailable

@@ -17,7 +17,8 @@ import os
 import resource
 import sys
 
-from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.core.actions import KillTarget
+from vramguard.core.process import ProcessRef
 from vramguard.node.cgroup import KubeletTree, find_namespace, kubelet_root
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import PidfdKiller

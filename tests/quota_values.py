@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 
 VRAM = "vramguard.io/vram"
 ALIYUN = "aliyun.com/gpu-mem"

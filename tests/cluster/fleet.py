@@ -44,7 +44,7 @@ from pathlib import Path
 from kubernetes import client, utils
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin.fetch import AGENT_SELECTOR, PORT_NAME, find_agents, load_api, read_all
 from vramguard.plugin.merge import Answer, Fetched, Row, merge_rows
 from vramguard.plugin.render import Output, render_top

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from vramguard.core.model import PodInfo
+from vramguard.core.pod import PodInfo
 from vramguard.kube.pod_manifest import pod_info_from_manifest
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until

@@ -36,7 +36,7 @@ from kubernetes import client
 
 from helm_fixtures import CHART
 from vramguard import __version__
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.nvml.library import LIBRARY_NAME
 from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, build_fake_nvml
 from vramguard_testbed.waiting import WaitTimeout, wait_until

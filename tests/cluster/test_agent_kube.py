@@ -17,7 +17,8 @@ from kubernetes import client
 
 from cgroup_fixtures import need_cgroups
 from vramguard.base.backoff import TokenBucket
-from vramguard.core.model import DefaultKind, DefaultQuota, GiB, MiB, Policy
+from vramguard.core.policy import DefaultKind, DefaultQuota, Policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.core.quota import resolve_pod_quota
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.correlator import EventCorrelator

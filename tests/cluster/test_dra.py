@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client, utils
 
 from cgroup_fixtures import need_cgroups
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.pods import KubePodSource
 from vramguard_testbed.fakenvml import driver_limits

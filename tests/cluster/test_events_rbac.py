@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard.kube.client import FORBIDDEN_GRACE_S
 from vramguard_testbed.waiting import wait_until
 

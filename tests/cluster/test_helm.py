@@ -18,9 +18,9 @@ import yaml
 from helm_fixtures import CHART, KUBE_VERSION, container, need_helm, one, render
 from vramguard.agent.metrics import Metrics
 from vramguard.core.decide import Decision
-from vramguard.core.model import DEFAULT_QUOTA_SOURCES, GiB, Mode, NamespacePolicy, Policy
-from vramguard.core.policy import PolicyText, policy_from_text
-from vramguard.core.quota import BURST_ANNOTATION
+from vramguard.core.policy import DEFAULT_QUOTA_SOURCES, Mode, NamespacePolicy, Policy, PolicyText, policy_from_text
+from vramguard.core.quantity import GiB
+from vramguard.core.sources import BURST_ANNOTATION
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.simnode import SimPod, json_logs
 from vramguard_testbed.waiting import wait_until
 

@@ -26,7 +26,7 @@ import pytest
 
 from helm_fixtures import need_helm
 from real_parts import need
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.node.cgroup import v2_root
 from vramguard_testbed.simnode import metric_value
 from vramguard_testbed.waiting import wait_until

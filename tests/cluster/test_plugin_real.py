@@ -18,7 +18,7 @@ from kubernetes import client
 
 from helm_fixtures import need_helm
 from real_parts import need
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.core.text import format_bytes
 from vramguard_testbed.waiting import wait_until
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helm_fixtures import need_helm
 from monitoring_fixtures import as_grafana_sends, panel_queries, prometheus, variable_queries
 from real_parts import need
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard.plugin.prometheus import SLICES
 from vramguard_testbed.waiting import wait_until
 

@@ -26,8 +26,7 @@ from kubernetes import client, utils
 
 from helm_fixtures import need_helm, one, render
 from quota_values import BY_NAME, CAPS, KAI, LIMIT, ROWS, VRAM, Row
-from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyText, policy_from_text
+from vramguard.core.policy import Policy, PolicyText, policy_from_text
 from vramguard.core.quota import invalid_message, resolve_pod_quota
 from vramguard_testbed.waiting import wait_until
 

@@ -27,7 +27,7 @@ from kubernetes import client
 from helm_fixtures import need_helm
 from real_parts import need
 from vramguard import __version__
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.node.cgroup import v2_root
 from vramguard_testbed import flood
 from vramguard_testbed.fakenvml import DriverLimit, FakeNode, driver_limits, limit_calls

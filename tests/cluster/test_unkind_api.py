@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard.kube.pods import KubePodSource
 from vramguard.kube.reflector import RENEWAL_GRACE_S, SILENCE_S
 from vramguard_testbed.simnode import SimProcess

@@ -12,7 +12,8 @@ import pytest
 from unit.agent.test_act import EVICTED, LATE_ANSWERS, over_quota_action
 from vramguard.agent.act import Enforcer, Outcome
 from vramguard.base.worker import Worker
-from vramguard.core.model import EvictionRefused, PodInfo, Policy
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import EvictionRefused, Policy
 from vramguard.core.ports import EvictResult
 from vramguard_testbed.fakes import FakeClock, GatedEvictor, RecordingEventRecorder, RecordingKiller
 

@@ -15,7 +15,7 @@ import pytest
 from cgroup_fixtures import CgroupsFactory, need_cgroups
 from fd_fixtures import open_fds
 from vramguard.base.clock import SYSTEM_CLOCK
-from vramguard.core.model import CgroupIdentity
+from vramguard.core.process import CgroupIdentity
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root
 from vramguard.node.cgroupwatch import CgroupWatcher, InotifyUnavailable
 from vramguard_testbed.cgroups import KubeletCgroups

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import need_cgroups
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import NVML_ERROR_GPU_IS_LOST
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, free_port, json_logs, metric_value

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import need_cgroups
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.demo import run_demo
 from vramguard_testbed.fakenvml import driver_limits, limit_calls
 from vramguard_testbed.simnode import SimPod, SimulatedNode, metric_value

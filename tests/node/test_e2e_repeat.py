@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard.node.procfs import boot_ticks, read_stat
 from vramguard.node.repeats import OLD_FORMAT, OLDER_THAN_CONTAINER, STARTS_LATER, STILL_RUNNING
 from vramguard_testbed.simnode import SimPod, SimulatedNode, json_logs, metric_value

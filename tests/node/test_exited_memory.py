@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.cgroups import KubeletCgroups
 from vramguard_testbed.fakenvml import (
     NVML_ERROR_MEMORY,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import need_cgroups
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.fakenvml import STATE_ENV, FakeNode, MigMode, build_fake_nvml
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard_testbed.cgroups import KubeletCgroups, device_holder_argv
 from vramguard_testbed.simnode import SimPod, SimProcess, SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until

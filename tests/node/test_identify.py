@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fd_fixtures import open_fds, opened_since
-from vramguard.core.model import ProcessRef
+from vramguard.core.process import ProcessRef
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.procfs import read_stat
 

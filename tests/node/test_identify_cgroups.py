@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cgroup_fixtures import CgroupsFactory, need_cgroups, pidfd_exited
-from vramguard.core.model import LOOK_ALIKE, CgroupIdentity, ProcessRef
+from vramguard.core.process import LOOK_ALIKE, CgroupIdentity, ProcessRef
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.procfs import read_stat
@@ -261,7 +261,7 @@ def test_a_look_alike_naming_a_live_pod_is_outside_the_kubelet(
 # from argv[1], the namespace found at start), each PID's identity (pod UID, container ID), "look-alike" or null.
 IDENTIFY_CHILD = """
 import json, os, sys
-from vramguard.core.model import CgroupIdentity
+from vramguard.core.process import CgroupIdentity
 from vramguard.node.cgroup import KubeletTree, find_namespace, kubelet_root
 from vramguard.node.identify import ProcIdentifier
 tree = KubeletTree(kubelet_root(sys.argv[1]), find_namespace("/proc", "/sys/fs/cgroup", os.getpid()))

@@ -16,7 +16,8 @@ import pytest
 
 from cgroup_fixtures import CgroupsFactory, pidfd_exited
 from fd_fixtures import open_fds, opened_since
-from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.core.actions import KillTarget
+from vramguard.core.process import ProcessRef
 from vramguard.node.freezes import FreezeJournal
 from vramguard.node.kill import (
     SKIP_EXITED,

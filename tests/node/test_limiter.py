@@ -13,9 +13,12 @@ from cgroup_fixtures import CgroupsFactory
 from unit.node.test_limiter import Queued
 from vramguard.base.clock import SYSTEM_CLOCK
 from vramguard.base.worker import Inline
-from vramguard.core.limit_plan import LimitTarget, wanted_limits
-from vramguard.core.model import GiB, Mode, PodInfo, Policy, SubjectKey
+from vramguard.core.driver_limit import LimitKey, LimitTarget
+from vramguard.core.limit_plan import wanted_limits
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Mode, Policy
 from vramguard.core.ports import LIMIT_MAX
+from vramguard.core.quantity import GiB
 from vramguard.core.quota import QuotaBook
 from vramguard.node.cgroup import locate_cgroups, v2_root
 from vramguard.node.limiter import DriverLimiter
@@ -322,7 +325,7 @@ def test_locate_finds_containers_and_pods_by_uid(node: Node) -> None:
 def test_usage_counts_only_when_read_since_the_last_update(node: Node) -> None:
     targets = node.targets(node.trainer)
     node.update(targets, now=0)
-    key = SubjectKey(node.trainer.uid, "main", node.devices[0].uuid)
+    key = LimitKey(node.trainer.uid, "main", node.devices[0].uuid)
     node.driver.used[(0, node.trainer_ctr.dirs[0])] = 3 * GiB
     assert key not in node.limiter.fresh_usage()  # just set: nothing read back yet
     node.update(targets, now=1)  # a usage refresh

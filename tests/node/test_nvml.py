@@ -15,7 +15,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from vramguard.core.model import GiB, GpuProcess, GpuSample, MiB, ProcessKind
+from vramguard.core.quantity import GiB, MiB
+from vramguard.core.sample import GpuProcess, GpuSample, ProcessKind
 from vramguard.nvml import (
     STRIDE_R535_BYTES,
     STRIDE_V1_BYTES,

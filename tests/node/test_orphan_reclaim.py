@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.simnode import SimulatedNode, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -16,7 +16,7 @@ import pytest
 from unit.core.test_documents import BOMB
 from unit.kube.test_pod_manifest import POD, UID
 from unit.kube.test_pods_file import as_yaml, pod, pod_list, write
-from vramguard.core.model import Policy
+from vramguard.core.policy import Policy
 from vramguard.core.quota import resolve_pod_quota
 from vramguard.kube.pod_manifest import MAX_VALUE_CHARS, PodSourceError
 from vramguard.kube.pods_file import FilePodSource, parse_pod_list

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed import flood
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode

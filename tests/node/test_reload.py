@@ -17,7 +17,7 @@ import pytest
 
 from policy_fixtures import swap_in, write_atomically
 from vramguard.agent.reload import CHECK_INTERVAL_S, digest_of
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 

@@ -14,7 +14,8 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from cgroup_fixtures import CgroupsFactory
-from vramguard.core.model import KillRecord, ProcessRef
+from vramguard.core.actions import KillRecord
+from vramguard.core.process import ProcessRef
 from vramguard.node.procfs import read_stat
 from vramguard.node.repeats import STILL_RUNNING, KillFile
 

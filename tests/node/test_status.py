@@ -10,7 +10,7 @@ import pytest
 
 from vramguard import __version__
 from vramguard.cli.driver import LIMITS_UNASKED
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.nvml import binding_version
 from vramguard_testbed.simnode import SimulatedNode
 from vramguard_testbed.waiting import wait_until

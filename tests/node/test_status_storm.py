@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.measure import cpu_seconds
 from vramguard_testbed.simnode import SimulatedNode
 

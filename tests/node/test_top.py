@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.simnode import SimulatedNode
 
 

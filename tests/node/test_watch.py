@@ -20,7 +20,9 @@ import pytest
 from cgroup_fixtures import need_cgroups
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanTrigger, Trigger
 from vramguard.base.clock import SYSTEM_CLOCK
-from vramguard.core.model import GiB, GpuMemory, Policy
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuMemory
 from vramguard.nvml import NvmlSampler
 from vramguard_testbed.fakenvml import FakeNode
 from vramguard_testbed.simnode import SimProcess, SimulatedNode, metric_value

@@ -22,26 +22,17 @@ import structlog
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.offscan import Ending, Fate, OffScanCalls
 from vramguard.base.worker import Runner, Worker
+from vramguard.core.actions import Action, PressureNotice, Violation
+from vramguard.core.driver_limit import LimitOutcome, LimitResult
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitOutcome, LimitResult
-from vramguard.core.model import (
-    Action,
-    ActionKind,
-    EventSubject,
-    EvictionRefused,
-    GpuDevice,
-    GpuSample,
-    NodeRef,
-    PodInfo,
-    Policy,
-    PressureNotice,
-    QuotaError,
-    Violation,
-)
 from vramguard.core.orphans import Orphan
+from vramguard.core.pod import EventSubject, NodeRef, PodInfo
+from vramguard.core.policy import ActionKind, EvictionRefused, Policy
 from vramguard.core.ports import EventRecorder, Evictor, EvictResult, Killer, KillResult
 from vramguard.core.quantity import format_duration
 from vramguard.core.quota import invalid_message
+from vramguard.core.sample import GpuDevice, GpuSample
+from vramguard.core.sources import QuotaError
 from vramguard.core.text import cut, format_bytes
 
 # Event reasons, as they appear on the pod (`kubectl describe pod`).

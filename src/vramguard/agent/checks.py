@@ -18,7 +18,7 @@ from vramguard.agent.reload import InForce
 from vramguard.base import healthfile
 from vramguard.base.clock import Clock
 from vramguard.base.heartbeat import Heartbeat
-from vramguard.core.model import DriverLimits
+from vramguard.core.policy import DriverLimits
 from vramguard.core.ports import PodSource
 
 # A part whose thread has not gone round for this long is stuck (liveness fails): ten times the longest NVML call

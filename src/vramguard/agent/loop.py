@@ -24,24 +24,16 @@ from vramguard.agent.report import LastScan, ScanReport
 from vramguard.agent.watch import MemoryWatch
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
+from vramguard.core.actions import Action, Violation
 from vramguard.core.attribute import attribute, awaited
 from vramguard.core.decide import Decision, DecisionState, decide, record_outcomes
+from vramguard.core.driver_limit import LimitKey, LimitOutcome, LimitTarget
 from vramguard.core.exited import EXITED_HOLD_S, ExitedScan, ExitedTracker
-from vramguard.core.limit_plan import LimitOutcome, LimitPlanner, LimitTarget, UsageDisagreement, with_driver_usage
-from vramguard.core.model import (
-    Action,
-    ActionKind,
-    CgroupIdentity,
-    GpuSample,
-    PodInfo,
-    PodQuota,
-    Policy,
-    Snapshot,
-    SubjectKey,
-    Violation,
-)
+from vramguard.core.limit_plan import LimitPlanner, UsageDisagreement, with_driver_usage
 from vramguard.core.orphans import OrphanScan, OrphanTracker
 from vramguard.core.peaks import Peak, PeakWindow
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import ActionKind, Policy
 from vramguard.core.ports import (
     CapacityPublisher,
     ClaimSource,
@@ -51,7 +43,10 @@ from vramguard.core.ports import (
     PodSource,
     ProcessIdentifier,
 )
-from vramguard.core.quota import QuotaBook
+from vramguard.core.process import CgroupIdentity
+from vramguard.core.quota import PodQuota, QuotaBook
+from vramguard.core.sample import GpuSample
+from vramguard.core.snapshot import Snapshot
 
 
 def settle_heap() -> None:
@@ -132,7 +127,7 @@ class Agent:
         self.last_synced_scan_at: float | None = None
         self._unhealthy: dict[str, str | None] = {}  # device UUID → error, to log transitions once
         self._watch_stuck = FailureRun()  # the watch stuck in the driver, to log transitions once
-        self._disagreeing: set[SubjectKey] = set()  # limited containers whose usage NVML rows undercount
+        self._disagreeing: set[LimitKey] = set()  # limited containers whose usage NVML rows undercount
 
     def scan(self) -> ScanReport:
         started = time.perf_counter()  # the scan's duration, for its metric only: no decision reads it
@@ -388,7 +383,7 @@ class Agent:
         decision: Decision,
         outcomes: tuple[Outcome, ...],
         duration_s: float,
-        held: Mapping[SubjectKey, LimitTarget],
+        held: Mapping[LimitKey, LimitTarget],
         peaks: tuple[Peak, ...] = (),
         exited: ExitedScan | None = None,
         orphans: OrphanScan | None = None,

@@ -16,11 +16,14 @@ from prometheus_client.registry import Collector
 from vramguard.agent.act import ActionResult, OrphanResult
 from vramguard.agent.reload import RESTART_FIELDS, ReloadResult
 from vramguard.agent.watch import WATCH_STUCK_S, Trigger
+from vramguard.core.actions import Reason
 from vramguard.core.decide import Decision
+from vramguard.core.driver_limit import LimitKey, LimitResult, LimitTarget
 from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
-from vramguard.core.limit_plan import LimitResult, LimitTarget
-from vramguard.core.model import ActionKind, OwnedRow, Reason, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
+from vramguard.core.policy import ActionKind
+from vramguard.core.quota import QuotaRow
+from vramguard.core.snapshot import Snapshot, UnattributedReason
 from vramguard.kube.events import EventResult
 from vramguard.kube.pod_manifest import OWNER_LABELS, owner_labels
 
@@ -34,7 +37,7 @@ class ScanView:
     """What one scan publishes: replaced whole after each scan, so a scrape never mixes two scans."""
 
     snapshot: Snapshot
-    rows: tuple[OwnedRow, ...]  # each row with its subject and quota (`Decision.rows`)
+    rows: tuple[QuotaRow, ...]  # each row with its subject and quota (`Decision.rows`)
     driver_limits: tuple[LimitTarget, ...] = ()
     claim_source_up: bool | None = None  # None: no claim quota source
     peaks: tuple[Peak, ...] = ()  # each subject's highest usage over the last PEAK_WINDOW_S (`core/peaks.py`)
@@ -86,14 +89,14 @@ class _ScanCollector(Collector):
                 values = [u.pod.namespace, u.pod.name, u.container, device.label, device.uuid, *owner_labels(u.pod)]
                 used.add_metric(values, u.used_bytes)
         # One quota series per quota a container holds as its own, and one per pod-wide quota (container "").
-        quota_seen: set[SubjectKey] = set()
-        for u, owner in view.rows:
+        quota_seen: set[LimitKey] = set()
+        for u, governing in view.rows:
             device = devices.get(u.device_uuid)
-            if device is None or owner is None or (key := owner.limit_key) in quota_seen:
+            if device is None or governing is None or (key := governing.limit_key) in quota_seen:
                 continue
             quota_seen.add(key)
-            q = owner.quota
-            values = [u.pod.namespace, u.pod.name, owner.holder or "", device.label, device.uuid]
+            q = governing.quota
+            values = [u.pod.namespace, u.pod.name, governing.holder or "", device.label, device.uuid]
             limit = q.limit_for(device.total_bytes)
             quota.add_metric(values, limit)
             if q.claim is not None:

@@ -50,9 +50,8 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.base.policyfile import FileRefused, read_policy_file
 from vramguard.core.limit_plan import uses_limiter
-from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_text
-from vramguard.core.quota import reads_claims
+from vramguard.core.policy import Policy, PolicyError, policy_from_text
+from vramguard.core.sources import reads_claims
 
 # How often the file is read and hashed (parsed only when the hash changed). The kubelet's ConfigMap sync (about a
 # minute by default) is most of the time from `kubectl apply` to the new policy in force.

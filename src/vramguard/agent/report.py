@@ -11,11 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
+from vramguard.core.driver_limit import LimitKey, LimitTarget
 from vramguard.core.exited import NOTHING_HELD, ExitedScan
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import PodQuota, Snapshot, SubjectKey, UnattributedReason
 from vramguard.core.orphans import NO_ORPHANS, OrphanScan
 from vramguard.core.peaks import Highest
+from vramguard.core.quota import PodQuota
+from vramguard.core.snapshot import Snapshot, UnattributedReason
 from vramguard.node.describe import ProcessDetail, describe_process
 
 # The container cell of a static pod the API server holds no mirror of: its containers are unknown.
@@ -42,7 +43,7 @@ class LastScan:
     HTTP thread reads it without a lock; nothing in it is changed once built."""
 
     report: ScanReport
-    held: Mapping[SubjectKey, LimitTarget]  # the limits the driver held as the scan reported (the limiter's record)
+    held: Mapping[LimitKey, LimitTarget]  # the limits the driver held as the scan reported (the limiter's record)
     finished_at: float  # on the agent's clock
 
 
@@ -76,7 +77,7 @@ class TopRow:
 def rows_from_report(
     report: ScanReport,
     describe: Callable[[int], ProcessDetail] = describe_process,
-    driver_limits: Mapping[SubjectKey, object] | None = None,
+    driver_limits: Mapping[LimitKey, object] | None = None,
 ) -> list[TopRow]:
     """The rows of one scan, each with the subject and quota the decision found for it (`Decision.rows`);
     `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`) says which quotas the driver
@@ -85,18 +86,18 @@ def rows_from_report(
     held = driver_limits or {}
     violated = {v.key: v for v in report.decision.violations}
     rows: list[TopRow] = []
-    for u, owner in report.decision.rows:
+    for u, governing in report.decision.rows:
         device = snap.device(u.device_uuid)
         if device is None:
             continue
-        quota = owner.quota if owner is not None else None
-        v = violated.get(owner.subject) if owner is not None else None
-        if owner is None:
+        quota = governing.quota if governing is not None else None
+        v = violated.get(governing.subject) if governing is not None else None
+        if governing is None:
             state, held_by = "unmanaged", "-"
         else:
             state = "ok" if v is None else "over-hard" if v.hard else "over-soft"
-            pod_key = SubjectKey(u.pod.uid, None, u.device_uuid)
-            held_by = "driver" if owner.limit_key in held else "driver:pod" if pod_key in held else "agent"
+            pod_key = LimitKey(u.pod.uid, None, u.device_uuid)
+            held_by = "driver" if governing.limit_key in held else "driver:pod" if pod_key in held else "agent"
         rows.append(
             TopRow(
                 gpu=device.label,

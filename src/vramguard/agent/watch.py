@@ -25,7 +25,9 @@ from vramguard.base.backoff import TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.attribute import NOTHING_AWAITED, Awaited
-from vramguard.core.model import GpuDevice, GpuMemory, PodInfo, Policy
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Policy
+from vramguard.core.sample import GpuDevice, GpuMemory
 
 # A reading still not back after this long is stuck in the driver, not slow: 2.5 times the deadline the scans give
 # one NVML call (`nvml.sampler.DEFAULT_CALL_TIMEOUT_S`, 2 s), while a reading is one call a GPU of microseconds.

@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from vramguard.core.model import Policy
-from vramguard.core.policy import DOCUMENT_KEY, MAX_POLICY_BYTES, FieldError, PolicyError, PolicyText, policy_from_text
+from vramguard.core.policy import (
+    DOCUMENT_KEY,
+    MAX_POLICY_BYTES,
+    FieldError,
+    Policy,
+    PolicyError,
+    PolicyText,
+    policy_from_text,
+)
 from vramguard.core.text import format_bytes
 
 # No open blocks (a FIFO without a writer) or makes a terminal the agent's; the links are followed (a ConfigMap's).

@@ -12,9 +12,9 @@ from vramguard.agent.watch import ScanCalls
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.lifecycle import Service, Services
 from vramguard.cli.config import ScanSetup, WiringError
-from vramguard.core.model import Policy
+from vramguard.core.policy import Policy
 from vramguard.core.ports import EventRecorder, Evictor
-from vramguard.core.quota import reads_claims
+from vramguard.core.sources import reads_claims
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.kube.claims import KubeClaimSource
 from vramguard.kube.client import load_api_client

@@ -13,8 +13,7 @@ import structlog
 from vramguard.agent.reload import digest_of
 from vramguard.base.policyfile import read_policy
 from vramguard.core.exited import EXITED_HOLD_S
-from vramguard.core.model import Policy
-from vramguard.core.policy import Overrides, PolicyError
+from vramguard.core.policy import Overrides, Policy, PolicyError
 from vramguard.core.text import show_value
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, find_namespace, kubelet_root
 from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR

@@ -9,8 +9,8 @@ from dataclasses import replace
 from vramguard.base.lifecycle import Services
 from vramguard.cli.signals import SHUTDOWN_BUDGET_S
 from vramguard.core.limit_plan import whole_gpus
-from vramguard.core.model import GpuDevice
 from vramguard.core.ports import LimitsSupport, MemoryLimiter
+from vramguard.core.sample import GpuDevice
 from vramguard.http.status import DriverFacts
 from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.limiter import probe_limits

@@ -27,8 +27,7 @@ from vramguard.cli.signals import SHUTDOWN_BUDGET_S, stop_on_signals
 from vramguard.cli.top import render_table
 from vramguard.cli.wiring import build_agent, open_nvml
 from vramguard.core.exited import EXITED_HOLD_S
-from vramguard.core.model import DriverLimits, Mode
-from vramguard.core.policy import Overrides, parse_watch_interval
+from vramguard.core.policy import DriverLimits, Mode, Overrides, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
 from vramguard.core.text import printable, show_value
 from vramguard.http.status import AgentFacts, DriverFacts, driver_dict, render, scan_json

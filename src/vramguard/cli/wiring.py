@@ -23,7 +23,7 @@ from vramguard.base.logs import FailureRun
 from vramguard.cli.cluster import Cluster, scan_calls
 from vramguard.cli.config import ScanSetup
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter
-from vramguard.core.model import Policy
+from vramguard.core.policy import Policy
 from vramguard.core.ports import GpuSampler, KillMemory
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root

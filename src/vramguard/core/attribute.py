@@ -12,20 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vramguard.core.model import (
-    UNKNOWN_START_TIME,
-    ContainerUsage,
-    GpuSample,
-    Identity,
-    LookAlike,
-    PodInfo,
-    ProcessRef,
-    Snapshot,
-    UnattributedProcess,
-    UnattributedReason,
-)
+from vramguard.core.pod import PodInfo
+from vramguard.core.process import UNKNOWN_START_TIME, Identity, LookAlike, ProcessRef
+from vramguard.core.sample import GpuSample
+from vramguard.core.snapshot import ContainerUsage, Snapshot, UnattributedProcess, UnattributedReason
 
-# The reasons an UnattributedProcess carries (`model.UnattributedReason`).
+# The reasons an UnattributedProcess carries (`snapshot.UnattributedReason`).
 NOT_IN_POD = UnattributedReason.NOT_IN_POD
 OUTSIDE_KUBELET = UnattributedReason.OUTSIDE_KUBELET
 POD_NOT_IN_CACHE = UnattributedReason.POD_NOT_IN_CACHE

@@ -14,29 +14,13 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TypeVar
 
-from vramguard.core.model import (
-    Action,
-    ActionKind,
-    ContainerUsage,
-    Escalation,
-    GpuDevice,
-    KillRecord,
-    Mode,
-    OnRepeat,
-    OwnedRow,
-    PodQuota,
-    Policy,
-    PressureNotice,
-    ProcessRef,
-    Quota,
-    QuotaScope,
-    Reason,
-    Snapshot,
-    Subject,
-    Violation,
-)
+from vramguard.core.actions import Action, Escalation, KillRecord, PressureNotice, Reason, Violation
+from vramguard.core.policy import ActionKind, Mode, OnRepeat, Policy
+from vramguard.core.process import ProcessRef
 from vramguard.core.quantity import format_duration
-from vramguard.core.quota import row_owner
+from vramguard.core.quota import PodQuota, Quota, QuotaRow, QuotaScope, Subject, row_quota
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import ContainerUsage, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +86,7 @@ class Decision:
     actions: tuple[Action, ...]
     violations: tuple[Violation, ...]
     held: tuple[Held, ...] = ()
-    rows: tuple[OwnedRow, ...] = ()  # the snapshot's rows, in its order, each with its subject and quota (`owners`)
+    rows: tuple[QuotaRow, ...] = ()  # the snapshot's rows, in its order, each with its subject and quota (`quota_rows`)
     pressured_devices: tuple[str, ...] = ()  # UUIDs of the devices under memory pressure
     notices: tuple[PressureNotice, ...] = ()  # for the pods on each GPU that entered pressure this scan
 
@@ -111,21 +95,21 @@ class Decision:
 # Step 1: subjects and violations
 
 
-def owners(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[OwnedRow, ...]:
-    """Each row of the snapshot, in its order, with its owner (`quota.row_owner`): a container with its own quota is
-    a subject alone; the rows a pod-wide quota covers on a GPU are one subject, and so are the rows of the pod's
-    containers holding one DRA share. A row of a pod without a quota there is unmanaged (None). The agent hands
+def quota_rows(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[QuotaRow, ...]:
+    """Each row of the snapshot, in its order, with the quota that governs it (`quota.row_quota`): a container with its
+    own quota is a subject alone; the rows a pod-wide quota covers on a GPU are one subject, and so are the rows of the
+    pod's containers holding one DRA share. A row of a pod without a quota there is unmanaged (None). The agent hands
     `decide` these from its `QuotaBook.rows`, which works each out once while the pod's quota is unchanged."""
-    rows: list[OwnedRow] = []
+    rows: list[QuotaRow] = []
     for usage in snapshot.containers:
         uid = usage.pod.uid
         pod_quota = quotas.get(uid)
-        owner = None if pod_quota is None else row_owner(uid, pod_quota, usage.container, usage.device_uuid)
-        rows.append((usage, owner))
+        governing = None if pod_quota is None else row_quota(uid, pod_quota, usage.container, usage.device_uuid)
+        rows.append((usage, governing))
     return tuple(rows)
 
 
-def find_violations(snapshot: Snapshot, rows: Iterable[OwnedRow]) -> tuple[Violation, ...]:
+def find_violations(snapshot: Snapshot, rows: Iterable[QuotaRow]) -> tuple[Violation, ...]:
     """Every subject above its limit on a healthy device, in a deterministic order.
 
     A container with its own quota is checked alone, on each GPU against its quota there (a DRA share is per
@@ -135,10 +119,10 @@ def find_violations(snapshot: Snapshot, rows: Iterable[OwnedRow]) -> tuple[Viola
     # Subjects of several containers accumulate before they can be judged.
     together: dict[Subject, tuple[Quota, list[ContainerUsage]]] = {}
     violations: list[Violation] = []
-    for usage, owner in rows:
-        if owner is None:
+    for usage, governing in rows:
+        if governing is None:
             continue
-        subject, quota = owner.subject, owner.quota
+        subject, quota = governing.subject, governing.quota
         if subject.scope is QuotaScope.CONTAINER:
             # Most rows are within quota: rule them out before building anything (this loop runs per row).
             device = snapshot.device(usage.device_uuid)
@@ -318,7 +302,7 @@ def track_pressure(
 
 def pressure_notices(
     snapshot: Snapshot,
-    rows: Iterable[OwnedRow],
+    rows: Iterable[QuotaRow],
     violations: Iterable[Violation],
     entered: Iterable[str],
 ) -> tuple[PressureNotice, ...]:
@@ -333,17 +317,17 @@ def pressure_notices(
     for v in violations:
         if v.device.uuid in entered:
             over.setdefault(v.device.uuid, []).append(v)
-    on: dict[str, list[OwnedRow]] = {}
-    for usage, owner in rows:
+    on: dict[str, list[QuotaRow]] = {}
+    for usage, governing in rows:
         if usage.device_uuid in entered:
-            on.setdefault(usage.device_uuid, []).append((usage, owner))
+            on.setdefault(usage.device_uuid, []).append((usage, governing))
     notices: list[PressureNotice] = []
     for device in snapshot.devices:
         if device.uuid not in entered:
             continue
         there = on.get(device.uuid, [])
-        within = sum(u.used_bytes for u, owner in there if owner is not None)
-        unmanaged = sum(u.used_bytes for u, owner in there if owner is None)
+        within = sum(u.used_bytes for u, governing in there if governing is not None)
+        unmanaged = sum(u.used_bytes for u, governing in there if governing is None)
         offenders = tuple(sorted(over.get(device.uuid, ()), key=lambda v: -v.overage_bytes))
         if offenders:
             within = unmanaged = outside = 0  # the message names the offenders instead
@@ -447,11 +431,11 @@ def decide(
     policy: Policy,
     state: DecisionState,
     now: float,
-    rows: tuple[OwnedRow, ...] | None = None,
+    rows: tuple[QuotaRow, ...] | None = None,
 ) -> tuple[Decision, DecisionState]:
     """One scan's decision. Steps, in order:
 
-    1. Find each row's subject and quota (`owners`; or `rows`, the snapshot's rows with their owners under
+    1. Find each row's subject and quota (`quota_rows`; or `rows`, the snapshot's rows with their owners under
        `quotas`, as the caller's `QuotaBook.rows` keeps them), and the violations: subjects above their limit on
        healthy devices.
     2. Track episodes (first observed, above the hard limit since, warned) and GPU pressure (entered at once, left
@@ -476,7 +460,7 @@ def decide(
     """
     # 1.
     if rows is None:
-        rows = owners(snapshot, quotas)
+        rows = quota_rows(snapshot, quotas)
     violations = find_violations(snapshot, rows)
     # 2.
     episodes = track_episodes(violations, state.episodes, now)

@@ -29,7 +29,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.reader import ReaderError
 from yaml.resolver import BaseResolver, Resolver
 
-from vramguard.core.model import MiB
+from vramguard.core.quantity import MiB
 from vramguard.core.text import cut, format_bytes
 
 # 5,000 pods as `kubectl get pods -o json` are about 35 MB; the bound leaves room for that and stops a runaway file.

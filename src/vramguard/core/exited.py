@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vramguard.core.model import UnattributedProcess, UnattributedReason
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 
 # A teardown takes well under a second, a few seconds for a context with much host-mapped memory; 60 s is two
 # orders of magnitude past the slowest, so a PID still listed then is not being torn down. It is also one scrape

@@ -1,4 +1,4 @@
-"""Driver-level memory limits: which cgroup should hold which hard limit on which GPU. Pure.
+"""Driver-level memory limits: which cgroup should hold which hard limit on which GPU. No I/O, no clock.
 
 In the enforcing modes, one hard limit per container with a quota (its burst where set, capped at the GPU's
 memory) on each whole GPU, the pod's own cgroup holding the sum, a DRA share on its GPU only; never on a MIG
@@ -8,86 +8,17 @@ instance, an unhealthy GPU, the agent's pod or an exempt namespace. Why: `docs/a
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
-from vramguard.core.model import (
-    NO_SHARE,
-    ContainerUsage,
-    DriverLimits,
-    GpuDevice,
-    Mode,
-    PodInfo,
-    PodQuota,
-    Policy,
-    Snapshot,
-    SubjectKey,
-)
-from vramguard.core.quota import resolve_pod_quota, row_owner
+from vramguard.core.driver_limit import LimitKey, LimitTarget
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import DriverLimits, Mode, Policy
+from vramguard.core.ports import ClaimSource, PodSource
+from vramguard.core.quota import NO_SHARE, PodQuota, resolve_pod_quota, row_quota
+from vramguard.core.sample import GpuDevice
 from vramguard.core.shares import PodShares
-from vramguard.core.text import format_bytes
-
-if TYPE_CHECKING:  # for the planner's types only: `ports` names the limiter's port in this module's terms
-    from vramguard.core.ports import ClaimSource, PodSource
-
-
-@dataclass(frozen=True, slots=True)
-class LimitTarget:
-    """One hard limit the driver should hold: on the cgroup of `pod`'s container `container_id` (the pod's
-    own cgroup when `container` is None), on whole GPU `gpu_index`. A container's target without an ID is
-    `pending`: the container has not started, and its cgroup is known only once the runtime creates it."""
-
-    pod: PodInfo
-    container: str | None
-    container_id: str | None
-    gpu_index: int
-    gpu_uuid: str
-    hard_bytes: int
-    source: str  # the quota's source, for messages
-    # Built once: a target lives across scans, and its key is looked up several times per scan.
-    key: SubjectKey = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", SubjectKey(self.pod.uid, self.container, self.gpu_uuid))
-
-    @property
-    def pending(self) -> bool:
-        return self.container is not None and self.container_id is None
-
-    @property
-    def subject(self) -> str:
-        return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
-
-    def describe(self) -> str:
-        return f"hard limit {format_bytes(self.hard_bytes)} on GPU {self.gpu_index} ({self.gpu_uuid}) ({self.source})"
-
-
-class LimitResult(str, enum.Enum):
-    """What programming one limit came to (`LimitOutcome.result`): the `outcome` label of
-    vramguard_driver_limits_total, each exported at 0 from the start."""
-
-    APPLIED = "applied"  # set now
-    LATE = "late"  # set now, but the container was already running: found without its limit
-    UNCHANGED = "unchanged"  # the driver already held it: an agent restart
-    CLEARED = "cleared"  # no longer wanted
-    UNSUPPORTED = "unsupported"  # this driver or GPU cannot: the reactive modes hold the quota
-    FAILED = "failed"  # an error; retried with back-off, reported once per run of failures
-
-    @property
-    def warns(self) -> bool:
-        """Whether it is said as a warning (log line, Event): the quota is not held as it should be."""
-        return self in (LimitResult.LATE, LimitResult.FAILED)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitOutcome:
-    """What programming one limit came to."""
-
-    target: LimitTarget
-    result: LimitResult
-    detail: str = ""
+from vramguard.core.snapshot import ContainerUsage, Snapshot
 
 
 def limits_enabled(policy: Policy, dry_run: bool) -> bool:
@@ -255,15 +186,15 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
     DRA shares, and the pod-wide quota for the containers it covers), so the limit is in place from the moment
     the kubelet creates the cgroup, before any container of the pod exists; summing init containers too is never
     tighter than the pod needs. Where one container has no quota at all, the pod's cgroup holds none (it would
-    bound that container). Which quota holds which container on which GPU is `quota.row_owner`'s answer, as for
+    bound that container). Which quota holds which container on which GPU is `quota.row_quota`'s answer, as for
     the decision. A container that has not started yet has a target without `container_id`
     (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
     targets: list[LimitTarget] = []
     names = [c.name for c in pod.containers]
     for gpu in gpus:
         # Each listed container's row on this GPU, then the pod's own cgroup's (the pod-wide quota, if any).
-        rows = [row_owner(pod.uid, pod_quota, name, gpu.uuid) for name in names]
-        wide = row_owner(pod.uid, pod_quota, "", gpu.uuid)
+        rows = [row_quota(pod.uid, pod_quota, name, gpu.uuid) for name in names]
+        wide = row_quota(pod.uid, pod_quota, "", gpu.uuid)
         own = [r for r in rows if r is not None and r.holder is not None]
         total = sum(r.quota.hard_for(gpu.total_bytes) for r in own)
         if wide is not None:
@@ -273,7 +204,7 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
             targets.append(_target(pod, None, None, gpu, total, source))
     for container in pod.containers:
         for gpu in gpus:
-            row = row_owner(pod.uid, pod_quota, container.name, gpu.uuid)
+            row = row_quota(pod.uid, pod_quota, container.name, gpu.uuid)
             # A container's own quota; a DRA share on its own GPU only (none where it holds no share: NO_SHARE).
             if row is not None and row.holder is not None and row.quota is not NO_SHARE:
                 hard = row.quota.hard_for(gpu.total_bytes)
@@ -291,7 +222,7 @@ class UsageDisagreement:
 
 
 def with_driver_usage(
-    snapshot: Snapshot, held: Mapping[SubjectKey, LimitTarget], usage: Mapping[SubjectKey, int]
+    snapshot: Snapshot, held: Mapping[LimitKey, LimitTarget], usage: Mapping[LimitKey, int]
 ) -> tuple[Snapshot, tuple[UsageDisagreement, ...]]:
     """The snapshot with each limited container's usage as the driver counts it for its cgroup (every context,
     which per-process rows can miss), and where the two disagree. `usage` must be fresh (read since the last
@@ -300,7 +231,7 @@ def with_driver_usage(
     if not usage:
         return snapshot, ()
     rows = list(snapshot.containers)
-    # Plain tuples, equal to SubjectKeys and a fifth of their cost to build, for every row of every scan.
+    # Plain tuples, equal to LimitKeys and a fifth of their cost to build, for every row of every scan.
     index: dict[tuple[str, str | None, str], int] = {
         (u.pod.uid, u.container, u.device_uuid): i for i, u in enumerate(rows)
     }

@@ -32,7 +32,11 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vramguard.core.model import KillTarget, PodInfo, Policy, ProcessRef, UnattributedProcess, UnattributedReason
+from vramguard.core.actions import KillTarget
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Policy
+from vramguard.core.process import ProcessRef
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 
 # Pods followed at once while absent, and confirmed orphans remembered (their processes still on a GPU). A scan's
 # rows are bounded by NVML's process lists already; past the bound, the first seen are kept (the closest to due).

@@ -20,7 +20,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vramguard.core.model import ContainerUsage, GpuDevice, PodInfo, SubjectKey
+from vramguard.core.driver_limit import LimitKey
+from vramguard.core.pod import PodInfo
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import ContainerUsage
 
 PEAK_WINDOW_S = 60.0  # at least any sane scrape interval: Prometheus' default is 1 m, and 15-30 s is common
 # As many series as /status has rows. The rows of one scan are bounded by the GPU processes NVML lists; what the
@@ -67,9 +70,9 @@ class PeakWindow:
             raise ValueError("need window_s > 0 and max_series >= 1")
         self.window_s = window_s
         self.max_series = max_series
-        self._series: dict[SubjectKey, _Series] = {}
+        self._series: dict[LimitKey, _Series] = {}
         # Since the first scan: each subject's highest, and when it last had a row (the first dropped past the bound).
-        self._highest: dict[SubjectKey, tuple[Peak, float]] = {}
+        self._highest: dict[LimitKey, tuple[Peak, float]] = {}
         self._since: float | None = None
 
     def observe(self, rows: Iterable[ContainerUsage], devices: Mapping[str, GpuDevice], now: float) -> tuple[Peak, ...]:
@@ -80,7 +83,7 @@ class PeakWindow:
         for u in rows:
             device = devices.get(u.device_uuid)
             gpu = device.label if device is not None else u.device_uuid
-            key = SubjectKey(u.pod.uid, u.container, u.device_uuid)
+            key = LimitKey(u.pod.uid, u.container, u.device_uuid)
             held = self._highest.get(key)
             highest = max(u.used_bytes, held[0].peak_bytes) if held is not None else u.used_bytes
             self._highest[key] = (Peak(u.pod, u.container, u.device_uuid, gpu, highest), now)

@@ -1,6 +1,6 @@
-"""The policy file: YAML → a validated `model.Policy`.
+"""The operator's policy (`Policy`, its enums and per-namespace parts) and its loader: YAML → a validated `Policy`.
 
-Every key is optional and a missing one takes the `model.Policy` default; an unknown key is an error, so a typo
+Every key is optional and a missing one takes the `Policy` default; an unknown key is an error, so a typo
 never passes silently. The keys are one table, `POLICY_KEYS` (and `NAMESPACE_KEYS`): the parser reads it, and
 docs/reference/policy.md is generated from it. The schema, commented: `config/policy.example.yaml`.
 
@@ -28,33 +28,208 @@ import difflib
 import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 from vramguard.core.documents import DocumentError, Scalars, load_yaml
-from vramguard.core.model import (
-    DEFAULT_QUOTA_SOURCES,
-    DefaultKind,
-    DefaultQuota,
-    DriverLimits,
-    EvictionRefused,
-    MiB,
-    Mode,
-    NamespacePolicy,
-    OnRepeat,
-    Orphans,
-    Policy,
-)
 from vramguard.core.quantity import (
+    MiB,
     QuantityError,
     parse_duration,
     parse_percentage,
     parse_quantity,
     parse_quota_bytes,
 )
-from vramguard.core.quota import parse_quota_source
+from vramguard.core.sample import GpuDevice, GpuMemory
+from vramguard.core.sources import parse_quota_source
 from vramguard.core.text import show_value
+
+
+class Mode(str, enum.Enum):
+    """The policy's mode: what the agent does to an offender (`action`), and whether it enforces at all."""
+
+    WARN = "warn"
+    EVICT = "evict"
+    KILL = "kill"
+
+    @property
+    def action(self) -> ActionKind:
+        """The action an offender gets in this mode (a repeat's may go further: `Escalation.kind`)."""
+        return _MODE_ACTION[self]
+
+
+class ActionKind(str, enum.Enum):
+    """What an `Action` does: the `action` label of vramguard_actions_total and of the `action` log line."""
+
+    WARN = "warn"  # a Warning Event on the pod
+    EVICT = "evict"  # an Eviction through the API server
+    KILL = "kill"  # SIGKILL of the container's GPU processes (of all its processes, for a repeat)
+
+
+_MODE_ACTION = {Mode.WARN: ActionKind.WARN, Mode.EVICT: ActionKind.EVICT, Mode.KILL: ActionKind.KILL}
+
+
+class DefaultKind(str, enum.Enum):
+    """What quota a pod that declares none gets."""
+
+    NONE = "none"  # unmanaged: reported, never acted on
+    FIXED = "fixed"  # a fixed number of bytes per container
+    FAIR_SHARE = "fair-share"  # GPU memory ÷ the node's nvidia.com/gpu.replicas label
+
+
+class Orphans(str, enum.Enum):
+    """`orphans` in the policy file: what the agent does with the GPU processes of a pod that is gone."""
+
+    RECLAIM = "reclaim"  # kill them (through the kill path, every check of it)
+    REPORT = "report"  # a Warning on the Node, the metric: nothing is signalled
+
+
+class EvictionRefused(str, enum.Enum):
+    """What to do when the Eviction API keeps refusing (PodDisruptionBudget)."""
+
+    WAIT = "wait"
+    KILL = "kill"
+
+
+class OnRepeat(str, enum.Enum):
+    """What a repeat gets: a container instance found over its quota again within the repeat window after a kill."""
+
+    KILL_CONTAINER = "kill-container"  # every process of the container, GPU holders or not: the runtime restarts it
+    EVICT = "evict"  # the pod, through the Eviction API (PodDisruptionBudgets and on_eviction_refused apply)
+    WAIT = "wait"  # a plain kill once the cooldown since the last one ends: over its quota that long
+
+
+class DriverLimits(str, enum.Enum):
+    """Whether the agent programs the driver's per-cgroup memory limits (R615+) from quotas, in evict/kill."""
+
+    AUTO = "auto"  # where the driver, the GPU and the host support them; reactive enforcement everywhere else
+    OFF = "off"  # never call them
+    REQUIRE = "require"  # as auto, and /readyz fails on a node where they cannot be applied
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultQuota:
+    kind: DefaultKind = DefaultKind.NONE
+    bytes: int | None = None  # for FIXED
+
+
+@dataclass(frozen=True, slots=True)
+class NamespacePolicy:
+    mode: Mode | None = None  # overrides Policy.mode
+    max_quota_bytes: int | None = None  # cap on every quota in the namespace; annotations cannot exceed it
+    default: DefaultQuota | None = None  # overrides Policy.default
+    on_repeat: OnRepeat | None = None  # overrides Policy.on_repeat
+
+
+DEFAULT_QUOTA_SOURCES: tuple[str, ...] = (
+    "resource:vramguard.io/vram",
+    "resource:aliyun.com/gpu-mem",
+    "resource:nvidia.com/gpumem",
+    "resource:tencent.com/vcuda-memory",
+    "annotation:vramguard.io/vram-limit",
+    "annotation:gpu-memory",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The operator's policy file, validated. Blast-radius limits are data here, not code."""
+
+    mode: Mode = Mode.WARN
+    hard_grace_s: float = 0.0
+    soft_grace_s: float = 60.0
+    # A GPU is under pressure when free memory is below either threshold (whichever is set).
+    pressure_free_bytes: int | None = None
+    pressure_free_ratio: float | None = 0.05
+    # `pressure_transition_period` in the policy file: a GPU leaves pressure only once its free memory has stayed
+    # above the threshold this long (the kubelet's --eviction-pressure-transition-period), so a GPU whose free
+    # memory hovers around the threshold does not flap in and out of pressure with every allocation.
+    pressure_transition_s: float = 30.0
+    max_actions_per_scan: int = 1
+    # How long an action holds the next one on the same target: a kill on that container instance (a repeat
+    # excepted), an eviction on that pod. A restarted container is a new instance: the kubelet's back-off spaces it.
+    cooldown_s: float = 60.0
+    # `repeat_window` in the policy file (>= 10s): a container instance killed in and over its quota again within
+    # this long is a repeat, whatever the cooldown.
+    repeat_window_s: float = 300.0
+    # None: the mode's next step (kill mode: kill-container; evict mode: evict), so a repeat is always bounded.
+    on_repeat: OnRepeat | None = None
+    on_eviction_refused: EvictionRefused = EvictionRefused.WAIT
+    # `eviction_timeout` in the policy file (> 0): how long the agent tries to evict a pod, retries included,
+    # before it counts the eviction as refused (then on_eviction_refused applies): a frozen or unreachable API
+    # server must not protect an offender from `on_eviction_refused: kill`.
+    eviction_timeout_s: float = 15.0
+    driver_limits: DriverLimits = DriverLimits.AUTO
+    # The watch between scans (`watch.py`): each GPU's memory counter read every `watch_interval_s` (0: no watch,
+    # scans on the poll alone); a change since the last scan (a rise or a fall) by more than the smaller of the two
+    # (whichever is set), or a GPU entering pressure, scans at once, at most `triggered_scans_per_second` (a burst
+    # of as many). 20 ms: a reading costs ~0.1-0.2 ms of CPU in a VM (its wake-up more than its NVML call), a tenth
+    # of the ~100 ms a killed CUDA process takes to let go of its memory
+    # (docs/architecture.md "The watch between scans").
+    watch_interval_s: float = 0.02
+    watch_rise_bytes: int | None = 256 * 1024 * 1024
+    watch_rise_ratio: float | None = 0.01
+    triggered_scans_per_second: float = 10.0
+    exempt_namespaces: frozenset[str] = frozenset({"kube-system"})
+    # Orphans (`core/orphans.py`): GPU processes in the cgroup of a pod absent from a healthy pod cache for
+    # `orphan_grace_s`, and from a fresh read of the API server. None: reclaimed in kill and evict mode, reported
+    # in warn mode. The grace is long enough for the kubelet's own cleanup of a deleted pod to win.
+    orphans: Orphans | None = None
+    orphan_grace_s: float = 120.0
+    quota_sources: tuple[str, ...] = DEFAULT_QUOTA_SOURCES
+    default: DefaultQuota = DefaultQuota()
+    namespaces: Mapping[str, NamespacePolicy] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def reclaims_orphans(self) -> bool:
+        """Whether orphans are killed (`orphans: reclaim`, or the default in kill and evict mode)."""
+        if self.orphans is not None:
+            return self.orphans is Orphans.RECLAIM
+        return self.mode in (Mode.KILL, Mode.EVICT)
+
+    def mode_for(self, namespace: str) -> Mode:
+        ns = self.namespaces.get(namespace)
+        return ns.mode if ns is not None and ns.mode is not None else self.mode
+
+    def on_repeat_for(self, namespace: str) -> OnRepeat:
+        ns = self.namespaces.get(namespace)
+        chosen = ns.on_repeat if ns is not None and ns.on_repeat is not None else self.on_repeat
+        if chosen is not None:
+            return chosen
+        return OnRepeat.EVICT if self.mode_for(namespace) is Mode.EVICT else OnRepeat.KILL_CONTAINER
+
+    def default_for(self, namespace: str) -> DefaultQuota:
+        ns = self.namespaces.get(namespace)
+        return ns.default if ns is not None and ns.default is not None else self.default
+
+    def cap_for(self, namespace: str) -> int | None:
+        ns = self.namespaces.get(namespace)
+        return ns.max_quota_bytes if ns is not None else None
+
+    def under_pressure(self, device: GpuDevice | GpuMemory) -> bool:
+        if self.pressure_free_bytes is not None and device.free_bytes < self.pressure_free_bytes:
+            return True
+        return (
+            self.pressure_free_ratio is not None and device.free_bytes < self.pressure_free_ratio * device.total_bytes
+        )
+
+    def watch_rise_for(self, total_bytes: int) -> int:
+        """The change in a GPU's used memory since the last scan that scans at once: the smaller threshold set."""
+        limits = [b for b in (self.watch_rise_bytes,) if b is not None]
+        if self.watch_rise_ratio is not None:
+            limits.append(int(self.watch_rise_ratio * total_bytes))
+        return min(limits) if limits else total_bytes
+
+    def exemption(self, pod_uid: str, namespace: str, agent_pod_uid: str | None = None) -> str | None:
+        """Why the agent never acts on a pod (no kill, eviction, driver limit or orphan reclaim; warnings and
+        notices still reach it), or None when it may: the agent's own pod, or a pod in an exempt namespace."""
+        if agent_pod_uid is not None and pod_uid == agent_pod_uid:
+            return "the agent's own pod"
+        if namespace in self.exempt_namespaces:
+            return f"namespace {namespace} is exempt"
+        return None
+
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=enum.Enum)

@@ -11,19 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vramguard.core.limit_plan import LimitOutcome, LimitTarget
-from vramguard.core.model import (
-    EventSubject,
-    GpuMemory,
-    GpuSample,
-    Identity,
-    KillRecord,
-    KillTarget,
-    KubeletPod,
-    PodInfo,
-    ProcessRef,
-    SubjectKey,
-)
+from vramguard.core.actions import KillRecord, KillTarget
+from vramguard.core.driver_limit import LimitKey, LimitOutcome, LimitTarget
+from vramguard.core.pod import EventSubject, PodInfo
+from vramguard.core.process import Identity, KubeletPod, ProcessRef
+from vramguard.core.sample import GpuMemory, GpuSample
 from vramguard.core.shares import PodShares
 
 
@@ -272,7 +264,7 @@ class LimitsSupport:
 
 
 class LimitProgrammer(Protocol):
-    """Programs the driver limits the scan wants (`limit_plan.LimitTarget`s) on a worker of its own, and reports
+    """Programs the driver limits the scan wants (`driver_limit.LimitTarget`s) on a worker of its own, and reports
     what came of them: `limiter.DriverLimiter`. A `lifecycle.Service`. Nothing here blocks on NVML or the file
     system: the scan calls it."""
 
@@ -285,11 +277,11 @@ class LimitProgrammer(Protocol):
         """The outcomes since the last call (for Events, metrics, the log)."""
         ...
 
-    def held(self) -> Mapping[SubjectKey, LimitTarget]:
+    def held(self) -> Mapping[LimitKey, LimitTarget]:
         """The limits the driver holds, as far as the programmer knows."""
         ...
 
-    def fresh_usage(self) -> Mapping[SubjectKey, int]:
+    def fresh_usage(self) -> Mapping[LimitKey, int]:
         """Each limited container's memory per GPU as the driver counts it, read since the previous `update`; empty
         when none was, so a scan never takes an old figure."""
         ...

@@ -15,8 +15,13 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Final
 
-from vramguard.core.model import GiB, MiB
 from vramguard.core.text import show_value
+
+GiB = 1024**3
+
+
+MiB = 1024**2
+
 
 MAX_BYTES: Final = 2**63 - 1  # the int64 behind a Kubernetes Quantity
 # The smallest quota: below it no GPU workload runs at all (`docs/architecture.md` "Quantities").

@@ -1,7 +1,7 @@
 """Which VRAM quota applies to each container of a pod: sources, policy defaults, burst and namespace caps.
 
 `resolve_pod_quota` is pure: it reads the pod as the pod cache holds it, the policy and the node's labels, and
-never raises on what a user wrote. `row_owner` is the pod's quota layout, pure too: which subject and quota govern a
+never raises on what a user wrote. `row_quota` is the pod's quota layout, pure too: which subject and quota govern a
 container's row on a GPU; the decision, the limit planner and `kubectl vramguard recommend` all ask it. The rules:
 `docs/architecture.md` "Quotas". Policies built by `vramguard.core.policy` contain only valid sources; a `Policy`
 built in code with a source this module cannot read skips that source.
@@ -12,77 +12,144 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Final
+from typing import Final, NamedTuple
 
-from vramguard.core.model import (
-    ContainerUsage,
-    DefaultKind,
-    OwnedRow,
-    PodInfo,
-    PodQuota,
-    Policy,
-    Quota,
-    QuotaError,
-    QuotaScope,
-    QuotaSource,
-    RowOwner,
-    SourceKind,
-    Subject,
-)
+from vramguard.core.driver_limit import LimitKey
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import DefaultKind, Policy
 from vramguard.core.quantity import (
-    ANNOTATION_UNIT_BYTES,
-    RESOURCE_UNIT_BYTES,
     QuantityError,
     format_quantity,
     parse_quota_bytes,
 )
 from vramguard.core.shares import PodShares, Share
+from vramguard.core.snapshot import ContainerUsage
+from vramguard.core.sources import BURST_ANNOTATION, QuotaError, QuotaSource, SourceKind, readable_sources
 from vramguard.core.text import cut, show_value
 
-BURST_ANNOTATION: Final = "vramguard.io/vram-burst"
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A VRAM quota on one GPU. `limit_bytes` is the soft limit when `burst_bytes` is set, the hard one otherwise.
+
+    A fair-share quota is not a number of bytes until it meets a GPU: it is `share_divisor`, and the limit is the
+    device's total memory divided by it.
+    """
+
+    limit_bytes: int | None = None
+    burst_bytes: int | None = None
+    share_divisor: int | None = None
+    source: str = ""  # where it came from, for messages: "limits[vramguard.io/vram]", "annotation ...", "default"
+    # The policy's quota source that gave it, where one did (None: a default, or the namespace cap standing in).
+    origin: QuotaSource | None = None
+    cap_bytes: int | None = None  # the namespace max: bounds a fair share, whose bytes depend on the device
+    # For a DRA share (`claim:` source): which allocation it is, e.g. "<claim UID>/0"; the containers of a pod
+    # holding the same share on a GPU are judged together against it, as the share is one amount of memory.
+    share: str | None = None
+    claim: str | None = None  # the ResourceClaim(s) the share comes from, by name ("a+b" for two on one GPU)
+
+    def limit_for(self, device_total_bytes: int) -> int:
+        if self.share_divisor is not None:
+            share = device_total_bytes // self.share_divisor
+            return share if self.cap_bytes is None else min(share, self.cap_bytes)
+        assert self.limit_bytes is not None, "a Quota needs limit_bytes or share_divisor"
+        return self.limit_bytes
+
+    def hard_for(self, device_total_bytes: int) -> int:
+        """The bytes over which the agent acts at once on a GPU of that size: the burst where set, else the limit."""
+        limit = self.limit_for(device_total_bytes)
+        return max(limit, self.burst_bytes) if self.burst_bytes is not None else limit
+
+    @property
+    def hard_bytes(self) -> int | None:
+        """`hard_for` on any GPU; None for a fair share, whose bytes depend on the GPU it meets."""
+        return None if self.share_divisor is not None else self.hard_for(0)
+
+
+class QuotaScope(str, enum.Enum):
+    """Whose quota holds a row of usage (`quota.row_quota`), and so which rows are judged together against it."""
+
+    CONTAINER = "container"  # the container's own quota (`NO_SHARE` included): its row alone, per GPU
+    POD = "pod"  # the pod-wide quota (an annotation): the rows of the containers it covers on a GPU, summed
+    SHARE = "share"  # a DRA share: the rows of the pod's containers holding that share on its GPU, summed
+
+
+@dataclass(frozen=True, slots=True)
+class PodQuota:
+    """The quotas that apply to one pod.
+
+    Each container whose first matching source is a resource limit has its own quota in `containers`; the
+    containers covered by a pod-wide source (an annotation) share `pod`, checked against their summed usage.
+    Which of them governs a container's row on a GPU is `quota.row_quota`'s answer, for every consumer.
+    """
+
+    containers: Mapping[str, Quota] = field(default_factory=lambda: MappingProxyType({}))
+    pod: Quota | None = None
+    errors: tuple[QuotaError, ...] = ()
+    # Per-GPU quotas from DRA claims: container → GPU UUID → its share there. A container listed here is held to
+    # its share on each GPU where it holds one and to nothing (NO_SHARE) on any other: a claim is all the GPU
+    # memory the pod was given, so memory on a GPU it was not allocated is over its quota.
+    shares: Mapping[str, Mapping[str, Quota]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def own(self, container: str, device_uuid: str) -> Quota | None:
+        """The container's own quota on one GPU (its share there, or its quota on every GPU), or None when it
+        has none (it is then covered by `pod`, or unmanaged)."""
+        shares = self.shares.get(container)
+        if shares is not None:
+            return shares.get(device_uuid, NO_SHARE)
+        return self.containers.get(container)
+
+
+NO_SHARE = Quota(limit_bytes=0, source="no DRA claim share on this GPU")
+
+
+class Subject(NamedTuple):
+    """What is judged against one quota on one device (or MIG instance): a container with its own quota, the
+    containers a pod-wide quota covers, or those holding one DRA share. The key of a violation and its episode."""
+
+    pod_uid: str
+    gpu_uuid: str
+    scope: QuotaScope
+    name: str | None  # the container (CONTAINER), the share's allocation (`Quota.share`: SHARE), None (POD)
+
+
+class RowQuota(NamedTuple):
+    """The quota a row of usage answers to: the subject it is judged in and the quota that holds it
+    (`quota.row_quota`)."""
+
+    subject: Subject
+    quota: Quota
+    # The container whose own quota holds the row (its quota, or a DRA share), None under the pod-wide quota: the
+    # `container` of the quota's metric series, and the cgroup whose driver limit holds the row.
+    holder: str | None
+
+    @property
+    def limit_key(self) -> LimitKey:
+        """The key of the driver limit that holds the row's quota, where the driver holds one (`holder`'s cgroup)."""
+        return LimitKey(self.subject.pod_uid, self.holder, self.subject.gpu_uuid)
+
+
+QuotaRow = tuple[ContainerUsage, RowQuota | None]
+"""One row of usage and the quota it answers to (None: unmanaged), found once per scan (`decide.quota_rows`) and read by
+all that judges or shows a row: the violations, the pressure notices, /status and `vramguard top`, the quota metrics. A
+plain pair, read by unpacking (`for usage, governing in rows`): one is built per row per scan, at a quarter of a
+NamedTuple's cost."""
+
+
 REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"  # set by GPU feature discovery; time-slicing replicas per GPU
+
 
 _REPLICAS = re.compile(r"[0-9]{1,9}")  # bounded: int() of a 5000-digit label would raise
 
+
 UNMANAGED: Final = "no quota: unmanaged"  # what applies to a container with no quota, in QuotaError.applies
+
+
 # The longest VRAMQuotaInvalid text: the events.k8s.io/v1 API refuses a note over 1 kB, and a log line built
 # from a tenant's 10 MB annotation must stay a line.
 MAX_MESSAGE_CHARS: Final = 1024
-
-
-# The annotation that sets a burst is not a quota source: listing it would make a burst a quota.
-QUOTA_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType(
-    {name: unit for name, unit in ANNOTATION_UNIT_BYTES.items() if name != BURST_ANNOTATION}
-)
-
-
-# A DRA driver's name or a DeviceClass's name: a DNS subdomain.
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def parse_quota_source(text: str) -> QuotaSource:
-    """`resource:vramguard.io/vram`, `annotation:gpu-memory` or `claim:gpu.nvidia.com` → QuotaSource; ValueError
-    says what is wrong."""
-    kind_text, sep, name = text.partition(":")
-    known_by_kind = {SourceKind.RESOURCE: RESOURCE_UNIT_BYTES, SourceKind.ANNOTATION: QUOTA_ANNOTATION_UNIT_BYTES}
-    kind = next((k for k in SourceKind if k.value == kind_text), None)
-    if not sep or kind is None:
-        raise ValueError("must be resource:<name>, annotation:<name> or claim:<DRA driver or device class>")
-    if kind is SourceKind.CLAIM:
-        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-            raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
-        return QuotaSource(kind, name, 1)
-    known = known_by_kind[kind]
-    if name not in known:
-        raise ValueError(f"vramguard knows the unit of no {kind.value} named {name!r}; known: {', '.join(known)}")
-    return QuotaSource(kind, name, known[name])
-
-
-def reads_claims(quota_sources: Sequence[str]) -> bool:
-    """Whether any of the sources is a `claim:` source: the agent then needs a claim source (`core/shares.py`)."""
-    return any(s.kind is SourceKind.CLAIM for s in _readable_sources(quota_sources))
 
 
 def resolve_pod_quota(
@@ -91,7 +158,7 @@ def resolve_pod_quota(
     """The quotas of `pod` under `policy` on a node with `node_labels`, with the DRA `shares` its containers hold
     (`shares.pod_shares`; None: the node has no claim source). Never raises on pod content."""
     findings: list[_Finding] = []
-    sources = _readable_sources(policy.quota_sources)
+    sources = readable_sources(policy.quota_sources)
     cap = policy.cap_for(pod.namespace)
 
     pod_source, pod_quota = _pod_wide_quota(pod, sources, cap, findings)
@@ -148,19 +215,19 @@ def resolve_pod_quota(
     )
 
 
-def row_owner(pod_uid: str, pod_quota: PodQuota, container: str, gpu_uuid: str) -> RowOwner | None:
-    """Who owns the pod's row of `container` on one GPU: the container alone under its own quota (a DRA share,
-    where it holds one there: the share's subject; `NO_SHARE` where it holds none), else the pod-wide quota's
-    subject; None: unmanaged there. A row of no known container ("": the pod's own cgroup, or one its status does
-    not list yet) has no quota of its own. The hard limit is the quota's `hard_for` the GPU (its burst where set).
-    No I/O, no clock, no memo: `QuotaBook.rows` keeps the agent's answers while a pod's quota is unchanged."""
+def row_quota(pod_uid: str, pod_quota: PodQuota, container: str, gpu_uuid: str) -> RowQuota | None:
+    """The quota the pod's row of `container` on one GPU answers to: the container alone under its own quota (a DRA
+    share, where it holds one there: the share's subject; `NO_SHARE` where it holds none), else the pod-wide quota's
+    subject; None: unmanaged there. A row of no known container ("": the pod's own cgroup, or one its status does not
+    list yet) has no quota of its own. The hard limit is the quota's `hard_for` the GPU (its burst where set). No I/O,
+    no clock, no memo: `QuotaBook.rows` keeps the agent's answers while a pod's quota is unchanged."""
     own = pod_quota.own(container, gpu_uuid) if container else None
     if own is not None and own.share is None:
-        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.CONTAINER, container), own, container)
+        return RowQuota(Subject(pod_uid, gpu_uuid, QuotaScope.CONTAINER, container), own, container)
     if own is not None:
-        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.SHARE, own.share), own, container)
+        return RowQuota(Subject(pod_uid, gpu_uuid, QuotaScope.SHARE, own.share), own, container)
     if pod_quota.pod is not None:
-        return RowOwner(Subject(pod_uid, gpu_uuid, QuotaScope.POD, None), pod_quota.pod, None)
+        return RowQuota(Subject(pod_uid, gpu_uuid, QuotaScope.POD, None), pod_quota.pod, None)
     return None
 
 
@@ -190,9 +257,9 @@ class QuotaBook:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._book: dict[str, _Resolved] = {}
-        # `row_owner`'s answers for each pod's quota in the book, by pod UID, then (container, GPU UUID): at most
+        # `row_quota`'s answers for each pod's quota in the book, by pod UID, then (container, GPU UUID): at most
         # one per container and GPU, the pod's own cgroup too. Dropped with the pod's entry when it is resolved again.
-        self._owners: dict[str, dict[tuple[str, str], RowOwner | None]] = {}
+        self._owners: dict[str, dict[tuple[str, str], RowQuota | None]] = {}
 
     def resolve(
         self,
@@ -217,11 +284,11 @@ class QuotaBook:
         self._book = book  # pods that left the cache leave the book
         return {uid: entry.quota for uid, entry in book.items()}, new_errors
 
-    def rows(self, usage: Iterable[ContainerUsage]) -> tuple[OwnedRow, ...]:
-        """Each row of usage with its owner under the quotas the last `resolve` gave (`row_owner`; None for a pod
-        without one), in order. Each owner is worked out once per container and GPU while its pod's quota is
-        unchanged, since every scan asks for each row."""
-        rows: list[OwnedRow] = []
+    def rows(self, usage: Iterable[ContainerUsage]) -> tuple[QuotaRow, ...]:
+        """Each row of usage with the quota governing it under the quotas the last `resolve` gave (`row_quota`; None for
+        a pod without one), in order. Each is worked out once per container and GPU while its pod's quota is unchanged,
+        since every scan asks for each row."""
+        rows: list[QuotaRow] = []
         for u in usage:
             uid = u.pod.uid
             entry = self._book.get(uid)
@@ -233,10 +300,10 @@ class QuotaBook:
                 found = self._owners[uid] = {}
             key = (u.container, u.device_uuid)
             try:
-                owner = found[key]
+                governing = found[key]
             except KeyError:  # not asked yet: once per container and GPU
-                owner = found[key] = row_owner(uid, entry.quota, u.container, u.device_uuid)
-            rows.append((u, owner))
+                governing = found[key] = row_quota(uid, entry.quota, u.container, u.device_uuid)
+            rows.append((u, governing))
         return tuple(rows)
 
 
@@ -337,16 +404,6 @@ def _reason(e: QuantityError) -> str:
 def _over_cap(field: str, raw: str, cap: int, applies: str = "") -> QuotaError:
     """A valid quota over its namespace's max_quota: capped, and reported, since it is not what the pod gets."""
     return QuotaError(field, raw, f"is over the namespace max_quota {format_quantity(cap)}", applies)
-
-
-def _readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
-    readable = []
-    for text in texts:
-        try:
-            readable.append(parse_quota_source(text))
-        except ValueError:
-            continue  # the policy loader reports these; a Policy built in code just goes without
-    return tuple(readable)
 
 
 def _pod_wide_quota(

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
-from vramguard.core.model import ClaimUse, PodInfo, QuotaError
+from vramguard.core.pod import ClaimUse, PodInfo
 from vramguard.core.quantity import QuantityError, parse_quota_bytes
+from vramguard.core.sources import QuotaError
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): how a claim's allocation result names a device of a ResourceSlice."""

@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from vramguard.agent.report import LastScan, ScanReport, TopRow, peak_dicts, row_dict, rows_from_report
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import Clock
+from vramguard.core.driver_limit import LimitKey
 from vramguard.core.exited import HeldByExited
-from vramguard.core.model import GpuDevice, SubjectKey
+from vramguard.core.sample import GpuDevice
 from vramguard.core.text import cut
 from vramguard.node.describe import ProcessDetail, describe_process
 
@@ -102,7 +103,7 @@ def driver_dict(driver: DriverFacts) -> dict[str, object]:
 def gpu_dict(
     device: GpuDevice,
     pressured: bool,
-    held: Mapping[SubjectKey, object],
+    held: Mapping[LimitKey, object],
     exited: HeldByExited | None = None,
     orphaned_bytes: int = 0,
 ) -> dict[str, object]:
@@ -138,7 +139,7 @@ def _bounded_row(row: TopRow, describe: Callable[[int], ProcessDetail]) -> dict[
 
 def scan_json(
     report: ScanReport | None,
-    held: Mapping[SubjectKey, object],
+    held: Mapping[LimitKey, object],
     describe: Callable[[int], ProcessDetail] = describe_process,
 ) -> str:
     """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n,

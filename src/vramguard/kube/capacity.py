@@ -11,7 +11,7 @@ from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.base.worker import Runner, Worker
-from vramguard.core.model import GpuSample
+from vramguard.core.sample import GpuSample
 from vramguard.kube.client import TIMEOUT_WRITE, describe
 
 VRAM_RESOURCE: Final = "vramguard.io/vram"

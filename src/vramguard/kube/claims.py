@@ -19,7 +19,7 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
-from vramguard.core.model import PodInfo
+from vramguard.core.pod import PodInfo
 from vramguard.core.ports import PodSource
 from vramguard.core.shares import (
     Claim,

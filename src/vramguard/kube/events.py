@@ -24,7 +24,7 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.backoff import Backoff, TokenBucket
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
-from vramguard.core.model import EventSubject, NodeRef
+from vramguard.core.pod import EventSubject, NodeRef
 from vramguard.core.text import MAX_TEXT_CHARS, cut, printable
 from vramguard.kube.client import (
     FORBIDDEN_GRACE_S,

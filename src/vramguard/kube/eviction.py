@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
-from vramguard.core.model import PodInfo
+from vramguard.core.pod import PodInfo
 from vramguard.core.ports import EvictResult
 from vramguard.kube.client import TIMEOUT_WRITE, describe, status_message
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import structlog
 
-from vramguard.core.model import EventSubject, PodInfo
+from vramguard.core.pod import EventSubject, PodInfo
 from vramguard.core.ports import EvictResult
 
 

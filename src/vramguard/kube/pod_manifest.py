@@ -16,8 +16,9 @@ from typing import Any, Final
 
 import structlog
 
-from vramguard.core.model import ClaimUse, ContainerInfo, KubeletPod, PodInfo
+from vramguard.core.pod import ClaimUse, ContainerInfo, PodInfo
 from vramguard.core.ports import KubeletPods
+from vramguard.core.process import KubeletPod
 from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
 from vramguard.core.text import MAX_TEXT_CHARS, cut
 

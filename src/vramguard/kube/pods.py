@@ -12,7 +12,7 @@ import structlog
 from kubernetes import client
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.model import PodInfo
+from vramguard.core.pod import PodInfo
 from vramguard.core.ports import ApiUidRecord, KubeletPods
 from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS, TIMEOUT_LIST

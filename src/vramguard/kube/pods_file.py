@@ -23,7 +23,7 @@ from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
 from vramguard.core.documents import MAX_BYTES, YAML_PARSERS, DocumentError, load_json, load_yaml
-from vramguard.core.model import PodInfo
+from vramguard.core.pod import PodInfo
 from vramguard.core.ports import ApiUidRecord, KubeletPods
 from vramguard.core.shares import (
     Claim,

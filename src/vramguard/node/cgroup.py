@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from vramguard.core.model import LOOK_ALIKE, CgroupIdentity, LookAlike
+from vramguard.core.process import LOOK_ALIKE, CgroupIdentity, LookAlike
 from vramguard.node.procfs import FD_ERRNOS, read_cgroup
 
 _HEX = "0-9a-f"

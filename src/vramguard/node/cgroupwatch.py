@@ -21,7 +21,7 @@ import structlog
 
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.model import CgroupIdentity
+from vramguard.core.process import CgroupIdentity
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, Level, kubelet_cgroup
 
 _IN_CREATE = 0x00000100

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from vramguard.core.model import Identity, ProcessRef
+from vramguard.core.process import Identity, ProcessRef
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, parse_cgroup, place_cgroup
 from vramguard.node.procfs import (
     PidCursor,

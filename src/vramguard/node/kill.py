@@ -14,8 +14,9 @@ import signal
 from dataclasses import dataclass, field
 
 from vramguard.base.clock import SYSTEM_CLOCK, UNINTERRUPTED, Clock
-from vramguard.core.model import UNKNOWN_START_TIME, KillTarget, ProcessRef
+from vramguard.core.actions import KillTarget
 from vramguard.core.ports import KillResult
+from vramguard.core.process import UNKNOWN_START_TIME, ProcessRef
 from vramguard.node.cgroup import HOST_KUBELET, ContainerCgroup, KubeletTree, find_container_cgroup, parse_cgroup
 from vramguard.node.freezer import Freezer
 from vramguard.node.freezes import FreezeJournal

@@ -24,7 +24,7 @@ import structlog
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.logs import FailureRun
-from vramguard.core.model import KubeletPod
+from vramguard.core.process import KubeletPod
 
 DEFAULT_POD_LOGS_DIR: Final = "/var/log/pods"
 REFRESH_S: Final = 2.0

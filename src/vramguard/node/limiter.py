@@ -1,4 +1,4 @@
-"""Programs the driver's per-cgroup memory limits (`limit_plan.LimitTarget`s) on a worker thread.
+"""Programs the driver's per-cgroup memory limits (`driver_limit.LimitTarget`s) on a worker thread.
 
 A controller: the scan hands over the limits it wants (`update`, never blocking) and takes back what came of them
 (`collect`); the cgroup watcher hands over each new pod and container cgroup (`appeared`). Both put typed keys
@@ -23,9 +23,11 @@ from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner
 from vramguard.base.workqueue import WorkQueue
-from vramguard.core.limit_plan import LimitOutcome, LimitResult, LimitTarget
-from vramguard.core.model import CgroupIdentity, ContainerUsage, GpuDevice, SubjectKey
+from vramguard.core.driver_limit import LimitKey, LimitOutcome, LimitResult, LimitTarget
 from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
+from vramguard.core.process import CgroupIdentity
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import ContainerUsage
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
 
 
@@ -36,7 +38,7 @@ def read_held_limits(
     devices: Iterable[GpuDevice],
     *,
     tree: CgroupTree | None = None,
-) -> dict[SubjectKey, int]:
+) -> dict[LimitKey, int]:
     """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key: what
     `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop.
     `tree`: where the cgroups are found, cgroupfs at `cgroup_root` unless given."""
@@ -47,14 +49,14 @@ def read_held_limits(
         return {}
     index = {d.uuid: d.index for d in devices if d.mig_index is None}
     located = tree.locate(root, {u.pod.uid for u in rows})
-    held: dict[SubjectKey, int] = {}
+    held: dict[LimitKey, int] = {}
     for u in rows:
         gpu = index.get(u.device_uuid)
         if gpu is None:
             continue
         for name, container_id in ((u.container, u.container_id), (None, None)):
             path = located.get((u.pod.uid, container_id))
-            if path is None or SubjectKey(u.pod.uid, name, u.device_uuid) in held:
+            if path is None or LimitKey(u.pod.uid, name, u.device_uuid) in held:
                 continue
             try:
                 found = memory.get(gpu, path)
@@ -65,7 +67,7 @@ def read_held_limits(
             except LimitFailed:
                 continue
             if found is not None and found.hard_bytes != LIMIT_MAX:
-                held[SubjectKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
+                held[LimitKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
     return held
 
 
@@ -167,8 +169,8 @@ class _Shared:
     watched: bool = False
     fresh: set[str] = field(default_factory=set)
     outcomes: list[LimitOutcome] = field(default_factory=list)
-    held: dict[SubjectKey, LimitTarget] = field(default_factory=dict)
-    usage: dict[SubjectKey, int] = field(default_factory=dict)
+    held: dict[LimitKey, LimitTarget] = field(default_factory=dict)
+    usage: dict[LimitKey, int] = field(default_factory=dict)
     usage_ticket: int = 0
     unsupported: dict[int, str] = field(default_factory=dict)
     first_answer: LimitsSupport | None = None
@@ -194,7 +196,7 @@ class _Pass:
 
     outcomes: list[LimitOutcome] = field(default_factory=list)
     compared: set[PlaceKey] = field(default_factory=set)
-    read: dict[SubjectKey, int] = field(default_factory=dict)
+    read: dict[LimitKey, int] = field(default_factory=dict)
     usage_for: int | None = None
 
 
@@ -267,12 +269,12 @@ class DriverLimiter:
             outcomes, self._shared.outcomes = self._shared.outcomes, []
         return outcomes
 
-    def held(self) -> Mapping[SubjectKey, LimitTarget]:
+    def held(self) -> Mapping[LimitKey, LimitTarget]:
         """The limits the driver holds, as of the last pass."""
         with self._lock:
             return dict(self._shared.held)
 
-    def fresh_usage(self) -> Mapping[SubjectKey, int]:
+    def fresh_usage(self) -> Mapping[LimitKey, int]:
         """Each limited cgroup's memory per GPU as the driver counts it, read since the previous `update` (for the
         latest); empty when that read has not finished, so a scan never takes an old figure."""
         with self._lock:
@@ -574,7 +576,7 @@ class DriverLimiter:
         with self._lock:
             return path in self._shared.fresh
 
-    def _read_usage(self, work: _Pass) -> dict[SubjectKey, int]:
+    def _read_usage(self, work: _Pass) -> dict[LimitKey, int]:
         """The usage this pass read back, and each other limited container cgroup's, read now; a cgroup that
         appears meanwhile goes first."""
         usage = dict(work.read)
@@ -591,7 +593,7 @@ class DriverLimiter:
                 usage[t.key] = current.used_bytes
         return usage
 
-    def _publish(self, work: _Pass, usage: dict[SubjectKey, int] | None) -> None:
+    def _publish(self, work: _Pass, usage: dict[LimitKey, int] | None) -> None:
         held = {h.target.key: h.target for h in self._books.holds.values()}
         with self._lock:
             shared = self._shared

@@ -26,7 +26,8 @@ from typing import Final
 import structlog
 
 from vramguard.base.logs import FailureRun
-from vramguard.core.model import KillRecord, ProcessRef
+from vramguard.core.actions import KillRecord
+from vramguard.core.process import ProcessRef
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, parse_cgroup
 from vramguard.node.procfs import EXITED_STATES, boot_ticks, list_pids, read_cgroup, read_stat
 

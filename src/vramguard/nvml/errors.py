@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.core.model import ProcessKind
+from vramguard.core.sample import ProcessKind
 
 # NVML return codes (nvml.h); the ones the adapter branches on.
 SUCCESS = 0

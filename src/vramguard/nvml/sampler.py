@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
-from vramguard.core.model import GpuDevice, GpuMemory, GpuProcess, GpuSample, ProcessKind
+from vramguard.core.sample import GpuDevice, GpuMemory, GpuProcess, GpuSample, ProcessKind
 from vramguard.nvml.deadline import DeadlineRunner, Job
 from vramguard.nvml.errors import (
     ARGUMENT_VERSION_MISMATCH,

@@ -19,8 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.policyfile import load_policy
-from vramguard.core.model import Policy
-from vramguard.core.policy import PolicyError, policy_from_text
+from vramguard.core.policy import Policy, PolicyError, policy_from_text
 from vramguard.core.quantity import QuantityError, format_duration, parse_duration, parse_percentage
 from vramguard.core.text import cut, format_bytes, printable
 from vramguard.kube.client import describe

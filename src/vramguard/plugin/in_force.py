@@ -1,7 +1,7 @@
 """The quota in force for a workload, as `kubectl vramguard recommend` reads it. Pure.
 
 The agent's own resolution of the workload's pod template under the policy (`core.quota.resolve_pod_quota`), laid
-out by the agent's own function (`core.quota.row_owner`): which quota governs which container, so recommend sums
+out by the agent's own function (`core.quota.row_quota`): which quota governs which container, so recommend sums
 the containers a pod-wide quota covers exactly as the agent judges them, and names the field the recommendation
 goes into.
 """
@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from vramguard.core.model import NO_SHARE, PodQuota, Policy, Quota, QuotaScope, QuotaSource, SourceKind
+from vramguard.core.policy import Policy
 from vramguard.core.quantity import format_quantity
-from vramguard.core.quota import invalid_message, parse_quota_source, resolve_pod_quota, row_owner
+from vramguard.core.quota import NO_SHARE, PodQuota, Quota, QuotaScope, invalid_message, resolve_pod_quota, row_quota
+from vramguard.core.sources import QuotaSource, SourceKind, parse_quota_source
 from vramguard.kube.pod_manifest import PodSourceError, pod_info_from_manifest
 from vramguard.plugin.workloads import Workload
 
@@ -42,10 +43,10 @@ class QuotaInForce:
     notes: tuple[str, ...]
 
     def governs(self, container: str, gpu_uuid: str) -> Governs | None:
-        """What governs `container` on a GPU it used (`row_owner`); None when the quota in force is unknown."""
+        """What governs `container` on a GPU it used (`row_quota`); None when the quota in force is unknown."""
         if self.quotas is None:
             return None
-        row = row_owner(self.uid, self.quotas, container, gpu_uuid)
+        row = row_quota(self.uid, self.quotas, container, gpu_uuid)
         if row is None:
             return Governs(None, pod_wide=False, share=False, managed=False)
         share = row.subject.scope is QuotaScope.SHARE or row.quota is NO_SHARE

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vramguard.core.model import SourceKind
 from vramguard.core.quantity import QuantityError, parse_quota_bytes
+from vramguard.core.sources import SourceKind
 from vramguard.plugin.in_force import spell
 from vramguard.plugin.recommend import Recommendation
 from vramguard.plugin.verdict import Verdict

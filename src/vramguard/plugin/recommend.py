@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from vramguard.core.model import Policy, QuotaSource
+from vramguard.core.policy import Policy
 from vramguard.core.quantity import format_quantity
+from vramguard.core.sources import QuotaSource
 from vramguard.plugin.in_force import Governs, field_of, in_force, spell
 from vramguard.plugin.strategy import DEFAULT_HEADROOM, recommended_bytes
 from vramguard.plugin.verdict import Verdict, verdict

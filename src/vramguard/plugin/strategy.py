@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from vramguard.core.model import MiB
-from vramguard.core.quantity import MIN_QUOTA_BYTES
+from vramguard.core.quantity import MIN_QUOTA_BYTES, MiB
 
 DEFAULT_HEADROOM: Final = 0.20
 

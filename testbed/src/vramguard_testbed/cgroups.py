@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from vramguard.core.model import CgroupIdentity
+from vramguard.core.process import CgroupIdentity
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"

@@ -30,7 +30,7 @@ from typing import IO
 
 import typer
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard_testbed.cgroups import cgroups_unavailable
 from vramguard_testbed.simnode import SimulatedNode, metric_value
 from vramguard_testbed.waiting import WaitTimeout, wait_until

@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vramguard.core.model import GiB, ProcessKind
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import ProcessKind
 
 STATE_ENV = "VRAMGUARD_FAKE_NVML_STATE"
 LIBRARY_NAME = "libnvidia-ml.so.1"

@@ -15,22 +15,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vramguard.core.model import (
-    CgroupIdentity,
-    ContainerInfo,
-    ContainerUsage,
-    EventSubject,
-    GiB,
-    GpuDevice,
-    GpuMemory,
-    GpuSample,
-    KillTarget,
-    KubeletPod,
-    PodInfo,
-    ProcessRef,
-    Snapshot,
-)
+from vramguard.core.actions import KillTarget
+from vramguard.core.pod import ContainerInfo, EventSubject, PodInfo
 from vramguard.core.ports import LIMIT_MAX, DriverLimit, EvictResult, KillResult, LimitFailed, LimitsUnavailable
+from vramguard.core.process import CgroupIdentity, KubeletPod, ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuDevice, GpuMemory, GpuSample
+from vramguard.core.snapshot import ContainerUsage, Snapshot
 
 
 class FakeClock:

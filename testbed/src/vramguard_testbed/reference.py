@@ -32,12 +32,13 @@ from vramguard.agent.metrics import Metrics
 from vramguard.agent.reload import RESTART_FIELDS
 from vramguard.cli import probe
 from vramguard.cli.main import app as agent_app
-from vramguard.core.decide import Decision, owners
+from vramguard.core.decide import Decision, quota_rows
+from vramguard.core.driver_limit import LimitTarget
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitTarget
-from vramguard.core.model import GiB, PodQuota, Quota
 from vramguard.core.peaks import Peak
 from vramguard.core.policy import NAMESPACE_KEYS, POLICY_KEYS, PolicyKey
+from vramguard.core.quantity import GiB
+from vramguard.core.quota import PodQuota, Quota
 from vramguard.plugin.command import build_app as plugin_app
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
@@ -106,7 +107,7 @@ def filled_metrics() -> Metrics:
     share = Quota(limit_bytes=2 * GiB, source="claim", share="uid/0", claim="gpu")
     quotas = {p.uid: PodQuota(shares={"main": {device.uuid: share}})}
     limit = LimitTarget(p, "main", "c1", 0, device.uuid, 2 * GiB, "claim")
-    decision = Decision(actions=(), violations=(), rows=owners(snapshot, quotas))
+    decision = Decision(actions=(), violations=(), rows=quota_rows(snapshot, quotas))
     metrics.observe_scan(
         snapshot,
         decision,

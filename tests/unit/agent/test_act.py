@@ -8,27 +8,17 @@ import pytest
 from structlog.testing import capture_logs
 
 from vramguard.agent.act import ActionResult, Enforcer, Outcome, confirm_freed
-from vramguard.core.decide import find_violations, owners
+from vramguard.core.actions import Action, PressureNotice, Reason, Violation
+from vramguard.core.decide import find_violations, quota_rows
 from vramguard.core.exited import HeldByExited
-from vramguard.core.model import (
-    Action,
-    ActionKind,
-    EvictionRefused,
-    GiB,
-    GpuDevice,
-    GpuProcess,
-    GpuSample,
-    PodInfo,
-    PodQuota,
-    Policy,
-    PressureNotice,
-    ProcessRef,
-    Quota,
-    Reason,
-    Snapshot,
-    Violation,
-)
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import ActionKind, EvictionRefused, Policy
 from vramguard.core.ports import Evictor, EvictResult, KillResult
+from vramguard.core.process import ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.quota import PodQuota, Quota
+from vramguard.core.sample import GpuDevice, GpuProcess, GpuSample
+from vramguard.core.snapshot import Snapshot
 from vramguard_testbed.fakes import (
     FakeClock,
     HeldRunner,
@@ -44,7 +34,7 @@ GPU0 = gpu(0, total_bytes=16 * GiB)
 
 def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
     """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
-    return find_violations(snapshot, owners(snapshot, quotas))
+    return find_violations(snapshot, quota_rows(snapshot, quotas))
 
 
 def over_quota_action(

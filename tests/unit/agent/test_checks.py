@@ -14,7 +14,7 @@ import pytest
 from vramguard.agent.checks import PART_STUCK_S, AgentChecks, DriverLimitsCheck, server_rounds
 from vramguard.agent.reload import InForce
 from vramguard.base.heartbeat import Heartbeat
-from vramguard.core.model import DriverLimits, Mode, Policy
+from vramguard.core.policy import DriverLimits, Mode, Policy
 from vramguard_testbed.fakes import FakeClock, FakePodSource
 
 REQUIRE = Policy(mode=Mode.KILL, driver_limits=DriverLimits.REQUIRE)

@@ -22,28 +22,25 @@ from vramguard.agent.report import rows_from_report
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger
 from vramguard.base.heartbeat import Heartbeat
 from vramguard.base.worker import Inline, Worker
-from vramguard.core.model import (
+from vramguard.core.actions import KillRecord
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import (
     ActionKind,
     DefaultKind,
     DefaultQuota,
     EvictionRefused,
-    GiB,
-    GpuMemory,
-    GpuProcess,
-    GpuSample,
-    KillRecord,
-    KubeletPod,
     Mode,
     NamespacePolicy,
     OnRepeat,
     Orphans,
-    PodInfo,
     Policy,
-    ProcessRef,
-    UnattributedReason,
 )
 from vramguard.core.ports import KillResult
+from vramguard.core.process import KubeletPod, ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuMemory, GpuProcess, GpuSample
 from vramguard.core.shares import PodShares, Share
+from vramguard.core.snapshot import UnattributedReason
 from vramguard.kube.pod_manifest import mirrorless_static_pod
 from vramguard.node.describe import ProcessDetail
 from vramguard_testbed.fakes import (

@@ -12,20 +12,16 @@ from vramguard.agent.act import ActionResult, OrphanResult
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.reload import ReloadResult
 from vramguard.agent.watch import Trigger
-from vramguard.core.decide import Decision, owners
+from vramguard.core.decide import Decision, quota_rows
+from vramguard.core.driver_limit import LimitResult, LimitTarget
 from vramguard.core.exited import HeldByExited
-from vramguard.core.limit_plan import LimitResult, LimitTarget
-from vramguard.core.model import (
-    ActionKind,
-    GiB,
-    GpuDevice,
-    PodQuota,
-    ProcessRef,
-    Quota,
-    UnattributedProcess,
-    UnattributedReason,
-)
 from vramguard.core.peaks import PeakWindow
+from vramguard.core.policy import ActionKind
+from vramguard.core.process import ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.quota import PodQuota, Quota
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 from vramguard.kube.events import EventResult
 from vramguard.kube.pod_manifest import owner_labels
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
@@ -207,7 +203,7 @@ def test_the_quota_series_follow_each_rows_owner(
     metrics = Metrics(CollectorRegistry())
     p = pod("trainer", "ml", containers={"main": {}, "side": {}})
     snapshot = SnapshotBuilder().use(p, "main", GPU0, GiB, pid=10).use(p, "side", GPU0, GiB, pid=11).build()
-    metrics.observe_scan(snapshot, Decision(actions=(), violations=(), rows=owners(snapshot, {p.uid: pod_quota})))
+    metrics.observe_scan(snapshot, Decision(actions=(), violations=(), rows=quota_rows(snapshot, {p.uid: pod_quota})))
     families = {f.name: f for f in metrics.registry.collect()}
     quota = families["vramguard_container_gpu_memory_quota_bytes"].samples
     share = families["vramguard_claim_share_bytes"].samples

@@ -18,8 +18,7 @@ from vramguard.agent.watch import MemoryWatch, ScanTrigger
 from vramguard.base.policyfile import read_policy_file
 from vramguard.cli.driver import nvidia_side
 from vramguard.cli.serve import Running, Started, StatusFacts
-from vramguard.core.model import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Policy
-from vramguard.core.policy import Overrides
+from vramguard.core.policy import ActionKind, DefaultKind, DefaultQuota, DriverLimits, Mode, Overrides, Policy
 from vramguard.http.status import PolicyFacts
 from vramguard_testbed import configmap
 from vramguard_testbed.fakes import FakeClock, pod

@@ -10,19 +10,13 @@ from unit.node.test_describe import HOSTILE
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import ScanReport, TopRow, row_dict, rows_from_report
 from vramguard.core.decide import Decision, DecisionState, decide
-from vramguard.core.model import (
-    CgroupIdentity,
-    GiB,
-    PodQuota,
-    Policy,
-    ProcessRef,
-    Quota,
-    Snapshot,
-    SubjectKey,
-    UnattributedProcess,
-    UnattributedReason,
-)
+from vramguard.core.driver_limit import LimitKey
 from vramguard.core.orphans import Departed, Orphan, OrphanScan
+from vramguard.core.policy import Policy
+from vramguard.core.process import CgroupIdentity, ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.quota import PodQuota, Quota
+from vramguard.core.snapshot import Snapshot, UnattributedProcess, UnattributedReason
 from vramguard.node.describe import ProcessDetail
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
@@ -210,7 +204,7 @@ def test_a_rows_state_is_its_subjects(
     snapshot = SnapshotBuilder().use(p, "main", GPU, 5 * GiB, pid=10).use(p, "side", GPU, 4 * GiB, pid=11).build()
     decision, _ = decide(snapshot, {p.uid: pod_quota}, Policy(), DecisionState(), 0.0)
     report = ScanReport(snapshot, {p.uid: pod_quota}, decision, (), 0.0)
-    limits = {SubjectKey(p.uid, c, GPU.uuid): 1 for c in held}
+    limits = {LimitKey(p.uid, c, GPU.uuid): 1 for c in held}
     shown = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "u", "python"), driver_limits=limits)
     got = [
         (r.container, r.quota_bytes // GiB if r.quota_bytes is not None else None, r.state, r.held_by, r.claim)

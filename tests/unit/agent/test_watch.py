@@ -11,7 +11,10 @@ import pytest
 
 from vramguard.agent.watch import WATCH_STUCK_S, MemoryWatch, ScanCalls, ScanTrigger, Trigger
 from vramguard.core.attribute import Awaited
-from vramguard.core.model import ContainerInfo, GiB, GpuDevice, GpuMemory, MiB, PodInfo, Policy
+from vramguard.core.pod import ContainerInfo, PodInfo
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB, MiB
+from vramguard.core.sample import GpuDevice, GpuMemory
 from vramguard_testbed.fakes import FakeClock, gpu, pod
 
 TOTAL = 80 * GiB  # 1 % of it is 819 MiB: the 256 MiB bound is the smaller

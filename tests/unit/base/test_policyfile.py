@@ -16,8 +16,7 @@ from vramguard.base.policyfile import (
     read_policy,
     read_policy_file,
 )
-from vramguard.core.model import Mode, Policy
-from vramguard.core.policy import MAX_POLICY_BYTES, PolicyError, PolicyText
+from vramguard.core.policy import MAX_POLICY_BYTES, Mode, Policy, PolicyError, PolicyText
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 

@@ -12,7 +12,7 @@ from vramguard.agent.metrics import Metrics
 from vramguard.agent.watch import ScanCalls
 from vramguard.cli.cluster import capacity_publisher, connect, scan_calls
 from vramguard.cli.config import WiringError
-from vramguard.core.model import Policy
+from vramguard.core.policy import Policy
 from vramguard.kube.no_api import LogEventRecorder, NoApiEvictor
 from vramguard.kube.pods_file import FilePodSource
 from vramguard_testbed.fakes import FakeClock

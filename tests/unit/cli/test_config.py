@@ -10,8 +10,7 @@ import pytest
 
 from vramguard.agent.reload import digest_of
 from vramguard.cli.config import RunConfig, ScanSetup, WiringError, policy_file
-from vramguard.core.model import Mode, Policy
-from vramguard.core.policy import Overrides
+from vramguard.core.policy import Mode, Overrides, Policy
 
 AGENT_NS = Overrides(agent_namespace="vramguard-system")
 

@@ -19,7 +19,7 @@ from vramguard.agent.reload import RESTART_FIELDS, InForce, ReloadResult, digest
 from vramguard.cli.config import RunConfig
 from vramguard.cli.driver import LIMITS_UNASKED, nvidia_side
 from vramguard.cli.serve import Running, Started, StatusFacts, agent_facts, policy_reloader
-from vramguard.core.model import Mode, Policy
+from vramguard.core.policy import Mode, Policy
 from vramguard.http.status import AgentFacts, PolicyFacts
 from vramguard_testbed.fakes import FakeClock
 

@@ -9,7 +9,7 @@ import pytest
 from unit.agent.test_report import CLAIM_ROW, HOSTILE_ROW, TRAINER_ROW
 from vramguard.agent.report import TopRow
 from vramguard.cli.top import render_table
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.core.table import TABLE_COMMAND_CHARS
 from vramguard.node.describe import ProcessDetail
 

@@ -10,7 +10,7 @@ from vramguard.agent.metrics import Metrics
 from vramguard.base.lifecycle import S, Services
 from vramguard.cli.wiring import driver_limiter, memory_watch, watch_cgroups
 from vramguard.core.limit_plan import LimitPlanner
-from vramguard.core.model import DriverLimits, Mode, Policy
+from vramguard.core.policy import DriverLimits, Mode, Policy
 from vramguard_testbed.fakes import FakeClock, FakePodSource, FakeSampler
 
 

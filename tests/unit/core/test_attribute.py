@@ -16,23 +16,10 @@ from vramguard.core.attribute import (
     attribute,
     awaited,
 )
-from vramguard.core.model import (
-    LOOK_ALIKE,
-    UNKNOWN_START_TIME,
-    CgroupIdentity,
-    ContainerInfo,
-    ContainerUsage,
-    GpuDevice,
-    GpuProcess,
-    GpuSample,
-    Identity,
-    PodInfo,
-    ProcessKind,
-    ProcessRef,
-    Snapshot,
-    UnattributedProcess,
-    UnattributedReason,
-)
+from vramguard.core.pod import ContainerInfo, PodInfo
+from vramguard.core.process import LOOK_ALIKE, UNKNOWN_START_TIME, CgroupIdentity, Identity, ProcessRef
+from vramguard.core.sample import GpuDevice, GpuProcess, GpuSample, ProcessKind
+from vramguard.core.snapshot import ContainerUsage, Snapshot, UnattributedProcess, UnattributedReason
 
 UID_A = "11111111-2222-3333-4444-555555555555"
 UID_B = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

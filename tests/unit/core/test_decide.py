@@ -9,6 +9,7 @@ from unittest.mock import ANY
 
 import pytest
 
+from vramguard.core.actions import Action, Escalation, KillRecord, Reason, Violation
 from vramguard.core.decide import (
     VICTIM_ORDER,
     Comparator,
@@ -21,41 +22,20 @@ from vramguard.core.decide import (
     decide,
     find_violations,
     ordered_by,
-    owners,
+    quota_rows,
     rank,
     record_outcomes,
     repeat_of,
     track_pressure,
 )
-from vramguard.core.model import (
-    NO_SHARE,
-    Action,
-    ActionKind,
-    ContainerInfo,
-    Escalation,
-    EvictionRefused,
-    GiB,
-    GpuDevice,
-    KillRecord,
-    MiB,
-    Mode,
-    NamespacePolicy,
-    OnRepeat,
-    PodInfo,
-    PodQuota,
-    Policy,
-    ProcessRef,
-    Quota,
-    QuotaScope,
-    Reason,
-    RowOwner,
-    Snapshot,
-    Subject,
-    SubjectKey,
-    UnattributedProcess,
-    UnattributedReason,
-    Violation,
-)
+from vramguard.core.driver_limit import LimitKey
+from vramguard.core.pod import ContainerInfo, PodInfo
+from vramguard.core.policy import ActionKind, EvictionRefused, Mode, NamespacePolicy, OnRepeat, Policy
+from vramguard.core.process import ProcessRef
+from vramguard.core.quantity import GiB, MiB
+from vramguard.core.quota import NO_SHARE, PodQuota, Quota, QuotaScope, RowQuota, Subject
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import Snapshot, UnattributedProcess, UnattributedReason
 from vramguard_testbed.fakes import FakeClock, SnapshotBuilder, gpu, pod
 
 GPU0 = gpu(0, total_bytes=16 * GiB)
@@ -75,7 +55,7 @@ OTHER = pod("other", "ml")  # no quota: unmanaged, but its memory counts toward 
 
 def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
     """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
-    return find_violations(snapshot, owners(snapshot, quotas))
+    return find_violations(snapshot, quota_rows(snapshot, quotas))
 
 
 def q(gib: float, burst_gib: float | None = None) -> PodQuota:
@@ -469,14 +449,14 @@ def test_each_rows_owner_is_found_once(
     p = pod("trainer", "ml", containers={"main": {}, "side": {}})
     snapshot = SnapshotBuilder().use(p, container, device, GiB).build()
     quotas = {p.uid: pod_quota} if pod_quota is not None else {}
-    ((usage, found),) = owners(snapshot, quotas)
+    ((usage, found),) = quota_rows(snapshot, quotas)
     assert usage == snapshot.containers[0]
     if owner is None:
         assert found is None
         return
     scope, name, quota, holder = owner
-    assert found == RowOwner(Subject(p.uid, device.uuid, scope, name), quota, holder)
-    assert found.limit_key == SubjectKey(p.uid, holder, device.uuid)
+    assert found == RowQuota(Subject(p.uid, device.uuid, scope, name), quota, holder)
+    assert found.limit_key == LimitKey(p.uid, holder, device.uuid)
 
 
 def test_decide_judges_the_rows_it_is_handed() -> None:
@@ -484,7 +464,7 @@ def test_decide_judges_the_rows_it_is_handed() -> None:
     p = pod("trainer", "ml")
     snapshot = SnapshotBuilder().use(p, "main", GPU0, 2 * GiB).build()
     quotas = {p.uid: PodQuota(containers={"main": Quota(limit_bytes=GiB)})}
-    (row,) = owners(snapshot, quotas)
+    (row,) = quota_rows(snapshot, quotas)
     assert decide(snapshot, quotas, Policy(), DecisionState(), 0.0)[0].violations != ()
     handed = ((row[0], None),)  # the caller says unmanaged
     decision, _ = decide(snapshot, quotas, Policy(), DecisionState(), 0.0, handed)

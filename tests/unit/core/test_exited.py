@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from vramguard.core.exited import EXITED_HOLD_S, ExitedTracker, HeldByExited
-from vramguard.core.model import GiB, ProcessRef, UnattributedProcess, UnattributedReason
+from vramguard.core.process import ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 
 EXITED = UnattributedReason.PROCESS_EXITED
 GPU0 = "GPU-0"

@@ -7,17 +7,20 @@ from dataclasses import replace
 
 import pytest
 
+from vramguard.core.driver_limit import LimitKey, LimitTarget
 from vramguard.core.limit_plan import (
     LimitPlanner,
-    LimitTarget,
     WantedLimits,
     limits_enabled,
     uses_limiter,
     wanted_limits,
     with_driver_usage,
 )
-from vramguard.core.model import DriverLimits, GiB, GpuDevice, Mode, NamespacePolicy, PodInfo, Policy, SubjectKey
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import DriverLimits, Mode, NamespacePolicy, Policy
+from vramguard.core.quantity import GiB
 from vramguard.core.quota import QuotaBook
+from vramguard.core.sample import GpuDevice
 from vramguard_testbed.fakes import FakePodSource, SnapshotBuilder, gpu, pod
 
 QUOTA = "vramguard.io/vram"
@@ -115,10 +118,10 @@ def test_the_driver_count_replaces_the_rows_and_disagreements_are_reported() -> 
     by_uid = {p.uid: p for p in (TRAINER, other, quiet)}
     quotas, _ = QuotaBook(KILL).resolve(by_uid, {})
     held = {t.key: t for t in wanted_limits(by_uid, quotas, [gpu0], KILL)}
-    usage: dict[SubjectKey, int] = {
-        SubjectKey(TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
-        SubjectKey(other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
-        SubjectKey(quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
+    usage: dict[LimitKey, int] = {
+        LimitKey(TRAINER.uid, "main", gpu0.uuid): 5 * GiB,  # a context the process rows miss
+        LimitKey(other.uid, "main", gpu0.uuid): 2 * GiB,  # the same: no disagreement
+        LimitKey(quiet.uid, "main", gpu0.uuid): 1 * GiB,  # no process row at all
     }
     merged, disagreements = with_driver_usage(snapshot, held, usage)
     used = {(u.pod.name, u.container): (u.used_bytes, len(u.processes)) for u in merged.containers}

@@ -8,19 +8,12 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from vramguard.core.model import (
-    CgroupIdentity,
-    GiB,
-    Mode,
-    NamespacePolicy,
-    Orphans,
-    PodInfo,
-    Policy,
-    ProcessRef,
-    UnattributedProcess,
-    UnattributedReason,
-)
 from vramguard.core.orphans import Departed, OrphanScan, OrphanTracker, PodRead
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Mode, NamespacePolicy, Orphans, Policy
+from vramguard.core.process import CgroupIdentity, ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 
 GONE = "0a0a0a0a-0000-4000-8000-000000000001"
 GONE_TOO = "0b0b0b0b-0000-4000-8000-000000000002"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB, MiB
 from vramguard.core.peaks import PeakWindow
+from vramguard.core.quantity import GiB, MiB
 from vramguard_testbed.fakes import SnapshotBuilder, gpu, pod
 
 TRAINER = pod("trainer", "ml")

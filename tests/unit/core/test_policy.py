@@ -8,29 +8,28 @@ import pytest
 import yaml
 
 from vramguard.base.policyfile import load_policy, read_policy
-from vramguard.core.model import (
+from vramguard.core.policy import (
     DEFAULT_QUOTA_SOURCES,
+    NAMESPACE_KEYS,
+    POLICY_KEYS,
+    TOP_LEVEL_FIELDS,
     DefaultKind,
     DefaultQuota,
     DriverLimits,
     EvictionRefused,
-    GiB,
     Mode,
     NamespacePolicy,
     OnRepeat,
-    Policy,
-)
-from vramguard.core.policy import (
-    NAMESPACE_KEYS,
-    POLICY_KEYS,
-    TOP_LEVEL_FIELDS,
     Overrides,
+    Policy,
     PolicyError,
     PolicyKey,
     PolicyText,
     parse_policy,
     policy_from_text,
 )
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuDevice, GpuMemory
 from vramguard_testbed.configmap import ConfigMapVolume
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
@@ -744,3 +743,72 @@ def test_the_docs_config_map_is_a_policy() -> None:
     assert policy.mode is Mode.KILL and policy.exempt_namespaces == {"kube-system", "gpu-infra"}
     assert policy.namespaces["team-a"] == NamespacePolicy(mode=Mode.WARN, max_quota_bytes=16 * GiB)
     assert policy.quota_sources == ("resource:vramguard.io/vram", "annotation:vramguard.io/vram-limit")
+
+
+AGENT_UID = "a9e1c0de-0000-4000-8000-000000000001"
+
+
+POD_UID = "5f3c2b1a-0000-4000-8000-000000000002"
+
+
+def device(used_gib: int, total_gib: int = 80) -> GpuDevice:
+    total, used = total_gib * GiB, used_gib * GiB
+    return GpuDevice(index=0, uuid="GPU-0", name="H100", total_bytes=total, used_bytes=used, free_bytes=total - used)
+
+
+@pytest.mark.parametrize(
+    ("pod_uid", "namespace", "agent_pod_uid", "exempt"),
+    [
+        pytest.param(POD_UID, "ml", AGENT_UID, None, id="a-tenant-pod-may-be-acted-on"),
+        pytest.param(AGENT_UID, "vramguard-system", AGENT_UID, "the agent's own pod", id="the-agents-own-pod"),
+        pytest.param(AGENT_UID, "ml", AGENT_UID, "the agent's own pod", id="the-agents-pod-wherever-it-runs"),
+        pytest.param(POD_UID, "kube-system", AGENT_UID, "namespace kube-system is exempt", id="an-exempt-namespace"),
+        pytest.param(POD_UID, "kube-system", None, "namespace kube-system is exempt", id="exempt-with-no-agent-pod"),
+        pytest.param(POD_UID, "ml", None, None, id="no-agent-pod-known-exempts-nobody-else"),
+    ],
+)
+def test_exemption_is_the_agents_own_pod_or_an_exempt_namespace(
+    pod_uid: str, namespace: str, agent_pod_uid: str | None, exempt: str | None
+) -> None:
+    """The one rule decide, the driver limits and the orphan reclaim go by: never the agent's pod, nor a pod in
+    an exempt namespace (kube-system by default); the agent's own pod is named first."""
+    assert Policy().exemption(pod_uid, namespace, agent_pod_uid) == exempt
+
+
+def test_exempt_namespaces_come_from_the_policy() -> None:
+    """The policy's list replaces the default: kube-system is exempt only while it is listed."""
+    policy = Policy(exempt_namespaces=frozenset({"monitoring"}))
+    assert policy.exemption(POD_UID, "monitoring") == "namespace monitoring is exempt"
+    assert policy.exemption(POD_UID, "kube-system") is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "used_gib", "pressure"),
+    [
+        pytest.param(Policy(), 75, False, id="default-5-percent-free-is-not-pressure"),
+        pytest.param(Policy(), 77, True, id="default-under-5-percent-free"),
+        pytest.param(Policy(pressure_free_bytes=10 * GiB, pressure_free_ratio=None), 69, False, id="bytes-not-met"),
+        pytest.param(Policy(pressure_free_bytes=10 * GiB, pressure_free_ratio=None), 71, True, id="bytes-met"),
+        pytest.param(Policy(pressure_free_bytes=1 * GiB), 77, True, id="either-threshold-set-counts"),
+        pytest.param(Policy(pressure_free_ratio=None), 80, False, id="no-threshold-no-pressure"),
+    ],
+)
+def test_pressure_is_free_memory_under_either_threshold(policy: Policy, used_gib: int, pressure: bool) -> None:
+    """A GPU is under pressure when its free memory is below the byte or the ratio threshold, whichever is set."""
+    assert policy.under_pressure(device(used_gib)) is pressure
+    assert policy.under_pressure(GpuMemory(0, 80 * GiB, used_gib * GiB, (80 - used_gib) * GiB)) is pressure
+
+
+@pytest.mark.parametrize(
+    ("policy", "rise_bytes"),
+    [
+        pytest.param(Policy(), 256 * 1024 * 1024, id="default-the-smaller-of-256mib-and-1-percent"),
+        pytest.param(Policy(watch_rise_bytes=4 * GiB), int(0.01 * 80 * GiB), id="the-ratio-when-smaller"),
+        pytest.param(Policy(watch_rise_ratio=None), 256 * 1024 * 1024, id="bytes-alone"),
+        pytest.param(Policy(watch_rise_bytes=None), int(0.01 * 80 * GiB), id="ratio-alone"),
+        pytest.param(Policy(watch_rise_bytes=None, watch_rise_ratio=None), 80 * GiB, id="neither-the-whole-gpu"),
+    ],
+)
+def test_the_watch_scans_at_once_on_the_smaller_rise(policy: Policy, rise_bytes: int) -> None:
+    """The change in used memory that triggers a scan: the smaller threshold set, the whole GPU when none is."""
+    assert policy.watch_rise_for(80 * GiB) == rise_bytes

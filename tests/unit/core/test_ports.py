@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import ProcessRef
 from vramguard.core.ports import (
     LIMIT_MAX,
     EventRecorder,
@@ -17,6 +16,7 @@ from vramguard.core.ports import (
     PodSource,
     ProcessIdentifier,
 )
+from vramguard.core.process import ProcessRef
 from vramguard_testbed.fakes import (
     FakeEvictor,
     FakeIdentifier,

@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from vramguard.core.model import GiB, MiB
 from vramguard.core.quantity import (
     MAX_BYTES,
     MIN_QUOTA_BYTES,
+    GiB,
+    MiB,
     QuantityError,
     format_duration,
     format_quantity,

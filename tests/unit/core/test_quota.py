@@ -10,40 +10,36 @@ import pytest
 
 from quota_values import CAPS, ROWS, Row
 from vramguard.core.limit_plan import pod_limits
-from vramguard.core.model import (
-    DEFAULT_QUOTA_SOURCES,
-    NO_SHARE,
-    ContainerInfo,
-    ContainerUsage,
+from vramguard.core.pod import ContainerInfo, PodInfo
+from vramguard.core.policy import (
     DefaultKind,
     DefaultQuota,
-    GiB,
-    GpuDevice,
-    MiB,
     NamespacePolicy,
-    PodInfo,
-    PodQuota,
     Policy,
-    Quota,
-    QuotaError,
-    QuotaScope,
-    QuotaSource,
-    RowOwner,
-    SourceKind,
-    Subject,
+    parse_policy,
 )
-from vramguard.core.policy import parse_policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.core.quota import (
-    BURST_ANNOTATION,
     MAX_MESSAGE_CHARS,
+    NO_SHARE,
     REPLICAS_LABEL,
     UNMANAGED,
+    PodQuota,
+    Quota,
     QuotaBook,
+    QuotaScope,
+    RowQuota,
+    Subject,
     invalid_message,
-    parse_quota_source,
-    reads_claims,
     resolve_pod_quota,
-    row_owner,
+    row_quota,
+)
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import ContainerUsage
+from vramguard.core.sources import (
+    BURST_ANNOTATION,
+    QuotaError,
+    parse_quota_source,
 )
 from vramguard.kube.pod_manifest import pod_info_from_manifest
 
@@ -837,54 +833,6 @@ def test_invalid_message_is_bounded(p: PodInfo) -> None:
     assert "; applies instead: " in message
 
 
-@pytest.mark.parametrize(
-    ("value", "marker"),
-    [
-        pytest.param("x" * 1024, "", id="at-the-limit-unchanged"),
-        pytest.param("x" * 1025, "...[cut: 1025 characters]", id="one-over-is-cut-with-a-marker"),
-        pytest.param(HUGE, "...[cut: 10000000 characters]", id="ten-megabytes-cut-with-a-marker"),
-    ],
-)
-def test_quota_error_stores_its_value_bounded(value: str, marker: str) -> None:
-    """QuotaError keeps at most 1024 characters of a value, saying how long it was, so no log line is megabytes."""
-    error = QuotaError("metadata.annotations[x]", value, "is not a valid quantity")
-    assert error.value == value[: QuotaError.MAX_CHARS - len(marker)] + marker
-    assert len(error.value) == QuotaError.MAX_CHARS == 1024
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        pytest.param(f"resource:{VRAM}", QuotaSource(SourceKind.RESOURCE, VRAM, 1), id="resource-bytes"),
-        pytest.param(f"resource:{GPUMEM}", QuotaSource(SourceKind.RESOURCE, GPUMEM, MiB), id="resource-MiB"),
-        pytest.param(f"annotation:{KAI}", QuotaSource(SourceKind.ANNOTATION, KAI, MiB), id="annotation-MiB"),
-    ],
-)
-def test_parse_quota_source(text: str, expected: QuotaSource) -> None:
-    """Source strings parse to their kind, name and unit, and print back as written."""
-    assert parse_quota_source(text) == expected
-    assert str(expected) == text
-
-
-@pytest.mark.parametrize(
-    ("text", "message_part"),
-    [
-        pytest.param(VRAM, "must be resource:<name>, annotation:<name> or claim:<", id="missing-kind"),
-        pytest.param(f"label:{VRAM}", "must be resource:<name>, annotation:<name> or claim:<", id="unknown-kind"),
-        pytest.param("claim:Gpu.Nvidia.com", "is not a DRA driver or device class name", id="claim-uppercase"),
-        pytest.param("claim:", "is not a DRA driver or device class name", id="claim-empty"),
-        pytest.param("claim:" + "a" * 254, "is not a DRA driver or device class name", id="claim-too-long"),
-        pytest.param("resource:example.com/vram", "knows the unit of no resource", id="unknown-resource"),
-        pytest.param(f"annotation:{VRAM}", "knows the unit of no annotation", id="resource-name-as-annotation"),
-        pytest.param(f"annotation:{BURST_ANNOTATION}", "no annotation", id="burst-is-not-a-quota-source"),
-    ],
-)
-def test_parse_quota_source_rejects(text: str, message_part: str) -> None:
-    """Sources vramguard cannot read are rejected with a reason."""
-    with pytest.raises(ValueError, match=message_part):
-        parse_quota_source(text)
-
-
 def _book_pod(annotation: str | None, priority: int = 0) -> PodInfo:
     """A new pod object each call (as the pod cache hands out on every change), annotated as given."""
     annotations = {LIMIT: annotation} if annotation is not None else {}
@@ -962,17 +910,17 @@ CONTAINER, POD, SHARED = QuotaScope.CONTAINER, QuotaScope.POD, QuotaScope.SHARE
         pytest.param(PodQuota(containers={"own": OWN}), "rest", "GPU-0", None, id="no-quota-unmanaged"),
     ],
 )  # fmt: skip
-def test_row_owner_lays_out_which_quota_governs_a_row(
+def test_row_quota_lays_out_which_quota_governs_a_row(
     pod_quota: PodQuota, container: str, gpu: str, owner: tuple[QuotaScope, str | None, Quota, str | None] | None
 ) -> None:
     """A container's own quota (or DRA share) first, then the pod-wide one; the subject says which rows are judged
     together, the holder whose cgroup holds the driver limit."""
-    found = row_owner("uid-1", pod_quota, container, gpu)
+    found = row_quota("uid-1", pod_quota, container, gpu)
     if owner is None:
         assert found is None
         return
     scope, name, quota, holder = owner
-    assert found == RowOwner(Subject("uid-1", gpu, scope, name), quota, holder)
+    assert found == RowQuota(Subject("uid-1", gpu, scope, name), quota, holder)
 
 
 def test_quota_book_works_out_each_rows_owner_once_per_pod_version() -> None:
@@ -985,19 +933,12 @@ def test_quota_book_works_out_each_rows_owner_once_per_pod_version() -> None:
     book.resolve({p.uid: p}, {})
     ((_, first), (_, none)) = book.rows([row, stranger])
     assert first is not None and none is None
-    assert first == RowOwner(Subject(p.uid, "GPU-0", POD, None), first.quota, None)
+    assert first == RowQuota(Subject(p.uid, "GPU-0", POD, None), first.quota, None)
     assert book.rows([row])[0][1] is first, "found once: kept for the next scans"
     changed = _book_pod("4Gi", priority=1)
     book.resolve({changed.uid: changed}, {})
     again = book.rows([row._replace(pod=changed)])[0][1]
     assert again == first and again is not first, "a new version of the pod: worked out again"
-
-
-def test_reads_claims_only_with_a_claim_source() -> None:
-    """Claims are read only when one of the quota sources is a valid `claim:` source."""
-    assert reads_claims(("resource:vramguard.io/vram", "claim:gpu.nvidia.com"))
-    assert not reads_claims(DEFAULT_QUOTA_SOURCES)
-    assert not reads_claims(("claim:Not_A_Name",))  # the policy loader reports it; no claim source either
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1031,11 +972,11 @@ TABLE_GPU = GpuDevice(index=0, uuid="GPU-0", name="test", total_bytes=80 * GiB, 
 
 
 def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
-    """The row's pod as the agent (`row_owner`) and the limit planner (`pod_limits`) lay it out: a valid value
+    """The row's pod as the agent (`row_quota`) and the limit planner (`pod_limits`) lay it out: a valid value
     governs "main" (its own limit, or the pod-wide annotation); an invalid one leaves it unmanaged, or under what
     applies instead (the pod-wide 1Mi a bad burst would have extended, the namespace's cap); the planner holds the
     same hard limit on the pod's cgroup, and on the container's where the quota is the container's own."""
-    owner = row_owner(p.uid, result, "main", TABLE_GPU.uuid)
+    owner = row_quota(p.uid, result, "main", TABLE_GPU.uuid)
     is_burst = row.field.name == BURST_ANNOTATION
     if row.valid or cap is not None or is_burst:
         assert owner is not None
@@ -1052,3 +993,48 @@ def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
         return
     held = min(owner.quota.hard_for(TABLE_GPU.total_bytes), TABLE_GPU.total_bytes)
     assert wanted == {(None, held), *([("main", held)] if owner.holder is not None else [])}
+
+
+@pytest.mark.parametrize(
+    ("quota", "total_gib", "limit_gib", "hard_gib"),
+    [
+        pytest.param(Quota(limit_bytes=8 * GiB), 80, 8, 8, id="fixed"),
+        pytest.param(Quota(limit_bytes=8 * GiB, burst_bytes=12 * GiB), 80, 8, 12, id="burst-is-the-hard-limit"),
+        pytest.param(Quota(limit_bytes=8 * GiB, burst_bytes=4 * GiB), 80, 8, 8, id="burst-below-limit-is-no-lower"),
+        pytest.param(Quota(share_divisor=4), 80, 20, 20, id="fair-share-of-the-device"),
+        pytest.param(Quota(share_divisor=4, cap_bytes=16 * GiB), 80, 16, 16, id="fair-share-capped"),
+        pytest.param(Quota(share_divisor=4, cap_bytes=16 * GiB), 40, 10, 10, id="fair-share-under-its-cap"),
+    ],
+)
+def test_a_quota_is_bytes_once_it_meets_a_gpu(quota: Quota, total_gib: int, limit_gib: int, hard_gib: int) -> None:
+    """A fixed quota is its bytes on any GPU; a fair share is the GPU's memory divided, bounded by the cap."""
+    assert quota.limit_for(total_gib * GiB) == limit_gib * GiB
+    assert quota.hard_for(total_gib * GiB) == hard_gib * GiB
+
+
+OWN = Quota(limit_bytes=8 * GiB)
+
+
+WIDE = Quota(limit_bytes=2 * GiB)
+
+
+SHARE = Quota(limit_bytes=20 * GiB, share="claim/0")
+
+
+POD_QUOTA = PodQuota(containers={"own": OWN}, pod=WIDE, shares={"dra": {"GPU-0": SHARE}})
+
+
+@pytest.mark.parametrize(
+    ("container", "device_uuid", "own"),
+    [
+        pytest.param("own", "GPU-0", OWN, id="its-own-quota-on-every-gpu"),
+        pytest.param("rest", "GPU-0", None, id="none-of-its-own"),
+        pytest.param("dra", "GPU-0", SHARE, id="its-share-where-allocated"),
+        pytest.param("dra", "GPU-1", NO_SHARE, id="nothing-where-no-share-was-allocated"),
+        pytest.param("", "GPU-0", None, id="the-pod-cgroup-itself"),
+    ],
+)
+def test_a_containers_own_quota_on_a_gpu(container: str, device_uuid: str, own: Quota | None) -> None:
+    """A container's own quota on a GPU: its DRA share there (nothing where it holds none), else its quota on
+    every GPU; None for a container without one (the pod-wide quota, if any, is `quota.row_quota`'s to apply)."""
+    assert POD_QUOTA.own(container, device_uuid) == own

@@ -9,22 +9,13 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.decide import find_violations, owners
+from vramguard.core.actions import Violation
+from vramguard.core.decide import find_violations, quota_rows
 from vramguard.core.limit_plan import wanted_limits
-from vramguard.core.model import (
-    NO_SHARE,
-    ClaimUse,
-    ContainerInfo,
-    GiB,
-    Mode,
-    NamespacePolicy,
-    PodInfo,
-    PodQuota,
-    Policy,
-    Snapshot,
-    Violation,
-)
-from vramguard.core.quota import QuotaBook, resolve_pod_quota
+from vramguard.core.pod import ClaimUse, ContainerInfo, PodInfo
+from vramguard.core.policy import Mode, NamespacePolicy, Policy
+from vramguard.core.quantity import GiB
+from vramguard.core.quota import NO_SHARE, PodQuota, QuotaBook, resolve_pod_quota
 from vramguard.core.shares import (
     Claim,
     ClaimKey,
@@ -33,6 +24,7 @@ from vramguard.core.shares import (
     claim_keys,
     pod_shares,
 )
+from vramguard.core.snapshot import Snapshot
 from vramguard.kube.claim_manifest import claim_from_manifest, slice_devices
 from vramguard_testbed.fakes import SnapshotBuilder, gpu
 
@@ -44,7 +36,7 @@ GPU_UUID = [gpu(i, 24 * GiB).uuid for i in range(4)]
 
 def violations_under(snapshot: Snapshot, quotas: Mapping[str, PodQuota]) -> tuple[Violation, ...]:
     """The snapshot's violations under `quotas`, each row's owner found first (`decide`'s step 1)."""
-    return find_violations(snapshot, owners(snapshot, quotas))
+    return find_violations(snapshot, quota_rows(snapshot, quotas))
 
 
 def device(name: str, uuid: str | None, memory: str | None = "24Gi", qualified: bool = False) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.core.table import RESET, TABLE_COMMAND_CHARS, bytes_cell, command_cell, layout, percent_cell
 
 

@@ -10,19 +10,15 @@ import pytest
 
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.core.decide import DecisionState, decide
+from vramguard.core.driver_limit import LimitKey
 from vramguard.core.exited import ExitedTracker
-from vramguard.core.model import (
-    CgroupIdentity,
-    GiB,
-    Policy,
-    ProcessRef,
-    SubjectKey,
-    UnattributedProcess,
-    UnattributedReason,
-)
 from vramguard.core.orphans import OrphanTracker, PodRead
 from vramguard.core.peaks import PeakWindow
+from vramguard.core.policy import Policy
+from vramguard.core.process import CgroupIdentity, ProcessRef
+from vramguard.core.quantity import GiB
 from vramguard.core.quota import QuotaBook
+from vramguard.core.snapshot import UnattributedProcess, UnattributedReason
 from vramguard.core.text import MAX_TEXT_CHARS
 from vramguard.http.status import (
     KIND,
@@ -61,7 +57,7 @@ def report_of(builder: SnapshotBuilder, pressured: tuple[str, ...] = ()) -> Scan
 
 
 def document(
-    report: ScanReport | None, held: dict[SubjectKey, object] | None = None, age: float | None = 0.5
+    report: ScanReport | None, held: dict[LimitKey, object] | None = None, age: float | None = 0.5
 ) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(render(FACTS, age, scan_json(report, held or {}, describe), DRIVER))
     return doc
@@ -73,7 +69,7 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
     free = pod("free", "ml")
     builder = SnapshotBuilder().use(trainer, "main", GPU0, 6 * GiB, pid=10).use(free, "main", GPU1, GiB, pid=11)
     report = report_of(builder, pressured=(GPU1.uuid,))
-    held: dict[SubjectKey, object] = {SubjectKey(trainer.uid, "main", GPU0.uuid): 4 * GiB}
+    held: dict[LimitKey, object] = {LimitKey(trainer.uid, "main", GPU0.uuid): 4 * GiB}
     doc = document(report, held, age=2.25)
 
     assert (doc["kind"], doc["schema"], doc["truncated"]) == (KIND, SCHEMA, 0)

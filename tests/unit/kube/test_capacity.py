@@ -8,7 +8,8 @@ from structlog.testing import capture_logs
 
 from vramguard.base.backoff import Backoff
 from vramguard.base.worker import Inline
-from vramguard.core.model import GiB, GpuDevice, GpuSample
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuDevice, GpuSample
 from vramguard.kube.capacity import KubeCapacityPublisher, advertisable_bytes
 from vramguard_testbed.fakes import FakeClock
 

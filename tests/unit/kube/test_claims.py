@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from structlog.testing import capture_logs
 
-from vramguard.core.model import ClaimUse, PodInfo
+from vramguard.core.pod import ClaimUse, PodInfo
 from vramguard.kube.claims import CYCLE_S, KubeClaimSource
 from vramguard.kube.reflector import Reflector
 from vramguard_testbed.fakes import FakeClock, FakePodSource, pod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from vramguard.core.model import NodeRef
+from vramguard.core.pod import NodeRef
 from vramguard.kube.no_api import LogEventRecorder, NoApiEvictor
 from vramguard_testbed.fakes import pod
 

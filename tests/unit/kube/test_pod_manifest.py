@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import ClaimUse, GiB, NamespacePolicy, Policy
+from vramguard.core.pod import ClaimUse
+from vramguard.core.policy import NamespacePolicy, Policy
+from vramguard.core.quantity import GiB
 from vramguard.core.quota import resolve_pod_quota
 from vramguard.kube.pod_manifest import (
     MAX_CLAIMS,

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from unit.core.test_documents import BOMB
 from unit.kube.test_pod_manifest import POD, UID
 from vramguard.core.documents import YAML_PARSERS
-from vramguard.core.model import MiB
+from vramguard.core.quantity import MiB
 from vramguard.kube.pod_manifest import PodSourceError
 from vramguard.kube.pods_file import FilePodSource, parse_pod_list
 from vramguard_testbed.fakes import FakeClock, FakeKubeletPods

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import LOOK_ALIKE, CgroupIdentity, LookAlike
+from vramguard.core.process import LOOK_ALIKE, CgroupIdentity, LookAlike
 from vramguard.node.cgroup import (
     HOST_KUBELET,
     ContainerCgroup,

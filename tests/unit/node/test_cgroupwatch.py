@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.core.model import CgroupIdentity
+from vramguard.core.process import CgroupIdentity
 from vramguard.node.cgroupwatch import (
     _IN_CREATE,
     _IN_DELETE,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vramguard.core.model import CgroupIdentity, ProcessRef
+from vramguard.core.process import CgroupIdentity, ProcessRef
 from vramguard.node.identify import PidWindow, ProcIdentifier, device_holders, in_pid_window, new_pid_window
 from vramguard.node.procfs import PidCursor, parse_stat, read_pid_cursor, read_stat
 

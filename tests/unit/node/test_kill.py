@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 from unit.node.test_identify import FakeProc, cgroup_text
-from vramguard.core.model import KillTarget, ProcessRef
+from vramguard.core.actions import KillTarget
 from vramguard.core.ports import KillResult
+from vramguard.core.process import ProcessRef
 from vramguard.node.kill import SKIP_GONE, SKIP_INVALID_PID, SKIP_PID_NAMESPACE, SKIP_SELF, PidfdKiller
 
 UID = "11111111-2222-3333-4444-555555555555"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from vramguard.core.model import KubeletPod
+from vramguard.core.process import KubeletPod
 from vramguard.node import kubelet_pods
 from vramguard.node.kubelet_pods import KubeletPods, parse_entry
 

@@ -11,10 +11,16 @@ from dataclasses import replace
 import pytest
 
 from vramguard.base.worker import Inline, Runner
-from vramguard.core.limit_plan import LimitTarget, wanted_limits
-from vramguard.core.model import CgroupIdentity, ContainerUsage, GiB, GpuDevice, Mode, PodInfo, Policy, SubjectKey
+from vramguard.core.driver_limit import LimitKey, LimitTarget
+from vramguard.core.limit_plan import wanted_limits
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Mode, Policy
 from vramguard.core.ports import LIMIT_MAX, DriverLimit, LimitsSupport
+from vramguard.core.process import CgroupIdentity
+from vramguard.core.quantity import GiB
 from vramguard.core.quota import QuotaBook
+from vramguard.core.sample import GpuDevice
+from vramguard.core.snapshot import ContainerUsage
 from vramguard.node.cgroup_tree import CgroupTree
 from vramguard.node.limiter import DriverLimiter, probe_limits, read_held_limits
 from vramguard_testbed.fakes import FakeClock, FakeMemoryLimiter, container_id, gpu, pod
@@ -192,7 +198,7 @@ def test_each_cgroup_gets_its_limit_the_pods_holding_the_sum(bench: Bench) -> No
     assert bench.held(ctr_dir(trainer, TRAINER)) == bench.held(trainer) == [8 * GiB, 8 * GiB]
     assert bench.held(shared) == [6 * GiB, 6 * GiB]
     assert set(bench.limiter.held()) == {
-        SubjectKey(p.uid, c, g.uuid) for p, c in ((TRAINER, "main"), (TRAINER, None), (SHARED, None))
+        LimitKey(p.uid, c, g.uuid) for p, c in ((TRAINER, "main"), (TRAINER, None), (SHARED, None))
         for g in bench.devices
     }  # fmt: skip
 
@@ -713,11 +719,11 @@ def test_usage_counts_only_when_read_since_the_last_update(bench: Bench) -> None
     pod_dir = bench.start(TRAINER)
     targets = bench.targets(TRAINER)
     bench.update(targets, now=0)
-    key = SubjectKey(TRAINER.uid, "main", bench.devices[0].uuid)
+    key = LimitKey(TRAINER.uid, "main", bench.devices[0].uuid)
     bench.driver.used[(0, ctr_dir(pod_dir, TRAINER))] = 3 * GiB
     assert key not in bench.limiter.fresh_usage(), "just set: nothing read back yet"
     bench.update(targets, now=1)  # a usage refresh
-    assert bench.limiter.fresh_usage() == {key: 3 * GiB, SubjectKey(TRAINER.uid, "main", bench.devices[1].uuid): 0}
+    assert bench.limiter.fresh_usage() == {key: 3 * GiB, LimitKey(TRAINER.uid, "main", bench.devices[1].uuid): 0}
     busy = Bench(runner=Queued())
     busy.limiter.update(targets, [0, 1], 0)
     assert busy.limiter.fresh_usage() == {}, "a task that has not run yet leaves no figure to use"
@@ -749,4 +755,4 @@ def test_read_held_limits(
         bench.driver.set(0, ctr_dir(pod_dir, TRAINER), 0, LIMIT_MAX)
     bench.tree.v2, bench.driver.older_driver = v2, older_driver
     held = read_held_limits(bench.driver, "/unused", _rows(TRAINER, bench.devices[:1]), bench.devices, tree=bench.tree)
-    assert held == {SubjectKey(TRAINER.uid, c, bench.devices[0].uuid): b for c, b in expected.items()}
+    assert held == {LimitKey(TRAINER.uid, c, bench.devices[0].uuid): b for c, b in expected.items()}

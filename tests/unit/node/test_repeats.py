@@ -15,7 +15,11 @@ from vramguard.agent.act import Enforcer
 from vramguard.agent.loop import Agent
 from vramguard.agent.metrics import Metrics
 from vramguard.base.worker import Inline
-from vramguard.core.model import ActionKind, GiB, GpuProcess, GpuSample, KillRecord, Mode, Policy, ProcessRef
+from vramguard.core.actions import KillRecord
+from vramguard.core.policy import ActionKind, Mode, Policy
+from vramguard.core.process import ProcessRef
+from vramguard.core.quantity import GiB
+from vramguard.core.sample import GpuProcess, GpuSample
 from vramguard.node.repeats import (
     GONE,
     MAX_CONTAINERS_SHOWN,

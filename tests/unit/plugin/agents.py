@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin.merge import AgentRef, Answer, Failure, Fetched, Row
 from vramguard_testbed.fakes import FakeClock
 

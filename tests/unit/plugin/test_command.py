@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin import fetch
 from vramguard.plugin.command import build_app
 from vramguard.plugin.merge import Answer, Failure, Fetched

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB, Policy
-from vramguard.core.quota import parse_quota_source
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB
+from vramguard.core.sources import parse_quota_source
 from vramguard.plugin.in_force import NEW_FIELD, QuotaInForce, field_of, in_force, spell
 from vramguard.plugin.workloads import Owners, WorkloadRef
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin.merge import (
     Answer,
     Failure,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB, Policy
+from vramguard.core.policy import Policy
+from vramguard.core.quantity import GiB
 from vramguard.plugin.patch import patches
 from vramguard.plugin.recommend import PeakSeries, recommend
 from vramguard.plugin.workloads import Owners

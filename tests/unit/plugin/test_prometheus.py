@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from unit.test_runbooks import RULES, untemplated
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin.prometheus import (
     PEAK_METRIC,
     RECORD_INTERVAL_S,

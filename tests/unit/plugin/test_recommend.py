@@ -13,8 +13,10 @@ from types import MappingProxyType
 import pytest
 
 from vramguard.core.decide import DecisionState, decide
-from vramguard.core.model import GiB, MiB, Mode, NamespacePolicy, PodInfo, Policy
 from vramguard.core.peaks import PeakWindow
+from vramguard.core.pod import PodInfo
+from vramguard.core.policy import Mode, NamespacePolicy, Policy
+from vramguard.core.quantity import GiB, MiB
 from vramguard.core.quota import QuotaBook
 from vramguard.plugin.recommend import POD_WIDE, Impossible, PeakSeries, recommend, within_gpu_memory
 from vramguard.plugin.strategy import recommended_bytes

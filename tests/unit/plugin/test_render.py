@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.core.table import TABLE_COMMAND_CHARS
 from vramguard.plugin.merge import Row, merge_nodes, merge_rows, sort_rows
 from vramguard.plugin.render import Output, render_nodes, render_top, row_dict

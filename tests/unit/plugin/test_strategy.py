@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB, MiB
+from vramguard.core.quantity import GiB, MiB
 from vramguard.plugin.strategy import friendly, recommended_bytes
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramguard.core.model import GiB
+from vramguard.core.quantity import GiB
 from vramguard.plugin.verdict import Verdict, verdict
 
 
