@@ -28,6 +28,12 @@ class ContainerInfo:
     # Raw resources.limits, e.g. {"vramguard.io/vram": "12Gi"}.
     limits: Mapping[str, str] = field(default_factory=_frozen_map)
     claims: tuple[ClaimUse, ...] = ()  # the DRA claims the container uses (resources.claims)
+    # The environment variables a quota is read from (`quantity.ENV_UNIT_BYTES`), as its `env[]` sets them: the
+    # literal value, or None where a `valueFrom` sets it (a ConfigMap's, a Secret's, a field's: not read).
+    env: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
+    # It has NVIDIA GPUs (a `nvidia.com/` GPU or MIG resource) and an `envFrom`, which may set the toolkit's variables
+    # where vramguard does not read them (a ConfigMap, a Secret).
+    env_from: bool = False
 
 
 @dataclass(frozen=True, slots=True)

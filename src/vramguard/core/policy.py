@@ -122,11 +122,17 @@ class NamespacePolicy:
     on_repeat: OnRepeat | None = None  # overrides Policy.on_repeat
 
 
+# The order a container's quota is looked for in (the first valid one wins): vramguard's own resource, the resources
+# other GPU-sharing schedulers place pods by, then NVIDIA's per-container declarations (KAI's annotations before the
+# variables its NRI plugin writes from them, over any the pod sets), then the pod-wide annotations, which a
+# per-container declaration is more precise than (KAI itself prefers its per-container request to `gpu-memory`).
 DEFAULT_QUOTA_SOURCES: tuple[str, ...] = (
     "resource:vramguard.io/vram",
     "resource:aliyun.com/gpu-mem",
     "resource:nvidia.com/gpumem",
     "resource:tencent.com/vcuda-memory",
+    "annotation:nvidia.com/container.<container>.gpu-memory",
+    "env:NVIDIA_GPU_MEMORY",
     "annotation:vramguard.io/vram-limit",
     "annotation:gpu-memory",
 )
@@ -821,7 +827,7 @@ POLICY_KEYS: Final = (
     ),
     PolicyKey(
         "quota_sources",
-        "list of resource:<name>, annotation:<name> or claim:<DRA driver or device class>",
+        "list of resource:<name>, annotation:<name>, env:<name> or claim:<DRA driver or device class>",
         "[" + ", ".join(DEFAULT_QUOTA_SOURCES) + "]",
         "Where a quota comes from, in precedence order: each container takes the first source that gives it a "
         "valid value.",

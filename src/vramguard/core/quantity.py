@@ -53,6 +53,17 @@ ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType(
 )
 
 
+# The environment variables NVIDIA's container toolkit reads a container's GPU memory from (its
+# apply-cuda-memory-limits hook, toolkit 1.20.1, R615+): REQUEST the soft limit, LIMIT the hard one, each a whole
+# number of MiB. The hook parses each with Go's strconv.ParseUint(value, 10, 64): digits only, and refuses to start the
+# container on anything else.
+ENV_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType({"NVIDIA_GPU_MEMORY": MiB})
+ENV_REQUEST_SUFFIX: Final = "_REQUEST"
+ENV_LIMIT_SUFFIX: Final = "_LIMIT"
+_DIGITS = re.compile(r"[0-9]+")
+_MIB_SPELLED = re.compile(r"([0-9]{1,19}) ?MiB")  # the unit written out, as people do
+
+
 class QuantityError(ValueError):
     """A value that is not a valid quantity, duration or percentage. `str()` names the value and the reason."""
 
@@ -239,6 +250,35 @@ def parse_quota_bytes(value: object, unit_bytes: int = 1, name: str = "the value
     The minimum is checked on the bytes the value means (`1048575.5` rounds up to 1Mi, as `Value()` does).
     """
     n_bytes = parse_count_bytes(value, unit_bytes, name)
+    if n_bytes < MIN_QUOTA_BYTES:
+        raise QuantityError(
+            value,
+            f"a quota must be at least {format_quantity(MIN_QUOTA_BYTES)} ({MIN_QUOTA_BYTES} bytes), "
+            f"not {n_bytes} bytes: no GPU workload fits in it",
+        )
+    return n_bytes
+
+
+def parse_mib_digits(value: object, name: str) -> int:
+    """A whole number of MiB written in digits alone, as NVIDIA's toolkit reads `name` (`NVIDIA_GPU_MEMORY_LIMIT`):
+    bytes, at least MIN_QUOTA_BYTES. Raises QuantityError naming the value; where the value is a Kubernetes quantity
+    of whole MiB (`2048Mi`, `2Gi`), the error says the digits to write instead."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_LENGTH:
+        raise QuantityError(value, f"longer than {MAX_LENGTH} characters")
+    if not _DIGITS.fullmatch(text):
+        hint = ""
+        try:
+            n_bytes = parse_quantity(text)
+        except QuantityError:
+            n_bytes = -1
+        if n_bytes > 0 and n_bytes % MiB == 0:
+            hint = f"; write {n_bytes // MiB} for {text}"
+        elif (mib := _MIB_SPELLED.fullmatch(text)) is not None:
+            hint = f"; write {int(mib.group(1))} for {text}"
+        reason = f"{name} is a whole number of MiB in digits alone, as NVIDIA's toolkit reads it{hint}"
+        raise QuantityError(value, reason)
+    n_bytes = _whole_bytes(value, int(text) * MiB)
     if n_bytes < MIN_QUOTA_BYTES:
         raise QuantityError(
             value,

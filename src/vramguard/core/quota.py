@@ -17,11 +17,13 @@ from types import MappingProxyType
 from typing import Final, NamedTuple
 
 from vramguard.core.driver_limit import LimitKey
-from vramguard.core.pod import PodInfo
+from vramguard.core.pod import ContainerInfo, PodInfo
 from vramguard.core.policy import DefaultKind, Policy
 from vramguard.core.quantity import (
+    MAX_BYTES,
     QuantityError,
     format_quantity,
+    parse_mib_digits,
     parse_quota_bytes,
 )
 from vramguard.core.shares import PodShares, Share
@@ -58,14 +60,23 @@ class Quota:
         return self.limit_bytes
 
     def hard_for(self, device_total_bytes: int) -> int:
-        """The bytes over which the agent acts at once on a GPU of that size: the burst where set, else the limit."""
+        """The bytes over which the agent acts at once on a GPU of that size: the burst where set (the whole GPU for a
+        soft limit with no hard one, `NO_HARD_LIMIT`), else the limit."""
         limit = self.limit_for(device_total_bytes)
-        return max(limit, self.burst_bytes) if self.burst_bytes is not None else limit
+        if self.burst_bytes is None:
+            return limit
+        return max(limit, device_total_bytes if self.burst_bytes >= NO_HARD_LIMIT else self.burst_bytes)
 
     @property
     def hard_bytes(self) -> int | None:
         """`hard_for` on any GPU; None for a fair share, whose bytes depend on the GPU it meets."""
         return None if self.share_divisor is not None else self.hard_for(0)
+
+
+# The burst of a soft limit declared with no hard one (NVIDIA_GPU_MEMORY_REQUEST alone, which the toolkit's hook
+# programs with no hard cap): above the soft limit for `soft_grace` the agent acts, and no hard limit below the GPU's
+# own size holds it.
+NO_HARD_LIMIT: Final = MAX_BYTES
 
 
 class QuotaScope(str, enum.Enum):
@@ -172,7 +183,7 @@ def resolve_pod_quota(
     for container in pod.containers:
         held = (shares or {}).get(container.name, ())
         own, stopped_at[container.name] = _container_quota(
-            container.name, container.limits, held, sources, pod_source, cap, findings
+            container, pod.annotations, held, sources, pod_source, cap, findings
         )
         if isinstance(own, dict):
             per_gpu[container.name] = own
@@ -185,6 +196,17 @@ def resolve_pod_quota(
             defaulted.append(container.name)
             if default is not None:
                 containers[container.name] = default
+
+    if any(s.kind is SourceKind.ENV for s in sources):
+        for container in pod.containers:
+            if container.env_from and container.name in defaulted and not container.env:
+                error = QuotaError(
+                    f"spec.containers[{container.name}].envFrom",
+                    "envFrom",
+                    "may set NVIDIA_GPU_MEMORY_REQUEST or NVIDIA_GPU_MEMORY_LIMIT, which vramguard does not read "
+                    "there; set them in env[]",
+                )
+                findings.append(_Finding(error, _Governs.CONTAINER, container=container.name))
 
     if pod.mirrorless and pod_quota is None:
         # Its containers are unknown (`PodInfo.mirrorless`): what a container declaring nothing gets, pod-wide.
@@ -411,7 +433,7 @@ def _pod_wide_quota(
 ) -> tuple[QuotaSource | None, Quota | None]:
     """The first annotation source with a valid value on the pod, and its quota."""
     for index, source in enumerate(sources):
-        if source.kind is not SourceKind.ANNOTATION or source.name not in pod.annotations:
+        if source.per_container or source.name not in pod.annotations:
             continue
         raw = pod.annotations[source.name]
         field = f"metadata.annotations[{source.name}]"
@@ -427,17 +449,18 @@ def _pod_wide_quota(
 
 
 def _container_quota(
-    container: str,
-    limits: Mapping[str, str],
+    info: ContainerInfo,
+    annotations: Mapping[str, str],
     shares: Sequence[Share],
     sources: Sequence[QuotaSource],
     pod_source: QuotaSource | None,
     cap: int | None,
     findings: list[_Finding],
 ) -> tuple[Quota | dict[str, Quota] | None, int]:
-    """The container's own quota from the first valid resource or claim source ahead of the pod-wide one, if
-    any (a claim source gives one per GPU, by UUID), and the index in `sources` where the walk stopped
-    (len(sources) when it went through every one)."""
+    """The container's own quota from the first valid per-container source ahead of the pod-wide one, if any (a
+    claim source gives one per GPU, by UUID), and the index in `sources` where the walk stopped (len(sources) when it
+    went through every one)."""
+    container, limits = info.name, info.limits
     for index, source in enumerate(sources):
         if source == pod_source:
             return None, index  # covered by the pod-wide quota
@@ -445,6 +468,11 @@ def _container_quota(
             per_gpu = _claim_quotas(container, shares, source, findings)
             if per_gpu:
                 return per_gpu, index
+            continue
+        if source.pair:
+            paired = _pair_quota(info, annotations, source, cap, findings)
+            if paired is not None:
+                return paired, index
             continue
         if source.kind is not SourceKind.RESOURCE or source.name not in limits:
             continue
@@ -459,6 +487,63 @@ def _container_quota(
             findings.append(_Finding(_over_cap(field, raw, cap), _Governs.CONTAINER, container=container))
         return Quota(limit_bytes=limit, source=source.field, origin=source), index
     return None, len(sources)
+
+
+def _pair_quota(
+    info: ContainerInfo,
+    annotations: Mapping[str, str],
+    source: QuotaSource,
+    cap: int | None,
+    findings: list[_Finding],
+) -> Quota | None:
+    """The container's quota from a request and limit pair (`QuotaSource.pair`): the request the soft limit, the limit
+    the hard one. None where it declares neither, or where either is unreadable or the request is above the limit
+    (each reported: half a pair is no quota). A limit alone is the quota; a request alone is a soft limit, with no
+    hard one for the toolkit's variable (its hook sets none) and the request as the limit for KAI's annotation (its
+    NRI plugin sets the limit to the request)."""
+    container = info.name
+    read: list[tuple[str, str, int | None]] = []  # (field, value as written, bytes; None: not given) per key
+    for key in source.pair_keys(container):
+        raw: str | None
+        if source.kind is SourceKind.ENV:
+            field, raw, given = f"spec.containers[{container}].env[{key}]", info.env.get(key, ""), key in info.env
+        else:
+            field, raw, given = f"metadata.annotations[{key}]", annotations.get(key, ""), key in annotations
+        if not given:
+            read.append(("", "", None))
+            continue
+        if raw is None:  # a valueFrom
+            error = QuotaError(field, "valueFrom", "sets it from elsewhere (valueFrom), which vramguard does not read")
+            findings.append(_Finding(error, _Governs.CONTAINER, container=container))
+            return None
+        try:
+            value = parse_mib_digits(raw, key) if source.kind is SourceKind.ENV else parse_quota_bytes(raw, 1, key)
+        except QuantityError as e:
+            findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
+            return None
+        read.append((field, raw, value))
+    (request_field, request_raw, request), (limit_field, limit_raw, limit) = read
+    if request is None and limit is None:
+        return None
+    if request is not None and limit is not None and request > limit:
+        reason = f"is above the limit {limit_raw} ({limit_field}): a request must be at most its limit"
+        findings.append(
+            _Finding(QuotaError(request_field, request_raw, reason), _Governs.CONTAINER, container=container)
+        )
+        return None
+    hard_field = limit_field or request_field
+    hard = limit if limit is not None else request
+    assert hard is not None
+    if cap is not None and hard > cap:
+        findings.append(
+            _Finding(_over_cap(hard_field, limit_raw or request_raw, cap), _Governs.CONTAINER, container=container)
+        )
+    names = " and ".join(f.rpartition("[")[2].rstrip("]") for f in (request_field, limit_field) if f)
+    described = f"{source.kind.value} {names}"
+    if limit is None and source.kind is SourceKind.ENV:
+        return Quota(limit_bytes=request, burst_bytes=NO_HARD_LIMIT, source=described, origin=source)
+    soft = request if request is not None else limit
+    return Quota(limit_bytes=soft, burst_bytes=hard if hard != soft else None, source=described, origin=source)
 
 
 def _claim_quotas(
@@ -544,10 +629,13 @@ def _apply_burst(
         applies = f"burst {format_quantity(burst)} capped to {format_quantity(cap)} by namespace max_quota"
         findings.append(_Finding(_over_cap(field, raw, cap, applies), _Governs.CAPPED_BURST))
 
+    def extended(q: Quota) -> Quota:  # a pair's own limit (its burst) is the one its owner declared: kept
+        return replace(q, burst_bytes=burst) if q.burst_bytes is None else q
+
     return (
-        {name: replace(q, burst_bytes=burst) for name, q in containers.items()},
-        {name: {gpu: replace(q, burst_bytes=burst) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()},
-        replace(pod_quota, burst_bytes=burst) if pod_quota is not None else None,
+        {name: extended(q) for name, q in containers.items()},
+        {name: {gpu: extended(q) for gpu, q in gpus.items()} for name, gpus in per_gpu.items()},
+        extended(pod_quota) if pod_quota is not None else None,
     )
 
 

@@ -1,7 +1,14 @@
-"""Quota sources: where in a pod a quota is read (`resource:`, `annotation:`, `claim:`), and the unit of each.
+"""Quota sources: where in a pod a quota is read (`resource:`, `annotation:`, `env:`, `claim:`), and the unit of each.
 
 `Policy.quota_sources` lists them in order; `parse_quota_source` turns one entry into a `QuotaSource` or says what
 is wrong with it. No I/O, no clock.
+
+Two sources are pairs, a request (the soft limit) and a limit (the hard one), as NVIDIA's own tools declare them:
+`env:NVIDIA_GPU_MEMORY`, the container's `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT` (whole MiB, which
+the container toolkit's hook programs into the driver on R615+), and
+`annotation:nvidia.com/container.<container>.gpu-memory`, KAI Scheduler's per-container annotations
+`nvidia.com/container.<name>.gpu-memory.request` and `.limit` (Kubernetes quantities), from which its NRI plugin
+writes those variables.
 """
 
 from __future__ import annotations
@@ -13,7 +20,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Final
 
-from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
+from vramguard.core.quantity import (
+    ANNOTATION_UNIT_BYTES,
+    ENV_LIMIT_SUFFIX,
+    ENV_REQUEST_SUFFIX,
+    ENV_UNIT_BYTES,
+    RESOURCE_UNIT_BYTES,
+)
 from vramguard.core.text import MAX_TEXT_CHARS, cut
 
 BURST_ANNOTATION: Final = "vramguard.io/vram-burst"
@@ -25,18 +38,32 @@ QUOTA_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType(
 )
 
 
+# KAI Scheduler's per-container annotations (NvFractions): `nvidia.com/container.<name>.gpu-memory.request` and
+# `.limit`, each a Kubernetes quantity, for the container named. Its source names the pair with the placeholder.
+CONTAINER_PLACEHOLDER: Final = "<container>"
+KAI_CONTAINER_PREFIX: Final = "nvidia.com/container."
+KAI_CONTAINER_SUFFIX: Final = ".gpu-memory"
+KAI_CONTAINER_SOURCE: Final = f"{KAI_CONTAINER_PREFIX}{CONTAINER_PLACEHOLDER}{KAI_CONTAINER_SUFFIX}"
+PAIR_SUFFIXES: Final = {"annotation": (".request", ".limit"), "env": (ENV_REQUEST_SUFFIX, ENV_LIMIT_SUFFIX)}
+# The per-container annotations' source, with the unit of its values (a byte quantity).
+PER_CONTAINER_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType({KAI_CONTAINER_SOURCE: 1})
+
 # A DRA driver's name or a DeviceClass's name: a DNS subdomain.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def parse_quota_source(text: str) -> QuotaSource:
-    """`resource:vramguard.io/vram`, `annotation:gpu-memory` or `claim:gpu.nvidia.com` → QuotaSource; ValueError
-    says what is wrong."""
+    """`resource:vramguard.io/vram`, `annotation:gpu-memory`, `env:NVIDIA_GPU_MEMORY` or `claim:gpu.nvidia.com` →
+    QuotaSource; ValueError says what is wrong."""
     kind_text, sep, name = text.partition(":")
-    known_by_kind = {SourceKind.RESOURCE: RESOURCE_UNIT_BYTES, SourceKind.ANNOTATION: QUOTA_ANNOTATION_UNIT_BYTES}
+    known_by_kind = {
+        SourceKind.RESOURCE: RESOURCE_UNIT_BYTES,
+        SourceKind.ANNOTATION: {**QUOTA_ANNOTATION_UNIT_BYTES, **PER_CONTAINER_ANNOTATION_UNIT_BYTES},
+        SourceKind.ENV: ENV_UNIT_BYTES,
+    }
     kind = next((k for k in SourceKind if k.value == kind_text), None)
     if not sep or kind is None:
-        raise ValueError("must be resource:<name>, annotation:<name> or claim:<DRA driver or device class>")
+        raise ValueError("must be resource:<name>, annotation:<name>, env:<name> or claim:<DRA driver or device class>")
     if kind is SourceKind.CLAIM:
         if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
             raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
@@ -64,7 +91,8 @@ def readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
 
 class SourceKind(str, enum.Enum):
     RESOURCE = "resource"  # a container's resources.limits
-    ANNOTATION = "annotation"  # a pod annotation, covering the whole pod
+    ANNOTATION = "annotation"  # a pod annotation, covering the whole pod; or a pair per container (`per_container`)
+    ENV = "env"  # a pair of the container's environment variables (`env[]` literal values)
     CLAIM = "claim"  # the GPU memory shares of the container's DRA claims, per GPU (`core/shares.py`)
 
 
@@ -81,8 +109,26 @@ class QuotaSource:
 
     @property
     def field(self) -> str:
-        """The field of the pod it reads, as messages name it: `limits[<name>]`, `annotation <name>`, `claim <name>`."""
+        """The field of the pod it reads, as messages name it: `limits[<name>]`, `annotation <name>`, `env <name>`,
+        `claim <name>`."""
         return f"limits[{self.name}]" if self.kind is SourceKind.RESOURCE else f"{self.kind.value} {self.name}"
+
+    @property
+    def per_container(self) -> bool:
+        """Whether it gives each container its own quota: a resource, a pair of variables, a per-container
+        annotation, a claim. The others are pod-wide annotations."""
+        return self.kind is not SourceKind.ANNOTATION or CONTAINER_PLACEHOLDER in self.name
+
+    @property
+    def pair(self) -> bool:
+        """Whether it reads a request (the soft limit) and a limit (the hard one) rather than one value."""
+        return self.kind is SourceKind.ENV or (self.kind is SourceKind.ANNOTATION and self.per_container)
+
+    def pair_keys(self, container: str) -> tuple[str, str]:
+        """The request's and the limit's names for `container`: the variables, or the container's annotations."""
+        request, limit = PAIR_SUFFIXES[self.kind.value]
+        name = self.name.replace(CONTAINER_PLACEHOLDER, container)
+        return name + request, name + limit
 
 
 @dataclass(frozen=True, slots=True)

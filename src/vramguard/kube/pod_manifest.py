@@ -19,7 +19,14 @@ import structlog
 from vramguard.core.pod import ClaimUse, ContainerInfo, PodInfo
 from vramguard.core.ports import KubeletPods
 from vramguard.core.process import KubeletPod
-from vramguard.core.quantity import ANNOTATION_UNIT_BYTES, RESOURCE_UNIT_BYTES
+from vramguard.core.quantity import (
+    ANNOTATION_UNIT_BYTES,
+    ENV_LIMIT_SUFFIX,
+    ENV_REQUEST_SUFFIX,
+    ENV_UNIT_BYTES,
+    RESOURCE_UNIT_BYTES,
+)
+from vramguard.core.sources import PER_CONTAINER_ANNOTATION_UNIT_BYTES, parse_quota_source
 from vramguard.core.text import MAX_TEXT_CHARS, cut
 
 MAX_VALUE_CHARS: Final = MAX_TEXT_CHARS
@@ -68,13 +75,54 @@ def _kept(values: Mapping[Any, Any], names: Mapping[str, int]) -> dict[str, str]
     return {name: cut(str(values[name])) for name in names if name in values}
 
 
+# The variables a quota is read from: NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT.
+_QUOTA_ENV: Final = tuple(name + suffix for name in ENV_UNIT_BYTES for suffix in (ENV_REQUEST_SUFFIX, ENV_LIMIT_SUFFIX))
+
+
+def _quota_env(env: object) -> dict[str, str | None]:
+    """The quota variables of a container's `env[]`: each name's first entry, as NVIDIA's toolkit takes the first
+    (the kubelet's last wins only for names it sees twice, which the API server warns of): its literal value, cut, or
+    None where a `valueFrom` sets it. Every other variable is left unread."""
+    found: dict[str, str | None] = {}
+    for entry in env if isinstance(env, list) else ():
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if name in _QUOTA_ENV and name not in found:
+            value = entry.get("value")
+            found[name] = None if entry.get("valueFrom") is not None else cut(str(value if value is not None else ""))
+    return found
+
+
+def _has_nvidia_gpu(limits: object) -> bool:
+    """Whether a container's limits give it NVIDIA GPUs (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, a MIG profile's
+    `nvidia.com/mig-…`): the containers NVIDIA's toolkit applies its memory variables to."""
+    return isinstance(limits, Mapping) and any(
+        isinstance(k, str) and (k.startswith("nvidia.com/gpu") or k.startswith("nvidia.com/mig-")) for k in limits
+    )
+
+
+def _quota_annotations(annotations: object, containers: Iterable[str]) -> dict[str, str]:
+    """The annotations a quota is read from, cut: the pod-wide ones vramguard knows (`ANNOTATION_UNIT_BYTES`) and,
+    for each of the pod's containers, KAI's `nvidia.com/container.<name>.gpu-memory.request` and `.limit`. Looked up
+    by name, so a pod's thousands of other annotations cost nothing."""
+    if not isinstance(annotations, Mapping):
+        return {}
+    kept = _kept(annotations, ANNOTATION_UNIT_BYTES)
+    for source in PER_CONTAINER_ANNOTATION_UNIT_BYTES:
+        pair = parse_quota_source(f"annotation:{source}")
+        for container in containers:
+            for key in pair.pair_keys(container):
+                if key in annotations:
+                    kept[key] = cut(str(annotations[key]))
+    return kept
+
+
 def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
     """Convert one Pod object (camelCase keys, as the API server serialises it) into a PodInfo.
 
-    Keeps only the annotations and limits vramguard reads (`ANNOTATION_UNIT_BYTES`, `RESOURCE_UNIT_BYTES`), and
-    cuts every string to `MAX_VALUE_CHARS`. A mirror pod (`MIRROR_ANNOTATION` naming a UID of a pod cgroup's form)
-    becomes its static pod: `uid` the UID claimed, `mirror_uid` its own; whether the claim is believed is
-    `index_pods`' to say."""
+    Keeps only the annotations, limits and variables vramguard reads (`ANNOTATION_UNIT_BYTES` and KAI's per-container
+    annotations, `RESOURCE_UNIT_BYTES`, `ENV_UNIT_BYTES`), and cuts every string to `MAX_VALUE_CHARS`. A mirror pod
+    (`MIRROR_ANNOTATION` naming a UID of a pod cgroup's form) becomes its static pod: `uid` the UID claimed,
+    `mirror_uid` its own; whether the claim is believed is `index_pods`' to say."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -88,6 +136,8 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
             container_id=ids.get(c.get("name")),
             limits=_kept((c.get("resources") or {}).get("limits") or {}, RESOURCE_UNIT_BYTES),
             claims=_claim_uses((c.get("resources") or {}).get("claims")),
+            env=_quota_env(c.get("env")),
+            env_from=bool(c.get("envFrom")) and _has_nvidia_gpu((c.get("resources") or {}).get("limits")),
         )
         for key in ("initContainers", "containers", "ephemeralContainers")
         for c in (spec.get(key) or [])
@@ -106,7 +156,7 @@ def pod_info_from_manifest(obj: Mapping[str, Any]) -> PodInfo:
         namespace=cut(str(meta.get("namespace", "default"))),
         name=cut(str(meta.get("name", ""))),
         containers=containers,
-        annotations=_kept(meta.get("annotations") or {}, ANNOTATION_UNIT_BYTES),
+        annotations=_quota_annotations(meta.get("annotations"), [c.name for c in containers]),
         priority=int(spec.get("priority") or 0),
         qos=cut(str(status.get("qosClass") or "BestEffort")),
         owner=owner,

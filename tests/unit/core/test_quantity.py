@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -16,6 +17,7 @@ from vramguard.core.quantity import (
     format_quantity,
     parse_count_bytes,
     parse_duration,
+    parse_mib_digits,
     parse_percentage,
     parse_quantity,
     parse_quota_bytes,
@@ -365,3 +367,30 @@ def test_parse_percentage_rejects(value: object) -> None:
     """Anything but a number from 0 to 100 followed by % is an error naming the value."""
     with pytest.raises(QuantityError, match="is not a valid percentage"):
         parse_percentage(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "reason"),
+    [
+        pytest.param("4096", 4 * GiB, None, id="whole-mib"),
+        pytest.param("0010", 10 * MiB, None, id="leading-zeros-as-go-parses-them"),
+        pytest.param("1", MiB, None, id="one-mib-the-smallest-quota"),
+        pytest.param("0", None, "must be at least 1Mi", id="zero"),
+        pytest.param("2048MiB", None, "write 2048 for 2048MiB", id="unit-written-out"),
+        pytest.param("2Gi", None, "write 2048 for 2Gi", id="a-quantity"),
+        pytest.param("12GB", None, "digits alone", id="not-a-quantity-either"),
+        pytest.param("+4096", None, "digits alone", id="sign"),
+        pytest.param(" 4096", None, "digits alone", id="space"),
+        pytest.param("1.5", None, "digits alone", id="decimal"),
+        pytest.param("", None, "digits alone", id="empty"),
+        pytest.param("9" * 19, None, "int64 maximum", id="past-int64-in-bytes"),
+        pytest.param("9" * 65, None, "longer than 64 characters", id="long"),
+    ],
+)
+def test_the_toolkits_mib_are_digits_alone(value: str, expected: int | None, reason: str | None) -> None:
+    """NVIDIA_GPU_MEMORY_LIMIT as the toolkit's hook reads it (Go's ParseUint, base 10), and at least 1 MiB."""
+    if expected is not None:
+        assert parse_mib_digits(value, "NVIDIA_GPU_MEMORY_LIMIT") == expected
+        return
+    with pytest.raises(QuantityError, match=re.escape(reason or "")):
+        parse_mib_digits(value, "NVIDIA_GPU_MEMORY_LIMIT")

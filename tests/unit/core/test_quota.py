@@ -21,6 +21,7 @@ from vramguard.core.policy import (
 from vramguard.core.quantity import GiB, MiB
 from vramguard.core.quota import (
     MAX_MESSAGE_CHARS,
+    NO_HARD_LIMIT,
     NO_SHARE,
     REPLICAS_LABEL,
     UNMANAGED,
@@ -1038,3 +1039,147 @@ def test_a_containers_own_quota_on_a_gpu(container: str, device_uuid: str, own: 
     """A container's own quota on a GPU: its DRA share there (nothing where it holds none), else its quota on
     every GPU; None for a container without one (the pod-wide quota, if any, is `quota.row_quota`'s to apply)."""
     assert POD_QUOTA.own(container, device_uuid) == own
+
+
+# NVIDIA's declarations: a request (soft) and a limit (hard) per container, in the container toolkit's variables
+# (whole MiB) or KAI Scheduler's per-container annotations (Kubernetes quantities).
+ENV = parse_quota_source("env:NVIDIA_GPU_MEMORY")
+KAI_PAIR = parse_quota_source("annotation:nvidia.com/container.<container>.gpu-memory")
+KAI_REQUEST = "nvidia.com/container.main.gpu-memory.request"
+KAI_LIMIT = "nvidia.com/container.main.gpu-memory.limit"
+
+
+def env(**values: str | None) -> ContainerInfo:
+    return ContainerInfo("main", env={f"NVIDIA_GPU_MEMORY_{k.upper()}": v for k, v in values.items()})
+
+
+@pytest.mark.parametrize(
+    ("container", "annotations", "limit", "burst", "source", "error"),
+    [
+        pytest.param(env(limit="4096"), {}, 4 * GiB, None, "env NVIDIA_GPU_MEMORY_LIMIT", None, id="env-limit"),
+        pytest.param(
+            env(request="2048", limit="4096"),
+            {},
+            2 * GiB,
+            4 * GiB,
+            "env NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT",
+            None,
+            id="env-request-soft-limit-hard",
+        ),
+        pytest.param(env(request="4096", limit="4096"), {}, 4 * GiB, None, None, None, id="env-equal-is-one-limit"),
+        pytest.param(
+            env(request="2048"),
+            {},
+            2 * GiB,
+            NO_HARD_LIMIT,
+            "env NVIDIA_GPU_MEMORY_REQUEST",
+            None,
+            id="env-request-alone-has-no-hard-limit",
+        ),
+        pytest.param(env(limit="0010"), {}, 10 * MiB, None, None, None, id="env-leading-zeros-as-the-toolkit"),
+        pytest.param(
+            env(limit="2048MiB"),
+            {},
+            None,
+            None,
+            None,
+            "digits alone, as NVIDIA's toolkit reads it; write 2048 for 2048MiB",
+            id="env-unit-written-out-refused",
+        ),
+        pytest.param(env(limit="4Gi"), {}, None, None, None, "write 4096 for 4Gi", id="env-quantity-refused"),
+        pytest.param(env(limit="0"), {}, None, None, None, "must be at least 1Mi", id="env-zero-refused"),
+        pytest.param(env(limit=None), {}, None, None, None, "valueFrom", id="env-value-from-is-unreadable"),
+        pytest.param(
+            env(request="8192", limit="4096"),
+            {},
+            None,
+            None,
+            None,
+            "is above the limit 4096",
+            id="env-request-above-limit-refused",
+        ),
+        pytest.param(
+            env(request="bad", limit="4096"), {}, None, None, None, "digits alone", id="env-half-a-pair-is-no-quota"
+        ),
+        pytest.param(c("main"), {KAI_LIMIT: "8Gi"}, 8 * GiB, None, None, None, id="kai-limit"),
+        pytest.param(
+            c("main"),
+            {KAI_REQUEST: "4Gi", KAI_LIMIT: "8Gi"},
+            4 * GiB,
+            8 * GiB,
+            f"annotation {KAI_REQUEST} and {KAI_LIMIT}",
+            None,
+            id="kai-request-soft-limit-hard",
+        ),
+        pytest.param(c("main"), {KAI_REQUEST: "4Gi"}, 4 * GiB, None, None, None, id="kai-request-alone-is-the-limit"),
+        pytest.param(c("main"), {KAI_LIMIT: "4096"}, None, None, None, "must be at least 1Mi", id="kai-bare-is-bytes"),
+        pytest.param(c("main"), {KAI_LIMIT: "12GB"}, None, None, None, "not a Kubernetes suffix", id="kai-12GB"),
+        pytest.param(
+            c("main"),
+            {"nvidia.com/container.other.gpu-memory.limit": "8Gi"},
+            None,
+            None,
+            None,
+            None,
+            id="kai-another-containers-annotation",
+        ),
+    ],
+)
+def test_nvidias_pairs_are_a_soft_and_a_hard_limit(
+    container: ContainerInfo,
+    annotations: dict[str, str],
+    limit: int | None,
+    burst: int | None,
+    source: str | None,
+    error: str | None,
+) -> None:
+    """The request is the soft limit, the limit the hard one, in the units their owners define and as strictly; a
+    bad half, a valueFrom or a request above its limit is reported and the pair gives no quota (the container is
+    unmanaged here, with no other source)."""
+    policy = Policy(quota_sources=(str(KAI_PAIR), str(ENV)))
+    q = resolve_pod_quota(pod(container, annotations=annotations), policy, {})
+    got = q.containers.get("main")
+    assert (got.limit_bytes if got else None, got.burst_bytes if got else None) == (limit, burst)
+    if source is not None:
+        assert got is not None and got.source == source
+    if error is None:
+        assert q.errors == ()
+    else:
+        assert len(q.errors) == 1 and error in q.errors[0].message, q.errors
+        assert q.errors[0].applies == UNMANAGED
+
+
+def test_a_request_alone_is_judged_soft_up_to_the_whole_gpu() -> None:
+    """A soft limit with no hard one: over it the agent acts after the soft grace, and its hard limit is the GPU's own
+    size (nothing for a driver limit to hold)."""
+    quota = Quota(limit_bytes=2 * GiB, burst_bytes=NO_HARD_LIMIT)
+    assert (quota.limit_for(80 * GiB), quota.hard_for(80 * GiB)) == (2 * GiB, 80 * GiB)
+
+
+def test_the_kai_annotation_goes_before_the_variables_it_writes() -> None:
+    """By default a container declaring both takes KAI's annotation (its NRI plugin writes the variables from it,
+    over any the pod sets), and either goes before a pod-wide annotation."""
+    container = ContainerInfo("main", env={"NVIDIA_GPU_MEMORY_LIMIT": "1024"})
+    q = resolve_pod_quota(pod(container, annotations={KAI_LIMIT: "8Gi", KAI: "2048"}), Policy(), {})
+    assert q.containers["main"].limit_bytes == 8 * GiB
+    q = resolve_pod_quota(pod(container, annotations={KAI: "2048"}), Policy(), {})
+    assert q.containers["main"].limit_bytes == GiB
+
+
+def test_a_pod_wide_burst_leaves_a_declared_pair_alone() -> None:
+    """vramguard's burst annotation extends the quotas that have no hard limit of their own, not a pair's limit."""
+    annotations = {KAI_REQUEST: "4Gi", KAI_LIMIT: "8Gi", "vramguard.io/vram-burst": "16Gi"}
+    q = resolve_pod_quota(pod(c("main"), c("side", vram="4Gi"), annotations=annotations), Policy(), {})
+    assert (q.containers["main"].limit_bytes, q.containers["main"].burst_bytes) == (4 * GiB, 8 * GiB)
+    assert (q.containers["side"].limit_bytes, q.containers["side"].burst_bytes) == (4 * GiB, 16 * GiB)
+
+
+def test_an_envfrom_on_a_gpu_container_with_no_quota_is_reported_not_guessed() -> None:
+    """A GPU container whose variables may come from a ConfigMap or Secret (`envFrom`) gets no quota from there: when
+    nothing else gives it one, VRAMQuotaInvalid says why; a container with a quota of its own is not told."""
+    unread = ContainerInfo("main", env_from=True)
+    q = resolve_pod_quota(pod(unread), Policy(), {})
+    assert [(e.field, e.applies) for e in q.errors] == [("spec.containers[main].envFrom", UNMANAGED)]
+    covered = ContainerInfo("main", limits={VRAM: "4Gi"}, env_from=True)
+    assert resolve_pod_quota(pod(covered), Policy(), {}).errors == ()
+    assert resolve_pod_quota(pod(unread), Policy(quota_sources=(f"resource:{VRAM}",)), {}).errors == ()

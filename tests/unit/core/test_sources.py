@@ -19,6 +19,7 @@ from vramguard.core.sources import (
 VRAM = "vramguard.io/vram"
 GPUMEM = "nvidia.com/gpumem"
 KAI = "gpu-memory"
+KINDS = "must be resource:<name>, annotation:<name>, env:<name> or claim:<"
 HUGE = "9" * 10_000_000  # a tenant can write a 10 MB annotation
 
 
@@ -54,8 +55,10 @@ def test_parse_quota_source(text: str, expected: QuotaSource) -> None:
 @pytest.mark.parametrize(
     ("text", "message_part"),
     [
-        pytest.param(VRAM, "must be resource:<name>, annotation:<name> or claim:<", id="missing-kind"),
-        pytest.param(f"label:{VRAM}", "must be resource:<name>, annotation:<name> or claim:<", id="unknown-kind"),
+        pytest.param(VRAM, "must be resource:<name>, annotation:<name>, env:<name> or claim:<", id="missing-kind"),
+        pytest.param(
+            f"label:{VRAM}", "must be resource:<name>, annotation:<name>, env:<name> or claim:<", id="unknown-kind"
+        ),
         pytest.param("claim:Gpu.Nvidia.com", "is not a DRA driver or device class name", id="claim-uppercase"),
         pytest.param("claim:", "is not a DRA driver or device class name", id="claim-empty"),
         pytest.param("claim:" + "a" * 254, "is not a DRA driver or device class name", id="claim-too-long"),
@@ -82,3 +85,27 @@ def test_a_quota_error_is_stored_cut() -> None:
     error = QuotaError(field="annotation x", value="9" * 10_000_000, message="is not a valid quantity")
     assert len(error.value) <= QuotaError.MAX_CHARS
     assert error.message == "is not a valid quantity"
+
+
+@pytest.mark.parametrize(
+    ("text", "per_container", "keys"),
+    [
+        pytest.param("env:NVIDIA_GPU_MEMORY", True, ("NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT"), id="env"),
+        pytest.param(
+            "annotation:nvidia.com/container.<container>.gpu-memory",
+            True,
+            ("nvidia.com/container.main.gpu-memory.request", "nvidia.com/container.main.gpu-memory.limit"),
+            id="kai-per-container",
+        ),
+        pytest.param("annotation:gpu-memory", False, None, id="pod-wide"),
+        pytest.param(f"resource:{VRAM}", True, None, id="resource"),
+    ],
+)
+def test_nvidias_pairs_name_a_request_and_a_limit_per_container(
+    text: str, per_container: bool, keys: tuple[str, str] | None
+) -> None:
+    """A pair source names the container's request and limit; a pod-wide annotation covers the whole pod."""
+    source = parse_quota_source(text)
+    assert str(source) == text and source.per_container is per_container and source.pair is (keys is not None)
+    if keys is not None:
+        assert source.pair_keys("main") == keys

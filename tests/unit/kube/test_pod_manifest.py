@@ -137,6 +137,48 @@ def test_only_the_annotations_and_limits_vramguard_reads_are_kept() -> None:
     assert dict(p.containers[0].limits) == {"vramguard.io/vram": "8Gi", "tencent.com/vcuda-memory": "4"}
 
 
+def test_nvidias_declarations_are_kept_for_the_pods_own_containers() -> None:
+    """KAI's per-container annotations are kept for the containers the pod has (another name's, or a different key,
+    costs nothing); of `env[]`, only the toolkit's two variables, the first entry of each name (as the toolkit takes
+    it), a `valueFrom` as None; an `envFrom` is noted, unread, on a container given NVIDIA GPUs (the toolkit's)."""
+    annotations = {
+        "nvidia.com/container.main.gpu-memory.request": "4Gi",
+        "nvidia.com/container.main.gpu-memory.limit": "8Gi",
+        "nvidia.com/container.ghost.gpu-memory.limit": "8Gi",
+        "nvidia.com/container.main.gpus.devices": "GPU-0",
+    }
+    env = [
+        {"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "4096"},
+        {"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "1"},
+        {"name": "NVIDIA_GPU_MEMORY_REQUEST", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}},
+        {"name": "NVIDIA_GPU_MEMORY_LIMITS", "value": "2048"},
+        {"name": "PATH", "value": "/bin"},
+    ]
+    manifest = {
+        **POD,
+        "metadata": {**POD["metadata"], "annotations": annotations},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "env": env,
+                    "envFrom": [{"configMapRef": {"name": "cfg"}}],
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                },
+                {"name": "side", "env": "not a list", "envFrom": [{"configMapRef": {"name": "cfg"}}]},
+            ]
+        },
+    }
+    p = pod_info_from_manifest(manifest)
+    assert dict(p.annotations) == {
+        "nvidia.com/container.main.gpu-memory.request": "4Gi",
+        "nvidia.com/container.main.gpu-memory.limit": "8Gi",
+    }
+    main, side = p.containers
+    assert dict(main.env) == {"NVIDIA_GPU_MEMORY_LIMIT": "4096", "NVIDIA_GPU_MEMORY_REQUEST": None} and main.env_from
+    assert dict(side.env) == {} and not side.env_from
+
+
 def test_huge_values_are_cut_and_still_reported_invalid() -> None:
     """A 10 MB quota annotation or limit is kept as 1024 characters, marked cut, and is still an invalid quota."""
     huge = "9" * 10_000_000
