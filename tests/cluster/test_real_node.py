@@ -305,6 +305,46 @@ def test_evict_mode_on_real_containers(cluster: Cluster) -> None:
     assert cluster.status(ns, "guarded")["restartCount"] == 0
 
 
+def test_the_toolkit_variable_is_a_quota_on_real_containers(cluster: Cluster) -> None:
+    """A pod that declares its limit as NVIDIA's container toolkit reads it, `NVIDIA_GPU_MEMORY_LIMIT` in MiB in its
+    container's env[] and nothing of vramguard's, is killed over it by the agent's default quota sources (on a driver
+    below R615 nothing else enforces it); a neighbour within its own quota lives."""
+    cluster.helm_install(mode="kill")
+    ns = cluster.namespace("ml-toolkit")
+    declared = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="trainer", labels={"app": "trainer"}),
+        spec=client.V1PodSpec(
+            termination_grace_period_seconds=2,
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image=WORKLOAD_IMAGE,
+                    image_pull_policy="Never",
+                    env=[client.V1EnvVar(name="NVIDIA_GPU_MEMORY_LIMIT", value="4096")],
+                )
+            ],
+        ),
+    )
+    cluster.core.create_namespaced_pod(ns, declared)
+    wait_until(lambda: cluster.phase(ns, "trainer") == "Running", 60, what="the trainer Running", interval_s=0.25)
+    trainer = cluster.pod(ns, "trainer")
+    assert trainer is not None
+    notebook = cluster.workload(ns, "notebook", "8Gi")
+    trainer_pid, notebook_pid = cluster.pid(trainer), cluster.pid(notebook)
+    cluster.gpu({trainer_pid: 6 * GiB, notebook_pid: 6 * GiB})
+
+    def restarted() -> bool:
+        status = cluster.status(ns, "trainer")
+        return bool(status["restartCount"] >= 1 and "running" in status["state"])
+
+    wait_until(restarted, 60, what="the trainer killed over its 4096 MiB and restarted", interval_s=0.25)
+    wait_until(lambda: "VRAMKilled" in cluster.reasons(ns, "trainer"), 30, what="VRAMKilled", interval_s=0.25)
+    described = cluster.node.kubectl("describe", "pod", "trainer", "--namespace", ns).stdout
+    assert "quota 4.0GiB (env NVIDIA_GPU_MEMORY_LIMIT)" in described, described
+    assert cluster.status(ns, "notebook")["restartCount"] == 0 and Path(f"/proc/{notebook_pid}").exists()
+    cluster.gpu({})
+
+
 def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None:
     """On an R615 driver the agent, in its pod, programs each container's limit on the cgroup v2 directory the
     kubelet and containerd made, through the host's cgroup filesystem the chart mounts."""

@@ -56,6 +56,7 @@ class SimPod:
     # DRA: the claims the pod names (spec.resourceClaims[].name → the ResourceClaim's name), and each container's.
     resource_claims: dict[str, str] = field(default_factory=dict)
     container_claims: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, dict[str, str]] = field(default_factory=dict)  # container → its env[] literal values
 
     @property
     def uid(self) -> str:
@@ -153,11 +154,13 @@ class SimulatedNode:
         qos: str = "burstable",
         uid: str | None = None,
         claims: Mapping[str, str] | None = None,
+        env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> SimPod:
         """A pod with one cgroup per container; `containers` maps container name → resources.limits.
 
         `uid` names the cgroup after a real pod (one created in an API server); by default it is random.
         `claims` maps each container to the ResourceClaim it uses (a claim of that name must be in `objects`).
+        `env` maps a container to the variables its `env[]` sets, each a literal `value`.
         """
         specs = {c: dict(limits) for c, limits in (containers or {"main": {}}).items()}
         pod_cgroup = self.cgroups.pod(uid=uid, qos=qos)
@@ -172,6 +175,7 @@ class SimulatedNode:
             qos=qos,
             resource_claims={f"claim-{c}": claim for c, claim in (claims or {}).items()},
             container_claims={c: [f"claim-{c}"] for c in (claims or {})},
+            env={c: dict(variables) for c, variables in (env or {}).items()},
         )
         self.pods.append(pod)
         (self.pod_logs / f"{namespace}_{name}_{pod.uid}").mkdir(exist_ok=True)
@@ -316,6 +320,7 @@ class SimulatedNode:
                             {
                                 "name": c,
                                 "image": "busybox",
+                                "env": [{"name": k, "value": v} for k, v in pod.env.get(c, {}).items()],
                                 "resources": {
                                     "limits": pod.limits[c],
                                     "claims": [{"name": r} for r in pod.container_claims.get(c, [])],
