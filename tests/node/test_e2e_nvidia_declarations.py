@@ -125,3 +125,44 @@ def test_a_bad_declared_value_is_reported_and_the_default_applies(
     assert len(invalid) == 1
     message = str(invalid[0]["message"])
     assert field_name in message and value in message and said in message, message
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        pytest.param(
+            Declared(env={"NVIDIA_GPU_MEMORY_REQUEST": "2048", "NVIDIA_GPU_MEMORY_LIMIT": "4096"}),
+            id="toolkit-env-request-and-limit",
+        ),
+        pytest.param(
+            Declared(annotations={KAI.format("main") + ".request": "2Gi", KAI.format("main") + ".limit": "4Gi"}),
+            id="kai-annotations-request-and-limit",
+        ),
+    ],
+)
+def test_the_request_is_the_soft_limit_and_the_limit_the_hard_one(
+    sim_node: SimulatedNode, tmp_path: Path, declared: Declared
+) -> None:
+    """Between its 2 GiB request and its 4 GiB limit the pod is warned and lives (soft_grace not over); over the
+    limit it is killed at once."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("soft_grace: 10m\n")
+    pod = declared.add_to(sim_node, "bursty")
+    proc = sim_node.spawn(pod, declared.container, 3 * GiB)
+    agent = sim_node.start_agent(
+        "--policy", str(policy), "--mode", "kill", "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True
+    )
+    sim_node.wait_ready()
+    sim_node.wait_scans(4)
+    assert proc.alive(), "above the request alone: warned, not acted on before soft_grace"
+    metrics = sim_node.http_get("/metrics")[1]
+    assert metric_value(metrics, "vramguard_violations_total", {"namespace": "ml", "severity": "soft"}) == 1.0
+
+    sim_node.set_usage(proc, 5 * GiB)
+    wait_until(lambda: not proc.alive(), 10 * POLL_S, what="the pod killed over its declared limit")
+    sim_node.stop_agents()
+    logs = json_logs(agent)
+    (kill,) = [e for e in logs if e.get("event") == "action" and e.get("action") == "kill"]
+    assert "quota 2.0GiB, burst 4.0GiB" in str(kill["message"]), kill["message"]
+    reasons = [e.get("reason") for e in logs if e.get("event") == "event"]
+    assert reasons == ["VRAMQuotaExceeded", "VRAMKilled"], reasons
