@@ -9,6 +9,8 @@ kill. Never in warn mode or with --dry-run; `driver_limits: require` fails readi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +179,70 @@ def test_the_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]) ->
     assert "trainer allocates 4GiB more, 10GiB in all: OUT OF MEMORY" in out
     assert "trainer allocates 4GiB more, 10GiB in all: granted" in out
     assert "FAILED" not in out
+
+
+# KAI Scheduler's per-container declaration; its NRI plugin hands it to NVIDIA's container toolkit as
+# NVIDIA_GPU_MEMORY_REQUEST=2048 / _LIMIT=8192, which the toolkit's hook programs on the container's cgroup.
+KAI_2G_8G = {
+    "nvidia.com/container.main.gpu-memory.request": "2Gi",
+    "nvidia.com/container.main.gpu-memory.limit": "8Gi",
+}
+# `apply-cuda-memory-limits`, as far as the driver sees it: nvmlDeviceSetMemoryLimits_v1 on the container's cgroup
+# v2 path, the request soft, the limit hard, from a process of its own (pynvml over the test NVML).
+HOOK = """
+import sys, pynvml
+pynvml.nvmlInit()
+limits = pynvml.c_nvmlSetMemoryLimits_v1_t()
+limits.nameSpace, limits.softLimit, limits.hardLimit = sys.argv[1].encode(), int(sys.argv[2]), int(sys.argv[3])
+pynvml.nvmlDeviceSetMemoryLimits_v1(pynvml.nvmlDeviceGetHandleByIndex(0), limits)
+"""
+
+
+def test_the_toolkits_limit_is_left_alone_shown_and_the_soft_quota_still_enforced(
+    r615: SimulatedNode, tmp_path: Path
+) -> None:
+    """A container whose limit NVIDIA's toolkit hook set before the agent ran: the agent writes nothing on its
+    cgroup, says the toolkit holds it (`top`, /status, the metrics), the driver refuses an allocation over the hook's
+    hard limit, and over the soft quota, which no driver limit stops, the agent still kills after the grace."""
+    trainer_pod = r615.add_pod("trainer", "ml", annotations=KAI_2G_8G)
+    ctr = trainer_pod.containers["main"].dirs[0]
+    subprocess.run([sys.executable, "-c", HOOK, ctr, str(2 * GiB), str(8 * GiB)], env=r615.env, check=True)
+    trainer = r615.spawn_allocator(trainer_pod, "main")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("soft_grace: 2s\n")
+    r615.start_agent("--mode", "kill", "--poll-interval", "0.1", "--policy", str(policy))
+    r615.wait_ready()
+    wait_until(
+        lambda: metric(r615, "vramguard_driver_limits_total", outcome="toolkit") == 1,
+        what="the agent finding the toolkit's limit",
+    )
+    assert metric(r615, "vramguard_driver_limits_total", outcome="applied") == 1, "the pod's own cgroup: the sum"
+    assert [(d.soft_bytes, d.hard_bytes) for d in driver_limits(r615.state_path) if d.cgroup == ctr] == [
+        (2 * GiB, 8 * GiB)
+    ]
+    assert hook_only(r615, ctr), "the hook's one write, none by the agent"
+    assert trainer.allocate(0, GiB), "within the request"
+    wait_until(lambda: metric(r615, "vramguard_driver_limit_bytes", pod="trainer", container="main") == 8 * GiB,
+               what="the toolkit's limit in the metrics")  # fmt: skip
+    wait_until(lambda: (metric(r615, "vramguard_container_gpu_memory_used_bytes", pod="trainer") or 0) == GiB,
+               what="a scan that counts the trainer's 1 GiB")  # fmt: skip
+    top = json.loads(r615.run_vramguard("top", "--once", "--json").stdout)
+    status = json.loads(r615.http_get("/status")[1])
+    for doc in (top, status):
+        assert [(r["pod"], r["held_by"]) for r in doc["containers"]] == [("trainer", "driver:toolkit")]
+
+    assert trainer.allocate(0, 2 * GiB), "3 GiB, over the 2 GiB request, under the hook's 8 GiB: granted"
+    assert not trainer.allocate(0, 6 * GiB), "3 + 6 GiB is over the hook's 8 GiB: the driver refuses it"
+    wait_until(lambda: trainer.process.poll() is not None, timeout_s=15, what="the kill over the soft quota")
+    wait_until(
+        lambda: metric(r615, "vramguard_actions_total", action="kill", result="ok") == 1, what="one kill counted"
+    )
+    assert hook_only(r615, ctr)
+
+
+def hook_only(node: SimulatedNode, cgroup: str) -> bool:
+    """Whether the one limit written on `cgroup` is the toolkit hook's (2 GiB soft, 8 GiB hard)."""
+    sets = [
+        (c.soft_bytes, c.hard_bytes) for c in limit_calls(node.state_path) if c.verb == "set" and c.cgroup == cgroup
+    ]
+    return sets == [(2 * GiB, 8 * GiB)]

@@ -45,6 +45,7 @@ EVENT_INVALID = "VRAMQuotaInvalid"
 EVENT_LIMIT_APPLIED = "VRAMLimitApplied"  # Normal: the driver now holds the container to its quota
 EVENT_LIMIT_FAILED = "VRAMLimitFailed"  # the driver could not: the agent enforces the quota itself
 EVENT_LIMIT_LATE = "VRAMLimitLate"  # the container ran before the driver held its limit (agent restart, missed cgroup)
+EVENT_LIMIT_TOOLKIT = "VRAMLimitSetByToolkit"  # Normal: NVIDIA's container toolkit set the limit there; left alone
 EVENT_PRESSURE = "VRAMPressure"  # a GPU the pod uses entered memory pressure: who is over their quota there
 EVENT_NEEDS_RESET = "VRAMGPUNeedsReset"  # on the Node: exited processes hold GPU memory only a reset frees
 EVENT_ORPHAN_RECLAIMED = "VRAMOrphanReclaimed"  # on the Node: the processes of a pod that is gone, killed
@@ -369,7 +370,7 @@ class Enforcer:
         those that failed, naming the GPUs."""
         grouped: dict[tuple[str, str | None, LimitResult], list[LimitOutcome]] = {}
         for o in outcomes:
-            if o.result in (LimitResult.APPLIED, LimitResult.LATE, LimitResult.FAILED):
+            if o.result in (LimitResult.APPLIED, LimitResult.LATE, LimitResult.FAILED, LimitResult.TOOLKIT):
                 grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
         for (_, _, result), group in grouped.items():
             t = group[0].target
@@ -388,6 +389,11 @@ class Enforcer:
                     "puts the limit in place before its first instruction"
                 )
                 self._record(t.pod, EVENT_LIMIT_LATE, cut(message, 1024))
+            elif result is LimitResult.TOOLKIT:
+                message = (
+                    f"the driver holds {t.subject} on GPU {gpus} by a limit vramguard did not set: {group[0].detail}"
+                )
+                self._record(t.pod, EVENT_LIMIT_TOOLKIT, cut(message, 1024), warning=False)
             else:
                 message = (
                     f"could not set the driver's memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "

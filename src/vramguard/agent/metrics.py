@@ -22,6 +22,7 @@ from vramguard.core.driver_limit import LimitKey, LimitResult, LimitTarget
 from vramguard.core.exited import EXITED_HOLD_S, HeldByExited
 from vramguard.core.peaks import PEAK_WINDOW_S, Peak
 from vramguard.core.policy import ActionKind
+from vramguard.core.ports import LIMIT_MAX
 from vramguard.core.quota import QuotaRow
 from vramguard.core.snapshot import Snapshot, UnattributedReason
 from vramguard.kube.events import EventResult
@@ -169,10 +170,13 @@ class _ScanCollector(Collector):
         limits = GaugeMetricFamily(
             "vramguard_driver_limit_bytes",
             "The hard GPU memory limit the driver holds for a container's cgroup on one GPU (container is empty for "
-            "a pod's own cgroup): allocations beyond it fail in that container.",
+            "a pod's own cgroup): allocations beyond it fail in that container. The agent's own, or the one NVIDIA's "
+            "container toolkit hook set (from NVIDIA_GPU_MEMORY_LIMIT), which the agent leaves alone.",
             labels=labels,
         )
         for t in view.driver_limits:
+            if t.hard_bytes == LIMIT_MAX:
+                continue  # a soft limit alone, as the toolkit's hook sets for a request alone: no hard limit held
             device = devices.get(t.gpu_uuid)
             label = device.label if device is not None else str(t.gpu_index)
             limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
@@ -292,8 +296,9 @@ class Metrics:
         self.driver_limit_results = Counter(
             "vramguard_driver_limits_total",
             "Driver memory limits programmed, by outcome: applied, late (applied to a container already running), "
-            "unchanged (already held), cleared, unsupported (the reactive modes hold that quota), failed (the first "
-            "failure of a run; retried with back-off).",
+            "unchanged (already held), toolkit (NVIDIA's container toolkit hook set one there: left alone), cleared, "
+            "unsupported (the reactive modes hold that quota), failed (the first failure of a run; retried with "
+            "back-off).",
             ["outcome"],
             registry=self.registry,
         )

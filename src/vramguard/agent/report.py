@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass, field
 
 from vramguard.agent.act import Outcome
 from vramguard.core.decide import Decision
-from vramguard.core.driver_limit import LimitKey, LimitTarget
+from vramguard.core.driver_limit import HeldLimit, LimitKey, LimitSetter, LimitTarget, holds_quota
 from vramguard.core.exited import NOTHING_HELD, ExitedScan
 from vramguard.core.orphans import NO_ORPHANS, OrphanScan
 from vramguard.core.peaks import Highest
-from vramguard.core.quota import PodQuota
+from vramguard.core.quota import PodQuota, RowQuota
 from vramguard.core.snapshot import Snapshot, UnattributedReason
 from vramguard.node.describe import ProcessDetail, describe_process
 
@@ -57,9 +57,12 @@ class TopRow:
     used_bytes: int
     quota_bytes: int | None
     state: str  # ok | over-soft | over-hard | unmanaged | unattributed: <why> | gpu-unhealthy: <error>
-    # Who holds the quota: "driver" (its hard limit on the container's cgroup, R615+: an allocation beyond it
-    # fails), "driver:pod" (only the pod's cgroup holds one: the container's own is missing), "agent" (the
-    # reactive modes alone: where the driver holds limits, a container running without its own), "-" without one.
+    # Who holds the quota: "driver" (the agent's hard limit on the container's cgroup, R615+: an allocation beyond
+    # it fails), "driver:toolkit" (the driver holds the container's cgroup within the quota by the limit NVIDIA's
+    # container toolkit hook set from NVIDIA_GPU_MEMORY_*, which the agent leaves alone), "driver:pod" (only the
+    # pod's cgroup holds one: the container's own is missing), "agent" (the reactive modes alone: where the driver
+    # holds limits, a container running without its own, or with only a soft limit or a looser one the toolkit
+    # set), "-" without one.
     held_by: str = "-"
     claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
     quota_source: str = ""  # the quota's `Quota.source`, e.g. "limits[vramguard.io/vram]"; "" without a quota
@@ -77,11 +80,11 @@ class TopRow:
 def rows_from_report(
     report: ScanReport,
     describe: Callable[[int], ProcessDetail] = describe_process,
-    driver_limits: Mapping[LimitKey, object] | None = None,
+    driver_limits: Mapping[LimitKey, HeldLimit | LimitTarget] | None = None,
 ) -> list[TopRow]:
     """The rows of one scan, each with the subject and quota the decision found for it (`Decision.rows`);
     `driver_limits` (`limiter.read_held_limits`, or the agent's `DriverLimiter.held`) says which quotas the driver
-    holds."""
+    holds, and who set each limit."""
     snap = report.snapshot
     held = driver_limits or {}
     violated = {v.key: v for v in report.decision.violations}
@@ -96,8 +99,7 @@ def rows_from_report(
             state, held_by = "unmanaged", "-"
         else:
             state = "ok" if v is None else "over-hard" if v.hard else "over-soft"
-            pod_key = LimitKey(u.pod.uid, None, u.device_uuid)
-            held_by = "driver" if governing.limit_key in held else "driver:pod" if pod_key in held else "agent"
+            held_by = _held_by(held, governing, LimitKey(u.pod.uid, None, u.device_uuid), device.total_bytes)
         rows.append(
             TopRow(
                 gpu=device.label,
@@ -138,6 +140,20 @@ def rows_from_report(
         if not d.healthy:
             rows.append(TopRow(d.label, "-", "-", "-", (), 0, None, f"gpu-unhealthy: {d.error}"))
     return sorted(rows, key=lambda r: (r.gpu, r.namespace, r.pod, r.container))
+
+
+def _held_by(
+    held: Mapping[LimitKey, HeldLimit | LimitTarget], governing: RowQuota, pod_key: LimitKey, total_bytes: int
+) -> str:
+    """Who holds a row's quota (`TopRow.held_by`): the limit on its holder's cgroup where the driver holds one (the
+    toolkit's only where it keeps the cgroup within the quota's hard limit), else the pod's cgroup's, else the
+    agent."""
+    own = held.get(governing.limit_key)
+    if own is not None and own.set_by is LimitSetter.AGENT:
+        return "driver"
+    if own is not None and holds_quota(own.hard_bytes, governing.quota.hard_for(total_bytes)):
+        return "driver:toolkit"
+    return "driver:pod" if pod_key in held else "agent"
 
 
 def row_dict(row: TopRow) -> dict[str, object]:

@@ -1,6 +1,6 @@
-"""Driver limits: the key of a limit (a cgroup on one GPU), the hard limit the driver should hold there, and what
-programming it came to. The vocabulary of the limiter's port (`ports.DriverLimiter`), the planner (`limit_plan.py`)
-and the limiter (`node/limiter.py`); plain frozen data, no I/O, no clock.
+"""Driver limits: the key of a limit (a cgroup on one GPU), the hard limit the driver should hold there, who set the
+one it holds, and what programming it came to. The vocabulary of the limiter's port (`ports.DriverLimiter`), the
+planner (`limit_plan.py`) and the limiter (`node/limiter.py`); plain frozen data, no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -10,7 +10,37 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from vramguard.core.pod import PodInfo
+from vramguard.core.quantity import MiB
 from vramguard.core.text import format_bytes
+
+
+class LimitSetter(str, enum.Enum):
+    """Who set the limit the driver holds on a cgroup. The agent never sets a soft limit (`docs/architecture.md`
+    "Driver memory limits"), so a limit with one is another's: on R615+ drivers, NVIDIA's container toolkit hook
+    (`apply-cuda-memory-limits`), which programs a container's `NVIDIA_GPU_MEMORY_REQUEST` as the soft limit and its
+    `NVIDIA_GPU_MEMORY_LIMIT` as the hard one (KAI Scheduler's NRI plugin writes those from its annotations). The
+    agent leaves such a limit alone: it never writes over it nor clears it."""
+
+    AGENT = "agent"
+    TOOLKIT = "toolkit"
+
+    @classmethod
+    def of(cls, soft_bytes: int) -> LimitSetter:
+        """Who set a limit the driver holds with this soft limit."""
+        return cls.TOOLKIT if soft_bytes != 0 else cls.AGENT
+
+
+def holds_quota(held_hard_bytes: int, quota_hard_bytes: int) -> bool:
+    """Whether a hard limit the driver holds keeps a cgroup within the quota's hard limit: at most that, rounded up
+    to a whole MiB (the toolkit's hook takes whole MiB, which KAI's NRI plugin rounds a quantity up to)."""
+    return held_hard_bytes <= -(-quota_hard_bytes // MiB) * MiB
+
+
+class HeldLimit(NamedTuple):
+    """A hard limit the driver holds, as read back from it (`limiter.read_held_limits`), and who set it."""
+
+    hard_bytes: int
+    set_by: LimitSetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +56,9 @@ class LimitTarget:
     gpu_uuid: str
     hard_bytes: int
     source: str  # the quota's source, for messages
+    # Who set the limit the driver holds there: the agent's own target, or, as the limiter found it, the toolkit's
+    # hook (with the hard limit the hook set: `LimitSetter`).
+    set_by: LimitSetter = LimitSetter.AGENT
     # Built once: a target lives across scans, and its key is looked up several times per scan.
     key: LimitKey = field(init=False, repr=False, compare=False)
 
@@ -51,6 +84,7 @@ class LimitResult(str, enum.Enum):
     APPLIED = "applied"  # set now
     LATE = "late"  # set now, but the container was already running: found without its limit
     UNCHANGED = "unchanged"  # the driver already held it: an agent restart
+    TOOLKIT = "toolkit"  # NVIDIA's container toolkit hook set a limit there (`LimitSetter`): left alone, not written
     CLEARED = "cleared"  # no longer wanted
     UNSUPPORTED = "unsupported"  # this driver or GPU cannot: the reactive modes hold the quota
     FAILED = "failed"  # an error; retried with back-off, reported once per run of failures

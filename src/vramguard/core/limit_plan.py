@@ -15,7 +15,7 @@ from vramguard.core.driver_limit import LimitKey, LimitTarget
 from vramguard.core.pod import PodInfo
 from vramguard.core.policy import DriverLimits, Mode, Policy
 from vramguard.core.ports import ClaimSource, PodSource
-from vramguard.core.quota import NO_SHARE, PodQuota, resolve_pod_quota, row_quota
+from vramguard.core.quota import NO_HARD_LIMIT, NO_SHARE, PodQuota, RowQuota, resolve_pod_quota, row_quota
 from vramguard.core.sample import GpuDevice
 from vramguard.core.shares import PodShares
 from vramguard.core.snapshot import ContainerUsage, Snapshot
@@ -185,15 +185,17 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
     The pod's cgroup holds, on each GPU, the sum of what its containers may hold there (their own hard limits,
     DRA shares, and the pod-wide quota for the containers it covers), so the limit is in place from the moment
     the kubelet creates the cgroup, before any container of the pod exists; summing init containers too is never
-    tighter than the pod needs. Where one container has no quota at all, the pod's cgroup holds none (it would
-    bound that container). Which quota holds which container on which GPU is `quota.row_quota`'s answer, as for
-    the decision. A container that has not started yet has a target without `container_id`
-    (`pending`): the limiter gives it to a new container cgroup of the pod when that cannot be another's."""
+    tighter than the pod needs. Where one container has no quota at all, or one with no hard limit (a request
+    alone in NVIDIA's variables: `quota.NO_HARD_LIMIT`), the pod's cgroup holds none (it would bound that
+    container), and such a container gets no limit of its own: the agent holds its soft limit itself. Which quota
+    holds which container on which GPU is `quota.row_quota`'s answer, as for the decision. A container that has not
+    started yet has a target without `container_id` (`pending`): the limiter gives it to a new container cgroup of
+    the pod when that cannot be another's."""
     targets: list[LimitTarget] = []
     names = [c.name for c in pod.containers]
     for gpu in gpus:
         # Each listed container's row on this GPU, then the pod's own cgroup's (the pod-wide quota, if any).
-        rows = [row_quota(pod.uid, pod_quota, name, gpu.uuid) for name in names]
+        rows = [_bounded(row_quota(pod.uid, pod_quota, name, gpu.uuid)) for name in names]
         wide = row_quota(pod.uid, pod_quota, "", gpu.uuid)
         own = [r for r in rows if r is not None and r.holder is not None]
         total = sum(r.quota.hard_for(gpu.total_bytes) for r in own)
@@ -204,8 +206,9 @@ def pod_limits(pod: PodInfo, pod_quota: PodQuota, gpus: list[GpuDevice]) -> list
             targets.append(_target(pod, None, None, gpu, total, source))
     for container in pod.containers:
         for gpu in gpus:
-            row = row_quota(pod.uid, pod_quota, container.name, gpu.uuid)
-            # A container's own quota; a DRA share on its own GPU only (none where it holds no share: NO_SHARE).
+            row = _bounded(row_quota(pod.uid, pod_quota, container.name, gpu.uuid))
+            # A container's own quota with a hard limit; a DRA share on its own GPU only (none where it holds no
+            # share: NO_SHARE).
             if row is not None and row.holder is not None and row.quota is not NO_SHARE:
                 hard = row.quota.hard_for(gpu.total_bytes)
                 targets.append(_target(pod, container.name, container.container_id, gpu, hard, row.quota.source))
@@ -251,6 +254,14 @@ def with_driver_usage(
             t = target
             rows.append(ContainerUsage(t.pod, t.container or "", t.container_id, t.gpu_uuid, driver_bytes, ()))
     return replace(snapshot, containers=tuple(rows)), tuple(disagreements)
+
+
+def _bounded(row: RowQuota | None) -> RowQuota | None:
+    """The row, where its quota has a hard limit for the driver to hold: None for a soft limit declared with no hard
+    one (`NO_HARD_LIMIT`), which the agent holds alone (a driver limit of the GPU's size would bound nothing)."""
+    if row is None or row.quota.burst_bytes is None or row.quota.burst_bytes < NO_HARD_LIMIT:
+        return row
+    return None
 
 
 def _target(

@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from vramguard.agent.report import LastScan, ScanReport, TopRow, peak_dicts, row_dict, rows_from_report
 from vramguard.base.background import BackgroundLoop
 from vramguard.base.clock import Clock
-from vramguard.core.driver_limit import LimitKey
+from vramguard.core.driver_limit import HeldLimit, LimitKey, LimitTarget
 from vramguard.core.exited import HeldByExited
+from vramguard.core.ports import LIMIT_MAX
 from vramguard.core.sample import GpuDevice
 from vramguard.core.text import cut
 from vramguard.node.describe import ProcessDetail, describe_process
@@ -103,7 +104,7 @@ def driver_dict(driver: DriverFacts) -> dict[str, object]:
 def gpu_dict(
     device: GpuDevice,
     pressured: bool,
-    held: Mapping[LimitKey, object],
+    held: Mapping[LimitKey, HeldLimit | LimitTarget],
     exited: HeldByExited | None = None,
     orphaned_bytes: int = 0,
 ) -> dict[str, object]:
@@ -111,6 +112,7 @@ def gpu_dict(
     when exited processes hold memory on it past a teardown (`core/exited.py`), with the bytes and the PIDs;
     "orphaned_bytes" what the processes of pods that are gone hold on it (`core/orphans.py`), 0 without."""
     on_it = {device.uuid, device.parent_uuid}
+    limited = any(k.gpu_uuid in on_it and h.hard_bytes != LIMIT_MAX for k, h in held.items())  # a hard limit
     return {
         "gpu": cut(device.label),
         "uuid": cut(device.uuid),
@@ -121,7 +123,7 @@ def gpu_dict(
         "healthy": device.healthy,
         "error": cut(device.error or ""),
         "pressure": pressured,
-        "limits": "driver" if any(k.gpu_uuid in on_it for k in held) else "agent",
+        "limits": "driver" if limited else "agent",
         "needs_reset": exited is not None,
         "held_by_exited_bytes": exited.held_bytes if exited is not None else 0,
         "held_by_exited_pids": list(exited.pids[:MAX_PROCESSES]) if exited is not None else [],
@@ -139,7 +141,7 @@ def _bounded_row(row: TopRow, describe: Callable[[int], ProcessDetail]) -> dict[
 
 def scan_json(
     report: ScanReport | None,
-    held: Mapping[LimitKey, object],
+    held: Mapping[LimitKey, HeldLimit | LimitTarget],
     describe: Callable[[int], ProcessDetail] = describe_process,
 ) -> str:
     """The document's scan part as JSON object members (`"gpus": [...], "containers": [...], "truncated": n,

@@ -23,11 +23,20 @@ from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.worker import Runner
 from vramguard.base.workqueue import WorkQueue
-from vramguard.core.driver_limit import LimitKey, LimitOutcome, LimitResult, LimitTarget
-from vramguard.core.ports import LIMIT_MAX, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
+from vramguard.core.driver_limit import (
+    HeldLimit,
+    LimitKey,
+    LimitOutcome,
+    LimitResult,
+    LimitSetter,
+    LimitTarget,
+    holds_quota,
+)
+from vramguard.core.ports import LIMIT_MAX, DriverLimit, LimitFailed, LimitsSupport, LimitsUnavailable, MemoryLimiter
 from vramguard.core.process import CgroupIdentity
 from vramguard.core.sample import GpuDevice
 from vramguard.core.snapshot import ContainerUsage
+from vramguard.core.text import format_bytes
 from vramguard.node.cgroup_tree import CgroupfsTree, CgroupTree
 
 
@@ -38,10 +47,10 @@ def read_held_limits(
     devices: Iterable[GpuDevice],
     *,
     tree: CgroupTree | None = None,
-) -> dict[LimitKey, int]:
-    """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key: what
-    `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not for the scan loop.
-    `tree`: where the cgroups are found, cgroupfs at `cgroup_root` unless given."""
+) -> dict[LimitKey, HeldLimit]:
+    """The hard limits the driver holds now for these containers (and their pods' own cgroups), by key, and who set
+    each (`LimitSetter`): what `vramguard top` shows. Empty where the node cannot hold limits. Blocks on NVML: not
+    for the scan loop. `tree`: where the cgroups are found, cgroupfs at `cgroup_root` unless given."""
     tree = tree if tree is not None else CgroupfsTree(cgroup_root)
     root = tree.v2_root()
     rows = [u for u in containers if u.container_id]
@@ -49,7 +58,7 @@ def read_held_limits(
         return {}
     index = {d.uuid: d.index for d in devices if d.mig_index is None}
     located = tree.locate(root, {u.pod.uid for u in rows})
-    held: dict[LimitKey, int] = {}
+    held: dict[LimitKey, HeldLimit] = {}
     for u in rows:
         gpu = index.get(u.device_uuid)
         if gpu is None:
@@ -67,7 +76,9 @@ def read_held_limits(
             except LimitFailed:
                 continue
             if found is not None and found.hard_bytes != LIMIT_MAX:
-                held[LimitKey(u.pod.uid, name, u.device_uuid)] = found.hard_bytes
+                held[LimitKey(u.pod.uid, name, u.device_uuid)] = HeldLimit(
+                    found.hard_bytes, LimitSetter.of(found.soft_bytes)
+                )
     return held
 
 
@@ -515,7 +526,7 @@ class DriverLimiter:
         t = want.target
         failures = self.queue.failures(key)
         try:
-            outcome = self._program(key, t, work, provisional=want.provisional)
+            held, outcome = self._program(key, want, work)
         except LimitsUnavailable as e:
             if e.whole_driver:
                 self._give_up(str(e))
@@ -528,7 +539,7 @@ class DriverLimiter:
                 work.outcomes.append(LimitOutcome(t, LimitResult.FAILED, str(e)))
             self.queue.add_rate_limited(key)
             return
-        self._books.holds[key] = want
+        self._books.holds[key] = held
         work.compared.add(key)
         self.queue.forget(key)
         if outcome is not None and failures:
@@ -536,19 +547,25 @@ class DriverLimiter:
         if outcome is not None:
             work.outcomes.append(outcome)
 
-    def _program(self, key: PlaceKey, t: LimitTarget, work: _Pass, *, provisional: bool) -> LimitOutcome | None:
-        """Make the driver hold `t` at `key`; the outcome to report, or None when nothing new happened."""
+    def _program(self, key: PlaceKey, want: _Want, work: _Pass) -> tuple[_Want, LimitOutcome | None]:
+        """Make the driver hold `want` at `key`: what it holds there now, and the outcome to report (None when
+        nothing new happened). A limit the toolkit's hook set (`LimitSetter`) is left as it is: held, not written."""
+        t, provisional = want.target, want.provisional
         current = self.memory.get(key.gpu, key.cgroup)
         known = self._books.holds.get(key)
         if current is not None and not t.pending:
             work.read[t.key] = current.used_bytes
-        if current is not None and current.soft_bytes == 0 and current.hard_bytes == t.hard_bytes:
-            return None if known is not None else LimitOutcome(t, LimitResult.UNCHANGED, "the driver already held it")
+        if current is not None and LimitSetter.of(current.soft_bytes) is LimitSetter.TOOLKIT:
+            return _toolkits(want, current, known)
+        if current is not None and current.hard_bytes == t.hard_bytes:
+            if known is not None and known.target.set_by is LimitSetter.AGENT:
+                return want, None
+            return want, LimitOutcome(t, LimitResult.UNCHANGED, "the driver already held it")
         self.memory.set(key.gpu, key.cgroup, 0, t.hard_bytes)
         # One report per limit: a not-yet-identified container cgroup that takes a limit someone already
         # announced (the sandbox's, next to the container's own) says nothing again.
         if provisional and any(h.target.key == t.key for h in self._books.holds.values()):
-            return None
+            return want, None
         was = f" (was {current.hard_bytes} bytes)" if current is not None else ""
         if (
             t.container is not None
@@ -556,16 +573,22 @@ class DriverLimiter:
             and not self._is_fresh(key.cgroup)
             and self.tree.populated(key.cgroup)
         ):
-            return LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
-        return LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
+            return want, LimitOutcome(t, LimitResult.LATE, f"{t.describe()}{was}: the container was already running")
+        return want, LimitOutcome(t, LimitResult.APPLIED, f"{t.describe()}{was}")
 
     def _clear(self, key: PlaceKey, work: _Pass) -> None:
         """Clear a limit no longer wanted. A provisional one is forgotten, not cleared (it was the sandbox's, or its
-        container has its own target now), and so is one whose cgroup is gone (its limits went with it)."""
+        container has its own target now), and so is one whose cgroup is gone (its limits went with it), and one
+        the toolkit's hook set, even over the agent's own (`LimitSetter`): the agent clears only its own limits."""
         held = self._books.holds.pop(key, None)
-        if held is None or held.provisional or not self.tree.exists(key.cgroup):
+        if held is None or held.provisional or held.target.set_by is not LimitSetter.AGENT:
+            return
+        if not self.tree.exists(key.cgroup):
             return
         try:
+            current = self.memory.get(key.gpu, key.cgroup)
+            if current is None or LimitSetter.of(current.soft_bytes) is not LimitSetter.AGENT:
+                return
             self.memory.set(key.gpu, key.cgroup, 0, LIMIT_MAX)
         except (LimitsUnavailable, LimitFailed) as e:
             work.outcomes.append(LimitOutcome(held.target, LimitResult.FAILED, f"clearing: {e}"))
@@ -624,6 +647,26 @@ class _GiveUp(Exception):
 _PARK_S = 30.0
 # The worker's pause once the node cannot hold limits: nothing is left to do but wait for the stop.
 _GAVE_UP_WAIT_S = 3600.0
+
+
+def _toolkits(want: _Want, current: DriverLimit, known: _Want | None) -> tuple[_Want, LimitOutcome | None]:
+    """A place where the driver holds a limit the toolkit's hook set: what it holds (the target with the hook's hard
+    limit), and the outcome to report the first time it is found so (again only if the hook's limit changes)."""
+    t = want.target
+    held = replace(want, target=replace(t, hard_bytes=current.hard_bytes, set_by=LimitSetter.TOOLKIT))
+    found = (LimitSetter.TOOLKIT, current.hard_bytes)
+    if known is not None and (known.target.set_by, known.target.hard_bytes) == found:
+        return held, None
+    hard = format_bytes(current.hard_bytes) if current.hard_bytes != LIMIT_MAX else "none"
+    quota = f"the quota's hard limit {format_bytes(t.hard_bytes)} ({t.source})"
+    if holds_quota(current.hard_bytes, t.hard_bytes):
+        then = f"which holds {quota}"
+    else:
+        then = f"looser than {quota}, which vramguard enforces itself"
+    detail = (
+        f"NVIDIA's container toolkit set it to soft {format_bytes(current.soft_bytes)}, hard {hard}, {then}; left alone"
+    )
+    return held, LimitOutcome(t, LimitResult.TOOLKIT, detail)
 
 
 def _unambiguous(targets: tuple[LimitTarget, ...], living: set[str]) -> list[LimitTarget]:

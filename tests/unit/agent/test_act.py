@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 from vramguard.agent.act import ActionResult, Enforcer, Outcome, confirm_freed
 from vramguard.core.actions import Action, PressureNotice, Reason, Violation
 from vramguard.core.decide import find_violations, quota_rows
+from vramguard.core.driver_limit import LimitOutcome, LimitResult, LimitTarget
 from vramguard.core.exited import HeldByExited
 from vramguard.core.pod import PodInfo
 from vramguard.core.policy import ActionKind, EvictionRefused, Policy
@@ -393,3 +394,23 @@ def test_a_gpu_that_needs_a_reset_is_a_warning_on_the_node(
             "process for 1m or more): nothing is left to kill. Drain the node, then reset the GPU "
             "(nvidia-smi --gpu-reset -i 1)"
         )
+
+
+def test_a_limit_the_toolkit_set_is_one_normal_event_per_container() -> None:
+    """A limit NVIDIA's container toolkit hook set, found on a container's cgroup on each GPU, is one Normal Event
+    naming the GPUs and what the hook set; nothing is said for a limit found unchanged."""
+    p = pod("trainer", "ml")
+    targets = [LimitTarget(p, "main", "c1", i, f"GPU-{i}", 8 * GiB, "env NVIDIA_GPU_MEMORY_LIMIT") for i in (0, 1)]
+    detail = "NVIDIA's container toolkit set it to soft 4.0GiB, hard 8.0GiB, which holds the quota's hard limit"
+    events = RecordingEventRecorder()
+    enforcer = Enforcer(killer=RecordingKiller(), evictor=ScriptedEvictor(EVICTED), events=events, policy=Policy())
+    outcomes = [LimitOutcome(t, LimitResult.TOOLKIT, detail) for t in targets]
+    enforcer.report_limits([*outcomes, LimitOutcome(targets[0], LimitResult.UNCHANGED)])
+    assert events.events == [
+        (
+            "ml/trainer",
+            "VRAMLimitSetByToolkit",
+            f"the driver holds container main on GPU 0, 1 by a limit vramguard did not set: {detail}",
+            False,
+        )
+    ]

@@ -10,7 +10,7 @@ from unit.node.test_describe import HOSTILE
 from vramguard.agent.metrics import Metrics
 from vramguard.agent.report import ScanReport, TopRow, row_dict, rows_from_report
 from vramguard.core.decide import Decision, DecisionState, decide
-from vramguard.core.driver_limit import LimitKey
+from vramguard.core.driver_limit import HeldLimit, LimitKey, LimitSetter
 from vramguard.core.orphans import Departed, Orphan, OrphanScan
 from vramguard.core.policy import Policy
 from vramguard.core.process import CgroupIdentity, ProcessRef
@@ -204,10 +204,51 @@ def test_a_rows_state_is_its_subjects(
     snapshot = SnapshotBuilder().use(p, "main", GPU, 5 * GiB, pid=10).use(p, "side", GPU, 4 * GiB, pid=11).build()
     decision, _ = decide(snapshot, {p.uid: pod_quota}, Policy(), DecisionState(), 0.0)
     report = ScanReport(snapshot, {p.uid: pod_quota}, decision, (), 0.0)
-    limits = {LimitKey(p.uid, c, GPU.uuid): 1 for c in held}
+    limits = {LimitKey(p.uid, c, GPU.uuid): HeldLimit(1, LimitSetter.AGENT) for c in held}
     shown = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "u", "python"), driver_limits=limits)
     got = [
         (r.container, r.quota_bytes // GiB if r.quota_bytes is not None else None, r.state, r.held_by, r.claim)
         for r in shown
     ]
     assert got == expected
+
+
+# NVIDIA's pair (quota.py `_pair_quota`): NVIDIA_GPU_MEMORY_REQUEST 2 GiB, LIMIT 4 GiB; KAI's 3900M (not whole MiB).
+PAIR_2G_4G = Quota(limit_bytes=2 * GiB, burst_bytes=4 * GiB, source="env NVIDIA_GPU_MEMORY_REQUEST and ..._LIMIT")
+KAI_3900M = Quota(limit_bytes=3_900_000_000, source="annotation nvidia.com/container.main.gpu-memory.limit")
+ROUNDED_UP = 3720 * 2**20  # 3900M as KAI's NRI plugin hands it to the hook: whole MiB, rounded up
+TOOLKIT, AGENT = LimitSetter.TOOLKIT, LimitSetter.AGENT
+
+
+@pytest.mark.parametrize(
+    ("quota", "held", "expected"),
+    [
+        pytest.param(PAIR_2G_4G, {"main": HeldLimit(4 * GiB, AGENT)}, "driver", id="the-agents-own-limit"),
+        pytest.param(PAIR_2G_4G, {"main": HeldLimit(4 * GiB, TOOLKIT)}, "driver:toolkit",
+                     id="the-toolkits-limit-at-the-quotas-hard-limit"),
+        pytest.param(PAIR_2G_4G, {"main": HeldLimit(3 * GiB, TOOLKIT)}, "driver:toolkit",
+                     id="the-toolkits-limit-tighter-than-the-quota"),
+        pytest.param(KAI_3900M, {"main": HeldLimit(ROUNDED_UP, TOOLKIT)}, "driver:toolkit",
+                     id="the-toolkits-limit-rounded-up-to-a-whole-mib-still-holds-it"),
+        pytest.param(KAI_3900M, {"main": HeldLimit(ROUNDED_UP + 2**20, TOOLKIT)}, "agent",
+                     id="a-mib-over-the-quota-is-looser"),
+        pytest.param(PAIR_2G_4G, {"main": HeldLimit(8 * GiB, TOOLKIT)}, "agent",
+                     id="the-toolkits-limit-looser-than-the-quota-leaves-it-to-the-agent"),
+        pytest.param(PAIR_2G_4G, {"main": HeldLimit(8 * GiB, TOOLKIT), None: HeldLimit(4 * GiB, AGENT)},
+                     "driver:pod", id="looser-but-the-pods-cgroup-holds-it"),
+        pytest.param(PAIR_2G_4G, {}, "agent", id="no-limit-held"),
+    ],
+)  # fmt: skip
+def test_who_holds_a_quota_the_toolkit_may_have_set(
+    quota: Quota, held: dict[str | None, HeldLimit], expected: str
+) -> None:
+    """HELD-BY names the toolkit's hook where the driver holds the container within its quota by the limit the hook
+    set, and the agent where that limit is looser than the quota (the agent then enforces the quota alone)."""
+    p = pod("trainer", "ml", containers={"main": {}})
+    snapshot = SnapshotBuilder().use(p, "main", GPU, GiB, pid=10).build()
+    pod_quota = PodQuota(containers={"main": quota})
+    decision, _ = decide(snapshot, {p.uid: pod_quota}, Policy(), DecisionState(), 0.0)
+    report = ScanReport(snapshot, {p.uid: pod_quota}, decision, (), 0.0)
+    limits = {LimitKey(p.uid, c, GPU.uuid): h for c, h in held.items()}
+    [row] = rows_from_report(report, describe=lambda pid: ProcessDetail(pid, "u", "python"), driver_limits=limits)
+    assert row.held_by == expected

@@ -44,6 +44,20 @@ MIXED = pod("mixed", "ml", containers={"own": {QUOTA: "8Gi"}, "rest": {}},
             annotations={"vramguard.io/vram-limit": "2Gi", "vramguard.io/vram-containers": "rest"})  # fmt: skip
 
 
+def with_env(p: PodInfo, **variables: str) -> PodInfo:
+    """The pod with each container's `env[]` setting `variables` (NVIDIA's toolkit variables), each a literal value."""
+    return replace(p, containers=tuple(replace(c, env=dict(variables)) for c in p.containers))
+
+
+MiB = 2**20
+# NVIDIA's own declarations: the toolkit's variables (whole MiB), KAI's per-container annotations (quantities).
+HOOKED = with_env(pod("hooked", "ml"), NVIDIA_GPU_MEMORY_REQUEST="2048", NVIDIA_GPU_MEMORY_LIMIT="4096")
+REQUEST_ONLY = with_env(pod("soft", "ml"), NVIDIA_GPU_MEMORY_REQUEST="2048")
+REQUEST_ONLY_BESIDE = with_env(pod("beside", "ml", containers={"main": {}, "own": {QUOTA: "8Gi"}}),
+                               NVIDIA_GPU_MEMORY_REQUEST="2048")  # fmt: skip
+KAI = pod("kai", "ml", annotations={"nvidia.com/container.main.gpu-memory.request": "2Gi",
+                                    "nvidia.com/container.main.gpu-memory.limit": "3Gi"})  # fmt: skip
+
 # (case, pods, devices, policy, expected limits as (pod, container, GPU, bytes)); the case is the test's id
 WANTED_CASES = [
         ("a container quota on every GPU; none on the pod, whose sidecar has none", [TRAINER], [gpu(0), gpu(1)], KILL,
@@ -70,6 +84,14 @@ WANTED_CASES = [
         ("no MIG instance, nor its parent", [TRAINER], [MIG_PARENT, MIG_SLICE], KILL, []),
         ("no unhealthy GPU", [TRAINER], [gpu(0, healthy=False), gpu(1)], KILL, [("trainer", "main", 1, 8 * GiB)]),
         ("no container without a quota", [pod("free", "ml")], [gpu(0)], KILL, []),
+        ("NVIDIA's variables: the limit is the hard limit (the toolkit's hook may hold it: the limiter looks)",
+         [HOOKED], [gpu(0)], KILL, [("hooked", None, 0, 4096 * MiB), ("hooked", "main", 0, 4096 * MiB)]),
+        ("KAI's annotations: the limit is the hard limit", [KAI], [gpu(0)], KILL,
+         [("kai", None, 0, 3 * GiB), ("kai", "main", 0, 3 * GiB)]),
+        ("a request alone has no hard limit: nothing to program, the agent holds it", [REQUEST_ONLY], [gpu(0)], KILL,
+         []),
+        ("a request alone beside a container with a quota: the pod's cgroup holds none", [REQUEST_ONLY_BESIDE],
+         [gpu(0)], KILL, [("beside", "own", 0, 8 * GiB)]),
 ]  # fmt: skip
 
 

@@ -976,7 +976,8 @@ def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
     """The row's pod as the agent (`row_quota`) and the limit planner (`pod_limits`) lay it out: a valid value
     governs "main" (its own limit, or the pod-wide annotation); an invalid one leaves it unmanaged, or under what
     applies instead (the pod-wide 1Mi a bad burst would have extended, the namespace's cap); the planner holds the
-    same hard limit on the pod's cgroup, and on the container's where the quota is the container's own."""
+    same hard limit on the pod's cgroup, and on the container's where the quota is the container's own, unless the
+    quota has no hard limit (`NO_HARD_LIMIT`, which a burst of int64's maximum is too): the agent holds it alone."""
     owner = row_quota(p.uid, result, "main", TABLE_GPU.uuid)
     is_burst = row.field.name == BURST_ANNOTATION
     if row.valid or cap is not None or is_burst:
@@ -989,7 +990,7 @@ def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
     else:
         assert owner is None, "an invalid value governs nothing"
     wanted = {(t.container, t.hard_bytes) for t in pod_limits(p, result, [TABLE_GPU])}
-    if owner is None:
+    if owner is None or (owner.quota.burst_bytes or 0) >= NO_HARD_LIMIT:
         assert wanted == set()
         return
     held = min(owner.quota.hard_for(TABLE_GPU.total_bytes), TABLE_GPU.total_bytes)

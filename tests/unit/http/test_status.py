@@ -10,7 +10,7 @@ import pytest
 
 from vramguard.agent.report import LastScan, ScanReport
 from vramguard.core.decide import DecisionState, decide
-from vramguard.core.driver_limit import LimitKey
+from vramguard.core.driver_limit import HeldLimit, LimitKey, LimitSetter
 from vramguard.core.exited import ExitedTracker
 from vramguard.core.orphans import OrphanTracker, PodRead
 from vramguard.core.peaks import PeakWindow
@@ -57,7 +57,7 @@ def report_of(builder: SnapshotBuilder, pressured: tuple[str, ...] = ()) -> Scan
 
 
 def document(
-    report: ScanReport | None, held: dict[LimitKey, object] | None = None, age: float | None = 0.5
+    report: ScanReport | None, held: dict[LimitKey, HeldLimit] | None = None, age: float | None = 0.5
 ) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(render(FACTS, age, scan_json(report, held or {}, describe), DRIVER))
     return doc
@@ -69,7 +69,7 @@ def test_the_document_says_the_agent_each_gpu_and_each_containers_row() -> None:
     free = pod("free", "ml")
     builder = SnapshotBuilder().use(trainer, "main", GPU0, 6 * GiB, pid=10).use(free, "main", GPU1, GiB, pid=11)
     report = report_of(builder, pressured=(GPU1.uuid,))
-    held: dict[LimitKey, object] = {LimitKey(trainer.uid, "main", GPU0.uuid): 4 * GiB}
+    held = {LimitKey(trainer.uid, "main", GPU0.uuid): HeldLimit(4 * GiB, LimitSetter.AGENT)}
     doc = document(report, held, age=2.25)
 
     assert (doc["kind"], doc["schema"], doc["truncated"]) == (KIND, SCHEMA, 0)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from vramguard.base.worker import Inline, Runner
-from vramguard.core.driver_limit import LimitKey, LimitTarget
+from vramguard.core.driver_limit import HeldLimit, LimitKey, LimitSetter, LimitTarget
 from vramguard.core.limit_plan import wanted_limits
 from vramguard.core.pod import PodInfo
 from vramguard.core.policy import Mode, Policy
@@ -711,6 +711,113 @@ def test_a_failing_limit_no_longer_wanted_stops_being_retried(bench: Bench) -> N
     assert bench.limiter.failing() == 0 and len(bench.driver.calls) == calls
 
 
+# -- a limit NVIDIA's container toolkit hook set (R615+: NVIDIA_GPU_MEMORY_REQUEST soft, _LIMIT hard) ---------------
+
+MiB = 2**20
+HOOKED = replace(
+    TRAINER,
+    containers=tuple(
+        replace(c, limits={}, env={"NVIDIA_GPU_MEMORY_REQUEST": "4096", "NVIDIA_GPU_MEMORY_LIMIT": "8192"})
+        for c in TRAINER.containers
+    ),
+)
+AGENT, TOOLKIT = LimitSetter.AGENT, LimitSetter.TOOLKIT
+
+
+def hook(bench: Bench, path: str, soft: int, hard: int) -> None:
+    """Program `path` on both GPUs as `apply-cuda-memory-limits` does: the request soft, the limit hard (or none)."""
+    for g in (0, 1):
+        bench.driver.limits[(g, path)] = (soft, hard)
+
+
+@pytest.mark.parametrize(
+    ("declared", "soft", "hard"),
+    [
+        pytest.param(HOOKED, 4 * GiB, 8 * GiB, id="the-hooks-limit-is-the-quotas-same-cgroup-same-number"),
+        pytest.param(TRAINER, 8 * GiB, 8 * GiB, id="a-limit-alone-the-hook-sets-it-soft-and-hard"),
+        pytest.param(TRAINER, 4 * GiB, 6 * GiB, id="tighter-than-the-quota"),
+        pytest.param(TRAINER, 4 * GiB, 12 * GiB, id="looser-than-the-quota-the-agent-enforces-the-quota-itself"),
+        pytest.param(TRAINER, 4 * GiB, LIMIT_MAX, id="a-request-alone-the-hook-sets-no-hard-limit"),
+    ],
+)
+def test_a_limit_the_toolkit_set_is_never_written_over(bench: Bench, declared: PodInfo, soft: int, hard: int) -> None:
+    """A limit with a soft one is the toolkit's hook's (the agent writes none): the agent writes nothing there, at
+    the first compare or the resync, says once per GPU that the toolkit holds it, and keeps it as held with the
+    hook's hard limit and who set it. The pod's own cgroup, which the hook leaves alone, still gets the sum."""
+    pod_dir = bench.start(declared)
+    ctr = ctr_dir(pod_dir, declared)
+    hook(bench, ctr, soft, hard)
+    assert bench.update(bench.targets(declared), now=0) == each("applied", None) + each("toolkit", "main")
+    assert bench.update(bench.targets(declared), now=31) == [], "the resync finds it so again: nothing new"
+    changed = replace(declared, annotations={**declared.annotations, "team": "b"})
+    assert bench.update(bench.targets(changed), now=32) == [], "new targets (the pod changed), the same hook's limit"
+    assert bench.sets(ctr) == 0, "never written"
+    assert bench.driver.limits[(0, ctr)] == (soft, hard)
+    held = bench.limiter.held()
+    own = held[LimitKey(declared.uid, "main", bench.devices[0].uuid)]
+    assert (own.hard_bytes, own.set_by) == (hard, TOOLKIT)
+    assert held[LimitKey(declared.uid, None, bench.devices[0].uuid)].set_by is AGENT
+
+
+def test_the_toolkit_setting_its_limit_after_the_agent_is_not_fought(bench: Bench) -> None:
+    """The agent's watcher may program a new container before the toolkit's hook runs, which then writes over it:
+    the next compare finds the hook's limit, reports it, and writes nothing back."""
+    pod_dir = bench.start(HOOKED)
+    ctr = ctr_dir(pod_dir, HOOKED)
+    bench.update(bench.targets(HOOKED), now=0)
+    assert bench.held(ctr) == [8 * GiB, 8 * GiB] and bench.sets(ctr) == 2
+    hook(bench, ctr, 4 * GiB, 8 * GiB)
+    assert bench.update(bench.targets(HOOKED), now=31) == each("toolkit", "main")
+    assert bench.sets(ctr) == 2 and bench.driver.limits[(1, ctr)] == (4 * GiB, 8 * GiB)
+
+
+@pytest.mark.parametrize(
+    "hooked_after_the_agent",
+    [
+        pytest.param(False, id="found-the-hooks-at-the-compare"),
+        pytest.param(True, id="the-hook-wrote-over-the-agents-since-the-last-compare"),
+    ],
+)
+def test_a_limit_the_toolkit_set_is_never_cleared(bench: Bench, hooked_after_the_agent: bool) -> None:
+    """A quota no longer wanted (a policy turned to warn, a reload) clears the agent's own limits only: the
+    toolkit's stays, even where the agent set one there first and the hook wrote over it since."""
+    pod_dir = bench.start(HOOKED)
+    ctr = ctr_dir(pod_dir, HOOKED)
+    if not hooked_after_the_agent:
+        hook(bench, ctr, 4 * GiB, 8 * GiB)
+    bench.update(bench.targets(HOOKED), now=0)
+    if hooked_after_the_agent:
+        hook(bench, ctr, 4 * GiB, 8 * GiB)
+    assert bench.update((), now=1) == each("cleared", None)
+    assert bench.sets(ctr) == (2 if hooked_after_the_agent else 0), "no clear on the container's cgroup"
+    assert bench.driver.limits[(0, ctr)] == bench.driver.limits[(1, ctr)] == (4 * GiB, 8 * GiB)
+
+
+def test_usage_is_read_back_under_the_toolkits_limit(bench: Bench) -> None:
+    """The driver's count of a container the toolkit's hook limits is read back as under the agent's own limit."""
+    pod_dir = bench.start(HOOKED)
+    ctr = ctr_dir(pod_dir, HOOKED)
+    hook(bench, ctr, 4 * GiB, 8 * GiB)
+    targets = bench.targets(HOOKED)
+    bench.update(targets, now=0)
+    bench.driver.used[(0, ctr)] = 5 * GiB
+    bench.update(targets, now=1)
+    assert bench.limiter.fresh_usage()[LimitKey(HOOKED.uid, "main", bench.devices[0].uuid)] == 5 * GiB
+
+
+def test_a_request_alone_programs_nothing(bench: Bench) -> None:
+    """NVIDIA_GPU_MEMORY_REQUEST alone is a soft limit with no hard one: no target, no write on the container's
+    cgroup nor the pod's, and the hook's soft limit stays as it set it."""
+    soft_only = replace(HOOKED, containers=tuple(replace(c, env={"NVIDIA_GPU_MEMORY_REQUEST": "4096"})
+                                                 for c in HOOKED.containers))  # fmt: skip
+    pod_dir = bench.start(soft_only)
+    ctr = ctr_dir(pod_dir, soft_only)
+    hook(bench, ctr, 4 * GiB, LIMIT_MAX)
+    assert bench.targets(soft_only) == ()
+    assert bench.update(bench.targets(soft_only), now=0) == []
+    assert bench.sets() == 0 and bench.driver.limits[(0, ctr)] == (4 * GiB, LIMIT_MAX)
+
+
 # -- the driver's count of a limited container's memory ------------------------------------------------------------
 
 
@@ -748,11 +855,28 @@ def _rows(p: PodInfo, devices: Iterable[GpuDevice]) -> list[ContainerUsage]:
 def test_read_held_limits(
     bench: Bench, v2: bool, older_driver: bool, cleared: bool, expected: dict[str | None, int]
 ) -> None:
-    """The hard limits the driver holds for a scan's containers and their pods, found through the tree."""
+    """The hard limits the driver holds for a scan's containers and their pods, found through the tree, each set by
+    the agent."""
     pod_dir = bench.start(TRAINER)
     bench.update(bench.targets(TRAINER), now=0)
     if cleared:
         bench.driver.set(0, ctr_dir(pod_dir, TRAINER), 0, LIMIT_MAX)
     bench.tree.v2, bench.driver.older_driver = v2, older_driver
     held = read_held_limits(bench.driver, "/unused", _rows(TRAINER, bench.devices[:1]), bench.devices, tree=bench.tree)
-    assert held == {LimitKey(TRAINER.uid, c, bench.devices[0].uuid): b for c, b in expected.items()}
+    assert held == {LimitKey(TRAINER.uid, c, bench.devices[0].uuid): HeldLimit(b, AGENT) for c, b in expected.items()}
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "expected"),
+    [
+        pytest.param(4 * GiB, 8 * GiB, HeldLimit(8 * GiB, LimitSetter.TOOLKIT), id="a-soft-limit-is-the-toolkits"),
+        pytest.param(4 * GiB, LIMIT_MAX, None, id="a-request-alone-holds-no-hard-limit"),
+    ],
+)
+def test_read_held_limits_says_who_set_each(bench: Bench, soft: int, hard: int, expected: HeldLimit | None) -> None:
+    """`vramguard top` reads who set each limit from the driver itself: the toolkit's hook where it holds a soft
+    limit; a limit with no hard one holds nothing."""
+    pod_dir = bench.start(TRAINER)
+    bench.driver.limits[(0, ctr_dir(pod_dir, TRAINER))] = (soft, hard)
+    held = read_held_limits(bench.driver, "/unused", _rows(TRAINER, bench.devices[:1]), bench.devices, tree=bench.tree)
+    assert held.get(LimitKey(TRAINER.uid, "main", bench.devices[0].uuid)) == expected
