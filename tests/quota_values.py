@@ -2,7 +2,9 @@
 
 The agent judges each row in tests/unit/core/test_quota.py; the chart's admission policy judges the same rows on a
 real kube-apiserver in tests/cluster/test_quota_admission.py, which expects exactly the agent's words. A row is one
-value in one field of a pod with one container ("main"), in a namespace with the row's max_quota or none.
+value in one field of a pod with one container ("main"), in a namespace with the row's max_quota or none; a row of
+one half of a request and limit pair (NVIDIA's variables, KAI's per-container annotations) may set the other half too
+(`partner`), and names the half the agent reports.
 
 `valid` is the agent's verdict on the value as written. A resource value that is not a Kubernetes quantity, or not a
 whole non-negative number, never reaches the admission policy: the API server refuses the pod itself (400 for a
@@ -26,28 +28,42 @@ TENCENT = "tencent.com/vcuda-memory"
 LIMIT = "vramguard.io/vram-limit"
 KAI = "gpu-memory"
 BURST = "vramguard.io/vram-burst"
+KAI_REQUEST = "nvidia.com/container.main.gpu-memory.request"
+KAI_LIMIT = "nvidia.com/container.main.gpu-memory.limit"
+ENV_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
+ENV_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
+PARTNERS = {KAI_REQUEST: KAI_LIMIT, KAI_LIMIT: KAI_REQUEST, ENV_REQUEST: ENV_LIMIT, ENV_LIMIT: ENV_REQUEST}
 
 
 @dataclass(frozen=True)
 class Field:
-    """A place a pod writes a quota: a container's resources.limits[name], or the pod's annotation `name`."""
+    """A place a pod writes a quota: a container's resources.limits[name], the pod's annotation `name`, or a
+    container's env[] variable `name`."""
 
-    kind: str  # "resource" or "annotation"
+    kind: str  # "resource", "annotation" or "env"
     name: str
     unit_bytes: int  # 1 for a byte quantity
     short: str  # for test ids
 
-    def pod(self, value: str, name: str = "p", namespace: str = "default") -> dict[str, Any]:
-        """A Pod manifest with `value` in this field (a burst comes with the smallest quota, 1Mi, to extend)."""
+    def pod(
+        self, value: str | None, name: str = "p", namespace: str = "default", partner: str | None = None
+    ) -> dict[str, Any]:
+        """A Pod manifest with `value` in this field (None: a variable set by a valueFrom) and `partner`, where given,
+        in the other half of its pair (a burst comes with the smallest quota, 1Mi, to extend)."""
+        values = {self.name: value, **({PARTNERS[self.name]: partner} if partner is not None else {})}
         limits = {self.name: value} if self.kind == "resource" else {}
-        annotations = {self.name: value} if self.kind == "annotation" else {}
+        annotations = {k: v for k, v in values.items() if self.kind == "annotation"}
+        env = [_env_entry(k, v) for k, v in values.items() if self.kind == "env"]
         if self.name == BURST:
             annotations[LIMIT] = "1Mi"
+        container: dict[str, Any] = {"name": "main", "image": "busybox", "resources": {"limits": limits}}
+        if env:
+            container["env"] = sorted(env, key=lambda e: e["name"])  # the request first
         return {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-            "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]},
+            "spec": {"containers": [container]},
         }
 
     @property
@@ -55,7 +71,21 @@ class Field:
         """The field as the agent's VRAMQuotaInvalid names it."""
         if self.kind == "resource":
             return f"spec.containers[main].resources.limits[{self.name}]"
+        if self.kind == "env":
+            return f"spec.containers[main].env[{self.name}]"
         return f"metadata.annotations[{self.name}]"
+
+    @property
+    def pod_wide(self) -> bool:
+        """Whether its quota covers the whole pod (an annotation of the pod's own), not its container alone."""
+        return self.kind == "annotation" and self.name not in PARTNERS
+
+
+def _env_entry(name: str, value: str | None) -> dict[str, Any]:
+    """An env[] entry: a literal value, or (None) one from a ConfigMap's key."""
+    if value is None:
+        return {"name": name, "valueFrom": {"configMapKeyRef": {"name": "gpu", "key": name}}}
+    return {"name": name, "value": value}
 
 
 FIELDS = (
@@ -66,6 +96,10 @@ FIELDS = (
     Field("annotation", LIMIT, 1, "vram-limit"),
     Field("annotation", KAI, MiB, "gpu-memory"),
     Field("annotation", BURST, 1, "burst"),
+    Field("annotation", KAI_REQUEST, 1, "kai-request"),
+    Field("annotation", KAI_LIMIT, 1, "kai-limit"),
+    Field("env", ENV_REQUEST, MiB, "env-request"),
+    Field("env", ENV_LIMIT, MiB, "env-limit"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -82,17 +116,29 @@ CAPS: dict[str, object] = {
 @dataclass(frozen=True)
 class Row:
     field: Field
-    value: str
+    value: str | None  # None: an env[] variable set by a valueFrom
     valid: bool
     says: str = ""  # a part of the agent's reason, for an invalid row
     cap: str | None = None  # the key in CAPS of the row's namespace's max_quota; None: no max_quota
     api_server_refuses: bool = False
     why: str = ""  # the row's id
+    partner: str | None = None  # the other half of the field's pair, where the pod sets it (None: a valueFrom there)
+    with_partner: bool = False  # whether the pod sets the other half
 
     @property
     def id(self) -> str:
         where = f"-cap-{self.cap}" if self.cap else ""
         return f"{self.field.short}{where}-{self.why}"
+
+    def pod(self, name: str = "p", namespace: str = "default") -> dict[str, Any]:
+        """The row's Pod manifest."""
+        if not self.with_partner:
+            return self.field.pod(self.value, name, namespace)
+        pod = self.field.pod(self.value, name, namespace, partner=self.partner or "")
+        if self.partner is None:  # the other half from a valueFrom
+            env = pod["spec"]["containers"][0]["env"]
+            env[:] = [_env_entry(e["name"], None) if e["name"] != self.field.name else e for e in env]
+        return pod
 
 
 BELOW = "must be at least 1Mi"
@@ -227,6 +273,91 @@ COUNTS_ANNOTATION_ONLY = [
     ("16Ei", False, BYTES_IN_A_COUNT, "bytes-past-int64"),
 ]
 
+# NVIDIA's variables: whole MiB in digits alone, as the container toolkit reads them (quantity.parse_mib_digits).
+# An env value is free text to the API server. (value, valid, says, id)
+DIGITS_READ = "as NVIDIA's toolkit reads it"
+NO_HINT = DIGITS_READ + ")"  # nothing to write instead
+VALUE_FROM = "sets it from elsewhere (valueFrom), which vramguard does not read"
+ENV_DIGITS: list[tuple[str | None, bool, str, str]] = [
+    ("4096", True, "", "4096-MiB"),
+    ("1", True, "", "1-MiB"),
+    ("0010", True, "", "leading-zeros-as-the-toolkit"),
+    ("8796093022207", True, "", "int64-maximum-MiB"),
+    ("0", False, "not 0 bytes", "zero"),
+    ("000", False, "not 0 bytes", "zeros"),
+    ("8796093022208", False, OVERFLOW, "int64-maximum-plus-one-MiB"),
+    ("99999999999999999999", False, OVERFLOW, "twenty-nines"),
+    ("1" * 64, False, OVERFLOW, "64-digits"),
+    ("1" * 65, False, LONG, "65-digits"),
+    ("9" * 2000, False, LONG, "2000-digits-the-agent-holds-1024"),
+    ("2048MiB", False, "digits alone, as NVIDIA's toolkit reads it; write 2048 for 2048MiB)", "MiB-written-out"),
+    ("2048 MiB", False, "; write 2048 for 2048 MiB)", "MiB-written-out-with-a-space"),
+    ("0010MiB", False, "; write 10 for 0010MiB)", "MiB-written-out-with-leading-zeros"),
+    ("9999999999999999999MiB", False, "; write 9999999999999999999 for 9999999999999999999MiB)", "MiB-19-digits"),
+    ("99999999999999999999MiB", False, NO_HINT, "MiB-20-digits-no-hint"),
+    ("4Gi", False, "; write 4096 for 4Gi)", "Gi-quantity"),
+    ("4096Mi", False, "; write 4096 for 4096Mi)", "Mi-quantity"),
+    ("1.5Gi", False, "; write 1536 for 1.5Gi)", "fraction-of-Gi"),
+    ("4.5Pi", False, "; write 4831838208 for 4.5Pi)", "fraction-of-Pi-past-2-to-the-52"),
+    ("+4Gi", False, "; write 4096 for +4Gi)", "plus-sign-quantity"),
+    ("4G", False, NO_HINT, "decimal-G-is-no-whole-MiB"),
+    ("1Ki", False, NO_HINT, "Ki-below-a-MiB"),
+    ("+4096", False, NO_HINT, "plus-sign"),
+    ("-1", False, NO_HINT, "negative"),
+    ("1e3", False, NO_HINT, "exponent"),
+    ("0x400", False, NO_HINT, "hex"),
+    ("1_024", False, NO_HINT, "underscore"),
+    ("12GB", False, NO_HINT, "GB"),
+    (" 4096", False, NO_HINT, "leading-space"),
+    ("4096\n", False, NO_HINT, "trailing-newline"),
+    ("\uff14\uff10\uff19\uff16", False, NO_HINT, "full-width-digits"),
+    ("", False, NO_HINT, "empty"),
+    (None, False, VALUE_FROM, "value-from"),
+]
+
+# A pair's halves together: (field the agent names, value, the other half's value (None: a valueFrom), valid, says,
+# cap, id). The agent reports one error of a pair at most: the request's first; the namespace's max_quota holds the
+# limit (the hard one) alone.
+ABOVE = "is above the limit"
+PAIRS: list[tuple[str, str | None, str | None, bool, str, str | None, str]] = [
+    (KAI_REQUEST, "4Gi", "8Gi", True, "", None, "request-under-its-limit"),
+    (KAI_REQUEST, "8Gi", "8Gi", True, "", None, "request-at-its-limit"),
+    (
+        KAI_REQUEST,
+        "8Gi",
+        "4Gi",
+        False,
+        f"{ABOVE} 4Gi (metadata.annotations[{KAI_LIMIT}]): a request must be at most its limit",
+        None,
+        "request-above-its-limit",
+    ),
+    (KAI_REQUEST, "8589934593", "8Gi", False, ABOVE, None, "request-a-byte-above-its-limit"),
+    (KAI_REQUEST, "12GB", "4Gi", False, NOT_A_SUFFIX, None, "bad-request-with-a-limit"),
+    (KAI_LIMIT, "12GB", "4Gi", False, NOT_A_SUFFIX, None, "bad-limit-with-a-request"),
+    (KAI_REQUEST, "abc", "12GB", False, NOT_A_NUMBER, None, "both-bad-the-request-named"),
+    (KAI_LIMIT, "8Gi", "4Gi", True, "", "16Gi", "pair-under-the-cap"),
+    (KAI_LIMIT, "32Gi", "8Gi", False, f"{OVER} 16Gi", "16Gi", "limit-over-the-cap"),
+    (KAI_LIMIT, "64Gi", "32Gi", False, f"{OVER} 16Gi", "16Gi", "both-over-the-cap-the-limit-named"),
+    (KAI_REQUEST, "32Gi", "20Gi", False, f"{ABOVE} 20Gi", "16Gi", "request-above-its-limit-over-the-cap"),
+    (ENV_REQUEST, "2048", "4096", True, "", None, "request-under-its-limit"),
+    (
+        ENV_REQUEST,
+        "8192",
+        "4096",
+        False,
+        f"{ABOVE} 4096 (spec.containers[main].env[{ENV_LIMIT}]): a request must be at most its limit",
+        None,
+        "request-above-its-limit",
+    ),
+    (ENV_REQUEST, "0010", "9", False, ABOVE + " 9 (", None, "request-above-its-limit-leading-zeros"),
+    (ENV_REQUEST, "2048MiB", "4096", False, "write 2048 for 2048MiB", None, "bad-request-with-a-limit"),
+    (ENV_LIMIT, "4Gi", "2048", False, "write 4096 for 4Gi", None, "bad-limit-with-a-request"),
+    (ENV_REQUEST, None, "4096", False, VALUE_FROM, None, "request-from-a-value-from"),
+    (ENV_LIMIT, None, "2048", False, VALUE_FROM, None, "limit-from-a-value-from"),
+    (ENV_LIMIT, "32768", "2048", False, f"{OVER} 16Gi", "16Gi", "limit-over-the-cap"),
+    (ENV_REQUEST, "32768", "16384", False, ABOVE, "16Gi", "request-above-its-limit-over-the-cap"),
+]
+
 # Each field against a max_quota of 16Gi (or the same bytes written otherwise): (field, value, valid, id).
 UNDER_AND_OVER_16GI = [
     (VRAM, "16Gi", True, "at-the-cap"),
@@ -247,6 +378,12 @@ UNDER_AND_OVER_16GI = [
     (KAI, "16385", False, "over"),
     (BURST, "16Gi", True, "at-the-cap"),
     (BURST, "32Gi", False, "over"),
+    (KAI_LIMIT, "16Gi", True, "at-the-cap"),
+    (KAI_LIMIT, "17179869185", False, "one-byte-over"),
+    (KAI_REQUEST, "32Gi", False, "request-alone-over"),
+    (ENV_LIMIT, "16384", True, "at-the-cap"),
+    (ENV_LIMIT, "16385", False, "over"),
+    (ENV_REQUEST, "16385", False, "request-alone-over"),
 ]
 # The other spellings of a max_quota: (cap, field, value, valid, id)
 OTHER_CAPS = [
@@ -262,6 +399,10 @@ OTHER_CAPS = [
 def _rows() -> Iterator[Row]:
     for f in FIELDS:
         resource = f.kind == "resource"
+        if f.kind == "env":
+            for env_value, valid, says, why in ENV_DIGITS:
+                yield Row(f, env_value, valid, says, why=why)
+            continue
         for value, says, in_limits, why in NOT_QUANTITIES:
             if resource and in_limits == ANNOTATION_ONLY:
                 continue
@@ -283,6 +424,8 @@ def _rows() -> Iterator[Row]:
     for cap, name, value, valid, why in OTHER_CAPS:
         shown = {"bytes": "16Gi", "12e9": "12G", "1.5Gi": "1536Mi"}[cap]
         yield Row(BY_NAME[name], value, valid, "" if valid else f"{OVER} {shown}", cap=cap, why=why)
+    for name, half, partner, valid, says, pair_cap, why in PAIRS:
+        yield Row(BY_NAME[name], half, valid, says, cap=pair_cap, why=why, partner=partner, with_partner=True)
 
 
 ROWS = tuple(_rows())

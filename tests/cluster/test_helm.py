@@ -288,9 +288,11 @@ def _fields(spec: dict[str, Any]) -> str:
 
 
 def _read(fields: str) -> list[str]:
-    """The quota fields a rendered policy reads, as quota sources, in its order."""
-    found = re.findall(r"resources\.limits\[([^\]]+)\]',|'field': 'metadata\.annotations\[([^\]]+)\]'", fields)
-    return [f"resource:{r}" if r else f"annotation:{a}" for r, a in found]
+    """The quota fields a rendered policy reads, as quota sources, in its order: each source it judges where the
+    policy names it, then the burst annotation, which it always judges."""
+    found = re.findall(r"'((?:resource|annotation|env):[^']+)' in variables\.sources", fields)
+    annotations = re.findall(r"'field': 'metadata\.annotations\[([^\]]+)\]'", fields)
+    return found + [f"annotation:{a}" for a in annotations if f"annotation:{a}" not in found]
 
 
 def test_quota_admission_policy_reads_the_agents_policy_config_map(helm: Path) -> None:

@@ -953,7 +953,7 @@ def test_the_shared_table_of_quota_values(row: Row) -> None:
     pod's quota out alike (`_lays_out`)."""
     namespace = "capped" if row.cap is not None else "default"
     policy = parse_policy({"namespaces": {"capped": {"max_quota": CAPS[row.cap]}}} if row.cap is not None else {})
-    manifest = row.field.pod(row.value, namespace=namespace)
+    manifest = row.pod(namespace=namespace)
     manifest["metadata"]["uid"] = "uid-1"
     p = pod_info_from_manifest(manifest)
     result = resolve_pod_quota(p, policy, {})
@@ -982,7 +982,7 @@ def _lays_out(row: Row, p: PodInfo, result: PodQuota, cap: int | None) -> None:
     is_burst = row.field.name == BURST_ANNOTATION
     if row.valid or cap is not None or is_burst:
         assert owner is not None
-        scope = POD if row.field.kind == "annotation" else CONTAINER
+        scope = POD if row.field.pod_wide else CONTAINER
         assert owner.subject.scope is scope and owner.holder == ("main" if scope is CONTAINER else None)
         hard = owner.quota.hard_for(TABLE_GPU.total_bytes)
         if not row.valid:

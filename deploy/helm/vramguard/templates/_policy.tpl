@@ -5,9 +5,9 @@ read YAML, so the door and the agents read those fields from the same keys, and 
 both (docs/rollout.md "Changing the policy").
 */}}
 
-{{- /* The known sources' bytes per unit (core/quantity.py RESOURCE_UNIT_BYTES, ANNOTATION_UNIT_BYTES), as a dict */}}
+{{- /* The known sources' bytes per unit (core/quantity.py RESOURCE_UNIT_BYTES, ANNOTATION_UNIT_BYTES, ENV_UNIT_BYTES; core/sources.py PER_CONTAINER_ANNOTATION_UNIT_BYTES), as a dict */}}
 {{- define "vramguard.policy.sourceUnits" -}}
-{{ toJson (dict "resource:vramguard.io/vram" "1" "resource:aliyun.com/gpu-mem" "1073741824" "resource:nvidia.com/gpumem" "1048576" "resource:tencent.com/vcuda-memory" "268435456" "annotation:vramguard.io/vram-limit" "1" "annotation:gpu-memory" "1048576") }}
+{{ toJson (dict "resource:vramguard.io/vram" "1" "resource:aliyun.com/gpu-mem" "1073741824" "resource:nvidia.com/gpumem" "1048576" "resource:tencent.com/vcuda-memory" "268435456" "annotation:nvidia.com/container.<container>.gpu-memory" "1" "env:NVIDIA_GPU_MEMORY" "1048576" "annotation:vramguard.io/vram-limit" "1" "annotation:gpu-memory" "1048576") }}
 {{- end -}}
 
 {{- /* The door's keys, as a dict: `exempt_namespaces` and `quota_sources` (lists joined with ", "; set only when

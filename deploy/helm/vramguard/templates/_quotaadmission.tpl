@@ -51,9 +51,9 @@ json.dumps' escapes (ensure_ascii=False), cut again to 80 where the escapes made
 
 {{- /*
 One field `f` ({field, value, name, unit}) judged as `parse_quota_bytes(value, unit, name)` judges it, in its order:
-{field, value (as the agent holds it), reason, bytes, q}. `reason` is the QuantityError's reason, "" for a quota;
-`bytes` its bytes ("?" for a binary quantity with a fraction too large to say exactly in int64, whose quantity
-`q` then compares exactly with the cap). Inside, each verdict is [reason, bytes, q].
+{field, value (as the agent holds it), reason, bytes, says}. `reason` is the QuantityError's reason, "" for a quota;
+`bytes` its bytes, exact; `says` "" (the whole text after the value, where a verdict is no QuantityError). Inside,
+each verdict is [reason, bytes, unused].
 */}}
 {{- define "vramguard.cel.quotaVerdict" -}}
 // As the agent holds it: cut to 1024 characters (kube/pod_manifest.py).
@@ -123,13 +123,17 @@ One field `f` ({field, value, name, unit}) judged as `parse_quota_bytes(value, u
       : fs == '' ? (w * unit < 1048576
         ? ['a quota must be at least 1Mi (1048576 bytes), not ' + string(w * unit) + ' bytes: no GPU workload fits in it', '', '']
         : ['', string(w * unit), ''])
-      // a fraction: rounded up to a whole byte, found exactly by comparing quantities (float only to start from)
+      // a fraction: rounded up to a whole byte, found exactly by comparing quantities (float only to start from;
+      // past 2^52, where a float is no longer exact, from the small remainder over the float's whole part)
       : [(whole == '' ? '0' : whole) + '.' + frac + suffix].map(q, [quantity(q)].map(qq, [qq.asApproximateFloat()].map(approx,
-          approx >= 4503599627370496.0 ? ['', '?', q]
+          approx >= 4503599627370496.0
+          ? [approx >= 9223372036854774784.0 ? 9223372036854774784 : int(approx)].map(k0,
+              [qq.sub(quantity(string(k0)))].map(rq, [int(rq.asApproximateFloat())].map(c,
+                ['', string(k0 + [c - 2, c - 1, c, c + 1, c + 2].filter(x, rq.compareTo(quantity(string(x))) <= 0)[0]), ''])[0])[0])[0]
           : [int(approx)].map(k, qq.compareTo(quantity(string(k))) <= 0 ? k
               : qq.compareTo(quantity(string(k + 1))) <= 0 ? k + 1 : k + 2).map(n, n < 1048576
             ? ['a quota must be at least 1Mi (1048576 bytes), not ' + string(n) + ' bytes: no GPU workload fits in it', '', '']
-            : ['', string(n), q])[0]
+            : ['', string(n), ''])[0]
         )[0])[0])[0]
     )[0])[0])[0])[0])[0])
   : (
@@ -154,6 +158,52 @@ One field `f` ({field, value, name, unit}) judged as `parse_quota_bytes(value, u
         ? ['larger than the int64 maximum of 9223372036854775807 bytes', '', '']
       : ['', string(int(ds + '{{ repeat 64 "0" }}'.substring(0, t)) * int(f.unit)), '']
     )[0])[0])[0])[0])[0])
-].map(verdict, {'field': f.field, 'value': v, 'reason': verdict[0], 'bytes': verdict[1], 'q': verdict[2]})[0]
+].map(verdict, {'field': f.field, 'value': v, 'reason': verdict[0], 'bytes': verdict[1], 'says': ''})[0]
 )[0])[0])[0])[0])[0])[0])[0])[0]
+{{- end -}}
+
+
+{{- /*
+One field `f` ({field, value, name, unit, kind}) judged as the agent reads its kind: "absent" (a half of a pair not
+given: field ""), "valueFrom" (an env[] entry set from elsewhere, core/quota.py _pair_quota), "digits"
+(quantity.parse_mib_digits: NVIDIA's toolkit's whole MiB, with the digits to write where the value is a quantity of
+whole MiB or MiB written out), else a quantity (`vramguard.cel.quotaVerdict`). The same map as quotaVerdict's.
+*/}}
+{{- define "vramguard.cel.fieldVerdict" -}}
+f.?kind.orValue('') == 'absent' ? {'field': '', 'value': '', 'reason': '', 'bytes': '', 'says': ''}
+: f.?kind.orValue('') == 'valueFrom'
+? {'field': f.field, 'value': 'valueFrom', 'reason': '', 'bytes': '',
+   'says': 'sets it from elsewhere (valueFrom), which vramguard does not read'}
+: [{{ include "vramguard.cel.quotaVerdict" . | indent 2 | trim }}].map(qv, f.?kind.orValue('') != 'digits' ? qv : [qv.value].map(dv,
+  size(dv) > 64 ? qv
+  // digits alone: MiB (leading zeros allowed, as strconv.ParseUint reads them)
+  : dv.matches(r'^[0-9]+$') ? [dv.find(r'[1-9][0-9]*')].map(dd,
+    size(dd) > 13 || dd != '' && int(dd) > 8796093022207
+    ? {'field': f.field, 'value': dv, 'reason': 'larger than the int64 maximum of 9223372036854775807 bytes', 'bytes': '', 'says': ''}
+    : dd == '' ? {'field': f.field, 'value': dv, 'reason': 'a quota must be at least 1Mi (1048576 bytes), not 0 bytes: no GPU workload fits in it', 'bytes': '', 'says': ''}
+    : {'field': f.field, 'value': dv, 'reason': '', 'bytes': string(int(dd) * 1048576), 'says': ''})[0]
+  : {'field': f.field, 'value': dv, 'bytes': '', 'says': '',
+     'reason': f.name + " is a whole number of MiB in digits alone, as NVIDIA's toolkit reads it"
+       + (qv.reason == '' && int(qv.bytes) % 1048576 == 0 ? '; write ' + string(int(qv.bytes) / 1048576) + ' for ' + dv
+         : dv.matches(r'^[0-9]{1,19} ?MiB$') ? '; write ' + [dv.find(r'^[0-9]+').find(r'[1-9][0-9]*')].map(dm, dm == '' ? '0' : dm)[0] + ' for ' + dv
+         : '')}
+)[0])[0]
+{{- end -}}
+
+{{- /*
+The verdict on a request and limit pair from the verdicts `h` of its halves (request, limit; field "" for one not
+given), as core/quota.py _pair_quota judges it: at most one, as the agent reports at most one error of a pair: the
+request's if it is invalid, else the limit's if it is, else the request's if it is above the limit, else the hard
+one (the limit, or the request alone), which alone the namespace's max_quota is held to (`capped`).
+*/}}
+{{- define "vramguard.cel.pairVerdict" -}}
+[h[0]].map(r, [h[1]].map(l,
+  r.field != '' && (r.reason != '' || r.says != '') ? {'field': r.field, 'value': r.value, 'reason': r.reason, 'bytes': '', 'says': r.says, 'capped': 'false'}
+  : l.field != '' && (l.reason != '' || l.says != '') ? {'field': l.field, 'value': l.value, 'reason': l.reason, 'bytes': '', 'says': l.says, 'capped': 'false'}
+  : r.field != '' && l.field != '' && int(r.bytes) > int(l.bytes)
+  ? {'field': r.field, 'value': r.value, 'reason': '', 'bytes': r.bytes, 'capped': 'false',
+     'says': 'is above the limit ' + l.value + ' (' + l.field + '): a request must be at most its limit'}
+  : l.field != '' ? {'field': l.field, 'value': l.value, 'reason': '', 'bytes': l.bytes, 'says': '', 'capped': 'true'}
+  : {'field': r.field, 'value': r.value, 'reason': '', 'bytes': r.bytes, 'says': '', 'capped': 'true'}
+)[0])[0]
 {{- end -}}
