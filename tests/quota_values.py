@@ -126,6 +126,12 @@ class Row:
     with_partner: bool = False  # whether the pod sets the other half
 
     @property
+    def door_admits(self) -> bool:
+        """Whether the admission policy admits the pod though the agent reports the row: a variable set by a
+        valueFrom is no value to refuse (the agent reads no ConfigMap or Secret, and says so), as an envFrom is not."""
+        return self.value is None or (self.with_partner and self.partner is None)
+
+    @property
     def id(self) -> str:
         where = f"-cap-{self.cap}" if self.cap else ""
         return f"{self.field.short}{where}-{self.why}"
