@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,10 +78,10 @@ def agent_rows(cluster: Cluster) -> list[tuple[Any, ...]]:
     return sorted(tuple(r[c] for c in COLUMNS) for r in document["containers"] if r["namespace"] == NS)
 
 
-def plugin_rows(kubeconfig: Path) -> list[tuple[Any, ...]]:
+def plugin_rows(kubeconfig: Path, ns: str = NS) -> list[tuple[Any, ...]]:
     document = json.loads(kubectl(kubeconfig, "vramguard", "top", "-A", "-o", "json").stdout)
     assert document["kind"] == "VramguardTop", document
-    return sorted(tuple(r[c] for c in COLUMNS) for r in document["items"] if r["namespace"] == NS)
+    return sorted(tuple(r[c] for c in COLUMNS) for r in document["items"] if r["namespace"] == ns)
 
 
 def save(title: str, command: str, output: str) -> None:
@@ -263,3 +264,107 @@ def test_recommend_without_prometheus_reads_the_agents_own_peaks(cluster: Cluste
     )
     assert row["peak_bytes"] >= 9 * GiB and row["verdict"] == "would have been killed", row
     assert items["notebook"]["peak_bytes"] >= GiB
+
+
+def deployment_declaring(cluster: Cluster, ns: str, name: str, env: dict[str, str]) -> dict[str, Any]:
+    """A Deployment `name` whose template's container main has `env`, its ReplicaSet and one running pod of it,
+    made by hand (no deployment or replicaset controller runs here) with the controllers' names and owner
+    references, as the agent then sees the pod's owner. Returns the pod."""
+    apps = client.AppsV1Api(cluster.api)
+    labels = {"app": name}
+    container = client.V1Container(
+        name="main",
+        image=WORKLOAD_IMAGE,
+        image_pull_policy="Never",
+        env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
+    )
+    template = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels=labels),
+        spec=client.V1PodSpec(containers=[container], termination_grace_period_seconds=2),
+    )
+    selector = client.V1LabelSelector(match_labels=labels)
+    deployment = apps.create_namespaced_deployment(
+        ns,
+        client.V1Deployment(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1DeploymentSpec(replicas=1, selector=selector, template=template),
+        ),
+    )
+
+    def owner(kind: str, obj: Any) -> client.V1OwnerReference:
+        return client.V1OwnerReference(
+            api_version="apps/v1", kind=kind, name=obj.metadata.name, uid=obj.metadata.uid, controller=True
+        )
+
+    replica_set = apps.create_namespaced_replica_set(
+        ns,
+        client.V1ReplicaSet(
+            metadata=client.V1ObjectMeta(name=f"{name}-7d9f4c8b5", owner_references=[owner("Deployment", deployment)]),
+            spec=client.V1ReplicaSetSpec(replicas=1, selector=selector, template=template),
+        ),
+    )
+    pod_name = f"{name}-7d9f4c8b5-x2b4z"
+    cluster.core.create_namespaced_pod(
+        ns,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name=pod_name, labels=labels, owner_references=[owner("ReplicaSet", replica_set)]
+            ),
+            spec=template.spec,
+        ),
+    )
+    wait_until(lambda: cluster.phase(ns, pod_name) == "Running", 60, what=f"{ns}/{pod_name} Running")
+    found = cluster.pod(ns, pod_name)
+    assert found is not None
+    return found
+
+
+def test_recommend_patches_the_toolkits_variable_the_deployment_declares(cluster: Cluster, viewer: Path) -> None:
+    """A Deployment whose template declares NVIDIA_GPU_MEMORY_REQUEST=2048 and NVIDIA_GPU_MEMORY_LIMIT=4096 (the
+    container toolkit's variables, whole MiB) beside a variable of its own, its pod at 9GiB: `recommend`, as a user
+    bound to the viewer and recommender roles, holds it to that 4Gi hard limit (would have been killed), and its
+    patch, applied by the admin with kubectl, sets NVIDIA_GPU_MEMORY_LIMIT=11264 in the template's env and no
+    vramguard field, keeping the request (below the new limit) and the other variable; recommend, asked again, finds
+    the template's quota ok and prints no patch."""
+    ns = cluster.namespace("toolkit")
+    user = cluster.person("toolkit-recommender", VIEWER, RECOMMENDER)
+    declared = {"NVIDIA_GPU_MEMORY_REQUEST": "2048", "NVIDIA_GPU_MEMORY_LIMIT": "4096", "TEAM_SETTING": "x"}
+    pod = deployment_declaring(cluster, ns, "trainer", declared)
+    cluster.gpu({cluster.pid(pod): 9 * GiB})
+    wait_until(
+        # QUOTA is the soft limit (the request's 2Gi); over-hard: above the variable's 4Gi.
+        lambda: (ns, pod["metadata"]["name"], "main", 9 * GiB, 2 * GiB, "over-hard") in plugin_rows(viewer, ns),
+        60,
+        what="the agent holding the pod to the variable's 4Gi",
+        interval_s=0.5,
+    )
+    document = json.loads(kubectl(user, "vramguard", "recommend", "-n", ns, "-o", "json").stdout)
+    (item,) = document["items"]
+    assert (item["kind"], item["name"], item["container"], item["quota_bytes"], item["quota_source"]) == (
+        "Deployment",
+        "trainer",
+        "main",
+        4 * GiB,
+        "env NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT",
+    ), item
+    assert item["verdict"] == "would have been killed", item
+    assert item["field"] == {"kind": "env", "name": "NVIDIA_GPU_MEMORY", "value": "11264"}, item
+
+    patch = kubectl(user, "vramguard", "recommend", "-n", ns, "-o", "patch").stdout
+    (command,) = [line for line in patch.splitlines() if line.startswith("kubectl patch")]
+    cluster.node.kubectl(*shlex.split(command)[1:])  # as the admin: the recommender role reads only
+    save("recommend's patch of the toolkit's variable", f"kubectl vramguard recommend -n {ns} -o patch", patch)
+    apps = client.AppsV1Api(cluster.api)
+    deployment = raw(cluster.api, apps.read_namespaced_deployment("trainer", ns))
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]} == {
+        **declared,
+        "NVIDIA_GPU_MEMORY_LIMIT": "11264",
+    }, container["env"]
+    assert not (template["metadata"].get("annotations") or {}), "no vramguard annotation beside the variable"
+
+    again = json.loads(kubectl(user, "vramguard", "recommend", "-n", ns, "-o", "json").stdout)
+    (item,) = again["items"]
+    assert (item["quota_bytes"], item["verdict"]) == (11 * GiB, "ok"), item
+    assert "kubectl patch" not in kubectl(user, "vramguard", "recommend", "-n", ns, "-o", "patch").stdout

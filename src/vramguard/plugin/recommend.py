@@ -148,7 +148,7 @@ def _rows(workload: Workload, found: Sequence[PeakSeries], policy: Policy, headr
             peak = max(s.peak_bytes for s in covered)
             if governed is not None and governed.share:
                 notes.append("held to its DRA claims' shares: size the claim, not a quota field")
-        target = field_of(quota)
+        target = field_of(quota, None if row_container == POD_WIDE else force.declared.get(row_container))
         recommended = recommended_bytes(peak, headroom, target.unit_bytes)
         if cap is not None and recommended > cap:
             notes.append(f"over the namespace max_quota {format_quantity(cap)}: it would be capped there")

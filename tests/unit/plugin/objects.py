@@ -4,7 +4,7 @@ their pod templates, the ReplicaSets and Jobs between them and their pods, and t
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -13,14 +13,19 @@ def template(
     annotations: Mapping[str, str] | None = None,
     containers: tuple[str, ...] = ("main",),
     requests: bool = False,
+    env: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A pod template: each container with `limits` (and as requests too with `requests`), the pod `annotations`."""
+    """A pod template: each container with `limits` (and as requests too with `requests`) and `env`, the pod
+    `annotations`."""
     resources: dict[str, Any] = {"limits": dict(limits)} if limits else {}
     if limits and requests:
         resources["requests"] = dict(limits)
+    listed: list[dict[str, Any]] = [{"name": c, "image": "trainer", "resources": resources} for c in containers]
+    for c in listed if env else ():
+        c["env"] = [dict(e) for e in env]
     return {
         "metadata": {"labels": {"app": "x"}, "annotations": dict(annotations or {})},
-        "spec": {"containers": [{"name": c, "image": "trainer", "resources": resources} for c in containers]},
+        "spec": {"containers": listed},
     }
 
 
