@@ -56,8 +56,12 @@ buildah bud -q --isolation chroot "${mounts[@]}" --build-arg "PYTHON=$base" -t "
 # storage does not grow by an image per run.
 buildah rmi --prune >/dev/null 2>&1 || true
 mkdir -p "$cache"
-rm -f "$cache/vramguard-$version.tar"
-buildah push -q "$image" "oci-archive:$cache/vramguard-$version.tar:$image" >/dev/null
+# Written beside and renamed into place: a run that loads the image meanwhile (another checkout's tests) reads the
+# old archive or the new one whole, never a missing or half-written one.
+partial="$cache/.vramguard-$version.tar.$$"
+rm -f "$partial"
+buildah push -q "$image" "oci-archive:$partial:$image" >/dev/null
+mv -f "$partial" "$cache/vramguard-$version.tar"
 echo "image: built in $(( $(date +%s) - start ))s on $base"
 echo "image: $cache/vramguard-$version.tar ($(du -m "$cache/vramguard-$version.tar" | cut -f1) MiB compressed)"
 echo "$image"
