@@ -23,7 +23,6 @@ from vramguard.core.quantity import (
     MAX_BYTES,
     QuantityError,
     format_quantity,
-    parse_mib_digits,
     parse_quota_bytes,
 )
 from vramguard.core.shares import PodShares, Share
@@ -438,7 +437,7 @@ def _pod_wide_quota(
         raw = pod.annotations[source.name]
         field = f"metadata.annotations[{source.name}]"
         try:
-            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
+            limit = source.value_bytes(raw)
         except QuantityError as e:
             findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.ANNOTATION, source_index=index))
             continue
@@ -479,7 +478,7 @@ def _container_quota(
         raw = limits[source.name]
         field = f"spec.containers[{container}].resources.limits[{source.name}]"
         try:
-            limit = parse_quota_bytes(raw, source.unit_bytes, source.name)
+            limit = source.value_bytes(raw)
         except QuantityError as e:
             findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
             continue
@@ -517,7 +516,7 @@ def _pair_quota(
             findings.append(_Finding(error, _Governs.CONTAINER, container=container))
             return None
         try:
-            value = parse_mib_digits(raw, key) if source.kind is SourceKind.ENV else parse_quota_bytes(raw, 1, key)
+            value = source.value_bytes(raw, key)
         except QuantityError as e:
             findings.append(_Finding(QuotaError(field, raw, _reason(e)), _Governs.CONTAINER, container=container))
             return None

@@ -26,6 +26,8 @@ from vramguard.core.quantity import (
     ENV_REQUEST_SUFFIX,
     ENV_UNIT_BYTES,
     RESOURCE_UNIT_BYTES,
+    parse_mib_digits,
+    parse_quota_bytes,
 )
 from vramguard.core.text import MAX_TEXT_CHARS, cut
 
@@ -50,43 +52,6 @@ PER_CONTAINER_ANNOTATION_UNIT_BYTES: Final[Mapping[str, int]] = MappingProxyType
 
 # A DRA driver's name or a DeviceClass's name: a DNS subdomain.
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def parse_quota_source(text: str) -> QuotaSource:
-    """`resource:vramguard.io/vram`, `annotation:gpu-memory`, `env:NVIDIA_GPU_MEMORY` or `claim:gpu.nvidia.com` →
-    QuotaSource; ValueError says what is wrong."""
-    kind_text, sep, name = text.partition(":")
-    known_by_kind = {
-        SourceKind.RESOURCE: RESOURCE_UNIT_BYTES,
-        SourceKind.ANNOTATION: {**QUOTA_ANNOTATION_UNIT_BYTES, **PER_CONTAINER_ANNOTATION_UNIT_BYTES},
-        SourceKind.ENV: ENV_UNIT_BYTES,
-    }
-    kind = next((k for k in SourceKind if k.value == kind_text), None)
-    if not sep or kind is None:
-        raise ValueError("must be resource:<name>, annotation:<name>, env:<name> or claim:<DRA driver or device class>")
-    if kind is SourceKind.CLAIM:
-        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-            raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
-        return QuotaSource(kind, name, 1)
-    known = known_by_kind[kind]
-    if name not in known:
-        raise ValueError(f"vramguard knows the unit of no {kind.value} named {name!r}; known: {', '.join(known)}")
-    return QuotaSource(kind, name, known[name])
-
-
-def reads_claims(quota_sources: Sequence[str]) -> bool:
-    """Whether any of the sources is a `claim:` source: the agent then needs a claim source (`core/shares.py`)."""
-    return any(s.kind is SourceKind.CLAIM for s in readable_sources(quota_sources))
-
-
-def readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
-    readable = []
-    for text in texts:
-        try:
-            readable.append(parse_quota_source(text))
-        except ValueError:
-            continue  # the policy loader reports these; a Policy built in code just goes without
-    return tuple(readable)
 
 
 class SourceKind(str, enum.Enum):
@@ -124,6 +89,15 @@ class QuotaSource:
         """Whether it reads a request (the soft limit) and a limit (the hard one) rather than one value."""
         return self.kind is SourceKind.ENV or (self.kind is SourceKind.ANNOTATION and self.per_container)
 
+    def value_bytes(self, raw: str, key: str = "") -> int:
+        """`raw` in bytes, as the agent reads a value of this source (`key`: the field, a pair's request or limit;
+        the source's name where not given): whole MiB in digits alone for the toolkit's variables, else a Kubernetes
+        quantity, or a count of `unit_bytes`; at least 1Mi. QuantityError, naming the value, where it refuses it."""
+        name = key or self.name
+        if self.kind is SourceKind.ENV:
+            return parse_mib_digits(raw, name)
+        return parse_quota_bytes(raw, self.unit_bytes, name)
+
     def pair_keys(self, container: str) -> tuple[str, str]:
         """The request's and the limit's names for `container`: the variables, or the container's annotations."""
         request, limit = PAIR_SUFFIXES[self.kind.value]
@@ -154,3 +128,40 @@ class QuotaError:
             text = getattr(self, name)
             if isinstance(text, str) and len(text) > self.MAX_CHARS:
                 object.__setattr__(self, name, cut(text, self.MAX_CHARS))
+
+
+def parse_quota_source(text: str) -> QuotaSource:
+    """`resource:vramguard.io/vram`, `annotation:gpu-memory`, `env:NVIDIA_GPU_MEMORY` or `claim:gpu.nvidia.com` →
+    QuotaSource; ValueError says what is wrong."""
+    kind_text, sep, name = text.partition(":")
+    known_by_kind = {
+        SourceKind.RESOURCE: RESOURCE_UNIT_BYTES,
+        SourceKind.ANNOTATION: {**QUOTA_ANNOTATION_UNIT_BYTES, **PER_CONTAINER_ANNOTATION_UNIT_BYTES},
+        SourceKind.ENV: ENV_UNIT_BYTES,
+    }
+    kind = next((k for k in SourceKind if k.value == kind_text), None)
+    if not sep or kind is None:
+        raise ValueError("must be resource:<name>, annotation:<name>, env:<name> or claim:<DRA driver or device class>")
+    if kind is SourceKind.CLAIM:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a DRA driver or device class name (a DNS subdomain)")
+        return QuotaSource(kind, name, 1)
+    known = known_by_kind[kind]
+    if name not in known:
+        raise ValueError(f"vramguard knows the unit of no {kind.value} named {name!r}; known: {', '.join(known)}")
+    return QuotaSource(kind, name, known[name])
+
+
+def reads_claims(quota_sources: Sequence[str]) -> bool:
+    """Whether any of the sources is a `claim:` source: the agent then needs a claim source (`core/shares.py`)."""
+    return any(s.kind is SourceKind.CLAIM for s in readable_sources(quota_sources))
+
+
+def readable_sources(texts: Sequence[str]) -> tuple[QuotaSource, ...]:
+    readable = []
+    for text in texts:
+        try:
+            readable.append(parse_quota_source(text))
+        except ValueError:
+            continue  # the policy loader reports these; a Policy built in code just goes without
+    return tuple(readable)

@@ -1,6 +1,6 @@
 """The patch `kubectl vramguard recommend` prints for a workload whose quota is not ok: a strategic merge patch of
-its pod template that sets each recommendation in the field it names, and only values the agent's own quota parsers
-(`core.quantity.parse_quota_bytes`, `parse_mib_digits`) accept. Pure.
+its pod template that sets each recommendation in the field it names, and only values the agent itself reads there
+(`QuotaSource.value_bytes`). Pure.
 
 A pair of NVIDIA's declarations (the toolkit's `NVIDIA_GPU_MEMORY_REQUEST`/`_LIMIT` in a container's `env[]`, KAI's
 `nvidia.com/container.<name>.gpu-memory.request`/`.limit` annotations) takes the recommendation in its limit, the
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vramguard.core.quantity import QuantityError, parse_mib_digits, parse_quota_bytes
+from vramguard.core.quantity import QuantityError
 from vramguard.core.sources import QuotaSource, SourceKind
 from vramguard.plugin.in_force import spell
 from vramguard.plugin.recommend import Recommendation
@@ -99,7 +99,7 @@ def _patch(workload: Workload, rows: Sequence[Recommendation]) -> Patch:
             # A new annotation covers the pod's containers together: the sum of their recommendations.
             value = spell(r.target, sum(x.recommended_bytes for x in rows if x.target == r.target))
         try:
-            _agent_reads(r.target, r.target.name, value)
+            r.target.value_bytes(value, r.target.pair_keys(r.containers[0])[1] if r.target.pair else "")
         except QuantityError as e:
             return Patch(ref, None, f"the agent would refuse {r.target.field} {value!r}: {e.reason}")
         if r.target.kind is SourceKind.ANNOTATION and not r.target.per_container:
@@ -135,13 +135,6 @@ def _patch(workload: Workload, rows: Sequence[Recommendation]) -> Patch:
     for (where, _), c in containers.items():
         leaf.setdefault("spec", {}).setdefault(where, []).append(c)
     return Patch(ref, _nest(workload.path, leaf))
-
-
-def _agent_reads(target: QuotaSource, key: str, value: str) -> int:
-    """`value` in bytes, as the agent reads the field `key` of `target`; QuantityError where it refuses it."""
-    if target.kind is SourceKind.ENV:
-        return parse_mib_digits(value, key)
-    return parse_quota_bytes(value, 1 if target.pair else target.unit_bytes, key)
 
 
 def _container(spec: Mapping[str, Any], name: str) -> tuple[str, Mapping[str, Any]]:
@@ -189,6 +182,6 @@ def _pair_settings(
 def _at_most(target: QuotaSource, key: str, value: str, limit: str) -> bool:
     """Whether the agent reads `value` as at most `limit` (a value it reads)."""
     try:
-        return _agent_reads(target, key, value) <= _agent_reads(target, key, limit)
+        return target.value_bytes(value, key) <= target.value_bytes(limit, key)
     except QuantityError:
         return False
