@@ -88,6 +88,19 @@ class Recommendation:
     value: str  # the recommendation as `target` takes it
     notes: tuple[str, ...] = ()
 
+    @property
+    def target_key(self) -> str:
+        """The key the recommendation is written to: a pair's limit for the row's container
+        (`NVIDIA_GPU_MEMORY_LIMIT`, `nvidia.com/container.<name>.gpu-memory.limit`), else the target's name."""
+        return (
+            self.target.pair_keys(self.containers[0])[1] if self.target.pair and self.containers else self.target.name
+        )
+
+    @property
+    def target_field(self) -> str:
+        """`target_key` as messages name a field: `limits[<name>]`, `annotation <key>`, `env <key>`."""
+        return self.target.field if not self.target.pair else f"{self.target.kind.value} {self.target_key}"
+
 
 def _most_gpus(series: Iterable[PeakSeries]) -> int:
     per_pod: dict[str, set[str]] = defaultdict(set)

@@ -235,7 +235,7 @@ def recommend_table(rows: Sequence[Recommendation], wide: bool = False, colour: 
             r.verdict.value,
         )
         if wide:
-            line += (f"{r.target.field}={r.value}", "; ".join(r.notes) or "-")
+            line += (f"{r.target_field}={r.value}", "; ".join(r.notes) or "-")
         lines.append(line)
     if not rows:
         return "No workload used GPU memory in the window."
@@ -256,7 +256,7 @@ def recommendation_dict(r: Recommendation) -> dict[str, Any]:
         "quota_bytes": r.quota_bytes,
         "quota_source": r.quota_source,
         "verdict": r.verdict.value,
-        "field": {"kind": r.target.kind.value, "name": r.target.name, "value": r.value},
+        "field": {"kind": r.target.kind.value, "name": r.target_key, "value": r.value},
         "notes": list(r.notes),
     }
 

@@ -282,3 +282,34 @@ def test_replaying_the_usage_at_the_recommended_quotas_kills_nothing(headroom: f
     assert first_violation({name: r.recommended_bytes for name, r in rows.items()}) is None
     by_usage_gauge = {name: recommended_bytes(scraped.used_bytes[name], headroom) for name in names}
     assert first_violation(by_usage_gauge) is not None, "the scraped usage alone misses spikes"
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "key", "field", "value"),
+    [
+        pytest.param(
+            template(env=[{"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "4096"}]),
+            "NVIDIA_GPU_MEMORY_LIMIT",
+            "env NVIDIA_GPU_MEMORY_LIMIT",
+            "11264",
+            id="the-toolkits-variable",
+        ),
+        pytest.param(
+            template(annotations={"nvidia.com/container.main.gpu-memory.limit": "4Gi"}),
+            "nvidia.com/container.main.gpu-memory.limit",
+            "annotation nvidia.com/container.main.gpu-memory.limit",
+            "11Gi",
+            id="kais-annotation",
+        ),
+        pytest.param(
+            template({"vramguard.io/vram": "4Gi"}), "vramguard.io/vram", "limits[vramguard.io/vram]", "11Gi", id="one"
+        ),
+    ],
+)
+def test_a_pair_is_recommended_in_its_limits_own_key(
+    pod_template: dict[str, object], key: str, field: str, value: str
+) -> None:
+    """The wide table and the JSON name the key the patch writes (the container's limit of a pair), not the source."""
+    owners = _owners(workload("Deployment", NS, "web", pod_template))
+    (row,) = recommend([_series("web-7d9f4c8b5-x2b4z", 9 * GiB)], owners, Policy())
+    assert (row.target_key, row.target_field, row.value) == (key, field, value)
