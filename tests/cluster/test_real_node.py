@@ -343,13 +343,20 @@ def test_the_toolkit_variable_is_a_quota_on_real_containers(cluster: Cluster) ->
     assert "quota 4.0GiB (env NVIDIA_GPU_MEMORY_LIMIT)" in described, described
     assert cluster.status(ns, "notebook")["restartCount"] == 0 and Path(f"/proc/{notebook_pid}").exists()
     cluster.gpu({})
+    # Its pods go with it: the notebook's 8Gi of vramguard.io/vram would stay allocated on the one node, and the later
+    # tests' pods would not fit beside what the earlier ones hold.
+    for name in ("trainer", "notebook"):
+        cluster.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+    wait_until(lambda: cluster.pod(ns, "trainer") is None and cluster.pod(ns, "notebook") is None, 60, what="gone")
 
 
 def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None:
     """On an R615 driver the agent, in its pod, programs each container's limit on the cgroup v2 directory the
     kubelet and containerd made, through the host's cgroup filesystem the chart mounts."""
     cluster.gpu({}, memory_limits=True)
-    cluster.helm_install(mode="kill")
+    # An agent asks the driver what it can hold once, at start: a fresh one must meet the R615 driver, whatever the
+    # test before installed (the same values would leave its agent running).
+    cluster.helm_install(mode="kill", chart_values={"podAnnotations": {"vramguard.test/driver": "r615"}})
     ns = cluster.namespace("ml-limits")
     trainer = cluster.workload(ns, "trainer", "6Gi")
     container_id = trainer["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
@@ -358,7 +365,11 @@ def test_driver_limits_on_the_cgroups_the_kubelet_made(cluster: Cluster) -> None
     def held() -> list[DriverLimit]:
         return [d for d in driver_limits(cluster.gpu_state) if d.cgroup.endswith(leaf)]
 
-    wait_until(lambda: held(), 60, what="the trainer's limit in the driver", interval_s=0.25)
+    try:
+        wait_until(lambda: held(), 60, what="the trainer's limit in the driver", interval_s=0.25)
+    except WaitTimeout as e:
+        calls = [c for c in limit_calls(cluster.gpu_state) if leaf.rsplit("/", 1)[0] in c.cgroup]
+        raise WaitTimeout(f"{e}\ndriver calls on the pod's cgroups: {calls}\n{cluster.agent_state()}") from None
     (limit,) = held()
     assert (limit.soft_bytes, limit.hard_bytes) == (0, 6 * GiB)
     assert limit.cgroup == f"/host{v2_root('/sys/fs/cgroup')}{leaf}", "the agent's view of the host's v2 hierarchy"
