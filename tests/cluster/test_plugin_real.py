@@ -348,7 +348,7 @@ def test_recommend_patches_the_toolkits_variable_the_deployment_declares(cluster
         "env NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT",
     ), item
     assert item["verdict"] == "would have been killed", item
-    assert item["field"] == {"kind": "env", "name": "NVIDIA_GPU_MEMORY", "value": "11264"}, item
+    assert item["field"] == {"kind": "env", "name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "11264"}, item
 
     patch = kubectl(user, "vramguard", "recommend", "-n", ns, "-o", "patch").stdout
     (command,) = [line for line in patch.splitlines() if line.startswith("kubectl patch")]
