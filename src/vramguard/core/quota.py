@@ -537,7 +537,8 @@ def _pair_quota(
         findings.append(
             _Finding(_over_cap(hard_field, limit_raw or request_raw, cap), _Governs.CONTAINER, container=container)
         )
-    names = " and ".join(f.rpartition("[")[2].rstrip("]") for f in (request_field, limit_field) if f)
+    declared = zip(source.pair_keys(container), (request_field, limit_field), strict=True)
+    names = " and ".join(key for key, field in declared if field)
     described = f"{source.kind.value} {names}"
     if limit is None and source.kind is SourceKind.ENV:
         return Quota(limit_bytes=request, burst_bytes=NO_HARD_LIMIT, source=described, origin=source)

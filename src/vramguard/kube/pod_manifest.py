@@ -100,6 +100,10 @@ def _has_nvidia_gpu(limits: object) -> bool:
     )
 
 
+# KAI's per-container annotation pair, parsed once here rather than for each pod converted.
+_PER_CONTAINER_PAIRS: Final = tuple(parse_quota_source(f"annotation:{s}") for s in PER_CONTAINER_ANNOTATION_UNIT_BYTES)
+
+
 def _quota_annotations(annotations: object, containers: Iterable[str]) -> dict[str, str]:
     """The annotations a quota is read from, cut: the pod-wide ones vramguard knows (`ANNOTATION_UNIT_BYTES`) and,
     for each of the pod's containers, KAI's `nvidia.com/container.<name>.gpu-memory.request` and `.limit`. Looked up
@@ -107,8 +111,7 @@ def _quota_annotations(annotations: object, containers: Iterable[str]) -> dict[s
     if not isinstance(annotations, Mapping):
         return {}
     kept = _kept(annotations, ANNOTATION_UNIT_BYTES)
-    for source in PER_CONTAINER_ANNOTATION_UNIT_BYTES:
-        pair = parse_quota_source(f"annotation:{source}")
+    for pair in _PER_CONTAINER_PAIRS:
         for container in containers:
             for key in pair.pair_keys(container):
                 if key in annotations:
