@@ -145,11 +145,17 @@ class Cluster:
         return pods[0]
 
     def workload(
-        self, namespace: str, name: str, quota: str | None, *, annotations: dict[str, str] | None = None
+        self,
+        namespace: str,
+        name: str,
+        quota: str | None,
+        *,
+        annotations: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """A running pod of the workload image with `quota` as its VRAM limit (None: none), placed by the
-        scheduler."""
-        self.create_workload(namespace, name, quota, annotations=annotations)
+        """A running pod of the workload image with `quota` as its VRAM limit (None: none) and `env` in its
+        container's env[], placed by the scheduler."""
+        self.create_workload(namespace, name, quota, annotations=annotations, env=env)
         wait_until(
             lambda: self.phase(namespace, name) == "Running", 60, what=f"{namespace}/{name} Running", interval_s=0.25
         )
@@ -165,6 +171,7 @@ class Cluster:
         *,
         command: list[str] | None = None,
         annotations: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """Create the pod `workload` makes (its container "main" runs `command` if given, else the image's sleep)
         and return at once, without waiting for it to run: for creating many pods together."""
@@ -178,6 +185,7 @@ class Cluster:
                         image=WORKLOAD_IMAGE,
                         image_pull_policy="Never",
                         command=command,
+                        env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()] if env else None,
                         resources=client.V1ResourceRequirements(limits={QUOTA: quota} if quota else None),
                     )
                 ],

@@ -311,24 +311,7 @@ def test_the_toolkit_variable_is_a_quota_on_real_containers(cluster: Cluster) ->
     below R615 nothing else enforces it); a neighbour within its own quota lives."""
     cluster.helm_install(mode="kill")
     ns = cluster.namespace("ml-toolkit")
-    declared = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="trainer", labels={"app": "trainer"}),
-        spec=client.V1PodSpec(
-            termination_grace_period_seconds=2,
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image=WORKLOAD_IMAGE,
-                    image_pull_policy="Never",
-                    env=[client.V1EnvVar(name="NVIDIA_GPU_MEMORY_LIMIT", value="4096")],
-                )
-            ],
-        ),
-    )
-    cluster.core.create_namespaced_pod(ns, declared)
-    wait_until(lambda: cluster.phase(ns, "trainer") == "Running", 60, what="the trainer Running", interval_s=0.25)
-    trainer = cluster.pod(ns, "trainer")
-    assert trainer is not None
+    trainer = cluster.workload(ns, "trainer", None, env={"NVIDIA_GPU_MEMORY_LIMIT": "4096"})
     notebook = cluster.workload(ns, "notebook", "8Gi")
     trainer_pid, notebook_pid = cluster.pid(trainer), cluster.pid(notebook)
     cluster.gpu({trainer_pid: 6 * GiB, notebook_pid: 6 * GiB})
