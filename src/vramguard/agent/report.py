@@ -62,7 +62,8 @@ class TopRow:
     # container toolkit hook set from NVIDIA_GPU_MEMORY_*, which the agent leaves alone), "driver:pod" (only the
     # pod's cgroup holds one: the container's own is missing), "agent" (the reactive modes alone: where the driver
     # holds limits, a container running without its own, or with only a soft limit or a looser one the toolkit
-    # set), "-" without one.
+    # set), "-" without one. On a DRM GPU (AMD, Intel) the kernel's dmem controller holds the limit: "kernel",
+    # "kernel:pod".
     held_by: str = "-"
     claim: str = ""  # the DRA claim(s) the quota comes from, when it is a claim share
     quota_source: str = ""  # the quota's `Quota.source`, e.g. "limits[vramguard.io/vram]"; "" without a quota
@@ -99,7 +100,8 @@ def rows_from_report(
             state, held_by = "unmanaged", "-"
         else:
             state = "ok" if v is None else "over-hard" if v.hard else "over-soft"
-            held_by = _held_by(held, governing, LimitKey(u.pod.uid, None, u.device_uuid), device.total_bytes)
+            pod_key = LimitKey(u.pod.uid, None, u.device_uuid)
+            held_by = _held_by(held, governing, pod_key, device.total_bytes, device.backend.holder)
         rows.append(
             TopRow(
                 gpu=device.label,
@@ -143,17 +145,21 @@ def rows_from_report(
 
 
 def _held_by(
-    held: Mapping[LimitKey, HeldLimit | LimitTarget], governing: RowQuota, pod_key: LimitKey, total_bytes: int
+    held: Mapping[LimitKey, HeldLimit | LimitTarget],
+    governing: RowQuota,
+    pod_key: LimitKey,
+    total_bytes: int,
+    holder: str = "driver",
 ) -> str:
-    """Who holds a row's quota (`TopRow.held_by`): the limit on its holder's cgroup where the driver holds one (the
-    toolkit's only where it keeps the cgroup within the quota's hard limit), else the pod's cgroup's, else the
-    agent."""
+    """Who holds a row's quota (`TopRow.held_by`): the limit on its holder's cgroup where `holder` holds one (NVIDIA's
+    "driver", or for a DRM GPU the "kernel"'s dmem controller; the toolkit's only where it keeps the cgroup within
+    the quota's hard limit), else the pod's cgroup's, else the agent."""
     own = held.get(governing.limit_key)
     if own is not None and own.set_by is LimitSetter.AGENT:
-        return "driver"
+        return holder
     if own is not None and holds_quota(own.hard_bytes, governing.quota.hard_for(total_bytes)):
-        return "driver:toolkit"
-    return "driver:pod" if pod_key in held else "agent"
+        return f"{holder}:toolkit"
+    return f"{holder}:pod" if pod_key in held else "agent"
 
 
 def row_dict(row: TopRow) -> dict[str, object]:

@@ -37,6 +37,9 @@ class ScanSetup:
     pods_file: Path | None
     kubeconfig: str | None
     device_prefix: str = "/dev/nvidia"
+    sys_root: str = "/sys"  # the host's /sys, where the DRM GPUs are found (--sys-root)
+    fdinfo_root: str | None = None  # where the processes' fd/ and fdinfo/ are read: proc_root unless tests say
+    drm_device_prefix: str = "/dev/dri/"  # the DRM nodes a GPU process holds (tests stand a directory in)
     nvml_location: NvmlLocation = LOADER_SEARCH  # where libnvidia-ml.so.1 is (--driver-root, --nvml-library)
     exited_hold_s: float = EXITED_HOLD_S  # exited PIDs holding GPU memory this long make a GPU need a reset
     pod_logs_dir: str = DEFAULT_POD_LOGS_DIR  # the kubelet's, as mounted here: what backs a mirror pod's claim

@@ -25,7 +25,8 @@ from vramguard.cli.driver import ask_driver, ask_limits, nvidia_side, with_limit
 from vramguard.cli.serve import serve
 from vramguard.cli.signals import SHUTDOWN_BUDGET_S, stop_on_signals
 from vramguard.cli.top import render_table
-from vramguard.cli.wiring import build_agent, open_nvml
+from vramguard.cli.gpus import memory_limiter, open_gpus_once
+from vramguard.cli.wiring import build_agent
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.policy import DriverLimits, Mode, Overrides, parse_watch_interval
 from vramguard.core.quantity import QuantityError, parse_quantity
@@ -83,6 +84,19 @@ CgroupRootOpt = Annotated[
         help="Where the host's cgroup filesystem is mounted (writable): a kill freezes the container there, and "
         "driver limits name its v2 directories.",
     ),
+]
+SysRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--sys-root",
+        envvar="VRAMGUARD_SYS_ROOT",
+        help="Where the host's /sys is mounted (node-exporter's --path.sysfs): the GPUs a DRM driver with memory "
+        "stats drives (amdgpu, xe, i915) are found under its class/drm.",
+    ),
+]
+FdinfoRootOpt = Annotated[
+    str | None,
+    typer.Option("--fdinfo-root", hidden=True, help="Where processes' fd/ and fdinfo/ are read (tests).")
 ]
 PodLogsDirOpt = Annotated[
     str,
@@ -159,6 +173,8 @@ def run(
     ] = "0.0.0.0",
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    sys_root: SysRootOpt = "/sys",
+    fdinfo_root: FdinfoRootOpt = None,
     pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
     kubelet_cgroup_root: KubeletCgroupRootOpt = "/",
     driver_root: DriverRootOpt = "",
@@ -181,6 +197,9 @@ def run(
     device_prefix: Annotated[
         str, typer.Option("--gpu-device-prefix", hidden=True, help="Device files that hold GPU memory (tests).")
     ] = "/dev/nvidia",
+    drm_device_prefix: Annotated[
+        str, typer.Option("--drm-device-prefix", hidden=True, help="DRM device nodes a GPU process holds (tests).")
+    ] = "/dev/dri/",
     exited_hold: Annotated[
         float,
         typer.Option(
@@ -251,6 +270,9 @@ def run(
             pods_file=pods_file,
             kubeconfig=kubeconfig,
             device_prefix=device_prefix,
+            sys_root=sys_root,
+            fdinfo_root=fdinfo_root,
+            drm_device_prefix=drm_device_prefix,
             nvml_location=NvmlLocation(driver_root, nvml_library),
             exited_hold_s=exited_hold,
             pod_logs_dir=pod_logs_dir,
@@ -278,6 +300,8 @@ def top(
     policy_path: PolicyOpt = None,
     proc_root: ProcRootOpt = "/proc",
     cgroup_root: CgroupRootOpt = "/sys/fs/cgroup",
+    sys_root: SysRootOpt = "/sys",
+    fdinfo_root: FdinfoRootOpt = None,
     pod_logs_dir: PodLogsDirOpt = DEFAULT_POD_LOGS_DIR,
     kubelet_cgroup_root: KubeletCgroupRootOpt = "/",
     driver_root: DriverRootOpt = "",
@@ -299,7 +323,7 @@ def top(
     kubelet = _or_exit(lambda: kubelet_tree(kubelet_cgroup_root, proc_root, cgroup_root))
     setup = ScanSetup(node_name, policy, True, proc_root, cgroup_root, pods_file, kubeconfig,
                       nvml_location=NvmlLocation(driver_root, nvml_library), kubelet=kubelet,
-                      pod_logs_dir=pod_logs_dir)  # fmt: skip
+                      pod_logs_dir=pod_logs_dir, sys_root=sys_root, fdinfo_root=fdinfo_root)  # fmt: skip
     metrics = Metrics()
     cluster = _or_exit(lambda: connect(setup, metrics))
     services = Services()
@@ -310,11 +334,11 @@ def top(
         if cluster.claims is not None and not cluster.claims.wait_synced(timeout_s=15):
             _say(f"warning: DRA claims not all read within 15s: {cluster.claims.problem() or 'slow'}")
         try:
-            sampler = open_nvml(setup, services)
+            gpus = open_gpus_once(setup, services)
         except NvmlUnavailable as e:
             _fail(str(e), 1)
-        agent = build_agent(setup, sampler, cluster, metrics)
-        memory = services.start("nvml-limits", NvmlMemoryLimiter())
+        agent = build_agent(setup, gpus, cluster, metrics)
+        memory = memory_limiter(gpus, cgroup_root, services)
         cgroups = CgroupfsTree(cgroup_root, kubelet)
         facts = AgentFacts(__version__, node_name or "", policy.mode.value, True, interval)
         driver: DriverFacts | None = None  # asked once, at the first scan's GPUs
@@ -327,7 +351,7 @@ def top(
                 if as_json:
                     if driver is None:
                         support = ask_limits(memory, cgroup_root, report.snapshot.devices)
-                        driver = with_limits(nvidia_side(sampler), support, "")
+                        driver = with_limits(nvidia_side(gpus.nvml), support, "")
                     finished = agent.last_scan.finished_at if agent.last_scan is not None else None
                     age = SYSTEM_CLOCK.now() - finished if finished is not None else None
                     typer.echo(render(facts, age, scan_json(report, held, describe), driver).decode())

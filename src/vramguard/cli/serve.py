@@ -27,7 +27,8 @@ from vramguard.cli.config import RunConfig, WiringError
 from vramguard.cli.driver import LIMITS_UNASKED, nvidia_side, with_limits
 from vramguard.cli.signals import SHUTDOWN_BUDGET_S
 from vramguard.cli.tuning import raise_open_file_limit
-from vramguard.cli.wiring import Serving, build_agent, driver_limiter, open_sampler, watch_cgroups
+from vramguard.cli.gpus import memory_limiter, open_gpus
+from vramguard.cli.wiring import Serving, build_agent, driver_limiter, watch_cgroups
 from vramguard.core.limit_plan import LimitPlanner
 from vramguard.http.server import BindError, HealthServer
 from vramguard.http.status import AgentFacts, DriverFacts, PolicyFacts, StatusPage
@@ -197,13 +198,19 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
             health_file=config.health_file or None,
             open_file_limit=open_files[1],
         )
-        sampler = open_sampler(setup, services, stop, clock, checks.nvml)
-        if sampler is None:
+        gpus = open_gpus(setup, services, stop, clock, checks.nvml)
+        if gpus is None:
             return
         # What the quotas call for in driver limits, for the scan and for the limiter's new cgroups alike.
         planner = LimitPlanner(cluster.pods, cluster.claims, setup.policy, dry_run=setup.dry_run)
         limiter = driver_limiter(
-            planner, setup.policy, setup.dry_run, setup.cgroup_root, services, clock, setup.kubelet
+            planner,
+            setup.policy,
+            setup.dry_run,
+            setup.cgroup_root,
+            lambda: memory_limiter(gpus, setup.cgroup_root, services),
+            clock,
+            setup.kubelet,
         )
         serving = Serving(
             planner,
@@ -216,7 +223,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         )
         # The agent registers the parts that hold policy in it with the reloader as it is built; so does the check
         # that reads the policy in force.
-        agent = build_agent(setup, sampler, cluster, metrics, clock, serving)
+        agent = build_agent(setup, gpus, cluster, metrics, clock, serving)
         limits = DriverLimitsCheck(limiter, start)
         if reloader is not None:
             reloader.register("driver-limits-check", limits.apply)
@@ -231,7 +238,7 @@ def serve(config: RunConfig, stop: threading.Event, clock: Clock = SYSTEM_CLOCK)
         if reloader is not None:
             services.start("policy-reload", reloader)  # what it reads is taken at the start of each scan
         checks.supply(agent, config.poll_interval_s, limits)  # the parts' own checkers, from the first scan on
-        started.publish(Running(agent, nvidia_side(sampler)))
+        started.publish(Running(agent, nvidia_side(gpus.nvml)))
         agent.run(config.poll_interval_s, stop)
     finally:
         services.stop(SHUTDOWN_BUDGET_S)

@@ -22,9 +22,10 @@ from vramguard.base.lifecycle import Services
 from vramguard.base.logs import FailureRun
 from vramguard.cli.cluster import Cluster, scan_calls
 from vramguard.cli.config import ScanSetup
+from vramguard.cli.gpus import Gpus
 from vramguard.core.limit_plan import LimitPlanner, uses_limiter
 from vramguard.core.policy import Policy
-from vramguard.core.ports import GpuSampler, KillMemory
+from vramguard.core.ports import GpuSampler, KillMemory, MemoryLimiter
 from vramguard.kube.capacity import KubeCapacityPublisher
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, v2_root
 from vramguard.node.cgroup_tree import CgroupfsTree
@@ -33,7 +34,6 @@ from vramguard.node.freezes import FreezeJournal
 from vramguard.node.identify import ProcIdentifier
 from vramguard.node.kill import PidfdKiller
 from vramguard.node.limiter import DriverLimiter
-from vramguard.nvml import NvmlMemoryLimiter, NvmlSampler, NvmlUnavailable
 
 
 @dataclass(frozen=True)
@@ -50,41 +50,9 @@ class Serving:
     reloads: PolicyReloader | None = None  # a reloaded policy is in force from the scan after it was read
 
 
-def open_nvml(setup: ScanSetup, services: Services) -> NvmlSampler:
-    """NVML started in `services`, or NvmlUnavailable saying why not."""
-    return services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
-
-
-def open_sampler(
-    setup: ScanSetup,
-    services: Services,
-    stop: threading.Event,
-    clock: Clock,
-    problem: Callable[[str | None], None],
-) -> NvmlSampler | None:
-    """NVML, once it loads (`open_nvml`): it may come up after the agent (a driver container still installing), so
-    retry with back-off on `clock` until `stop`. `problem` hears why it failed, and None once it is up; the log hears
-    once per run of the same failure."""
-    log = structlog.get_logger(__name__)
-    backoff = Backoff(1.0, 60.0)
-    failures = FailureRun()
-    while not stop.is_set():
-        try:
-            sampler = open_nvml(setup, services)
-        except NvmlUnavailable as e:
-            if failures.failed(str(e)):
-                log.error("nvml_unavailable", error=str(e))
-            problem(str(e))
-            clock.wait(stop, backoff.next())
-            continue
-        problem(None)
-        return sampler
-    return None
-
-
 def build_agent(
     setup: ScanSetup,
-    sampler: NvmlSampler,
+    gpus: Gpus,
     cluster: Cluster,
     metrics: Metrics,
     clock: Clock = SYSTEM_CLOCK,
@@ -97,7 +65,7 @@ def build_agent(
     killer = PidfdKiller(
         proc_root=setup.proc_root,
         cgroup_root=setup.cgroup_root,
-        device_prefix=setup.device_prefix,
+        device_prefix=gpus.device_prefixes(setup),
         journal=serves.journal,
         clock=clock,
         kubelet=setup.kubelet,
@@ -112,7 +80,7 @@ def build_agent(
         node_name=setup.node_name,
     )
     return Agent(
-        sampler=sampler,
+        sampler=gpus,
         identifier=ProcIdentifier(proc_root=setup.proc_root, kubelet=setup.kubelet),
         pods=cluster.pods,
         policy=setup.policy,
@@ -123,7 +91,7 @@ def build_agent(
         planner=serves.planner,
         claims=cluster.claims,
         kill_memory=serves.kill_memory,
-        watch=memory_watch(sampler, setup.policy, metrics, clock, cluster.scan_calls),
+        watch=memory_watch(gpus, setup.policy, metrics, clock, cluster.scan_calls),
         clock=clock,
         reloads=serves.reloads,
         exited_hold_s=setup.exited_hold_s,
@@ -150,18 +118,17 @@ def driver_limiter(
     policy: Policy,
     dry_run: bool,
     cgroup_root: str,
-    services: Services,
+    memory: Callable[[], MemoryLimiter],
     clock: Clock = SYSTEM_CLOCK,
     kubelet: KubeletTree = HOST_KUBELET,
 ) -> DriverLimiter | None:
     """The driver-limits programmer (not started), where the policy enforces anywhere (evict or kill) and allows
     them; None in --dry-run, with `driver_limits: off`, or with a warn-only policy. A cgroup that appears is
-    programmed from `planner`, the agent's, which reads the sources fresh. Its NVML initialisation is started in
-    `services`: call once NVML is up."""
+    programmed from `planner`, the agent's, which reads the sources fresh. The limits go through what `memory`
+    makes (`gpus.memory_limiter`: NVIDIA's driver, the kernel's dmem controller), only made where they are used."""
     if not uses_limiter(policy, dry_run):
         return None
-    memory = services.start("nvml-limits", NvmlMemoryLimiter())
-    return DriverLimiter(memory, clock=clock, plan=planner.plan, tree=CgroupfsTree(cgroup_root, kubelet))
+    return DriverLimiter(memory(), clock=clock, plan=planner.plan, tree=CgroupfsTree(cgroup_root, kubelet))
 
 
 def watch_cgroups(

@@ -390,6 +390,37 @@ def pod_cgroups(
     yield from walk(root, ())
 
 
+def pod_members(root: str, kubelet: KubeletTree = HOST_KUBELET, limit: int = 65_536) -> tuple[list[int], bool]:
+    """The processes of every pod cgroup under the hierarchy mounted at `root` (the kubelet's directories only,
+    as `pod_cgroups` walks them, and each pod's sub-cgroups), at most `limit` of them, and whether that is all
+    (False when the limit cut the list: the rest is read by a later call, as the caller rotates). In PID order
+    within each cgroup, pods in name order. A directory removed meanwhile is passed over."""
+    found: list[int] = []
+
+    def walk(directory: str, segments: tuple[str, ...]) -> bool:
+        try:
+            entries = sorted((e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)), key=_name)
+        except OSError:
+            return True
+        for entry in entries:
+            below = (*segments, entry.name)
+            level = kubelet_cgroup(below, kubelet.root)
+            if isinstance(level, CgroupIdentity):
+                try:
+                    found.extend(read_members(entry.path))
+                except (OSError, ValueError):
+                    continue
+                if len(found) >= limit:
+                    del found[limit:]
+                    return False
+            elif level is Level.ABOVE_PODS and not walk(entry.path, below):
+                return False
+        return True
+
+    complete = walk(root, ())
+    return found, complete
+
+
 def _name(entry: os.DirEntry[str]) -> str:
     return entry.name
 

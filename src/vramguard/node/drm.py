@@ -72,6 +72,8 @@ class DrmGpu:
     vram_used_bytes: int | None  # amdgpu's mem_info_vram_used
     unique_id: str | None  # amdgpu's unique_id (16 hex digits); None where absent or empty
     nodes: tuple[DrmNode, ...]  # sorted by minor
+    product_name: str | None = None  # amdgpu's product_name ("AMD Instinct MI300X"); None where absent or empty
+    sysfs_dir: str = ""  # the PCI device's directory under the sys root, where its memory counters are re-read
 
     @property
     def card(self) -> DrmNode | None:
@@ -121,9 +123,10 @@ def parse_int(text: bytes, base: int = 10) -> int | None:
         return None
 
 
-def parse_unique_id(text: bytes) -> str | None:
-    """amdgpu's `unique_id` ("%016llx\\n"), which reads empty on a GPU that has none; None then."""
-    value = text.strip().decode("ascii", "replace")
+def parse_text_attr(text: bytes) -> str | None:
+    """amdgpu's `unique_id` ("%016llx\\n") or `product_name`, which read empty on a GPU that has none; None then.
+    At most 64 printable characters are kept: the text is the board's (FRU data), not the kernel's own."""
+    value = "".join(c for c in text.strip().decode("ascii", "replace")[:64] if c.isprintable())
     return value or None
 
 
@@ -178,8 +181,10 @@ def _read_gpu(slot: str, device_dir: str, nodes: tuple[DrmNode, ...]) -> DrmGpu:
         driver=driver,
         vram_total_bytes=parse_int(attr("mem_info_vram_total")),
         vram_used_bytes=parse_int(attr("mem_info_vram_used")),
-        unique_id=parse_unique_id(attr("unique_id")),
+        unique_id=parse_text_attr(attr("unique_id")),
         nodes=nodes,
+        product_name=parse_text_attr(attr("product_name")),
+        sysfs_dir=device_dir,
     )
 
 

@@ -252,7 +252,7 @@ def device_holders(
     proc_root: str,
     pod_uid: str,
     container_ids: AbstractSet[str],
-    device_prefix: str = "/dev/nvidia",
+    device_prefix: str | tuple[str, ...] = "/dev/nvidia",
     kubelet: KubeletTree = HOST_KUBELET,
 ) -> list[ProcessRef]:
     """The processes of the pod's `container_ids` (in the kubelet's tree) holding a GPU device file, by one walk of

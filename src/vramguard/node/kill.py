@@ -105,7 +105,7 @@ class PidfdKiller:
         proc_root: str = "/proc",
         *,
         cgroup_root: str = "/sys/fs/cgroup",
-        device_prefix: str = "/dev/nvidia",
+        device_prefix: str | tuple[str, ...] = "/dev/nvidia",
         self_pid: int | None = None,
         exit_timeout_s: float = 5.0,
         freeze_timeout_s: float = 1.0,

@@ -166,8 +166,9 @@ def read_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
         raise
 
 
-def holds_device(pid: int, proc_root: str = "/proc", device_prefix: str = "/dev/nvidia") -> bool | None:
-    """Whether `pid` has a file descriptor open on a path starting with `device_prefix`; None when it is gone.
+def holds_device(pid: int, proc_root: str = "/proc", device_prefix: str | tuple[str, ...] = "/dev/nvidia") -> bool | None:
+    """Whether `pid` has a file descriptor open on a path starting with `device_prefix` (one of them, for a tuple:
+    NVIDIA's device files, the DRM nodes and /dev/kfd); None when it is gone.
 
     `device_prefix` lets tests on machines without a GPU stand a temporary file in for the device. Raises
     OSError when its fd directory cannot be listed for another reason (EMFILE, EACCES without CAP_SYS_PTRACE,

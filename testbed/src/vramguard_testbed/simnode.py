@@ -37,6 +37,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.core.quantity import GiB
+from vramguard_testbed.drmnode import DrmStandIn
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
 from vramguard_testbed.fakenvml import Allocator, FakeNode, build_fake_nvml, fake_nvml_env
 from vramguard_testbed.supervisor import Supervisor
@@ -103,12 +104,16 @@ class SimulatedNode:
         node_labels: Mapping[str, str] | None = None,
         real_gpu: bool = False,
         driver_limits: bool | None = None,
+        amd_gpus: int = 0,
     ) -> None:
         """With `real_gpu`, NVML is the machine's driver: no test library, and processes use real memory.
 
         `driver_limits`: None, a driver without per-cgroup memory limits support on its GPUs (the default, like
         R550); True, an R615+ driver that holds them; False, a driver before R615 (the library lacks the
         functions). Either way processes may allocate through `spawn_allocator`.
+
+        `amd_gpus`: instead of NVIDIA's, that many AMD Instinct MI300X GPUs, seen through the kernel's DRM stats
+        (`drmnode.DrmStandIn`: a stand-in /sys and fdinfo around the real processes); no NVML at all.
         """
         self.real_gpu = real_gpu
         self.workdir = workdir
@@ -123,7 +128,9 @@ class SimulatedNode:
         self.pod_logs = workdir / "pod-logs"
         self.pod_logs.mkdir(exist_ok=True)
         self.device_path.touch()
-        self.lib_dir = build_fake_nvml(memory_limits=driver_limits is not False) if not real_gpu else None
+        self.drm = DrmStandIn(workdir / "drm", gpus=amd_gpus) if amd_gpus else None
+        fake_nvml = not real_gpu and self.drm is None
+        self.lib_dir = build_fake_nvml(memory_limits=driver_limits is not False) if fake_nvml else None
         self.nvml = FakeNode.gpus(gpus, total_bytes=gpu_total_bytes, name=gpu_name)
         self.nvml.drop_dead_pids = True  # the driver frees a process' memory when it exits
         if driver_limits:
@@ -209,8 +216,9 @@ class SimulatedNode:
 
     def spawn(self, pod: SimPod, container: str, used_bytes: int, *, gpu: int = 0, children: int = 0) -> SimProcess:
         """A real process in the container's cgroup, holding the simulated device and using `used_bytes`."""
+        device = self.drm.render_path(gpu) if self.drm is not None else self.device_path
         popen = pod.containers[container].spawn(
-            device_holder_argv(str(self.device_path), children=children), stdout=subprocess.PIPE, text=True
+            device_holder_argv(str(device), children=children), stdout=subprocess.PIPE, text=True
         )
         proc = SimProcess(popen=popen, gpu=gpu, used_bytes=used_bytes, pod=pod, container=container)
         assert popen.stdout is not None
@@ -289,7 +297,13 @@ class SimulatedNode:
         os.replace(tmp, self.pods_path)
 
     def _sync_nvml(self) -> None:
-        if not self.real_gpu:
+        if self.drm is not None:
+            for proc in self.processes:
+                if proc.alive():
+                    self.drm.set_usage(proc.pid, proc.used_bytes, proc.gpu)
+                else:
+                    self.drm.forget(proc.pid)
+        elif not self.real_gpu:
             for gpu in self.nvml.gpu_list:
                 gpu.processes = []
             for proc in self.processes:
@@ -358,6 +372,9 @@ class SimulatedNode:
             base += ["--state-dir", str(self.state_dir), "--health-file", str(self.health_file)]
         if command == "run" and not self.real_gpu:
             base += ["--gpu-device-prefix", str(self.device_path)]
+        if command in ("run", "top") and self.drm is not None:
+            # No NVML here, even on a machine that has one: the node's GPUs are the stand-in's alone.
+            base += [*self.drm.argv(command), "--nvml-library", str(self.workdir / "no-nvml" / "libnvidia-ml.so.1")]
         return base + list(args)
 
     def start_agent(self, *args: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:

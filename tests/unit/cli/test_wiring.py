@@ -11,6 +11,7 @@ from vramguard.base.lifecycle import S, Services
 from vramguard.cli.wiring import driver_limiter, memory_watch, watch_cgroups
 from vramguard.core.limit_plan import LimitPlanner
 from vramguard.core.policy import DriverLimits, Mode, Policy
+from vramguard.core.ports import MemoryLimiter
 from vramguard_testbed.fakes import FakeClock, FakePodSource, FakeSampler
 
 
@@ -38,5 +39,9 @@ def test_no_driver_limiter_where_the_policy_does_not_use_one(policy: Policy, dry
     """Nothing to program: no limiter, and no NVML started for one; no cgroup watch to feed it either."""
     services = NoStarts(FakeClock())
     planner = LimitPlanner(FakePodSource(), None, policy, dry_run=dry_run)
-    assert driver_limiter(planner, policy, dry_run, "/sys/fs/cgroup", services, FakeClock()) is None
+    assert driver_limiter(planner, policy, dry_run, "/sys/fs/cgroup", _never_made, FakeClock()) is None
     watch_cgroups(None, "/sys/fs/cgroup", services, FakeClock())
+
+
+def _never_made() -> MemoryLimiter:
+    raise AssertionError("no memory limiter is made where the policy uses none")

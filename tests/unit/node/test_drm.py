@@ -15,7 +15,7 @@ from vramguard.node.drm import (
     parse_dev,
     parse_int,
     parse_pci_slot,
-    parse_unique_id,
+    parse_text_attr,
     scan_order,
 )
 from vramguard_testbed.fakes import FakeClock
@@ -81,9 +81,9 @@ def test_parse_int(text: bytes, base: int, value: int | None) -> None:
         pytest.param(b"", None, id="missing"),
     ],
 )
-def test_parse_unique_id(text: bytes, value: str | None) -> None:
+def test_parse_text_attr(text: bytes, value: str | None) -> None:
     """amdgpu prints an empty unique_id for a GPU without one: that is no id, not an empty one."""
-    assert parse_unique_id(text) == value
+    assert parse_text_attr(text) == value
 
 
 @pytest.mark.parametrize(
