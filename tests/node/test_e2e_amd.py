@@ -51,7 +51,7 @@ def test_two_pods_on_one_mi300x_the_one_over_its_quota_is_killed_the_other_untou
     assert metric_value(metrics, used, {"pod": "notebook", "gpu": slot}) == 12 * GiB
     assert metric_value(metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot}) == 192 * GiB
     uuid = node.drm.gpus[0].unique_id
-    assert metric_value(metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot, "uuid": uuid}) == 192 * GiB
+    assert metric_value(metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot, "gpu_uuid": uuid, "name": "AMD Instinct MI300X"}) == 192 * GiB
     status = json.loads(node.http_get("/status")[1])
     held = {c["pod"]: c["held_by"] for c in status["containers"]}
     assert held == {"trainer": "agent", "notebook": "agent"}, "no dmem controller here: the agent holds the quotas"

@@ -5,8 +5,9 @@ limits to who holds them: NVIDIA's driver (R615) or the kernel's dmem controller
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import structlog
@@ -130,10 +131,24 @@ class BackendLimits:
         return backend
 
     def get(self, gpu_index: int, cgroup: str) -> DriverLimit | None:
-        return self._for(gpu_index).get(gpu_index, cgroup)
+        with _one_backend():
+            return self._for(gpu_index).get(gpu_index, cgroup)
 
     def set(self, gpu_index: int, cgroup: str, soft_bytes: int, hard_bytes: int) -> None:
-        self._for(gpu_index).set(gpu_index, cgroup, soft_bytes, hard_bytes)
+        with _one_backend():
+            self._for(gpu_index).set(gpu_index, cgroup, soft_bytes, hard_bytes)
+
+
+@contextlib.contextmanager
+def _one_backend() -> Iterator[None]:
+    """One backend's "none at all" (an old NVIDIA driver, a kernel without dmem) is only its own GPUs' here: the
+    other backend's may hold limits."""
+    try:
+        yield
+    except LimitsUnavailable as e:
+        if not e.whole_driver:
+            raise
+        raise LimitsUnavailable(str(e), whole_driver=False) from e
 
 
 def memory_limiter(gpus: Gpus, cgroup_root: str, services: Services) -> MemoryLimiter:
@@ -144,5 +159,5 @@ def memory_limiter(gpus: Gpus, cgroup_root: str, services: Services) -> MemoryLi
     if gpus.drm is None:
         assert nvml is not None
         return nvml
-    dmem = DmemMemoryLimiter(gpus.drm.slot_of, v2_root(cgroup_root) or cgroup_root)
+    dmem = DmemMemoryLimiter(v2_root(cgroup_root) or cgroup_root, gpus.drm.slot_of)
     return dmem if nvml is None else BackendLimits(nvml, dmem)

@@ -22,10 +22,10 @@ from vramguard.base.policyfile import check_policy_file
 from vramguard.cli.cluster import connect
 from vramguard.cli.config import RunConfig, ScanSetup, WiringError, kubelet_tree, policy_file
 from vramguard.cli.driver import ask_driver, ask_limits, nvidia_side, with_limits
+from vramguard.cli.gpus import memory_limiter, open_gpus_once
 from vramguard.cli.serve import serve
 from vramguard.cli.signals import SHUTDOWN_BUDGET_S, stop_on_signals
 from vramguard.cli.top import render_table
-from vramguard.cli.gpus import memory_limiter, open_gpus_once
 from vramguard.cli.wiring import build_agent
 from vramguard.core.exited import EXITED_HOLD_S
 from vramguard.core.policy import DriverLimits, Mode, Overrides, parse_watch_interval
@@ -36,7 +36,7 @@ from vramguard.node.cgroup_tree import CgroupfsTree
 from vramguard.node.describe import describer
 from vramguard.node.kubelet_pods import DEFAULT_POD_LOGS_DIR
 from vramguard.node.limiter import read_held_limits
-from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlMemoryLimiter, NvmlUnavailable
+from vramguard.nvml import BINDINGS_SINCE, NvmlLocation, NvmlUnavailable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
@@ -95,8 +95,7 @@ SysRootOpt = Annotated[
     ),
 ]
 FdinfoRootOpt = Annotated[
-    str | None,
-    typer.Option("--fdinfo-root", hidden=True, help="Where processes' fd/ and fdinfo/ are read (tests).")
+    str | None, typer.Option("--fdinfo-root", hidden=True, help="Where processes' fd/ and fdinfo/ are read (tests).")
 ]
 PodLogsDirOpt = Annotated[
     str,

@@ -25,9 +25,9 @@ from vramguard.base.lifecycle import Services
 from vramguard.cli.cluster import capacity_publisher, connect
 from vramguard.cli.config import RunConfig, WiringError
 from vramguard.cli.driver import LIMITS_UNASKED, nvidia_side, with_limits
+from vramguard.cli.gpus import memory_limiter, open_gpus
 from vramguard.cli.signals import SHUTDOWN_BUDGET_S
 from vramguard.cli.tuning import raise_open_file_limit
-from vramguard.cli.gpus import memory_limiter, open_gpus
 from vramguard.cli.wiring import Serving, build_agent, driver_limiter, watch_cgroups
 from vramguard.core.limit_plan import LimitPlanner
 from vramguard.http.server import BindError, HealthServer

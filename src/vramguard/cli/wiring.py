@@ -4,7 +4,6 @@ is built idle; the caller starts it (`lifecycle.Services`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,10 +15,8 @@ from vramguard.agent.metrics import Metrics
 from vramguard.agent.orphan_reads import OrphanReads
 from vramguard.agent.reload import PolicyReloader
 from vramguard.agent.watch import MemoryWatch, ScanCalls, ScanTrigger
-from vramguard.base.backoff import Backoff
 from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.base.lifecycle import Services
-from vramguard.base.logs import FailureRun
 from vramguard.cli.cluster import Cluster, scan_calls
 from vramguard.cli.config import ScanSetup
 from vramguard.cli.gpus import Gpus

@@ -6,10 +6,10 @@ Events, metrics, `top`, orphans and recommend are the same for both; a GPU is na
 and identified by its `unique_id` where it has one (else the slot too).
 
 - **The GPUs** come from `<sys-root>/class/drm` (`drm.discover`), found once at `start`: those bound to a driver
-  in `MEMORY_STATS_DRIVERS` whose VRAM size is known: amdgpu's `mem_info_vram_total`, or the size of its region
-  in the dmem controller's `dmem.capacity` (xe). NVIDIA's GPUs (nvidia-drm prints no memory stats) stay NVML's.
-  Their used memory is re-read on every sample and every watch tick: amdgpu's `mem_info_vram_used` (one small
-  sysfs read), else the region's `dmem.current` at the cgroup root.
+  in `MEMORY_STATS_DRIVERS` whose VRAM size is known: amdgpu's `mem_info_vram_total`, or the size of its
+  regions in the dmem controller's `dmem.capacity` (xe's `vram0` and `vram1`). NVIDIA's GPUs (nvidia-drm
+  prints no memory stats) stay NVML's. Their used memory is re-read on every sample and every watch tick:
+  amdgpu's `mem_info_vram_used` (one small sysfs read), else the regions' `dmem.current` at the cgroup root.
 - **The processes** are the members of the kubelet's pod cgroups (`cgroup.pod_members`), never every process on
   the node; for each, the fds whose link names a DRM node, and their fdinfo (`drm.DrmFdReader`, bounded per
   process and per scan: the fd table is tenant input), parsed by `drm_usage.parse_fdinfo`; each client counted
@@ -37,6 +37,7 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.drm_usage import DrmFdinfo, FdReading, parse_fdinfo, usage_by_process
 from vramguard.core.sample import DRM_INDEX_BASE, GpuBackend, GpuDevice, GpuMemory, GpuProcess, GpuSample
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, pod_members, v2_root
+from vramguard.node.dmem import gpu_regions, parse_dmem
 from vramguard.node.drm import DrmFdReader, DrmGpu, FdScanLimits, discover, parse_int
 from vramguard.node.procfs import read_head
 
@@ -62,15 +63,14 @@ class DrmDevice:
     uuid: str  # the GPU's unique_id where it has one, else its PCI slot
     name: str
     total_bytes: int
-    dmem_region: str | None  # its VRAM region in the dmem controller, where the kernel registered one
+    dmem_regions: tuple[str, ...]  # its VRAM regions in the dmem controller, where the kernel registered them
 
     def used_bytes(self, dmem_current: Mapping[str, int | None]) -> int | None:
-        """Used memory now: amdgpu's counter, else the region's charge at the cgroup root; None when neither reads."""
+        """Used memory now: amdgpu's counter, else its regions' charge at the cgroup root; None when neither reads."""
         if self.gpu.vram_total_bytes is not None:
             return _read_int(os.path.join(self.gpu.sysfs_dir, "mem_info_vram_used"))
-        if self.dmem_region is not None:
-            return dmem_current.get(self.dmem_region)
-        return None
+        charged = [dmem_current.get(r) for r in self.dmem_regions]
+        return sum(c for c in charged if c is not None) if charged and None not in charged else None
 
 
 class DrmSampler:
@@ -108,14 +108,15 @@ class DrmSampler:
             topology = discover(self._sys_root)
         except OSError as e:
             raise DrmUnavailable(f"cannot read {self._sys_root}/class/drm: {e.strerror or e}") from None
-        capacity = _read_dmem(self._dmem_file("dmem.capacity"))
+        capacity = self._read_dmem("dmem.capacity")
         devices: list[DrmDevice] = []
         passed: list[str] = []
         for gpu in topology.gpus:
             if gpu.driver not in MEMORY_STATS_DRIVERS:
                 continue
-            region = _vram_region(capacity, gpu.pci_slot)
-            total = gpu.vram_total_bytes if gpu.vram_total_bytes is not None else capacity.get(region or "")
+            regions = gpu_regions(capacity, gpu.pci_slot)
+            sizes = [capacity.get(r) for r in regions]
+            total = gpu.vram_total_bytes if gpu.vram_total_bytes is not None else sum(c or 0 for c in sizes)
             if not total:
                 passed.append(f"{gpu.pci_slot} ({gpu.driver}: its VRAM size is not in sysfs nor in dmem.capacity)")
                 continue
@@ -126,7 +127,7 @@ class DrmSampler:
                     uuid=gpu.unique_id or gpu.pci_slot,
                     name=gpu.product_name or f"{gpu.driver} GPU {gpu.pci_slot}",
                     total_bytes=total,
-                    dmem_region=region,
+                    dmem_regions=regions,
                 )
             )
         if passed:
@@ -144,7 +145,7 @@ class DrmSampler:
             "drm_gpus",
             gpus=[
                 {"gpu": d.gpu.pci_slot, "uuid": d.uuid, "driver": d.gpu.driver, "name": d.name,
-                 "total_bytes": d.total_bytes, "dmem_region": d.dmem_region}
+                 "total_bytes": d.total_bytes, "dmem_regions": list(d.dmem_regions)}
                 for d in devices
             ],
         )  # fmt: skip
@@ -234,23 +235,21 @@ class DrmSampler:
             else:
                 self.log.info("drm_scan_complete")
 
-    def _dmem_file(self, name: str) -> str | None:
+    def _read_dmem(self, name: str) -> Mapping[str, int | None]:
+        """A dmem file of the cgroup v2 root (`parse_dmem`); empty where there is none (no controller)."""
         root = v2_root(self._cgroup_root)
-        return os.path.join(root, name) if root is not None else None
+        if root is None:
+            return {}
+        try:
+            data = read_head(os.path.join(root, name), _DMEM_BYTES)
+        except OSError:
+            return {}
+        return parse_dmem((data or b"").decode("ascii", "replace"))
 
     def _dmem_current(self) -> Mapping[str, int | None]:
-        if all(d.gpu.vram_total_bytes is not None or d.dmem_region is None for d in self._devices):
+        if all(d.gpu.vram_total_bytes is not None or not d.dmem_regions for d in self._devices):
             return {}
-        return _read_dmem(self._dmem_file("dmem.current"))
-
-
-def _vram_region(capacity: Mapping[str, int | None], slot: str) -> str | None:
-    """The GPU's VRAM region in the dmem controller: amdgpu's `drm/<slot>/vram`, xe's `drm/<slot>/vram0` (the
-    first tile's; a second tile's `vram1` is not counted in the GPU's size here)."""
-    for name in (f"drm/{slot}/vram", f"drm/{slot}/vram0"):
-        if name in capacity:
-            return name
-    return None
+        return self._read_dmem("dmem.current")
 
 
 def _v1_root(cgroup_root: str) -> str | None:
@@ -268,21 +267,3 @@ def _read_int(path: str) -> int | None:
     except OSError:
         return None
     return parse_int(data) if data is not None else None
-
-
-def _read_dmem(path: str | None) -> Mapping[str, int | None]:
-    """`<region> <bytes>` lines of a dmem file (`max` for no limit reads None); empty where it is absent."""
-    if path is None:
-        return {}
-    try:
-        data = read_head(path, _DMEM_BYTES)
-    except OSError:
-        return {}
-    found: dict[str, int | None] = {}
-    for line in (data or b"").decode("ascii", "replace").splitlines():
-        name, _, value = line.strip().partition(" ")
-        if name and value.strip().isdigit():
-            found[name] = int(value.strip())
-        elif name and value.strip() == "max":
-            found[name] = None
-    return found

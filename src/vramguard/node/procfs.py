@@ -166,7 +166,9 @@ def read_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
         raise
 
 
-def holds_device(pid: int, proc_root: str = "/proc", device_prefix: str | tuple[str, ...] = "/dev/nvidia") -> bool | None:
+def holds_device(
+    pid: int, proc_root: str = "/proc", device_prefix: str | tuple[str, ...] = "/dev/nvidia"
+) -> bool | None:
     """Whether `pid` has a file descriptor open on a path starting with `device_prefix` (one of them, for a tuple:
     NVIDIA's device files, the DRM nodes and /dev/kfd); None when it is gone.
 

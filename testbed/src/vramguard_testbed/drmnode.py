@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vramguard.core.quantity import GiB, KiB, MiB
+from vramguard.core.quantity import GiB, MiB
+
+KiB = 1024
 
 MI300X_VRAM_BYTES = 192 * GiB
 MI300X_NAME = "AMD Instinct MI300X"
@@ -48,7 +50,9 @@ class DrmStandIn:
         self.fdinfo_root = root / "proc"
         self.dri = root / "dev" / "dri"
         self.gpus = [
-            StandInGpu(f"0000:{0xC1 + 0x10 * i:02x}:00.0", i + 1, 128 + i, total_bytes, f"{0x5A1F00D15EA5E000 + i:016x}")
+            StandInGpu(
+                f"0000:{0xC1 + 0x10 * i:02x}:00.0", i + 1, 128 + i, total_bytes, f"{0x5A1F00D15EA5E000 + i:016x}"
+            )
             for i in range(gpus)
         ]
         self._used: dict[int, tuple[int, int]] = {}  # pid -> (gpu, bytes)

@@ -37,8 +37,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramguard.core.quantity import GiB
-from vramguard_testbed.drmnode import DrmStandIn
 from vramguard_testbed.cgroups import ContainerCgroup, KubeletCgroups, PodCgroup, device_holder_argv
+from vramguard_testbed.drmnode import DrmStandIn
 from vramguard_testbed.fakenvml import Allocator, FakeNode, build_fake_nvml, fake_nvml_env
 from vramguard_testbed.supervisor import Supervisor
 from vramguard_testbed.waiting import wait_until
