@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cgroup_fixtures import need_cgroups
 from vramguard.core.quantity import GiB
+from vramguard_testbed.demo import run_demo
 from vramguard_testbed.simnode import SimulatedNode, json_logs, metric_value
 from vramguard_testbed.waiting import wait_until
 
@@ -23,6 +25,7 @@ POLL_S = 0.25
 
 @pytest.fixture
 def amd_node(tmp_path: Path) -> Iterator[SimulatedNode]:
+    need_cgroups(2)
     with SimulatedNode(tmp_path / "node", amd_gpus=1) as node:
         yield node
 
@@ -51,7 +54,12 @@ def test_two_pods_on_one_mi300x_the_one_over_its_quota_is_killed_the_other_untou
     assert metric_value(metrics, used, {"pod": "notebook", "gpu": slot}) == 12 * GiB
     assert metric_value(metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot}) == 192 * GiB
     uuid = node.drm.gpus[0].unique_id
-    assert metric_value(metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot, "gpu_uuid": uuid, "name": "AMD Instinct MI300X"}) == 192 * GiB
+    assert (
+        metric_value(
+            metrics, "vramguard_gpu_memory_total_bytes", {"gpu": slot, "gpu_uuid": uuid, "name": "AMD Instinct MI300X"}
+        )
+        == 192 * GiB
+    )
     status = json.loads(node.http_get("/status")[1])
     held = {c["pod"]: c["held_by"] for c in status["containers"]}
     assert held == {"trainer": "agent", "notebook": "agent"}, "no dmem controller here: the agent holds the quotas"
@@ -70,3 +78,12 @@ def test_two_pods_on_one_mi300x_the_one_over_its_quota_is_killed_the_other_untou
     assert reasons == [("ml/trainer", "VRAMQuotaExceeded"), ("ml/trainer", "VRAMKilled")]
     unavailable = [e for e in logs if e.get("event") == "driver_limits_unavailable"]
     assert len(unavailable) == 1 and "dmem" in unavailable[0]["reason"], unavailable
+
+
+def test_the_amd_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """`vramguard-demo --scene amd` (README's first command shows it): its own checks hold, and its tables name the
+    GPU by its PCI slot."""
+    need_cgroups(2)
+    assert run_demo(poll_interval_s=0.2, scene="amd") == 0
+    out = capsys.readouterr().out
+    assert "[FAILED]" not in out and "0000:c1:00.0  ml         notebook" in out, out

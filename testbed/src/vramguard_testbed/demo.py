@@ -12,6 +12,10 @@ scene ends with the reactive kill.
 
 A third (`--scene dra`) reads quotas from DRA claims: the scheduler (here, the pods file) gave the trainer a 10Gi
 share of GPU 1 and the notebook a 12Gi share of GPU 0; both use 11Gi, and only the trainer is over its share.
+
+A fourth (`--scene amd`) is an AMD node: no NVML at all, one MI300X-shaped GPU seen through the kernel's DRM stats
+(a stand-in /sys and fdinfo around the real processes: `drmnode.DrmStandIn`); two pods share it, the one over its
+quota is killed, the other is untouched, and `top` shows both by the GPU's PCI slot.
 """
 
 from __future__ import annotations
@@ -85,6 +89,10 @@ def run_demo(poll_interval_s: float = 0.5, keep: bool = False, scene: str = "all
         if scene == "all":
             _say("\n" + "-" * 100 + "\n")
         status = max(status, _dra_scene(poll_interval_s, keep))
+    if scene in ("all", "amd"):
+        if scene == "all":
+            _say("\n" + "-" * 100 + "\n")
+        status = max(status, _amd_scene(poll_interval_s, keep))
     return status
 
 
@@ -223,6 +231,47 @@ def _dra_scene(poll_interval_s: float, keep: bool) -> int:
         return _checked("5. Checks:", checks)
 
 
+def _amd_scene(poll_interval_s: float, keep: bool) -> int:
+    _say("vramguard-demo, AMD: one MI300X (192GiB) seen through the kernel's DRM memory stats, no NVML\n")
+    with _workdir(keep, "\nFiles kept in ") as workdir, SimulatedNode(workdir, amd_gpus=1) as node:
+        assert node.drm is not None
+        gpu = node.drm.gpus[0]
+        trainer = node.add_pod(
+            "trainer", "ml", containers={"pytorch": {"amd.com/gpu": "1", "vramguard.io/vram": "64Gi"}}
+        )
+        notebook = node.add_pod(
+            "notebook", "ml", containers={"main": {"amd.com/gpu": "1", "vramguard.io/vram": "96Gi"}}
+        )
+        t = node.spawn(trainer, "pytorch", 48 * GiB)
+        n = node.spawn(notebook, "main", 80 * GiB)
+        _say(f"1. An amdgpu GPU at PCI {gpu.slot} ({node.drm.sys_root}/class/drm/{gpu.render_name}); two pods on it:")
+        _say("   ml/trainer   amd.com/gpu: 1, vramguard.io/vram: 64Gi   (uses 48GiB)")
+        _say("   ml/notebook  amd.com/gpu: 1, vramguard.io/vram: 96Gi   (uses 80GiB)")
+        _say(
+            "   each process's render-node fd reports its VRAM in fdinfo (drm-resident-vram), as Linux 7.x prints it\n"
+        )
+        _say("   vramguard top --once:")
+        _say(_indent(node.run_vramguard("top", "--once").stdout))
+        _say(f"2. Start the agent: vramguard run --mode kill --sys-root {node.drm.sys_root} ...")
+        seen: list[dict[str, object]] = []
+        relay = _start_agent(node, poll_interval_s, seen)
+        _say("3. The trainer allocates 72GiB: 8GiB over its quota.")
+        node.set_usage(t, 72 * GiB)
+        killed = _happens(lambda: not t.alive(), 10 * poll_interval_s + 5, "the trainer killed")
+        node.wait_scans(2)  # a few more scans: nothing else to act on
+        _say("\n4. After:")
+        _say(_indent(node.run_vramguard("top", "--once").stdout))
+        node.stop_agents()
+        relay.join(timeout=5)
+        reactive = any(e.get("event") == "driver_limits_unavailable" for e in seen)
+        checks = [
+            (killed, f"trainer: 72GiB on {gpu.slot} is over its 64Gi quota: killed"),
+            (n.alive(), "notebook: 80GiB is within its 96Gi quota: untouched"),
+            (reactive, "this kernel has no dmem controller: the agent said so and enforced after the fact"),
+        ]
+        return _checked("5. Checks:", checks)
+
+
 def _start_agent(
     node: SimulatedNode, poll_interval_s: float, seen: list[dict[str, object]], *args: str
 ) -> threading.Thread:
@@ -274,11 +323,11 @@ def _exists(pid: int) -> bool:
 def _cli(
     poll_interval: float = typer.Option(0.5, "--poll-interval", min=0.05, help="The agent's seconds between scans."),
     keep: bool = typer.Option(False, "--keep", help="Leave the simulated node's files in place."),
-    scene: str = typer.Option("all", "--scene", help="kill, driver-limits, dra or all."),
+    scene: str = typer.Option("all", "--scene", help="kill, driver-limits, dra, amd or all."),
 ) -> None:
     """Show the agent at work on a simulated GPU node: test NVML library + real processes in real cgroups."""
-    if scene not in ("all", "kill", "driver-limits", "dra"):
-        raise typer.BadParameter(f"{scene!r} is not one of kill, driver-limits, dra, all", param_hint="--scene")
+    if scene not in ("all", "kill", "driver-limits", "dra", "amd"):
+        raise typer.BadParameter(f"{scene!r} is not one of kill, driver-limits, dra, amd, all", param_hint="--scene")
     raise typer.Exit(run_demo(poll_interval_s=poll_interval, keep=keep, scene=scene))
 
 
