@@ -374,13 +374,20 @@ class Enforcer:
                 grouped.setdefault((o.target.pod.uid, o.target.container, o.result), []).append(o)
         for (_, _, result), group in grouped.items():
             t = group[0].target
-            gpus = ", ".join(str(o.target.gpu_index) for o in group)
+            gpus = ", ".join(o.target.gpu for o in group)
             if result is LimitResult.APPLIED:
                 message = (
-                    f"the driver now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
+                    f"the {t.holder} now holds {t.subject} to {format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): "
                     f"an allocation beyond it fails in this {'container' if t.container is not None else 'pod'} only"
                 )
                 self._record(t.pod, EVENT_LIMIT_APPLIED, message, warning=False)
+            elif result is LimitResult.LATE and t.holder != "driver":
+                message = (
+                    f"{t.subject} was running before the {t.holder} held its limit; the {t.holder} now holds it to "
+                    f"{format_bytes(t.hard_bytes)} on GPU {gpus} ({t.source}): what it allocated before counts "
+                    "toward the limit, and an allocation beyond it fails"
+                )
+                self._record(t.pod, EVENT_LIMIT_LATE, cut(message, 1024))
             elif result is LimitResult.LATE:
                 message = (
                     f"{t.subject} was running before the driver held its limit; the driver now holds it to "
@@ -396,7 +403,7 @@ class Enforcer:
                 self._record(t.pod, EVENT_LIMIT_TOOLKIT, cut(message, 1024), warning=False)
             else:
                 message = (
-                    f"could not set the driver's memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "
+                    f"could not set the {t.holder}'s memory limit for {t.subject} on GPU {gpus}: {group[0].detail}; "
                     "vramguard enforces the quota itself"
                 )
                 self._record(t.pod, EVENT_LIMIT_FAILED, cut(message, 1024))

@@ -330,7 +330,7 @@ class Agent:
                     "usage_disagrees",
                     pod=d.target.pod.key,
                     container=d.target.container,
-                    gpu=d.target.gpu_index,
+                    gpu=d.target.log_gpu,
                     process_rows_bytes=d.rows_bytes,
                     driver_bytes=d.driver_bytes,
                     using="driver",
@@ -348,7 +348,7 @@ class Agent:
                 result=o.result.value,
                 pod=t.pod.key,
                 container=t.container,
-                gpu=t.gpu_index,
+                gpu=t.log_gpu,
                 hard_bytes=t.hard_bytes,
                 detail=o.detail or None,
             )

@@ -178,7 +178,7 @@ class _ScanCollector(Collector):
             if t.hard_bytes == LIMIT_MAX:
                 continue  # a soft limit alone, as the toolkit's hook sets for a request alone: no hard limit held
             device = devices.get(t.gpu_uuid)
-            label = device.label if device is not None else str(t.gpu_index)
+            label = device.label if device is not None else t.gpu
             limits.add_metric([t.pod.namespace, t.pod.name, t.container or "", label, t.gpu_uuid], t.hard_bytes)
         yield limits
         if view.claim_source_up is not None:

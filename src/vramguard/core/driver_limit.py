@@ -59,6 +59,8 @@ class LimitTarget:
     # Who set the limit the driver holds there: the agent's own target, or, as the limiter found it, the toolkit's
     # hook (with the hard limit the hook set: `LimitSetter`).
     set_by: LimitSetter = LimitSetter.AGENT
+    gpu_label: str = ""  # how the GPU is shown (`GpuDevice.label`: "0", or a DRM GPU's PCI slot); its index if ""
+    holder: str = "driver"  # who holds the limit (`GpuBackend.holder`): NVIDIA's driver, or the kernel's dmem
     # Built once: a target lives across scans, and its key is looked up several times per scan.
     key: LimitKey = field(init=False, repr=False, compare=False)
 
@@ -73,8 +75,18 @@ class LimitTarget:
     def subject(self) -> str:
         return f"container {self.container}" if self.container is not None else f"pod {self.pod.name}"
 
+    @property
+    def gpu(self) -> str:
+        """The GPU as messages name it."""
+        return self.gpu_label or str(self.gpu_index)
+
+    @property
+    def log_gpu(self) -> int | str:
+        """The GPU as log lines name it: an NVIDIA GPU's index (a number, as it always was), a DRM GPU's PCI slot."""
+        return self.gpu_index if self.holder == "driver" else self.gpu
+
     def describe(self) -> str:
-        return f"hard limit {format_bytes(self.hard_bytes)} on GPU {self.gpu_index} ({self.gpu_uuid}) ({self.source})"
+        return f"hard limit {format_bytes(self.hard_bytes)} on GPU {self.gpu} ({self.gpu_uuid}) ({self.source})"
 
 
 class LimitResult(str, enum.Enum):

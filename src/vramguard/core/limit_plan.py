@@ -267,4 +267,7 @@ def _bounded(row: RowQuota | None) -> RowQuota | None:
 def _target(
     pod: PodInfo, container: str | None, container_id: str | None, gpu: GpuDevice, hard_bytes: int, source: str
 ) -> LimitTarget:
-    return LimitTarget(pod, container, container_id, gpu.index, gpu.uuid, min(hard_bytes, gpu.total_bytes), source)
+    hard = min(hard_bytes, gpu.total_bytes)
+    return LimitTarget(
+        pod, container, container_id, gpu.index, gpu.uuid, hard, source, gpu_label=gpu.label, holder=gpu.backend.holder
+    )

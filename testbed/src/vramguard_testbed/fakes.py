@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from vramguard.core.actions import KillTarget
@@ -417,18 +417,7 @@ class SnapshotBuilder:
         devices = []
         for d in self.devices:
             used = max(d.used_bytes, sum(r.used_bytes for r in self.rows if r.device_uuid == d.uuid))
-            devices.append(
-                GpuDevice(
-                    index=d.index,
-                    uuid=d.uuid,
-                    name=d.name,
-                    total_bytes=d.total_bytes,
-                    used_bytes=used,
-                    free_bytes=max(0, d.total_bytes - used),
-                    healthy=d.healthy,
-                    error=d.error,
-                )
-            )
+            devices.append(replace(d, used_bytes=used, free_bytes=max(0, d.total_bytes - used)))
         return Snapshot(
             devices=tuple(devices),
             containers=tuple(self.rows),
