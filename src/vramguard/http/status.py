@@ -108,9 +108,10 @@ def gpu_dict(
     exited: HeldByExited | None = None,
     orphaned_bytes: int = 0,
 ) -> dict[str, object]:
-    """One GPU: "limits" is "driver" when the driver holds at least one limit on it, else "agent"; "needs_reset"
-    when exited processes hold memory on it past a teardown (`core/exited.py`), with the bytes and the PIDs;
-    "orphaned_bytes" what the processes of pods that are gone hold on it (`core/orphans.py`), 0 without."""
+    """One GPU: "limits" is "driver" when the driver holds at least one limit on it ("kernel" when the kernel's dmem
+    controller does, on a DRM GPU), else "agent"; "needs_reset" when exited processes hold memory on it past a
+    teardown (`core/exited.py`), with the bytes and the PIDs; "orphaned_bytes" what the processes of pods that are
+    gone hold on it (`core/orphans.py`), 0 without."""
     on_it = {device.uuid, device.parent_uuid}
     limited = any(k.gpu_uuid in on_it and h.hard_bytes != LIMIT_MAX for k, h in held.items())  # a hard limit
     return {
@@ -123,7 +124,7 @@ def gpu_dict(
         "healthy": device.healthy,
         "error": cut(device.error or ""),
         "pressure": pressured,
-        "limits": "driver" if limited else "agent",
+        "limits": device.backend.holder if limited else "agent",
         "needs_reset": exited is not None,
         "held_by_exited_bytes": exited.held_bytes if exited is not None else 0,
         "held_by_exited_pids": list(exited.pids[:MAX_PROCESSES]) if exited is not None else [],
