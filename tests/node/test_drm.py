@@ -312,7 +312,8 @@ def test_drm_fds_per_process_bound(dri: Path, children: list[Child]) -> None:
 
 
 def test_the_scan_budget_skips_the_rest_and_reads_it_first_next_time(dri: Path, children: list[Child]) -> None:
-    """When the scan's fd budget runs out, the PIDs not reached are reported skipped and read first next scan."""
+    """When the scan's fd budget runs out, the PIDs not reached are reported skipped and read first next scan; a
+    process listed in full before costs the next scan its DRM fd alone."""
     first, second, third = (Child([dri / "renderD128"]) for _ in range(3))
     children.extend([first, second, third])
     per_child = len(os.listdir(f"/proc/{first.pid}/fd"))
@@ -325,7 +326,8 @@ def test_the_scan_budget_skips_the_rest_and_reads_it_first_next_time(dri: Path, 
     assert scan.skipped == (third.pid,)
 
     scan = reader.read(pids)
-    assert [(p.pid, p.complete) for p in scan.processes] == [(third.pid, True), (first.pid, False)]
+    assert [(p.pid, p.complete) for p in scan.processes] == [(third.pid, True), (first.pid, True)]
+    assert [len(p.fds) for p in scan.processes] == [1, 1]
     assert scan.skipped == (second.pid,)
 
 
@@ -351,3 +353,56 @@ def test_the_scan_time_budget_ends_the_scan(dri: Path, children: list[Child]) ->
     # The clock is read at the start (t, deadline t+3), before `first` (t+1), its 1st entry (t+2), its 2nd (t+3).
     assert [(p.pid, p.complete, len(p.fds)) for p in scan.processes] == [(first.pid, False, 0)]
     assert scan.skipped == (second.pid,)
+
+
+OPENER = """
+import os, sys
+for line in sys.stdin:
+    print(os.open(line.strip(), os.O_RDONLY), flush=True)
+"""
+
+
+def test_a_drm_file_opened_later_is_seen_at_the_next_read_by_the_fd_count(dri: Path) -> None:
+    """Between full listings only a process's known DRM fds are read again; a file it opens since changes its fd
+    count (the size of /proc/<pid>/fd, Linux 6.2+), which makes the next read list it in full and find it."""
+    opener = subprocess.Popen([sys.executable, "-c", OPENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert opener.stdin is not None and opener.stdout is not None
+    try:
+        if os.stat(f"/proc/{opener.pid}/fd").st_size == 0:
+            pytest.skip("this kernel reports no fd count for /proc/<pid>/fd (before Linux 6.2)")
+        clock = FakeClock()
+        reader = DrmFdReader(fdinfo_text, clock=clock, dri_prefix=f"{dri}/")
+        opener.stdin.write(f"{dri / 'renderD128'}\n")
+        opener.stdin.flush()
+        first = int(opener.stdout.readline())
+        assert [f.fd for f in reader.read([opener.pid]).processes[0].fds] == [first]
+        opener.stdin.write(f"{dri / 'renderD129'}\n")
+        opener.stdin.flush()
+        second = int(opener.stdout.readline())
+        assert [f.fd for f in reader.read([opener.pid]).processes[0].fds] == [first, second]
+    finally:
+        opener.stdin.close()
+        opener.wait(timeout=10)
+
+
+def test_a_listing_is_trusted_for_relist_s_while_the_fd_count_stays(tmp_path: Path, dri: Path) -> None:
+    """A stand-in fd table whose directory size does not change (as on a kernel before 6.2) is listed again only
+    once `relist_s` has passed: a DRM file added meanwhile is found then, not before."""
+    proc = tmp_path / "proc"
+    fd_dir = proc / "4242" / "fd"
+    fd_dir.mkdir(parents=True)
+    (proc / "4242" / "fdinfo").mkdir()
+    for n in (3, 4):
+        (proc / "4242" / "fdinfo" / str(n)).write_text(AMDGPU_FDINFO)
+    (fd_dir / "3").symlink_to("/dev/dri/renderD128")
+    clock = FakeClock()
+    reader = DrmFdReader(fdinfo_text, proc_root=str(proc), limits=FdScanLimits(relist_s=10.0), clock=clock)
+    assert [f.fd for f in reader.read([4242]).processes[0].fds] == [3]
+    size = os.stat(fd_dir).st_size
+    (fd_dir / "4").symlink_to("/dev/dri/renderD129")
+    if os.stat(fd_dir).st_size != size:
+        pytest.skip("this filesystem's directory size counts entries: the fd count alone finds the new fd")
+    clock.step(9.0)
+    assert [f.fd for f in reader.read([4242]).processes[0].fds] == [3]
+    clock.step(1.0)
+    assert [f.fd for f in reader.read([4242]).processes[0].fds] == [3, 4]

@@ -22,6 +22,7 @@ KiB = 1024
 
 MI300X_VRAM_BYTES = 192 * GiB
 MI300X_NAME = "AMD Instinct MI300X"
+_BUSES = (0xC1, 0xD1, 0xE1, 0xF1, 0x41, 0x51, 0x61, 0x71)  # an 8-GPU MI300X board's, as a node lists them
 _RENDER_FD = 5  # the fd number the stand-in gives each process's render node
 _BASELINE_BYTES = 256 * MiB  # what the GPU holds with no process (firmware, the kernel's own buffers)
 
@@ -50,9 +51,7 @@ class DrmStandIn:
         self.fdinfo_root = root / "proc"
         self.dri = root / "dev" / "dri"
         self.gpus = [
-            StandInGpu(
-                f"0000:{0xC1 + 0x10 * i:02x}:00.0", i + 1, 128 + i, total_bytes, f"{0x5A1F00D15EA5E000 + i:016x}"
-            )
+            StandInGpu(f"0000:{_BUSES[i]:02x}:00.0", i + 1, 128 + i, total_bytes, f"{0x5A1F00D15EA5E000 + i:016x}")
             for i in range(gpus)
         ]
         self._used: dict[int, tuple[int, int]] = {}  # pid -> (gpu, bytes)
