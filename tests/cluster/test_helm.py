@@ -452,6 +452,7 @@ PROFILE_EXPECTED = {
     "aks": ("", False, None),
     "openshift": ("/run/nvidia/driver", True, None),
     "k3s-rke2": ("", False, "nvidia"),
+    "amd-gpu-operator": ("", False, None),
 }
 
 
@@ -503,6 +504,18 @@ def test_profile_lints_and_renders_what_it_says(helm: Path, name: str) -> None:
     else:
         assert drivers == [] and "VRAMGUARD_DRIVER_ROOT" not in env
     assert spec["nodeSelector"] if name != "gke" else "nodeSelector" not in spec, "every profile selects GPU nodes"
+
+
+def test_the_amd_profile_selects_the_operators_nodes_and_not_nvidias(helm: Path) -> None:
+    """The AMD GPU Operator's NFD label alone (the chart's NVIDIA label nulled: helm merges maps), the amd.com/gpu
+    taint tolerated, and no NVIDIA runtime class or driver root: the agent reads sysfs and fdinfo, no library."""
+    profile = PROFILES / "amd-gpu-operator.yaml"
+    objects = render(helm, values=yaml.safe_load(profile.read_text()))
+    spec = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert "runtimeClassName" not in spec
+    assert container(objects)["securityContext"] == NARROW, "fdinfo needs SYS_PTRACE and DAC_READ_SEARCH, no more"
 
 
 def test_driver_root_is_mounted_read_only_and_named_to_the_agent(helm: Path) -> None:
