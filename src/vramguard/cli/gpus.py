@@ -61,7 +61,9 @@ def open_drm(setup: ScanSetup, services: Services) -> DrmSampler | None:
     try:
         return services.start("drm", sampler)
     except DrmUnavailable as e:
-        structlog.get_logger(__name__).info("drm_gpus_none", reason=str(e))
+        log = structlog.get_logger(__name__)
+        # Said where a GPU of another kind is here; on an NVIDIA node (nvidia-drm's GPUs, or none) it is no news.
+        (log.info if e.drivers else log.debug)("drm_gpus_none", reason=str(e))
         return None
 
 

@@ -340,8 +340,8 @@ class DrmFdReader(Generic[_T]):
         """The DRM fds of each of `pids` (the pod cgroups' members: never the whole node)."""
         order = scan_order(pids, self._behind)
         wanted = set(order)
-        for gone in [p for p in self._listings if p not in wanted]:
-            del self._listings[gone]
+        for left in [p for p in self._listings if p not in wanted]:
+            del self._listings[left]
         budget = ScanBudget(self._limits, self._clock)
         processes: list[ProcessDrmFds[_T]] = []
         gone: list[int] = []
@@ -364,7 +364,7 @@ class DrmFdReader(Generic[_T]):
 
     def _read_process(self, pid: int, budget: ScanBudget) -> ProcessDrmFds[_T] | None:
         """None when the process is gone; raises OSError when its fd table cannot be listed for another reason.
-        Its DRM fds alone when its last listing still holds (`_listed`), else its whole fd table."""
+        Its DRM fds alone when its last listing still holds (`_Listing`), else its whole fd table."""
         fd_dir = f"{self._proc_root}/{pid}/fd"
         try:
             fd_count = os.stat(fd_dir).st_size

@@ -51,7 +51,11 @@ _DMEM_BYTES: Final = 64 * 1024  # dmem.capacity/current: one line per region, a 
 
 class DrmUnavailable(Exception):
     """No GPU here has a DRM driver with memory stats (or `<sys-root>` cannot be read); the message says what was
-    found."""
+    found. `drivers`: the drivers of the DRM GPUs found, NVIDIA's left out (an NVIDIA node's is no news)."""
+
+    def __init__(self, message: str, drivers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.drivers = drivers
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +135,14 @@ class DrmSampler:
                 )
             )
         if passed:
-            self.log.warning("drm_gpus_not_watched", gpus=passed)
+            self.log.info("drm_gpus_not_watched", gpus=passed)
         if not devices:
             drivers = sorted({g.driver or "unbound" for g in topology.gpus})
             found = f"GPUs with drivers {', '.join(drivers)}" if drivers else "no DRM GPU"
             raise DrmUnavailable(
                 f"no GPU with a DRM driver that prints memory stats ({', '.join(sorted(MEMORY_STATS_DRIVERS))}) "
-                f"under {self._sys_root}/class/drm: {found}"
+                f"under {self._sys_root}/class/drm: {found}",
+                tuple(d for d in drivers if d != "nvidia"),
             )
         self._devices = tuple(devices)
         self._by_slot = MappingProxyType({d.gpu.pci_slot: d for d in devices})
