@@ -249,6 +249,9 @@ def usage_by_process(readings: Iterable[FdReading]) -> DrmUsage:
     kernel prints them; `shared_bytes` says how much that is. The work is linear in the readings, which the node
     bounds per process.
     """
+    # The document lets a driver number its clients per device (with `drm-pdev` printed) or globally; the code
+    # (drm_file.c, one static counter) numbers them globally, and amdgpu before 6.2 prints its VM's fence context
+    # instead. Keyed by (pdev, id), a client is one client under all three.
     clients: dict[tuple[str, int], list[FdReading]] = {}
     anonymous: dict[tuple[int, str], FdReading] = {}
     without_pdev = 0
