@@ -406,3 +406,20 @@ def test_a_listing_is_trusted_for_relist_s_while_the_fd_count_stays(tmp_path: Pa
     assert [f.fd for f in reader.read([4242]).processes[0].fds] == [3]
     clock.step(1.0)
     assert [f.fd for f in reader.read([4242]).processes[0].fds] == [3, 4]
+
+
+def test_a_drm_fd_hidden_behind_thousands_of_fds_is_found_by_the_sweep_going_on(
+    dri: Path, children: list[Child]
+) -> None:
+    """A tenant puts its render node after 5,000 other fds: the first read stops at the per-process bound without
+    it, the next goes on from there (not from the start) and finds it, and from then on it alone is read."""
+    child = Child([dri / "renderD128"], pad=5000)
+    children.append(child)
+    reader = DrmFdReader(fdinfo_text, limits=FdScanLimits(fds_per_process=4096), dri_prefix=f"{dri}/")
+
+    first = reader.read([child.pid]).processes[0]
+    assert (first.complete, first.fds) == (False, ())
+    second = reader.read([child.pid]).processes[0]
+    assert (second.complete, [f.fd for f in second.fds]) == (True, child.fds)
+    third = reader.read([child.pid]).processes[0]
+    assert (third.complete, [f.fd for f in third.fds]) == (True, child.fds)

@@ -305,11 +305,12 @@ class DrmFdScan(Generic[_T]):
 
 @dataclass(frozen=True, slots=True)
 class _Listing:
-    """What a full listing of one process's fd table found: its DRM fds, and when and at what fd count."""
+    """Where the sweep of one process's fd table stands: the DRM fds found so far, and how far it has come."""
 
-    fds: tuple[str, ...]  # the DRM fds' names
-    fd_count: int  # the fd directory's size at the listing (its number of fds on Linux 6.2+, else 0)
-    at: float
+    fds: tuple[str, ...]  # the DRM fds' names, found by this sweep or kept from the last while they still are DRM
+    fd_count: int  # the fd directory's size when the last complete sweep ended (its number of fds on Linux 6.2+)
+    at: float  # when the last complete sweep ended
+    after: int | None = None  # a sweep under way: the last fd number it looked at (None: the sweep is complete)
 
 
 class DrmFdReader(Generic[_T]):
@@ -364,7 +365,11 @@ class DrmFdReader(Generic[_T]):
 
     def _read_process(self, pid: int, budget: ScanBudget) -> ProcessDrmFds[_T] | None:
         """None when the process is gone; raises OSError when its fd table cannot be listed for another reason.
-        Its DRM fds alone when its last listing still holds (`_Listing`), else its whole fd table."""
+
+        Its DRM fds alone while its last complete sweep holds (its fd count the same, younger than `relist_s`);
+        else the DRM fds it had (those still DRM), and the sweep of its fd table goes on from where it stopped: an
+        fd table longer than the bounds is swept over several reads, a bound's worth each, so a DRM fd put behind
+        100,000 others is found within 25 reads, not never, and kept from then on."""
         fd_dir = f"{self._proc_root}/{pid}/fd"
         try:
             fd_count = os.stat(fd_dir).st_size
@@ -374,46 +379,81 @@ class DrmFdReader(Generic[_T]):
                 return None
             raise
         listing = self._listings.get(pid)
-        if (
-            listing is not None
-            and listing.fd_count == fd_count
-            and self._clock.now() - listing.at < self._limits.relist_s
-        ):
+        now = self._clock.now()
+        kept: list[DrmFd[_T]] = []
+        if listing is not None:
             for _ in listing.fds:
                 budget.spend_fd()
             again = [self._read_fd(pid, name, budget) for name in listing.fds]
-            if all(f is not None for f in again):
-                return ProcessDrmFds(pid=pid, fds=tuple(f for f in again if f is not None))
-        found = self._list_process(pid, fd_dir, budget)
-        if found is None:
+            kept = [f for f in again if f is not None]
+            fresh = listing.after is None and listing.fd_count == fd_count and now - listing.at < self._limits.relist_s
+            if fresh and len(kept) == len(again):
+                return ProcessDrmFds(pid=pid, fds=tuple(kept))
+        after = listing.after if listing is not None and listing.after is not None else -1
+        swept = self._sweep(pid, fd_dir, after, budget, len(kept))
+        if swept is None:
             self._listings.pop(pid, None)
-        elif found.complete:
-            self._listings[pid] = _Listing(tuple(str(f.fd) for f in found.fds), fd_count, self._clock.now())
-        return found
+            return None
+        found, reached = swept
+        fds = {f.fd: f for f in (*kept, *found)}  # an fd found by both once
+        names = tuple(str(fd) for fd in sorted(fds))
+        if reached is None:
+            self._listings[pid] = _Listing(names, fd_count, now)
+        else:
+            at = listing.at if listing is not None else now
+            self._listings[pid] = _Listing(names, listing.fd_count if listing is not None else -1, at, reached)
+        return ProcessDrmFds(pid=pid, fds=tuple(fds[fd] for fd in sorted(fds)), complete=reached is None)
 
-    def _list_process(self, pid: int, fd_dir: str, budget: ScanBudget) -> ProcessDrmFds[_T] | None:
-        """Every fd of the process looked at, within the bounds."""
+    def _sweep(
+        self, pid: int, fd_dir: str, after: int, budget: ScanBudget, held: int
+    ) -> tuple[list[DrmFd[_T]], int | None] | None:
+        """The DRM fds among the process's fds numbered above `after`, within the bounds (`held` DRM fds are
+        counted already), and the last fd number looked at when a bound stopped the sweep (None: it reached the
+        end). None when the process is gone.
+
+        /proc lists a process's fds in ascending order and seeks by fd number (position fd + 2), so the sweep
+        starts where it stopped without reading the fds before; a directory that lists them in another order (a
+        stand-in tree) is swept from its start every time."""
         limits = self._limits
         fds: list[DrmFd[_T]] = []
         looked = 0
-        complete = True
+        last = after
+        ordered = True
         try:
+            directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            if is_gone_error(e):
+                return None
+            raise
+        try:
+            if after >= 0:
+                os.lseek(directory, after + 3, os.SEEK_SET)
             # scandir reads the directory lazily, a buffer at a time: leaving the loop leaves the rest unlisted.
-            with os.scandir(fd_dir) as entries:
+            with os.scandir(directory) as entries:
                 for entry in entries:
-                    if looked >= limits.fds_per_process or len(fds) >= limits.drm_fds_per_process or budget.spent():
-                        complete = False
-                        break
+                    if not entry.name.isdigit():
+                        continue
+                    number = int(entry.name)
+                    ordered = ordered and number > last  # else not /proc's order: the next sweep starts over
+                    if (
+                        looked >= limits.fds_per_process
+                        or held + len(fds) >= limits.drm_fds_per_process
+                        or budget.spent()
+                    ):
+                        return fds, last if ordered else -1
                     looked += 1
                     budget.spend_fd()
                     found = self._read_fd(pid, entry.name, budget)
                     if found is not None:
                         fds.append(found)
+                    last = max(last, number)
         except OSError as e:
             if is_gone_error(e):
                 return None
             raise
-        return ProcessDrmFds(pid=pid, fds=tuple(fds), complete=complete)
+        finally:
+            os.close(directory)
+        return fds, None
 
     def _read_fd(self, pid: int, name: str, budget: ScanBudget) -> DrmFd[_T] | None:
         """The fd `name` of `pid` when it is a DRM file whose fdinfo could be read; None otherwise (closed since
