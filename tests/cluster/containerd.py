@@ -54,6 +54,10 @@ def unavailable_reason() -> str | None:
     return None
 
 
+class CtrFailed(subprocess.SubprocessError):
+    """A ctr command failed; the message has what it said."""
+
+
 class Containerd:
     """`with Containerd(workdir) as c:` starts containerd and waits for its socket; leaving stops every task it
     ran and containerd itself, and removes the shims' directory if it was not there before."""
@@ -109,7 +113,11 @@ class Containerd:
             shutil.rmtree(SHIM_DIR, ignore_errors=True)
 
     def ctr(self, *args: str, timeout_s: float = 120) -> str:
-        return subprocess.run(self._argv(args), capture_output=True, text=True, check=True, timeout=timeout_s).stdout
+        """ctr's output; CtrFailed with what it said on stderr when it fails."""
+        done = subprocess.run(self._argv(args), capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise CtrFailed(f"ctr {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+        return done.stdout
 
     def ctr_status(self, *args: str) -> int:
         return subprocess.run(self._argv(args), capture_output=True, timeout=60).returncode

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,7 +39,7 @@ from kubernetes import client
 
 from vramguard_testbed.waiting import WaitTimeout, wait_until
 
-from .containerd import Containerd
+from .containerd import Containerd, CtrFailed
 from .containerd import unavailable_reason as containerd_unavailable
 from .controlplane import NODE_BINARIES, Component, ControlPlane, ControlPlaneError, binaries_dir, free_port
 
@@ -398,8 +399,17 @@ class RealNode:
         is stopped. Its output goes to `log_path` (the kubelet's log files are the CRI's, which this bypasses);
         returns its host PID. The CRI does not know of the task: kill it (`kill_task`) before the kubelet is back."""
         wanted = container_id.removeprefix("containerd://")
-        self.containerd.ctr_status("task", "delete", wanted)  # the stopped task, where the CRI has not removed it
-        self.containerd.ctr("task", "start", "--detach", f"--log-uri=file://{log_path}", wanted)
+        for attempt in range(3):
+            self.containerd.ctr_status("task", "delete", wanted)  # the stopped task, where the CRI has not removed it
+            try:
+                self.containerd.ctr("task", "start", "--detach", f"--log-uri=file://{log_path}", wanted)
+                break
+            except CtrFailed:
+                # The shim of the task killed a moment ago may still be going away (its delete then fails, and so
+                # does a start beside it): what a kubelet's restart would wait out too.
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)
         return self.container_pid(wanted)
 
 
