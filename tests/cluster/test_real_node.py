@@ -502,6 +502,14 @@ def test_a_static_pod_is_enforced_and_told_on_its_mirror_pod(cluster: Cluster) -
         pid = cluster.pid(mirror)
         assert f"/pod{static_uid}/" in Path(f"/proc/{pid}/cgroup").read_text()
 
+        # The agent believes the genuine mirror first (its word on the kubelet's pods is at most REFRESH_S old): the
+        # forgery below is then judged against a listing that has the static pod, not raced against it.
+        wait_until(
+            lambda: metric_value(cluster.metrics(), "vramguard_pod_mirror_claims_refused") == 0,
+            30,
+            what="the agent believing the genuine mirror pod",
+            interval_s=0.25,
+        )
         # A tenant's pod claiming to be its mirror (the API server takes the annotation from anyone): the kubelet's
         # pod logs directory names the static pod's UID under its own namespace and name, so the forgery is refused,
         # said once in the log, and the genuine mirror's quota still holds while the forgery lives.

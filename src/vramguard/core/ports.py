@@ -79,6 +79,11 @@ class KubeletPods(Protocol):
         """Every pod the kubelet runs, by UID, as last read."""
         ...
 
+    def refresh(self) -> bool:
+        """Read the node's word again now (one small directory listing: for a pod source's thread, never the
+        scan's); True when it changed."""
+        ...
+
 
 class ApiUidRecord(Protocol):
     """The UIDs the API server gave this node's pods, as this node's agents saw them (`node/api_uids.py`)."""

@@ -41,6 +41,8 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 # manifest may set its own metadata.uid). A value of another form names no cgroup the agent reads: ignored.
 _MIRROR_UID: Final = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")
 _MIRROR_UID_CHARS: Final = 36
+# A claim refused for want of the node's word: the kubelet may have set the pod up since its pods were last read.
+UNBACKED: Final = "this node's kubelet runs no pod of that UID"
 _KUBELET_HASH: Final = re.compile(r"[0-9a-f]{32}")  # what the kubelet makes a static pod's UID of, no API server
 
 
@@ -238,7 +240,7 @@ def _refusal(
         return "the API server gave that UID to a pod of this node"
     runs = kubelet.runs(pod.uid) if kubelet is not None else None
     if runs is None:
-        return "this node's kubelet runs no pod of that UID"
+        return UNBACKED
     if (runs.namespace, runs.name) != (pod.namespace, pod.name):
         return f"this node's kubelet runs that UID as {runs.key}"
     return None

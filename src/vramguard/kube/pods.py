@@ -18,6 +18,7 @@ from vramguard.core.text import cut
 from vramguard.kube.client import MAX_ERROR_CHARS, TIMEOUT_LIST
 from vramguard.kube.nodes import NodeSource
 from vramguard.kube.pod_manifest import (
+    UNBACKED,
     PodSourceError,
     index_pods,
     log_refused,
@@ -165,6 +166,8 @@ class KubePodSource:
         self._serve(objects)
         if self.on_pods is not None and kind != "DELETED":
             self.on_pods((info,))
+        if kind != "DELETED" and self._refused.get(info.object_uid, "").endswith(UNBACKED):
+            self._look_again()
 
     def rejudge(self) -> None:
         """Judge the mirror claims again (what the node says changed: `KubeletPods.on_change`)."""
@@ -175,6 +178,14 @@ class KubePodSource:
             changed = self._pods != before
         if changed and self.on_pods is not None:
             self.on_pods(self._pods.values())
+
+    def _look_again(self) -> None:
+        """A mirror claim was refused for want of the kubelet's word, which is up to `REFRESH_S` old: the kubelet
+        may have set the pod up since (it makes the mirror pod and the pod at the same moment). Read it again now,
+        on this watch's thread (one small listing), so that the claim is judged on it before the kubelet deletes a
+        forged mirror, not after (then the right reason would never be said)."""
+        if self.kubelet is not None:
+            self.kubelet.refresh()  # a change calls `rejudge` (`KubeletPods.on_change`)
 
     def refused(self) -> Mapping[str, str]:
         """The mirror claims not believed now: the claiming pod's metadata.uid → why."""

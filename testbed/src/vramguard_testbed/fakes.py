@@ -130,6 +130,7 @@ class FakeKubeletPods:
 
     def __init__(self, pods: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.running: dict[str, tuple[str, str]] = dict(pods or {})
+        self.refreshes = 0  # how often a pod source asked to read the node again
 
     def runs(self, uid: str) -> KubeletPod | None:
         found = self.running.get(uid)
@@ -137,6 +138,11 @@ class FakeKubeletPods:
 
     def pods(self) -> Mapping[str, KubeletPod]:
         return {uid: KubeletPod(*found) for uid, found in self.running.items()}
+
+    def refresh(self) -> bool:
+        """Nothing to read again: what the test set is what the node says."""
+        self.refreshes += 1
+        return False
 
 
 class FakePodSource:

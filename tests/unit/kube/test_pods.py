@@ -3,6 +3,7 @@ are tested against a real one in tests/cluster/."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -167,6 +168,37 @@ def test_a_mirror_made_before_its_sandbox_is_believed_once_the_kubelet_backs_it(
     kubelet.running[STATIC] = ("ml", "job-node-1")
     s.rejudge()
     assert set(s._pods) == {STATIC} and heard[-1] == {STATIC} and s.refused() == {}
+
+
+class LateKubelet(FakeKubeletPods):
+    """The node's word read every few seconds: the kubelet has set up `pending` already, but the last listing
+    predates it; `refresh` reads it (and, as `KubeletPods` does, calls `on_change` when it changed)."""
+
+    def __init__(self, pending: dict[str, tuple[str, str]]) -> None:
+        super().__init__()
+        self.pending = pending
+        self.on_change: Callable[[], None] | None = None
+
+    def refresh(self) -> bool:
+        super().refresh()
+        changed = any(self.running.get(uid) != runs for uid, runs in self.pending.items())
+        self.running.update(self.pending)
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+
+def test_a_claim_the_last_listing_does_not_back_makes_the_source_read_the_node_again_at_once() -> None:
+    """The kubelet makes the mirror pod and the pod together, and its pods are read every REFRESH_S: a claim refused
+    for want of the node's word reads it again at once (on the watch's thread), and is believed then, before the
+    kubelet could delete a forgery and leave its refusal said with the wrong reason."""
+    kubelet = LateKubelet({STATIC: ("ml", "job-node-1")})
+    s = KubePodSource(client.ApiClient(), "node-1", kubelet=kubelet)
+    kubelet.on_change = s.rejudge
+    s.apply("ADDED", MIRROR_POD)
+    assert (kubelet.refreshes, set(s._pods), s.refused()) == (1, {STATIC}, {})
+    s.apply("MODIFIED", MIRROR_POD)
+    assert kubelet.refreshes == 1, "a believed claim reads nothing"
 
 
 def test_a_fresh_read_believes_only_the_claims_the_node_backs() -> None:
