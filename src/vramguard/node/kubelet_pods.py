@@ -7,7 +7,9 @@ tenant cannot forge: a mirror pod whose namespace and name are not the ones the 
 mirror (`kube/pod_manifest.py` `index_pods`), and a static pod whose mirror is missing is still named.
 
 The directory is listed on a thread of its own every `REFRESH_S` (one readdir of the node's pods), and `runs`
-reads the last listing: no caller waits on the disk. `on_change` hears a listing that differs from the last.
+reads the last listing: the scan never waits on the disk. A pod source whose mirror claim the last listing does not
+back lists it again at once on its own watch thread (`refresh`), since the kubelet makes the mirror pod and the pod
+together. `on_change` hears a listing that differs from the last.
 """
 
 from __future__ import annotations
