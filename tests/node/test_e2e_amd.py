@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +88,36 @@ def test_the_amd_demo_scene_passes_its_checks(capsys: pytest.CaptureFixture[str]
     assert run_demo(poll_interval_s=0.2, scene="amd") == 0
     out = capsys.readouterr().out
     assert "[FAILED]" not in out and "0000:c1:00.0  ml         notebook" in out, out
+
+
+def test_a_deleted_pods_processes_on_an_amd_gpu_are_reclaimed_after_the_grace(
+    amd_node: SimulatedNode, tmp_path: Path
+) -> None:
+    """Orphan reclaim on a DRM GPU: a pod removed from the pod list while its process holds VRAM (its cgroup, and
+    so its fdinfo, still read) is killed once `orphan_grace` has passed, by the same kill path; a neighbour lives."""
+    node = amd_node
+    assert node.drm is not None
+    slot = node.drm.gpus[0].slot
+    trainer = node.add_pod("trainer", "ml", containers={"main": {"amd.com/gpu": "1", "vramguard.io/vram": "8Gi"}})
+    notebook = node.add_pod("notebook", "ml", containers={"main": {"amd.com/gpu": "1", "vramguard.io/vram": "8Gi"}})
+    t = node.spawn(trainer, "main", 3 * GiB)
+    n = node.spawn(notebook, "main", GiB)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: kill\norphan_grace: 10s\n")
+    agent = node.start_agent("--policy", str(policy), "--poll-interval", str(POLL_S), stderr=subprocess.PIPE, text=True)
+    node.wait_ready()
+    node.wait_scans(2)
+
+    node.pods.remove(trainer)
+    node.sync()
+    deleted = time.monotonic()
+    wait_until(lambda: not t.alive(), 20.0, what="the trainer's orphaned process killed")
+    assert time.monotonic() - deleted >= 10.0, "never before the grace"
+    node.wait_scans(3)
+    assert n.alive()
+    metrics = node.http_get("/metrics")[1]
+    assert metric_value(metrics, "vramguard_orphan_reclaims_total", {"result": "ok"}) == 1.0
+    assert metric_value(metrics, "vramguard_orphaned_gpu_memory_bytes", {"gpu": slot}) == 0.0
+    node.stop_agents()
+    [reclaimed] = [e for e in json_logs(agent) if e.get("event") == "orphan_reclaimed"]
+    assert (reclaimed["pod"], reclaimed["pids"], reclaimed["result"]) == ("ml/trainer", [t.pid], "ok")
