@@ -58,3 +58,17 @@ def test_the_idle_watch_benchmark_prints_its_figures() -> None:
     assert [r[0] for r in rows] == ["today", "new", "floor"] and all(r[-1] == "us" for r in rows)
     assert sum(line.startswith("new / today,") and line.endswith("met") for line in lines) == 2
     assert any(line.startswith("floor / today, CPU a reading:") for line in lines)
+
+
+def test_the_drm_sample_benchmark_prints_its_figures() -> None:
+    """bench/drm_scan.py stays runnable: a quick run prints a DRM sample's cost for 1 process and 8x16 (8x64 in a
+    full run), idle and busy, and with a 100,000-fd process, and the ratios."""
+    need_cgroups(2)
+    bench = Path(__file__).resolve().parents[2] / "bench" / "drm_scan.py"
+    result = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines()]
+    table = [r for r in rows if len(r) >= 5 and r[-4].isdigit()]  # shape, processes, wall p50, p99, cpu p50
+    assert [" ".join(r[:-4]) for r in table] == ["1x1", "8x16", "8x16 busy", "8x16 + fat"]
+    assert table[1][-4] == "128", "every process of 8x16 read"
+    assert any(" ".join(r).startswith("8x16 / 1x1 (wall p50):") for r in rows)

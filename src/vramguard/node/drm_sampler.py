@@ -96,8 +96,9 @@ class DrmSampler:
         self._sys_root = sys_root
         self._cgroup_root = cgroup_root
         self._kubelet = kubelet
+        self._parse = ParseMemo()
         self._reader: DrmFdReader[DrmFdinfo] = DrmFdReader(
-            parse_fdinfo, fdinfo_root if fdinfo_root is not None else proc_root, limits, clock
+            self._parse, fdinfo_root if fdinfo_root is not None else proc_root, limits, clock
         )
         self._devices: tuple[DrmDevice, ...] = ()
         self._by_slot: Mapping[str, DrmDevice] = MappingProxyType({})
@@ -218,6 +219,7 @@ class DrmSampler:
         if not complete:
             cut.append(f"more than {MAX_POD_PROCESSES} pod processes: the rest are not read")
         scan = self._reader.read(pids)
+        self._parse.turn()
         if scan.skipped:
             cut.append(f"{len(scan.skipped)} pod processes not reached within the scan's fd budget (read first next)")
         if any(not p.complete for p in scan.processes):
@@ -255,6 +257,28 @@ class DrmSampler:
         if all(d.gpu.vram_total_bytes is not None or not d.dmem_regions for d in self._devices):
             return {}
         return self._read_dmem("dmem.current")
+
+
+class ParseMemo:
+    """`parse_fdinfo` remembering the last sample's texts: a text the kernel prints the same as last time (an idle
+    process: no buffer and no engine time changed) is not parsed again. A busy process's engine times change with
+    every read, so its text is parsed each time; it costs one lookup more (bench/drm_scan.py has both rows). It holds
+    at most two samples' texts, which the reader bounds (`FdScanLimits.bytes_per_scan`)."""
+
+    def __init__(self) -> None:
+        self._last: dict[bytes, DrmFdinfo] = {}
+        self._now: dict[bytes, DrmFdinfo] = {}
+
+    def __call__(self, data: bytes) -> DrmFdinfo:
+        found = self._now.get(data) or self._last.get(data)
+        if found is None:
+            found = parse_fdinfo(data)
+        self._now[data] = found
+        return found
+
+    def turn(self) -> None:
+        """A sample is done: what it read is what the next one remembers."""
+        self._last, self._now = self._now, {}
 
 
 def _v1_root(cgroup_root: str) -> str | None:

@@ -107,6 +107,13 @@ class DrmStandIn:
         _replace(process / "fdinfo" / str(_RENDER_FD), amdgpu_fdinfo(self.gpus[gpu].slot, client, used_bytes))
         self._write_used()
 
+    def rewrite(self, pid: int, used_bytes: int) -> None:
+        """`pid`'s fdinfo text rewritten in place with `used_bytes` (as the kernel prints a busy process's anew on
+        every read), nothing else touched: what bench/drm_scan.py changes between samples."""
+        gpu, _ = self._used[pid]
+        text = amdgpu_fdinfo(self.gpus[gpu].slot, self._clients[pid], used_bytes)
+        (self.fdinfo_root / str(pid) / "fdinfo" / str(_RENDER_FD)).write_text(text)
+
     def forget(self, pid: int) -> None:
         """`pid` exited: what it held is freed."""
         self._used.pop(pid, None)

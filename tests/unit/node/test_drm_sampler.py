@@ -13,7 +13,7 @@ import pytest
 
 from vramguard.core.quantity import GiB, MiB
 from vramguard.core.sample import DRM_INDEX_BASE, GpuBackend, GpuMemory, GpuProcess
-from vramguard.node.drm_sampler import DrmSampler, DrmUnavailable
+from vramguard.node.drm_sampler import DrmSampler, DrmUnavailable, ParseMemo
 from vramguard_testbed.drmnode import MI300X_NAME, MI300X_VRAM_BYTES, DrmStandIn, amdgpu_fdinfo
 
 AMD0 = "0000:c1:00.0"  # DrmStandIn's first GPU
@@ -346,3 +346,18 @@ def test_an_unreadable_used_counter_makes_the_gpu_unhealthy(tmp_path: Path, unre
     assert (fine.healthy, fine.used_bytes) == (True, BASELINE + 3 * GiB)
     assert sample.processes == (GpuProcess(4002, stand_in.gpus[1].unique_id, 3 * GiB),)
     assert [m.index for m in drm.memory()] == [DRM_INDEX_BASE + 1]
+
+
+def test_the_parse_memo_parses_a_text_once_while_it_stays_the_same() -> None:
+    """A text read the same as in the sample before is not parsed again (its result is the very object); a changed
+    text is parsed; a text no sample has read for two samples is forgotten."""
+    memo = ParseMemo()
+    idle = amdgpu_fdinfo("0000:c1:00.0", 7, GiB).encode()
+    first = memo(idle)
+    memo.turn()
+    assert memo(idle) is first
+    busy = amdgpu_fdinfo("0000:c1:00.0", 7, GiB + 4096).encode()
+    assert memo(busy) is not first and memo(busy).device_resident_bytes == GiB + 4096
+    memo.turn()
+    memo.turn()
+    assert memo(idle) is not first and memo(idle) == first
