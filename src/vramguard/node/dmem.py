@@ -179,22 +179,37 @@ class DmemMemoryLimiter:
         return None if text is None else parse_dmem(text)
 
     def _read_text(self, path: str) -> str | None:
-        """A kernel-written cgroup file, bounded, without a line the bound cut; None when it does not exist."""
         try:
-            data = read_head(path, _MAX_READ_BYTES)
+            return read_cgroup_text(path)
         except OSError as e:
             raise LimitFailed(f"reading {path}: {e.strerror}") from None
-        if data is None:
-            return None
-        if len(data) == _MAX_READ_BYTES:
-            data = data[: data.rfind(b"\n") + 1]
-        return data.decode("ascii", "replace")
 
     def _write_file(self, path: str, text: str) -> None:
         try:
             self._write(path, text)
         except OSError as e:
             raise LimitFailed(f"writing {text.strip()!r} to {path}: {e.strerror}") from None
+
+
+def read_cgroup_text(path: str) -> str | None:
+    """A kernel-written cgroup file, bounded, without a line the bound cut; None when it does not exist. Raises
+    OSError for any other failure."""
+    data = read_head(path, _MAX_READ_BYTES)
+    if data is None:
+        return None
+    if len(data) == _MAX_READ_BYTES:
+        data = data[: data.rfind(b"\n") + 1]
+    return data.decode("ascii", "replace")
+
+
+def read_dmem(path: str) -> dict[str, int | None]:
+    """A dmem file's regions (`parse_dmem`), read as `read_cgroup_text` reads; empty where it is absent or cannot
+    be read (no controller: the caller reads nothing of it)."""
+    try:
+        text = read_cgroup_text(path)
+    except OSError:
+        return {}
+    return parse_dmem(text) if text is not None else {}
 
 
 def write_cgroup_file(path: str, text: str) -> None:

@@ -149,11 +149,11 @@ def discover(sys_root: str = "/sys") -> DrmTopology:
         if not _NODE_NAME.fullmatch(name):
             continue
         entry = os.path.join(class_dir, name)
-        dev = parse_dev(_read_attr(os.path.join(entry, "dev")) or b"")
+        dev = parse_dev(read_attr(os.path.join(entry, "dev")) or b"")
         if dev is None:
             continue
         device_dir = os.path.realpath(os.path.join(entry, "device"))
-        slot = parse_pci_slot(_read_attr(os.path.join(device_dir, "uevent")) or b"")
+        slot = parse_pci_slot(read_attr(os.path.join(device_dir, "uevent")) or b"")
         node = DrmNode(name=name, major=dev[0], minor=dev[1], pci_slot=slot)
         nodes.append(node)
         if slot is not None:
@@ -168,7 +168,7 @@ def discover(sys_root: str = "/sys") -> DrmTopology:
 
 def _read_gpu(slot: str, device_dir: str, nodes: tuple[DrmNode, ...]) -> DrmGpu:
     def attr(name: str) -> bytes:
-        return _read_attr(os.path.join(device_dir, name)) or b""
+        return read_attr(os.path.join(device_dir, name)) or b""
 
     driver_link = os.path.join(device_dir, "driver")
     try:
@@ -188,7 +188,7 @@ def _read_gpu(slot: str, device_dir: str, nodes: tuple[DrmNode, ...]) -> DrmGpu:
     )
 
 
-def _read_attr(path: str) -> bytes | None:
+def read_attr(path: str) -> bytes | None:
     """One sysfs attribute, at most a page; None when it is missing or unreadable (a driver without it)."""
     try:
         return read_head(path, _SYSFS_MAX_BYTES)

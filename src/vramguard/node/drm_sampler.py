@@ -37,16 +37,14 @@ from vramguard.base.clock import SYSTEM_CLOCK, Clock
 from vramguard.core.drm_usage import DrmFdinfo, FdReading, parse_fdinfo, usage_by_process
 from vramguard.core.sample import DRM_INDEX_BASE, GpuBackend, GpuDevice, GpuMemory, GpuProcess, GpuSample
 from vramguard.node.cgroup import HOST_KUBELET, KubeletTree, pod_members, v2_root
-from vramguard.node.dmem import gpu_regions, parse_dmem
-from vramguard.node.drm import DrmFdReader, DrmGpu, FdScanLimits, discover, parse_int
-from vramguard.node.procfs import read_head
+from vramguard.node.dmem import gpu_regions, read_dmem
+from vramguard.node.drm import DrmFdReader, DrmGpu, FdScanLimits, discover, parse_int, read_attr
 
 # The drivers that print per-client memory in fdinfo (Documentation/gpu/drm-usage-stats.rst): amdgpu since 5.x
 # (drm-memory-vram), xe since it was merged, i915 since 6.8 (drm-*-local0). Others (nouveau, nvidia-drm, the
 # embedded GPUs without memory of their own) are not GPUs whose memory a quota holds.
 MEMORY_STATS_DRIVERS: Final = frozenset({"amdgpu", "xe", "i915"})
 MAX_POD_PROCESSES: Final = 65_536  # pod members whose fds one sample looks at (a node's pid_max is 4M)
-_DMEM_BYTES: Final = 64 * 1024  # dmem.capacity/current: one line per region, a few regions per GPU
 
 
 class DrmUnavailable(Exception):
@@ -72,7 +70,7 @@ class DrmDevice:
     def used_bytes(self, dmem_current: Mapping[str, int | None]) -> int | None:
         """Used memory now: amdgpu's counter, else its regions' charge at the cgroup root; None when neither reads."""
         if self.gpu.vram_total_bytes is not None:
-            return _read_int(os.path.join(self.gpu.sysfs_dir, "mem_info_vram_used"))
+            return parse_int(read_attr(os.path.join(self.gpu.sysfs_dir, "mem_info_vram_used")) or b"")
         charged = [dmem_current.get(r) for r in self.dmem_regions]
         return sum(c for c in charged if c is not None) if charged and None not in charged else None
 
@@ -243,15 +241,9 @@ class DrmSampler:
                 self.log.info("drm_scan_complete")
 
     def _read_dmem(self, name: str) -> Mapping[str, int | None]:
-        """A dmem file of the cgroup v2 root (`parse_dmem`); empty where there is none (no controller)."""
+        """A dmem file of the cgroup v2 root; empty where there is none (no controller)."""
         root = v2_root(self._cgroup_root)
-        if root is None:
-            return {}
-        try:
-            data = read_head(os.path.join(root, name), _DMEM_BYTES)
-        except OSError:
-            return {}
-        return parse_dmem((data or b"").decode("ascii", "replace"))
+        return read_dmem(os.path.join(root, name)) if root is not None else {}
 
     def _dmem_current(self) -> Mapping[str, int | None]:
         if all(d.gpu.vram_total_bytes is not None or not d.dmem_regions for d in self._devices):
@@ -288,11 +280,3 @@ def _v1_root(cgroup_root: str) -> str | None:
         if os.path.exists(os.path.join(path, "cgroup.procs")):
             return path
     return None
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        data = read_head(path, 64)
-    except OSError:
-        return None
-    return parse_int(data) if data is not None else None
