@@ -49,6 +49,11 @@ class Gpus:
         return found + ((setup.drm_device_prefix, KFD_DEVICE) if self.drm is not None else ())
 
 
+def open_nvml(setup: ScanSetup, services: Services) -> NvmlSampler:
+    """NVML started in `services`, or NvmlUnavailable saying why not."""
+    return services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+
+
 def open_drm(setup: ScanSetup, services: Services) -> DrmSampler | None:
     """The DRM backend started in `services`, or None where no GPU here has a DRM driver with memory stats."""
     sampler = DrmSampler(
@@ -83,7 +88,7 @@ def open_gpus(
     drm = open_drm(setup, services)
     if drm is not None:
         try:
-            nvml = services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+            nvml = open_nvml(setup, services)
         except NvmlUnavailable as e:
             log.info("nvml_not_used", reason=str(e), gpus="drm")
             nvml = None
@@ -93,7 +98,7 @@ def open_gpus(
     failures = FailureRun()
     while not stop.is_set():
         try:
-            nvml = services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+            nvml = open_nvml(setup, services)
         except NvmlUnavailable as e:
             if failures.failed(str(e)):
                 log.error("nvml_unavailable", error=str(e))
@@ -110,7 +115,7 @@ def open_gpus_once(setup: ScanSetup, services: Services) -> Gpus:
     did not load, when neither found a GPU."""
     drm = open_drm(setup, services)
     try:
-        nvml = services.start("nvml", NvmlSampler(proc_root=setup.proc_root, location=setup.nvml_location))
+        nvml = open_nvml(setup, services)
     except NvmlUnavailable:
         if drm is None:
             raise
