@@ -359,15 +359,16 @@ def v2_root(cgroup_root: str) -> str | None:
 
 
 def pod_cgroups(
-    root: str, pod_uids: Iterable[str], kubelet: KubeletTree = HOST_KUBELET
+    root: str, pod_uids: Iterable[str] | None, kubelet: KubeletTree = HOST_KUBELET, *, containers: bool = True
 ) -> Iterator[tuple[CgroupIdentity, str]]:
-    """The directories of the pods in `pod_uids` under the hierarchy mounted at `root` (v2, or one of v1's):
-    each pod's own and each container's own (not the sub-cgroups a container made), with whose they are.
+    """The directories of the pods in `pod_uids` (every pod's for None) under the hierarchy mounted at `root` (v2,
+    or one of v1's): each pod's own and, with `containers`, each container's own (not the sub-cgroups a container
+    made), with whose they are.
 
     Only the kubelet's own directories are entered (`kubelet_cgroup`), in name order. A directory removed while
     walking, or unreadable, is passed over: the next walk sees it again."""
-    wanted = set(pod_uids)
-    if not wanted:
+    wanted = set(pod_uids) if pod_uids is not None else None
+    if wanted is not None and not wanted:
         return
 
     def walk(directory: str, segments: tuple[str, ...]) -> Iterator[tuple[CgroupIdentity, str]]:
@@ -379,10 +380,10 @@ def pod_cgroups(
             below = (*segments, entry.name)
             found = kubelet_cgroup(below, kubelet.root)
             if isinstance(found, CgroupIdentity):
-                if found.pod_uid not in wanted:
+                if wanted is not None and found.pod_uid not in wanted:
                     continue
                 yield found, entry.path
-                if found.container_id is None:
+                if found.container_id is None and containers:
                     yield from walk(entry.path, below)
             elif found is Level.ABOVE_PODS:
                 yield from walk(entry.path, below)
@@ -391,34 +392,20 @@ def pod_cgroups(
 
 
 def pod_members(root: str, kubelet: KubeletTree = HOST_KUBELET, limit: int = 65_536) -> tuple[list[int], bool]:
-    """The processes of every pod cgroup under the hierarchy mounted at `root` (the kubelet's directories only,
-    as `pod_cgroups` walks them, and each pod's sub-cgroups), at most `limit` of them, and whether that is all
-    (False when the limit cut the list: the rest is read by a later call, as the caller rotates). In PID order
-    within each cgroup, pods in name order. A directory removed meanwhile is passed over."""
+    """The processes of every pod cgroup under the hierarchy mounted at `root` (the kubelet's pod directories,
+    `pod_cgroups`, and everything below each), at most `limit` of them, and whether that is all (False when the
+    limit cut the list: the rest is read by a later call, as the caller rotates). In PID order within each cgroup,
+    pods in name order. A directory removed meanwhile is passed over."""
     found: list[int] = []
-
-    def walk(directory: str, segments: tuple[str, ...]) -> bool:
+    for _, directory in pod_cgroups(root, None, kubelet, containers=False):
         try:
-            entries = sorted((e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)), key=_name)
-        except OSError:
-            return True
-        for entry in entries:
-            below = (*segments, entry.name)
-            level = kubelet_cgroup(below, kubelet.root)
-            if isinstance(level, CgroupIdentity):
-                try:
-                    found.extend(read_members(entry.path))
-                except (OSError, ValueError):
-                    continue
-                if len(found) >= limit:
-                    del found[limit:]
-                    return False
-            elif level is Level.ABOVE_PODS and not walk(entry.path, below):
-                return False
-        return True
-
-    complete = walk(root, ())
-    return found, complete
+            found.extend(read_members(directory))
+        except (OSError, ValueError):
+            continue
+        if len(found) >= limit:
+            del found[limit:]
+            return found, False
+    return found, True
 
 
 def _name(entry: os.DirEntry[str]) -> str:
