@@ -92,14 +92,18 @@ def _counted(name, slot):
     if original is None:
         return
 
+    # Counted once the call has answered, its error and itself in adjacent stores: a reading taken while a call
+    # is in flight then sees neither, so a window's calls and errors agree where every call fails.
     def call(*args, **kwargs):
-        _counts[slot] += 1
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
         except pynvml.NVMLError as e:
             if e.value != 6:
                 _counts[slot + 1] += 1
+            _counts[slot] += 1
             raise
+        _counts[slot] += 1
+        return result
 
     setattr(pynvml, name, call)
 
